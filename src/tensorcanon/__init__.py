@@ -1,0 +1,34 @@
+"""tensorcanon: deterministic, verifiable tensor serialization without pickle.
+
+The same content always gives the same bytes and the same digest. Files are
+valid safetensors files; the format is specified in docs/FORMAT.md.
+
+Example::
+
+    import tensorcanon
+    digest = tensorcanon.save({"model": model.state_dict()}, "ckpt.safetensors")
+    ckpt = tensorcanon.load("ckpt.safetensors")
+    assert tensorcanon.verify("ckpt.safetensors") == digest
+"""
+
+from .api import dumps, fingerprint, load, loads, read_metadata, save, verify
+from .errors import (
+    DeviceUnavailableError,
+    FormatError,
+    IntegrityError,
+    LimitError,
+    TensorCanonError,
+    UnsupportedTypeError,
+)
+from .limits import Limits
+from .manifest import VERSION as FORMAT_VERSION
+from .registry import register, unregister
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "save", "load", "dumps", "loads", "fingerprint", "verify", "read_metadata",
+    "register", "unregister", "Limits", "FORMAT_VERSION",
+    "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
+    "UnsupportedTypeError", "DeviceUnavailableError",
+]

@@ -1,0 +1,186 @@
+"""The safetensors container: the 8-byte length, the JSON header, the data.
+
+Layout (docs/FORMAT.md, "Container")::
+
+    u64 little-endian N | N bytes of JSON, space-padded to a multiple of 8 | tensor data
+
+tensorcanon writes the JSON itself, compact with sorted keys, because
+safetensors' own writer orders ``__metadata__`` keys randomly. Tensor data is
+laid out by element size (largest first), then by name, with no gaps. This
+module builds that header and parses any safetensors header, validating every
+number before it is used.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from typing import Callable
+
+from . import dtypes
+from .errors import FormatError, LimitError
+from .limits import Limits
+
+LENGTH_SIZE = 8
+ALIGN = 8
+META = "__metadata__"
+_ENTRY_KEYS = {"data_offsets", "dtype", "shape"}
+
+
+def data_order(name: str, itemsize: int) -> tuple:
+    """Sort key of a tensor's data in the file: larger elements first, then name."""
+    return (-itemsize, name.encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor as the header declares it."""
+
+    name: str
+    dtype: str          # safetensors dtype string
+    shape: tuple[int, ...]
+    begin: int          # offsets relative to the start of the data section
+    end: int
+
+
+def build(entries: list[Entry], metadata: dict[str, str]) -> bytes:
+    """The canonical header bytes: length prefix, JSON, space padding."""
+    obj: dict = {
+        e.name: {"data_offsets": [e.begin, e.end], "dtype": e.dtype, "shape": list(e.shape)}
+        for e in entries
+    }
+    obj[META] = metadata
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    pad = -len(text) % ALIGN
+    return struct.pack("<Q", len(text) + pad) + text + b" " * pad
+
+
+@dataclass
+class Header:
+    length: int                       # N, the JSON length including padding
+    entries: list[Entry]              # in data order
+    metadata: dict[str, str] | None
+    data_size: int
+    raw: bytes                        # the length prefix and the JSON, as read
+
+    @property
+    def data_start(self) -> int:
+        return LENGTH_SIZE + self.length
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise FormatError(f"header: key {k!r} appears twice")
+        out[k] = v
+    return out
+
+
+def _reject_constant(name):
+    raise FormatError(f"header: {name} is not valid JSON")
+
+
+def _int(value, what: str) -> int:
+    if type(value) is not int or value < 0:
+        raise FormatError(f"header: {what} must be a non-negative integer, found {value!r}")
+    return value
+
+
+def parse(read: Callable[[int, str], bytes], file_size: int | None, limits: Limits) -> Header:
+    """Read and validate a safetensors header through ``read(n, what)``.
+
+    ``file_size`` (when known) is checked against the declared data size, so a
+    truncated file or one with trailing bytes is refused before any tensor is
+    allocated.
+    """
+    prefix = read(LENGTH_SIZE, "header length")
+    (length,) = struct.unpack("<Q", prefix)
+    if length > limits.max_header_bytes:
+        raise LimitError(
+            f"header declares {length} bytes, over max_header_bytes={limits.max_header_bytes}",
+            limit="max_header_bytes", offset=0,
+        )
+    if length < 2:
+        raise FormatError(f"header length {length} is too small to hold a JSON object", offset=0)
+    if file_size is not None and LENGTH_SIZE + length > file_size:
+        raise FormatError(
+            f"header declares {length} bytes but the file has only {file_size - LENGTH_SIZE} after "
+            "the length: the file is truncated or not a safetensors file", offset=0,
+        )
+    raw = read(length, "header")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FormatError("header is not valid UTF-8", offset=LENGTH_SIZE + e.start) from None
+    if not text.startswith("{"):
+        raise FormatError("header does not start with '{': not a safetensors file", offset=LENGTH_SIZE)
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise FormatError(f"header is not valid JSON: {e.msg}", offset=LENGTH_SIZE + len(text[: e.pos].encode())) from None
+    except RecursionError:
+        raise FormatError("header JSON is nested too deeply", offset=LENGTH_SIZE) from None
+    if type(obj) is not dict:
+        raise FormatError("header is not a JSON object", offset=LENGTH_SIZE)
+
+    metadata = obj.pop(META, None)
+    if metadata is not None:
+        if type(metadata) is not dict or not all(type(v) is str for v in metadata.values()):
+            raise FormatError("header: __metadata__ must map strings to strings", offset=LENGTH_SIZE)
+    if len(obj) > limits.max_tensors:
+        raise LimitError(
+            f"header declares {len(obj)} tensors, over max_tensors={limits.max_tensors}",
+            limit="max_tensors", offset=LENGTH_SIZE,
+        )
+
+    entries = []
+    for name, info in obj.items():
+        where = f"tensor {name!r}"
+        if type(info) is not dict or set(info) != _ENTRY_KEYS:
+            raise FormatError(f"header: {where} must have exactly dtype, shape and data_offsets")
+        st = info["dtype"]
+        itemsize = dtypes.SAFETENSORS_ITEMSIZE.get(st) if type(st) is str else None
+        if itemsize is None:
+            raise FormatError(f"header: {where} has unsupported dtype {st!r}")
+        shape = info["shape"]
+        if type(shape) is not list:
+            raise FormatError(f"header: {where} shape must be a list")
+        if len(shape) > limits.max_ndim:
+            raise LimitError(f"header: {where} has {len(shape)} dimensions, over max_ndim={limits.max_ndim}", limit="max_ndim")
+        for d in shape:
+            _int(d, f"{where} shape")
+        offsets = info["data_offsets"]
+        if type(offsets) is not list or len(offsets) != 2:
+            raise FormatError(f"header: {where} data_offsets must be [begin, end]")
+        begin, end = (_int(o, f"{where} data_offsets") for o in offsets)
+        if end < begin:
+            raise FormatError(f"header: {where} ends (at {end}) before it begins (at {begin})")
+        nbytes = math.prod(shape) * itemsize
+        if end - begin != nbytes:
+            raise FormatError(
+                f"header: {where} declares shape {shape} of {st} ({nbytes} bytes) "
+                f"but data_offsets span {end - begin} bytes"
+            )
+        entries.append(Entry(name, st, tuple(shape), begin, end))
+
+    entries.sort(key=lambda e: (e.begin, e.end))
+    position = 0
+    for e in entries:
+        if e.begin != position:
+            kind = "overlaps the previous tensor" if e.begin < position else "leaves a gap before it"
+            raise FormatError(
+                f"header: tensor {e.name!r} starts at data offset {e.begin}, which {kind} "
+                f"(expected {position})", offset=LENGTH_SIZE + length + min(e.begin, position),
+            )
+        position = e.end
+    if file_size is not None and LENGTH_SIZE + length + position != file_size:
+        actual = file_size - LENGTH_SIZE - length
+        what = "the file is truncated" if actual < position else "the file has trailing bytes"
+        raise FormatError(
+            f"header declares {position} bytes of tensor data but {actual} follow it: {what}",
+            offset=file_size,
+        )
+    return Header(length, entries, metadata, position, prefix + raw)

@@ -1,0 +1,27 @@
+"""Safety limits applied to every file read (and to objects saved)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what a file may declare before any of it is trusted.
+
+    Each bound exists so that a hostile or damaged file fails fast with a clear
+    error instead of exhausting memory or the stack. Raise one for a file you
+    trust: ``load(f, limits=Limits(max_tensors=5_000_000))``.
+    """
+
+    #: Size of the JSON header in bytes (safetensors' own readers cap it at 100 MB).
+    max_header_bytes: int = 100_000_000
+    #: Nesting depth of containers in the saved object.
+    max_depth: int = 256
+    #: Number of tensors in one file.
+    max_tensors: int = 1_000_000
+    #: Number of dimensions of one tensor.
+    max_ndim: int = 64
+
+
+DEFAULT = Limits()

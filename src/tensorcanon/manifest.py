@@ -1,0 +1,219 @@
+"""The manifest: everything in a file that is not tensor bytes.
+
+It is one canonical msgpack map, base64-encoded into the header's
+``__metadata__["tensorcanon.manifest"]``::
+
+    {"algorithm": "xxh3-128", "meta": <tree>, "root": <tree>,
+     "tensors": [<entry>, ...], "version": 1}
+
+Each entry is ``{"device", "digest", "dtype", "kind", "name", "requires_grad",
+"shape"}`` (keys in that order). Readers accept only the canonical encoding:
+the bytes are decoded, packed again, and must come out identical.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import torch
+
+from . import container, digest, dtypes
+from .errors import FormatError, IntegrityError, LimitError
+from .limits import Limits
+
+VERSION = 1
+KEY_MANIFEST = "tensorcanon.manifest"
+KEY_DIGEST = "tensorcanon.digest"
+KEY_FORMAT = "format"
+KINDS = ("tensor", "parameter", "ndarray")
+_TOP_KEYS = ["algorithm", "meta", "root", "tensors", "version"]
+_ENTRY_KEYS = ["device", "digest", "dtype", "kind", "name", "requires_grad", "shape"]
+
+
+@dataclass
+class TensorInfo:
+    """One row of the tensor table, validated and matched to its header entry."""
+
+    index: int
+    name: str
+    dtype: dtypes.DType
+    shape: tuple[int, ...]
+    device: str
+    kind: str
+    requires_grad: bool
+    digest: bytes
+    begin: int = 0
+    end: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass
+class Manifest:
+    raw: bytes
+    root: Any
+    meta: Any
+    tensors: list[TensorInfo]   # table order (indices used by the tree)
+    digest: bytes
+
+
+def pack(root: Any, meta: Any, table: list[dict]) -> bytes:
+    """Canonical manifest bytes. ``table`` rows must already have sorted keys."""
+    obj = {"algorithm": digest.ALGORITHM, "meta": meta, "root": root, "tensors": table, "version": VERSION}
+    try:
+        return msgpack.packb(obj, use_bin_type=True)
+    except (ValueError, TypeError, OverflowError) as e:  # depth beyond msgpack's own limit
+        raise FormatError(f"the object cannot be encoded: {e}") from e
+
+
+def table_row(name, dtype_name, shape, device, kind, requires_grad, digest_raw) -> dict:
+    return {
+        "device": device, "digest": digest_raw, "dtype": dtype_name, "kind": kind,
+        "name": name, "requires_grad": requires_grad, "shape": list(shape),
+    }
+
+
+def header_metadata(manifest_raw: bytes) -> dict[str, str]:
+    return {
+        KEY_FORMAT: "pt",
+        KEY_DIGEST: digest.to_text(digest.manifest_digest(manifest_raw)),
+        KEY_MANIFEST: base64.b64encode(manifest_raw).decode("ascii"),
+    }
+
+
+def _bad(message: str) -> FormatError:
+    return FormatError(f"manifest: {message}")
+
+
+def is_tensorcanon(header: container.Header) -> bool:
+    """True if the header carries a tensorcanon manifest (else: plain safetensors)."""
+    return header.metadata is not None and KEY_MANIFEST in header.metadata
+
+
+def parse(header: container.Header, limits: Limits) -> Manifest:
+    """Decode, validate and cross-check the manifest of a tensorcanon file.
+
+    Checks that the manifest is canonical, that its tensor table and the
+    header describe the same tensors, that the header itself is byte-for-byte
+    what a writer would produce, and that the recorded file digest matches.
+    """
+    meta = header.metadata or {}
+    if set(meta) != {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} or meta[KEY_FORMAT] != "pt":
+        raise _bad(f"__metadata__ must hold exactly {sorted([KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST])}, with format 'pt'")
+    text = meta[KEY_MANIFEST]
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise _bad("is not valid base64") from None
+    try:
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+    except Exception as e:  # msgpack raises many types for bad input
+        raise _bad(f"is not valid msgpack ({type(e).__name__}: {e})") from None
+    try:
+        canonical = msgpack.packb(obj, use_bin_type=True) == raw
+    except Exception:
+        canonical = False
+    if not canonical:
+        raise _bad("is not in canonical form (non-shortest numbers, repeated keys or float32)")
+    if type(obj) is not dict or list(obj) != _TOP_KEYS:
+        raise _bad(f"must be a map with exactly the keys {_TOP_KEYS} in that order")
+    if obj["version"] != VERSION:
+        raise _bad(
+            f"format version {obj['version']!r} is not supported by this tensorcanon "
+            f"(it reads version {VERSION}); upgrade tensorcanon to read this file"
+        )
+    if obj["algorithm"] != digest.ALGORITHM:
+        raise _bad(f"digest algorithm {obj['algorithm']!r} is not supported (only {digest.ALGORITHM!r})")
+
+    recorded = meta.get(KEY_DIGEST)
+    if not digest.is_text(recorded):
+        raise _bad(f"__metadata__[{KEY_DIGEST!r}] is missing or malformed")
+    actual = digest.manifest_digest(raw)
+    if digest.from_text(recorded) != actual:
+        raise IntegrityError(
+            f"the manifest does not match the file digest: recorded {recorded}, "
+            f"computed {digest.to_text(actual)}; the file is damaged",
+            expected=recorded, actual=digest.to_text(actual),
+        )
+
+    table = obj["tensors"]
+    if type(table) is not list:
+        raise _bad("'tensors' must be a list")
+    if len(table) > limits.max_tensors:
+        raise LimitError(f"manifest lists {len(table)} tensors, over max_tensors={limits.max_tensors}", limit="max_tensors")
+    by_name = {e.name: e for e in header.entries}
+    infos: list[TensorInfo] = []
+    seen: set[str] = set()
+    for i, row in enumerate(table):
+        info = _row(i, row)
+        if info.name in seen:
+            raise _bad(f"tensor name {info.name!r} appears twice")
+        seen.add(info.name)
+        entry = by_name.get(info.name)
+        if entry is None:
+            raise _bad(f"tensor {info.name!r} is not in the header")
+        want = dtypes.header_shape(info.dtype, info.shape)
+        if entry.dtype != info.dtype.st or list(entry.shape) != want:
+            raise _bad(
+                f"tensor {info.name!r} is {info.dtype.name}{list(info.shape)} here but the header says "
+                f"{entry.dtype}{list(entry.shape)}"
+            )
+        info.begin, info.end = entry.begin, entry.end
+        infos.append(info)
+    if len(seen) != len(by_name):
+        extra = sorted(set(by_name) - seen)[:3]
+        raise _bad(f"the header holds tensors the manifest does not list: {extra}")
+
+    expected = container.build(_canonical_entries(infos), header.metadata)
+    if expected != header.raw:
+        raise FormatError(
+            "header is not in canonical form (tensor order, offsets, key order, spacing or "
+            "__metadata__ keys differ from what tensorcanon writes)", offset=container.LENGTH_SIZE,
+        )
+    return Manifest(raw=raw, root=obj["root"], meta=obj["meta"], tensors=infos, digest=actual)
+
+
+def _canonical_entries(infos) -> list[container.Entry]:
+    out, position = [], 0
+    for info in sorted(infos, key=lambda t: container.data_order(t.name, t.dtype.itemsize)):
+        out.append(container.Entry(info.name, info.dtype.st, tuple(dtypes.header_shape(info.dtype, info.shape)), position, position + info.nbytes))
+        position += info.nbytes
+    return out
+
+
+def _row(i: int, row: Any) -> TensorInfo:
+    if type(row) is not dict or list(row) != _ENTRY_KEYS:
+        raise _bad(f"tensor table row {i} must have exactly the keys {_ENTRY_KEYS} in that order")
+    name, dt, shape = row["name"], row["dtype"], row["shape"]
+    device, kind, rg, dg = row["device"], row["kind"], row["requires_grad"], row["digest"]
+    if type(name) is not str:
+        raise _bad(f"tensor table row {i}: name must be a str")
+    where = f"tensor {name!r}"
+    dtype = dtypes.BY_NAME.get(dt) if type(dt) is str else None
+    if dtype is None:
+        raise _bad(f"{where} has unknown dtype {dt!r}")
+    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+        raise _bad(f"{where} shape must be a list of non-negative ints")
+    if kind not in KINDS:
+        raise _bad(f"{where} has unknown kind {kind!r}")
+    if type(rg) is not bool or (rg and kind == "ndarray"):
+        raise _bad(f"{where} has an invalid requires_grad {rg!r}")
+    if kind == "ndarray" and (dtype.numpy is None or device != "cpu"):
+        raise _bad(f"{where} is a numpy array of dtype {dtype.name} on {device!r}")
+    if type(device) is not str or len(device) > 64:
+        raise _bad(f"{where} device must be a short str")
+    try:
+        canonical_device = str(torch.device(device))
+    except (RuntimeError, ValueError):
+        raise _bad(f"{where} has invalid device {device!r}") from None
+    if canonical_device != device:
+        raise _bad(f"{where} device {device!r} is not in canonical form")
+    if type(dg) is not bytes or len(dg) != digest.DIGEST_SIZE:
+        raise _bad(f"{where} digest must be {digest.DIGEST_SIZE} bytes")
+    return TensorInfo(i, name, dtype, tuple(shape), device, kind, rg, dg)

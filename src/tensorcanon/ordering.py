@@ -1,0 +1,71 @@
+"""The canonical total order of dict keys and set members.
+
+Plain dicts, sets and frozensets are written in this order, so their bytes do
+not depend on insertion order or on PYTHONHASHSEED. The order is meant to read
+naturally: numbers numerically, strings by their UTF-8 bytes (the same as code
+point order). Values of different kinds are ranked::
+
+    None < bool < numbers (int and float, by value) < NaN < str < bytes
+         < tuple < frozenset
+
+Tuples compare element by element (a prefix sorts first); frozensets compare
+as the tuple of their members in this order. NaN keys rank after all numbers,
+ordered by their bit pattern. Any other key type is not supported.
+docs/FORMAT.md, "Canonical key order", is the normative text.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+_RANK_NONE, _RANK_BOOL, _RANK_NUMBER, _RANK_NAN, _RANK_STR, _RANK_BYTES, _RANK_TUPLE, _RANK_FROZENSET = range(8)
+
+KEY_TYPES = "None, bool, int, float, str, bytes, and tuples or frozensets of these"
+
+
+class UnorderableKey(TypeError):
+    """Raised (internally) for a key type outside the canonical order."""
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+        super().__init__(type(key).__name__)
+
+
+def sort_key(key: Any) -> tuple:
+    """A Python value whose ``<`` is the canonical order of ``key``."""
+    t = type(key)
+    if t is str:
+        return (_RANK_STR, key.encode("utf-8"))
+    if t is int:
+        return (_RANK_NUMBER, key)
+    if t is float:
+        if math.isnan(key):
+            return (_RANK_NAN, struct.pack(">d", key))
+        return (_RANK_NUMBER, key)
+    if key is None:
+        return (_RANK_NONE,)
+    if t is bool:
+        return (_RANK_BOOL, key)
+    if t is bytes:
+        return (_RANK_BYTES, key)
+    if t is tuple:
+        return (_RANK_TUPLE, tuple(sort_key(k) for k in key))
+    if t is frozenset:
+        return (_RANK_FROZENSET, tuple(sorted(sort_key(k) for k in key)))
+    raise UnorderableKey(key)
+
+
+def sorted_keys(keys) -> list:
+    """Keys in canonical order. Raises UnorderableKey or ValueError on ties."""
+    keys = list(keys)
+    if all(type(k) is str for k in keys):
+        # Code point order equals UTF-8 byte order for encodable strings.
+        out = sorted(keys)
+        return out
+    decorated = sorted(((sort_key(k), i) for i, k in enumerate(keys)), key=lambda p: p[0])
+    for a, b in zip(decorated, decorated[1:]):
+        if a[0] == b[0]:
+            raise ValueError(f"keys {keys[a[1]]!r} and {keys[b[1]]!r} have the same canonical position")
+    return [keys[i] for _, i in decorated]

@@ -1,0 +1,527 @@
+"""The object tree: Python values to canonical msgpack-ready nodes and back.
+
+A node is a msgpack-native leaf (nil, bool, int, float64, str, bin), the
+big-int ext type, or a *tagged array* ``[tag, ...]`` whose first element names
+what it holds (``"dict"``, ``"tuple"``, ``"tensor"``...). Encoders are looked up
+by exact type in :data:`ENCODERS` and decoders by tag in :data:`DECODERS`:
+adding a type is adding a row to each. docs/FORMAT.md, "The object tree", is
+the normative description.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import msgpack
+import numpy as np
+import torch
+
+from . import dtypes, paths, registry
+from .errors import FormatError, LimitError, UnsupportedTypeError
+from .ordering import KEY_TYPES, UnorderableKey, sort_key, sorted_keys
+
+EXT_BIGINT = 1
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+
+_Parameter = torch.nn.Parameter
+_OrderedDict = collections.OrderedDict
+
+
+def bigint_bytes(n: int) -> bytes:
+    """Minimal two's-complement big-endian bytes of ``n``."""
+    length = (~n if n < 0 else n).bit_length() // 8 + 1
+    return n.to_bytes(length, "big", signed=True)
+
+
+@dataclass
+class TensorSource:
+    """A tensor (or ndarray) found while encoding, before its bytes are written."""
+
+    value: Any                   # the torch.Tensor or numpy.ndarray as given
+    kind: str                    # "tensor" | "parameter" | "ndarray"
+    dtype: dtypes.DType
+    shape: tuple[int, ...]
+    device: str
+    requires_grad: bool
+    path: tuple                  # first path at which it was found
+    name: str = ""
+    digest: bytes = b""
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+# --------------------------------------------------------------------------- encode
+
+
+class Encoder:
+    """Turns one object into a tree of nodes and a table of tensors."""
+
+    def __init__(self, max_depth: int) -> None:
+        self.max_depth = max_depth
+        self.tensors: list[TensorSource] = []
+        self._by_id: dict[int, int] = {}
+        self._by_view: dict[tuple, int] = {}
+        self._path: list = []
+
+    # -- helpers
+    def path(self) -> str:
+        return paths.join(tuple(self._path))
+
+    def unsupported(self, message: str) -> UnsupportedTypeError:
+        return UnsupportedTypeError(f"{message} (at {self.path()})", path=self.path())
+
+    def encode(self, value: Any, depth: int = 0) -> Any:
+        t = type(value)
+        if t is str:
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise self.unsupported("str holds a lone surrogate and is not valid UTF-8") from None
+            return value
+        if t is float or t is bool or value is None or t is bytes:
+            return value
+        if t is int:
+            if INT_MIN <= value <= INT_MAX:
+                return value
+            return msgpack.ExtType(EXT_BIGINT, bigint_bytes(value))
+        if depth >= self.max_depth:
+            raise self.unsupported(
+                f"object nested deeper than max_depth={self.max_depth} (a reference cycle?); "
+                "raise it with limits=tensorcanon.Limits(max_depth=...)"
+            )
+        enc = ENCODERS.get(t)
+        if enc is not None:
+            return enc(self, value, depth + 1)
+        return self._fallback(value, depth + 1)
+
+    def _items(self, tag: str, values, depth: int) -> list:
+        out = [tag]
+        path = self._path
+        for i, v in enumerate(values):
+            path.append(i)
+            out.append(self.encode(v, depth))
+            path.pop()
+        return out
+
+    def _ordered(self, keys) -> list:
+        try:
+            return sorted_keys(keys)
+        except UnorderableKey as e:
+            raise self.unsupported(
+                f"a key or set member of type {type(e.key).__qualname__} has no canonical order; "
+                f"keys and set members must be {KEY_TYPES}"
+            ) from None
+        except ValueError as e:
+            raise self.unsupported(str(e)) from None
+
+    def _mapping(self, tag: str, d: dict, keys, depth: int, head: list) -> list:
+        out = [tag, *head]
+        path = self._path
+        for k in keys:
+            out.append(self.encode(k, depth))
+            path.append(k)
+            out.append(self.encode(d[k], depth))
+            path.pop()
+        return out
+
+    # -- containers
+    def enc_list(self, v, depth):
+        return self._items("list", v, depth)
+
+    def enc_tuple(self, v, depth):
+        return self._items("tuple", v, depth)
+
+    def enc_dict(self, v, depth):
+        return self._mapping("dict", v, self._ordered(v.keys()), depth, [])
+
+    def enc_odict(self, v, depth):
+        for k in v:  # keys keep their order, but must still be of a key type
+            if type(k) is not str:
+                self._ordered([k])
+        meta = getattr(v, "_metadata", None)
+        self._path.append("_metadata")
+        head = [None if meta is None else self.encode(meta, depth)]
+        self._path.pop()
+        return self._mapping("odict", v, v.keys(), depth, head)
+
+    def enc_set(self, v, depth):
+        return self._items("set" if type(v) is set else "frozenset", self._ordered(v), depth)
+
+    # -- scalars and torch values
+    def enc_complex(self, v, depth):
+        return ["complex", v.real, v.imag]
+
+    def enc_size(self, v, depth):
+        return ["size", *v]
+
+    def enc_dtype(self, v, depth):
+        return ["dtype", str(v).removeprefix("torch.")]
+
+    def enc_device(self, v, depth):
+        return ["device", str(v)]
+
+    def enc_numpy_scalar(self, v, depth):
+        row = dtypes.BY_NUMPY.get(v.dtype.newbyteorder("<"))
+        if row is None:
+            raise self.unsupported(f"numpy scalar of dtype {v.dtype} is not supported")
+        return ["np.scalar", row.name, np.asarray(v).astype(row.numpy).tobytes()]
+
+    # -- tensors
+    def _add_tensor(self, value, view_key, **fields) -> list:
+        if view_key is not None:
+            idx = self._by_view.get(view_key)
+            if idx is not None:
+                self._by_id[id(value)] = idx
+                return ["tensor", idx]
+        idx = len(self.tensors)
+        self.tensors.append(TensorSource(value=value, path=tuple(self._path), **fields))
+        self._by_id[id(value)] = idx
+        if view_key is not None:
+            self._by_view[view_key] = idx
+        return ["tensor", idx]
+
+    def enc_tensor(self, v, depth):
+        idx = self._by_id.get(id(v))
+        if idx is not None:
+            return ["tensor", idx]
+        if v.layout is not torch.strided:
+            raise self.unsupported(f"{v.layout} tensors are not supported; save t.to_dense() instead")
+        if v.is_quantized:
+            raise self.unsupported("quantized tensors are not supported; save t.dequantize() or t.int_repr()")
+        if v.is_meta:
+            raise self.unsupported("meta tensors hold no data and cannot be saved")
+        row = dtypes.BY_TORCH.get(v.dtype)
+        if row is None:
+            raise self.unsupported(f"tensors of dtype {v.dtype} are not supported")
+        kind = "parameter" if type(v) is _Parameter else "tensor"
+        shape = tuple(v.shape)
+        device = str(v.device)
+        if v.numel() == 0:
+            view_key = None  # zero-size tensors share no bytes: keep them distinct
+        else:
+            view_key = (
+                v.untyped_storage().data_ptr(), device, v.storage_offset(), shape, v.stride(),
+                v.dtype, kind, v.requires_grad, v.is_conj(), v.is_neg(),
+            )
+        return self._add_tensor(
+            v, view_key, kind=kind, dtype=row, shape=shape, device=device,
+            requires_grad=v.requires_grad,
+        )
+
+    def enc_ndarray(self, v, depth):
+        idx = self._by_id.get(id(v))
+        if idx is not None:
+            return ["tensor", idx]
+        row = dtypes.BY_NUMPY.get(v.dtype.newbyteorder("<")) if v.dtype.fields is None else None
+        if row is None:
+            raise self.unsupported(
+                f"numpy arrays of dtype {v.dtype} are not supported (only bool, int, uint, "
+                "float16/32/64 and complex64/128)"
+            )
+        shape = tuple(v.shape)
+        view_key = None
+        if v.size:
+            view_key = ("ndarray", v.__array_interface__["data"][0], shape, v.strides, v.dtype.str)
+        return self._add_tensor(
+            v, view_key, kind="ndarray", dtype=row, shape=shape, device="cpu", requires_grad=False,
+        )
+
+    def _fallback(self, v, depth):
+        t = type(v)
+        reg = registry.by_type(t)
+        if reg is not None:
+            try:
+                state = reg.encode(v)
+            except Exception as e:
+                raise self.unsupported(f"the encode function registered for {reg.name!r} failed: {e!r}") from e
+            return ["obj", reg.name, self.encode(state, depth)]
+        if isinstance(v, np.generic):
+            return self.enc_numpy_scalar(v, depth)
+        if isinstance(v, torch.Tensor):
+            raise self.unsupported(
+                f"tensor subclass {t.__module__}.{t.__qualname__} is not supported; "
+                "save a plain tensor (t.as_subclass(torch.Tensor), or t.full_tensor() for a DTensor)"
+            )
+        name = f"{t.__module__}.{t.__qualname__}"
+        raise self.unsupported(
+            f"cannot save a value of type {name}: tensorcanon saves None, bool, int, float, complex, "
+            "str, bytes, list, tuple, dict, OrderedDict, set, frozenset, tensors, numpy arrays and "
+            f"scalars, torch.Size/dtype/device; to save {t.__qualname__}, call "
+            f"tensorcanon.register({t.__qualname__}) first (dataclasses, NamedTuples and Enums need "
+            "nothing more; other classes pass encode= and decode=)"
+        )
+
+    # -- naming
+    def assign_names(self) -> None:
+        """Give each tensor a readable, unique safetensors name from its path."""
+        used: set[str] = {"__metadata__"}
+        for src in self.tensors:
+            base = ".".join(
+                p if type(p) is str else str(p) if type(p) is int else repr(p) for p in src.path
+            ) or "_"
+            name, n = base, 0
+            while name in used:
+                n += 1
+                name = f"{base}~{n}"
+            used.add(name)
+            src.name = name
+
+
+ENCODERS: dict[type, Callable[[Encoder, Any, int], Any]] = {
+    list: Encoder.enc_list,
+    tuple: Encoder.enc_tuple,
+    dict: Encoder.enc_dict,
+    _OrderedDict: Encoder.enc_odict,
+    set: Encoder.enc_set,
+    frozenset: Encoder.enc_set,
+    complex: Encoder.enc_complex,
+    torch.Size: Encoder.enc_size,
+    torch.dtype: Encoder.enc_dtype,
+    torch.device: Encoder.enc_device,
+    torch.Tensor: Encoder.enc_tensor,
+    _Parameter: Encoder.enc_tensor,
+    np.ndarray: Encoder.enc_ndarray,
+}
+
+
+# --------------------------------------------------------------------------- decode
+
+
+class Decoder:
+    """Builds values from a validated manifest's tree, checking every node."""
+
+    def __init__(self, tensors: list, max_depth: int, build_objects: bool = True) -> None:
+        self.tensors = tensors
+        self.build_objects = build_objects
+        self.used = [False] * len(tensors)
+        self.max_depth = max_depth
+        self._path: list = []
+
+    def error(self, message: str) -> FormatError:
+        return FormatError(f"manifest: {message} at {paths.join(tuple(self._path))}")
+
+    def decode(self, node: Any, depth: int = 0) -> Any:
+        t = type(node)
+        if t is str or t is float or t is int or t is bool or node is None or t is bytes:
+            return node
+        if t is msgpack.ExtType:
+            return self._ext(node)
+        if t is not list:
+            raise self.error(f"unexpected {t.__name__} node")
+        if depth >= self.max_depth:
+            raise LimitError(
+                f"manifest: object nested deeper than max_depth={self.max_depth} at "
+                f"{paths.join(tuple(self._path))}", limit="max_depth",
+            )
+        if not node or type(node[0]) is not str:
+            raise self.error("a tagged array must start with a str tag")
+        dec = DECODERS.get(node[0])
+        if dec is None:
+            raise self.error(f"unknown tag {node[0]!r}")
+        return dec(self, node, depth + 1)
+
+    def _ext(self, node):
+        if node.code != EXT_BIGINT:
+            raise self.error(f"unknown ext type {node.code}")
+        data = node.data
+        n = int.from_bytes(data, "big", signed=True)
+        if INT_MIN <= n <= INT_MAX or bigint_bytes(n) != data:
+            raise self.error("big int is not in canonical form")
+        return n
+
+    def _args(self, node, n: int) -> list:
+        if len(node) != n + 1:
+            raise self.error(f"{node[0]!r} takes {n} values, found {len(node) - 1}")
+        return node[1:]
+
+    def _items(self, node, depth) -> list:
+        out = []
+        path = self._path
+        for i in range(1, len(node)):
+            path.append(i - 1)
+            out.append(self.decode(node[i], depth))
+            path.pop()
+        return out
+
+    def _key(self, node, depth):
+        k = self.decode(node, depth)
+        try:
+            return k, sort_key(k)
+        except (UnorderableKey, UnicodeEncodeError):
+            raise self.error(f"a key or set member of type {type(k).__name__} is not allowed") from None
+
+    def _members(self, node, depth) -> list:
+        out, prev = [], None
+        for i in range(1, len(node)):
+            k, sk = self._key(node[i], depth)
+            if prev is not None and not prev < sk:
+                raise self.error("set members are not in canonical order (or repeat)")
+            prev = sk
+            out.append(k)
+        return out
+
+    def _pairs(self, node, start: int, depth: int, ordered: bool):
+        if (len(node) - start) % 2:
+            raise self.error(f"{node[0]!r} has an odd number of keys and values")
+        out, prev, seen = [], None, set()
+        path = self._path
+        for i in range(start, len(node), 2):
+            k, sk = self._key(node[i], depth)
+            if ordered:
+                if prev is not None and not prev < sk:
+                    raise self.error("dict keys are not in canonical order (or repeat)")
+                prev = sk
+            elif sk in seen:
+                raise self.error(f"OrderedDict key {k!r} repeats")
+            else:
+                seen.add(sk)
+            path.append(k)
+            out.append((k, self.decode(node[i + 1], depth)))
+            path.pop()
+        return out
+
+    def dec_list(self, node, depth):
+        return self._items(node, depth)
+
+    def dec_tuple(self, node, depth):
+        return tuple(self._items(node, depth))
+
+    def dec_dict(self, node, depth):
+        return dict(self._pairs(node, 1, depth, ordered=True))
+
+    def dec_odict(self, node, depth):
+        if len(node) < 2:
+            raise self.error("'odict' needs its metadata slot")
+        self._path.append("_metadata")
+        meta = self.decode(node[1], depth)
+        self._path.pop()
+        out = _OrderedDict(self._pairs(node, 2, depth, ordered=False))
+        if meta is not None:
+            out._metadata = meta
+        return out
+
+    def dec_set(self, node, depth):
+        return set(self._members(node, depth))
+
+    def dec_frozenset(self, node, depth):
+        return frozenset(self._members(node, depth))
+
+    def dec_complex(self, node, depth):
+        re, im = self._args(node, 2)
+        if type(re) is not float or type(im) is not float:
+            raise self.error("'complex' takes two floats")
+        return complex(re, im)
+
+    def dec_size(self, node, depth):
+        dims = node[1:]
+        if not all(type(d) is int for d in dims):
+            raise self.error("'size' takes ints")
+        return torch.Size(dims)
+
+    def dec_dtype(self, node, depth):
+        (name,) = self._args(node, 1)
+        d = dtypes.TORCH_DTYPES_BY_NAME.get(name) if type(name) is str else None
+        if d is None:
+            raise self.error(f"unknown torch dtype {name!r}")
+        return d
+
+    def dec_device(self, node, depth):
+        (spec,) = self._args(node, 1)
+        if type(spec) is not str or len(spec) > 64:
+            raise self.error("'device' takes a short str")
+        try:
+            dev = torch.device(spec)
+        except (RuntimeError, ValueError):
+            raise self.error(f"invalid device {spec!r}") from None
+        if str(dev) != spec:
+            raise self.error(f"device {spec!r} is not in canonical form {str(dev)!r}")
+        return dev
+
+    def dec_numpy_scalar(self, node, depth):
+        name, data = self._args(node, 2)
+        row = dtypes.BY_NAME.get(name) if type(name) is str else None
+        if row is None or row.numpy is None or type(data) is not bytes or len(data) != row.itemsize:
+            raise self.error(f"invalid numpy scalar of dtype {name!r}")
+        value = np.frombuffer(data, dtype=row.numpy)[0]
+        if row.name == "bool" and data not in (b"\x00", b"\x01"):
+            raise self.error("numpy bool scalar holds a byte other than 0 or 1")
+        return value.astype(row.numpy.newbyteorder("="))[()]
+
+    def dec_tensor(self, node, depth):
+        (idx,) = self._args(node, 1)
+        if type(idx) is not int or not 0 <= idx < len(self.tensors):
+            raise self.error(f"tensor index {idx!r} is out of range")
+        self.used[idx] = True
+        return self.tensors[idx]
+
+    def dec_obj(self, node, depth):
+        name, state = self._args(node, 2)
+        if type(name) is not str:
+            raise self.error("'obj' needs a str type name")
+        reg = registry.by_name(name)
+        where = paths.join(tuple(self._path))
+        if not self.build_objects:  # structural check only (verify)
+            self.decode(state, depth)
+            return None
+        if reg is None:
+            raise UnsupportedTypeError(
+                f"the file holds a value of the registered type {name!r} at {where}, which is not "
+                "registered in this process; call tensorcanon.register(<that class>) before loading "
+                "(tensorcanon never imports names found in a file)",
+                path=where,
+            )
+        value = self.decode(state, depth)
+        try:
+            return reg.decode(value)
+        except Exception as e:
+            raise FormatError(f"manifest: could not rebuild {name!r} at {where}: {e!r}") from e
+
+
+DECODERS: dict[str, Callable[[Decoder, list, int], Any]] = {
+    "list": Decoder.dec_list,
+    "tuple": Decoder.dec_tuple,
+    "dict": Decoder.dec_dict,
+    "odict": Decoder.dec_odict,
+    "set": Decoder.dec_set,
+    "frozenset": Decoder.dec_frozenset,
+    "complex": Decoder.dec_complex,
+    "size": Decoder.dec_size,
+    "dtype": Decoder.dec_dtype,
+    "device": Decoder.dec_device,
+    "np.scalar": Decoder.dec_numpy_scalar,
+    "tensor": Decoder.dec_tensor,
+    "obj": Decoder.dec_obj,
+}
+
+
+def find_tensor_path(node: Any, index: int, trail: tuple = ()) -> tuple | None:
+    """The first path (in canonical order) at which ``["tensor", index]`` occurs.
+
+    Used only to name a tensor in an error message, so it is a plain search.
+    """
+    if type(node) is not list or not node or type(node[0]) is not str:
+        return None
+    tag = node[0]
+    if tag == "tensor":
+        return trail if node[1:] == [index] else None
+    if tag in ("list", "tuple"):
+        for i, child in enumerate(node[1:]):
+            found = find_tensor_path(child, index, trail + (i,))
+            if found is not None:
+                return found
+    elif tag in ("dict", "odict"):
+        start = 1 if tag == "dict" else 2
+        for i in range(start, len(node) - 1, 2):
+            key = node[i] if type(node[i]) is not list else repr(node[i])
+            found = find_tensor_path(node[i + 1], index, trail + (key,))
+            if found is not None:
+                return found
+    elif tag == "obj" and len(node) == 3:
+        return find_tensor_path(node[2], index, trail)
+    return None
