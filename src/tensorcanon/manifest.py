@@ -6,9 +6,13 @@ It is one canonical msgpack map, base64-encoded into the header's
     {"algorithm": "xxh3-128", "meta": <tree>, "root": <tree>,
      "tensors": [<entry>, ...], "version": 1}
 
-Each entry is ``{"device", "digest", "dtype", "kind", "name", "requires_grad",
-"shape"}`` (keys in that order). Readers accept only the canonical encoding:
-the bytes are decoded, packed again, and must come out identical.
+Each entry is ``{"digest", "dtype", "kind", "name", "requires_grad", "shape"}``
+(keys in that order). Readers accept only the canonical encoding: the bytes are
+decoded, packed again, and must come out identical.
+
+Devices are placement, not content: they live outside the manifest, in
+``__metadata__["tensorcanon.devices"]`` (present only when some tensor is not on
+the CPU), so the same values on cpu and on cuda:0 have the same file digest.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ KEY_DIGEST = "tensorcanon.digest"
 KEY_FORMAT = "format"
 KINDS = ("tensor", "parameter", "ndarray")
 _TOP_KEYS = ["algorithm", "meta", "root", "tensors", "version"]
-_ENTRY_KEYS = ["device", "digest", "dtype", "kind", "name", "requires_grad", "shape"]
+_ENTRY_KEYS = ["digest", "dtype", "kind", "name", "requires_grad", "shape"]
+KEY_DEVICES = "tensorcanon.devices"
 
 
 @dataclass
@@ -42,10 +47,10 @@ class TensorInfo:
     name: str
     dtype: dtypes.DType
     shape: tuple[int, ...]
-    device: str
     kind: str
     requires_grad: bool
     digest: bytes
+    device: str = "cpu"
     begin: int = 0
     end: int = 0
 
@@ -72,19 +77,50 @@ def pack(root: Any, meta: Any, table: list[dict]) -> bytes:
         raise FormatError(f"the object cannot be encoded: {e}") from e
 
 
-def table_row(name, dtype_name, shape, device, kind, requires_grad, digest_raw) -> dict:
+def table_row(name, dtype_name, shape, kind, requires_grad, digest_raw) -> dict:
     return {
-        "device": device, "digest": digest_raw, "dtype": dtype_name, "kind": kind,
+        "digest": digest_raw, "dtype": dtype_name, "kind": kind,
         "name": name, "requires_grad": requires_grad, "shape": list(shape),
     }
 
 
-def header_metadata(manifest_raw: bytes) -> dict[str, str]:
-    return {
+def devices_text(devices: list[str]) -> str:
+    """``"3:cuda:0,7:cuda:1"``: table index and device of every tensor not on the CPU."""
+    return ",".join(f"{i}:{d}" for i, d in enumerate(devices) if d != "cpu")
+
+
+def header_metadata(manifest_raw: bytes, devices: list[str]) -> dict[str, str]:
+    meta = {
         KEY_FORMAT: "pt",
         KEY_DIGEST: digest.to_text(digest.manifest_digest(manifest_raw)),
         KEY_MANIFEST: base64.b64encode(manifest_raw).decode("ascii"),
     }
+    text = devices_text(devices)
+    if text:
+        meta[KEY_DEVICES] = text
+    return meta
+
+
+def _parse_devices(text: str, infos: list["TensorInfo"]) -> None:
+    """Apply ``__metadata__["tensorcanon.devices"]`` to the table, accepting only canonical text."""
+    if not text:
+        raise _bad(f"__metadata__[{KEY_DEVICES!r}] is empty (omit it when every tensor is on the CPU)")
+    for item in text.split(","):
+        index, sep, device = item.partition(":")
+        if not sep or not index.isdigit() or not index.isascii() or not 0 <= int(index) < len(infos):
+            raise _bad(f"__metadata__[{KEY_DEVICES!r}] has a malformed entry {item[:80]!r}")
+        info = infos[int(index)]
+        if len(device) > 64:
+            raise _bad(f"tensor {info.name!r} has an over-long device name")
+        try:
+            info.device = str(torch.device(device))
+        except (RuntimeError, ValueError):
+            raise _bad(f"tensor {info.name!r} has invalid device {device!r}") from None
+        if info.kind == "ndarray":
+            raise _bad(f"tensor {info.name!r} is a numpy array but is given device {device!r}")
+    if devices_text([i.device for i in infos]) != text:
+        raise _bad(f"__metadata__[{KEY_DEVICES!r}] is not in canonical form (ascending indices, "
+                   "canonical device names, no 'cpu' entries)")
 
 
 def _bad(message: str) -> FormatError:
@@ -104,8 +140,12 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
     what a writer would produce, and that the recorded file digest matches.
     """
     meta = header.metadata or {}
-    if set(meta) != {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} or meta[KEY_FORMAT] != "pt":
-        raise _bad(f"__metadata__ must hold exactly {sorted([KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST])}, with format 'pt'")
+    if not {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} <= set(meta) <= {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST, KEY_DEVICES} \
+            or meta[KEY_FORMAT] != "pt":
+        raise _bad(
+            f"__metadata__ must hold {sorted([KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST])} (and "
+            f"{KEY_DEVICES!r} when a tensor is not on the CPU), with format 'pt'"
+        )
     text = meta[KEY_MANIFEST]
     try:
         raw = base64.b64decode(text, validate=True)
@@ -166,6 +206,8 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
             )
         info.begin, info.end = entry.begin, entry.end
         infos.append(info)
+    if KEY_DEVICES in meta:
+        _parse_devices(meta[KEY_DEVICES], infos)
     if len(seen) != len(by_name):
         extra = sorted(set(by_name) - seen)[:3]
         raise _bad(f"the header holds tensors the manifest does not list: {extra}")
@@ -191,7 +233,7 @@ def _row(i: int, row: Any) -> TensorInfo:
     if type(row) is not dict or list(row) != _ENTRY_KEYS:
         raise _bad(f"tensor table row {i} must have exactly the keys {_ENTRY_KEYS} in that order")
     name, dt, shape = row["name"], row["dtype"], row["shape"]
-    device, kind, rg, dg = row["device"], row["kind"], row["requires_grad"], row["digest"]
+    kind, rg, dg = row["kind"], row["requires_grad"], row["digest"]
     if type(name) is not str:
         raise _bad(f"tensor table row {i}: name must be a str")
     where = f"tensor {name!r}"
@@ -204,16 +246,8 @@ def _row(i: int, row: Any) -> TensorInfo:
         raise _bad(f"{where} has unknown kind {kind!r}")
     if type(rg) is not bool or (rg and kind == "ndarray"):
         raise _bad(f"{where} has an invalid requires_grad {rg!r}")
-    if kind == "ndarray" and (dtype.numpy is None or device != "cpu"):
-        raise _bad(f"{where} is a numpy array of dtype {dtype.name} on {device!r}")
-    if type(device) is not str or len(device) > 64:
-        raise _bad(f"{where} device must be a short str")
-    try:
-        canonical_device = str(torch.device(device))
-    except (RuntimeError, ValueError):
-        raise _bad(f"{where} has invalid device {device!r}") from None
-    if canonical_device != device:
-        raise _bad(f"{where} device {device!r} is not in canonical form")
+    if kind == "ndarray" and dtype.numpy is None:
+        raise _bad(f"{where} is a numpy array of dtype {dtype.name}, which numpy lacks")
     if type(dg) is not bytes or len(dg) != digest.DIGEST_SIZE:
         raise _bad(f"{where} digest must be {digest.DIGEST_SIZE} bytes")
-    return TensorInfo(i, name, dtype, tuple(shape), device, kind, rg, dg)
+    return TensorInfo(i, name, dtype, tuple(shape), kind, rg, dg)

@@ -33,7 +33,7 @@ class Plan:
 
     def manifest_bytes(self) -> bytes:
         table = [
-            manifest.table_row(s.name, s.dtype.name, s.shape, s.device, s.kind, s.requires_grad,
+            manifest.table_row(s.name, s.dtype.name, s.shape, s.kind, s.requires_grad,
                                s.digest or bytes(digest.DIGEST_SIZE))
             for s in self.tensors
         ]
@@ -42,7 +42,8 @@ class Plan:
     def header(self) -> tuple[bytes, bytes]:
         """(header bytes, manifest bytes) for the digests currently recorded."""
         raw = self.manifest_bytes()
-        return container.build(self.layout, manifest.header_metadata(raw)), raw
+        devices = [s.device for s in self.tensors]
+        return container.build(self.layout, manifest.header_metadata(raw, devices)), raw
 
     @property
     def data_size(self) -> int:
