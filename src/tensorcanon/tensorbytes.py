@@ -19,6 +19,9 @@ if sys.byteorder != "little":  # pragma: no cover - no such host in CI
     raise ImportError("tensorcanon supports little-endian hosts only")
 
 
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def host_bytes(value, kind: str) -> memoryview:
     """A flat uint8 view of ``value``'s canonical bytes, copying only when needed.
 
@@ -41,11 +44,14 @@ def host_bytes(value, kind: str) -> memoryview:
         t = t.resolve_neg()
     if t.device.type != "cpu":
         t = t.cpu()
+    if t.dtype.itemsize in _SAME_SIZE_INT:
+        # copy kernels exist for every int dtype but not for sub-byte or some float8 dtypes
+        t = t.view(_SAME_SIZE_INT[t.dtype.itemsize])
     flat = t.contiguous().reshape(-1)
     if flat.numel() and flat.stride(0) != 1:  # size-1 dims may keep any stride
         flat = flat.clone(memory_format=torch.contiguous_format)
     u = flat.view(torch.uint8)
-    if t.dtype is torch.bool and u.numel() and bool(u.max() > 1):
+    if value.dtype is torch.bool and u.numel() and bool(u.max() > 1):
         u = (u != 0).view(torch.uint8)
     return memoryview(u.numpy())
 

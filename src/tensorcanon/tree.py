@@ -263,7 +263,7 @@ class Encoder:
         used: set[str] = {"__metadata__"}
         for src in self.tensors:
             base = ".".join(
-                p if type(p) is str else str(p) if type(p) is int else repr(p) for p in src.path
+                p if type(p) is str else str(p) if type(p) is int else _key_repr(p) for p in src.path
             ) or "_"
             name, n = base, 0
             while name in used:
@@ -271,6 +271,20 @@ class Encoder:
                 name = f"{base}~{n}"
             used.add(name)
             src.name = name
+
+
+def _key_repr(key: Any) -> str:
+    """``repr(key)``, but with frozenset members in canonical key order (recursively, also
+    inside tuples), so a tensor's name never depends on hash order (docs/FORMAT.md §3)."""
+    t = type(key)
+    if t is tuple:
+        inner = ", ".join(_key_repr(k) for k in key)
+        return f"({inner},)" if len(key) == 1 else f"({inner})"
+    if t is frozenset:
+        if not key:
+            return "frozenset()"
+        return "frozenset({" + ", ".join(_key_repr(k) for k in sorted_keys(key)) + "})"
+    return repr(key)
 
 
 ENCODERS: dict[type, Callable[[Encoder, Any, int], Any]] = {

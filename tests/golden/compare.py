@@ -1,0 +1,80 @@
+"""Exact comparison of saved and loaded values, shared by the format tests."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import struct
+
+import numpy as np
+import torch
+
+
+def canonical_bytes(t: torch.Tensor) -> bytes:
+    """The logical C-order bytes of a tensor (conj/neg resolved, bool as 0/1)."""
+    t = t.detach().resolve_conj().resolve_neg().cpu()
+    if t.dtype is torch.bool:
+        t = t.to(torch.uint8)
+    if not t.numel():
+        return b""
+    if t.dtype.itemsize == 16:  # complex128: no 16-byte int to reinterpret as
+        t = torch.view_as_real(t)
+    # reinterpret as an int of the same size (copy kernels exist for every int, not for every dtype)
+    t = t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.dtype.itemsize])
+    flat = torch.empty(t.shape, dtype=t.dtype).copy_(t).reshape(-1)  # fresh, so strides are 1
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
+def view_key(v):
+    """What makes two tensors "the same view of the same storage" (written once, loaded as one)."""
+    if isinstance(v, np.ndarray):
+        if not v.size:
+            return ("id", id(v))
+        return ("nd", v.__array_interface__["data"][0], v.shape, v.strides, v.dtype.str)
+    if not v.numel():
+        return ("id", id(v))
+    return (v.untyped_storage().data_ptr(), str(v.device), v.storage_offset(), tuple(v.shape), v.stride(),
+            v.dtype, type(v) is torch.nn.Parameter, v.requires_grad, v.is_conj(), v.is_neg())
+
+
+def assert_same(a, b, path="$", aliases=None):
+    """Assert ``b`` equals ``a`` exactly: types, float bits, dtypes, shapes, devices, key order of
+    OrderedDicts and their ``_metadata``. With ``aliases`` (a dict), also check that values that were
+    one object in ``a`` are one object in ``b`` and distinct ones stay distinct."""
+    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
+    if aliases is not None and isinstance(a, (torch.Tensor, np.ndarray)):
+        key = view_key(a)
+        seen = aliases.setdefault(key, b)
+        assert seen is b, f"{path}: an aliased tensor came back as two objects"
+        rev = aliases.setdefault(("rev", id(b)), key)
+        assert rev == key, f"{path}: two distinct tensors came back as one object"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape), path
+        assert a.device == b.device and a.requires_grad == b.requires_grad, path
+        assert canonical_bytes(a) == canonical_bytes(b), f"{path}: tensor bytes differ"
+    elif isinstance(a, np.ndarray):
+        assert a.dtype.newbyteorder("=") == b.dtype and a.shape == b.shape, path
+        assert np.ascontiguousarray(a).astype(b.dtype).tobytes() == b.tobytes(), path
+    elif isinstance(a, np.generic):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), path
+    elif isinstance(a, float):
+        assert struct.pack(">d", a) == struct.pack(">d", b), f"{path}: {a!r} != {b!r}"
+    elif isinstance(a, complex):
+        assert struct.pack(">dd", a.real, a.imag) == struct.pack(">dd", b.real, b.imag), path
+    elif isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]", aliases)
+    elif isinstance(a, dict):
+        if isinstance(a, collections.OrderedDict):
+            assert list(a) == list(b), f"{path}: OrderedDict order differs"
+            assert getattr(a, "_metadata", None) == getattr(b, "_metadata", None), f"{path}: _metadata"
+        assert set(a) == set(b), f"{path}: keys differ"
+        for k in a:
+            kb = next(x for x in b if x == k and type(x) is type(k))
+            assert_same(a[k], b[kb], f"{path}[{k!r}]", aliases)
+    elif dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}", aliases)
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"

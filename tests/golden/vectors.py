@@ -1,0 +1,189 @@
+"""The golden objects: built deterministically in code, no RNG.
+
+Each entry of :data:`VECTORS` maps a file name stem to a function building the
+object (and optional ``metadata``). Their canonical bytes are committed beside
+this file as ``<name>.safetensors`` and their digests in ``digests.json``.
+Changing any object here, or any byte the library writes for it, is a format
+change: see regenerate.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import struct
+
+import numpy as np
+import torch
+
+import tensorcanon as tc
+
+
+@dataclasses.dataclass
+class GoldenConfig:
+    """A registered user type, recorded under a fixed name."""
+
+    lr: float
+    steps: int
+    tags: tuple
+
+
+REGISTERED_NAME = "golden.GoldenConfig"
+
+
+def ensure_registered() -> None:
+    tc.register(GoldenConfig, name=REGISTERED_NAME)
+
+
+def _nan_with_payload() -> float:
+    return struct.unpack(">d", bytes.fromhex("7ff800000000beef"))[0]
+
+
+def _bytes_tensor(dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """A tensor whose raw bytes are 0, 1, 2, ... (mod 251), reinterpreted as ``dtype``."""
+    n = math.prod(shape) * dtype.itemsize
+    raw = (torch.arange(n, dtype=torch.int64) % 251).to(torch.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
+def scalars():
+    return [None, True, False, 0, 1, -1, 127, 128, -33, 2**63 - 1, -(2**63), 2**64 - 1,
+            2**64, -(2**63) - 1, 2**127 + 5, -(2**200), 0.0, -0.0, 1.5, math.inf, -math.inf,
+            _nan_with_payload(), 1e-310]
+
+
+def complex_and_text():
+    return {"complex": [1 + 2j, complex(-0.0, math.inf), complex(_nan_with_payload(), -1.0)],
+            "str": ["", "ascii", "héllo wörld ✓ 日本語 🎉"], "bytes": [b"", b"\x00\x01\xff" * 3]}
+
+
+def containers():
+    od = collections.OrderedDict([("zeta", 1), ("alpha", [2, 3]), ("mid", (4,))])
+    od._metadata = {"": {"version": 1}}
+    return {
+        "list": [1, [2, [3, []]]], "tuple": (1, (2, ()), "x"),
+        "mixed_keys": {"b": 1, "a": 2, 10: "ten", -1: "minus", 2: "two", b"k": "bytes",
+                       (1, "t"): "tuple", None: "none", True: "bool", 1.5: "float"},
+        "odict": od, "set": {3, 1, 2, -7}, "frozenset": frozenset({"b", "a", "é"}),
+        "empty": [[], (), {}, set(), frozenset(), collections.OrderedDict()],
+    }
+
+
+def dtypes_native():
+    names = ["bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+             "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"]
+    out = {n: _bytes_tensor(getattr(torch, n), (2, 3)) if n != "bool"
+           else (torch.arange(6) % 3 == 0).reshape(2, 3) for n in names}
+    out["arange_f32"] = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 4
+    return out
+
+
+def dtypes_u8():
+    names = ["complex32", "complex64", "complex128", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu"]
+    out = {n: _bytes_tensor(getattr(torch, n), (3,)) for n in names}
+    # sub-byte dtypes hold one (packed) element per byte in torch
+    for n in ["uint1", "uint2", "uint3", "uint4", "uint5", "uint6", "uint7",
+              "int1", "int2", "int3", "int4", "int5", "int6", "int7", "float4_e2m1fn_x2"]:
+        out[n] = (torch.arange(4, dtype=torch.uint8) * 3).view(getattr(torch, n))
+    return out
+
+
+def shapes():
+    return {"scalar0d": torch.tensor(3.25), "int0d": torch.tensor(-5, dtype=torch.int64),
+            "empty": torch.zeros(0), "empty3d": torch.zeros(2, 0, 3, dtype=torch.float16),
+            "empty_bool": torch.zeros(0, 4, dtype=torch.bool)}
+
+
+def views():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    z = torch.complex(torch.arange(4.0), torch.arange(4.0) + 10)
+    return {"transposed": base.t(), "strided": base[1:3, ::2], "expanded": torch.arange(2.0).expand(3, 2),
+            "conj": z.conj(), "neg": z.conj().imag, "offset": base.view(-1)[5:9]}
+
+
+def tied():
+    w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    return {"a": w, "b": w, "detached": w.detach(), "row": w[1], "row_again": w[1], "other_row": w[2]}
+
+
+def parameters():
+    p = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    q = torch.nn.Parameter(torch.arange(3, dtype=torch.float64), requires_grad=False)
+    return {"p": p, "q": q, "p_again": p, "plain": torch.arange(3, dtype=torch.int32)}
+
+
+def numpy_values():
+    return {"f32": np.arange(6, dtype=np.float32).reshape(2, 3), "i64": np.arange(-3, 3, dtype=np.int64),
+            "big_endian": np.arange(4, dtype=">i4"), "bool": np.array([True, False, True]),
+            "c128": np.arange(3, dtype=np.complex128) * (1 - 2j), "f16_0d": np.array(1.5, dtype=np.float16),
+            "t_view": np.arange(6, dtype=np.uint16).reshape(2, 3).T, "empty": np.zeros((0, 2), dtype=np.int8),
+            "scalars": [np.float32(1.5), np.int64(-3), np.bool_(True), np.uint16(7),
+                        np.complex128(1 - 1j), np.float16(0.5), np.uint64(2**64 - 1)]}
+
+
+def torch_values():
+    return {"sizes": [torch.Size([2, 0, 3]), torch.Size([])],
+            "dtypes": [torch.float32, torch.bfloat16, torch.complex128, torch.float8_e4m3fn, torch.bool],
+            "devices": [torch.device("cpu"), torch.device("cuda", 1), torch.device("cuda")]}
+
+
+def _small_model() -> torch.nn.Module:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    with torch.no_grad():
+        for i, (_, t) in enumerate(sorted(model.state_dict().items())):
+            if t.is_floating_point():
+                t.copy_(torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape) / (i + 7))
+    return model
+
+
+def state_dict():
+    """A flat module state_dict: the interop case (keys verbatim, format=pt)."""
+    return _small_model().state_dict()
+
+
+def checkpoint():
+    model = _small_model()
+    return {"model": model.state_dict(), "step": 12, "epoch": 3,
+            "opt": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.arange(12.0).reshape(4, 3)}},
+                    "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": [0, 1, 2]}]}}
+
+
+def with_metadata():
+    return {"w": torch.arange(4, dtype=torch.int16)}
+
+
+def registered():
+    ensure_registered()
+    return {"cfg": GoldenConfig(lr=0.5, steps=7, tags=("a", "b")), "list": [GoldenConfig(0.0, 0, ())]}
+
+
+def bare_tensor():
+    return torch.arange(5, dtype=torch.int64)
+
+
+#: name -> (build object, metadata or None)
+VECTORS = {
+    "scalars": (scalars, None),
+    "complex_text": (complex_and_text, None),
+    "containers": (containers, None),
+    "dtypes_native": (dtypes_native, None),
+    "dtypes_u8": (dtypes_u8, None),
+    "shapes": (shapes, None),
+    "views": (views, None),
+    "tied": (tied, None),
+    "parameters": (parameters, None),
+    "numpy": (numpy_values, None),
+    "torch_values": (torch_values, None),
+    "state_dict": (state_dict, None),
+    "checkpoint": (checkpoint, None),
+    "metadata": (with_metadata, {"run": "golden", "step": 3, "lr": 0.25, "tags": ["x", "y"], "nested": {"b": 1, "a": None}}),
+    "registered": (registered, None),
+    "bare_tensor": (bare_tensor, None),
+    "empty_dict": (dict, None),
+}
+
+
+def build(name: str):
+    fn, meta = VECTORS[name]
+    return fn(), meta

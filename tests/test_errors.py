@@ -1,0 +1,253 @@
+"""Every failure raises the library's own exception, naming what and where."""
+
+import base64
+import collections
+import io
+import json
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+import tensorcanon as tc
+from tensorcanon import writer
+
+
+# --------------------------------------------------------------- unsupported values
+
+class Opaque:
+    pass
+
+
+class MyTensor(torch.Tensor):
+    pass
+
+
+class MyDict(dict):
+    pass
+
+
+def sparse():
+    return torch.eye(3).to_sparse()
+
+
+def cycle():
+    a = []
+    a.append(a)
+    return a
+
+
+@pytest.mark.parametrize("value, where, words", [
+    ({"model": {"x": Opaque()}}, '$["model"]["x"]', ["Opaque", "register"]),
+    ({"m": torch.empty(2, device="meta")}, '$["m"]', ["meta"]),
+    ({"s": [sparse()]}, '$["s"][0]', ["sparse", "to_dense"]),
+    ({"q": torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)}, '$["q"]', ["quantized"]),
+    ({"sub": torch.ones(2).as_subclass(MyTensor)}, '$["sub"]', ["subclass", "MyTensor"]),
+    ({"dd": collections.defaultdict(list)}, '$["dd"]', ["defaultdict"]),
+    ({"d": MyDict(a=1)}, '$["d"]', ["MyDict"]),
+    ({"k": {torch.ones(1): 1}}, '$["k"]', ["Tensor", "key"]),
+    ({"s": {Opaque()}}, '$["s"]', ["Opaque"]),
+    ({"txt": ["ok", "bad \ud800"]}, '$["txt"][1]', ["surrogate"]),
+    ({"fn": print}, '$["fn"]', ["builtin_function_or_method"]),
+    ({"np": np.array(["a"])}, '$["np"]', ["dtype"]),
+    ({"np": np.array([1], dtype=object)}, '$["np"]', ["dtype"]),
+])
+def test_unsupported_values_name_their_path_and_type(value, where, words):
+    with pytest.raises(tc.UnsupportedTypeError) as info:
+        tc.dumps(value)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, tc.TensorCanonError)
+    assert info.value.path == where
+    msg = str(info.value)
+    assert where in msg
+    for w in words:
+        assert w in msg, (w, msg)
+    with pytest.raises(tc.UnsupportedTypeError):
+        tc.fingerprint(value)
+
+
+def test_cycles_hit_the_depth_limit():
+    with pytest.raises(tc.UnsupportedTypeError) as info:
+        tc.dumps({"a": cycle()})
+    assert "max_depth" in str(info.value) and info.value.path.startswith('$["a"][0][0]')
+    d = {}
+    d["self"] = d
+    with pytest.raises(tc.UnsupportedTypeError, match="cycle"):
+        tc.dumps(d)
+
+
+def test_metadata_must_be_a_str_keyed_dict_without_tensors():
+    with pytest.raises(tc.UnsupportedTypeError):
+        tc.dumps(1, metadata={1: "x"})
+    with pytest.raises(tc.UnsupportedTypeError, match="metadata"):
+        tc.dumps(1, metadata={"t": torch.ones(1)})
+
+
+# --------------------------------------------------------------- malformed files
+
+def split(data: bytes):
+    (n,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8:8 + n]), data[8 + n:], n
+
+
+def join(header_text: bytes, body: bytes) -> bytes:
+    return struct.pack("<Q", len(header_text)) + header_text + body
+
+
+GOOD = tc.dumps({"model": {"fc.weight": torch.arange(6.0).reshape(2, 3), "fc.bias": torch.ones(2)}, "step": 4})
+
+
+def test_truncated_files_name_the_offset():
+    for cut in (0, 4, 8, 20, len(GOOD) - 30, len(GOOD) - 1):
+        with pytest.raises(tc.FormatError) as info:
+            tc.loads(GOOD[:cut])
+        assert isinstance(info.value, ValueError)
+        assert info.value.offset is not None and f"at byte {info.value.offset}" in str(info.value)
+
+
+def test_truncated_file_on_disk(tmp_path):
+    p = tmp_path / "t.safetensors"
+    p.write_bytes(GOOD[:-5])
+    with pytest.raises(tc.FormatError, match="byte"):
+        tc.load(p)
+    with pytest.raises(tc.FormatError):
+        tc.verify(p)
+
+
+def test_wrong_header_length():
+    _, _, n = split(GOOD)
+    for bad in (n + 8, n - 8, 1, 2**40):
+        data = struct.pack("<Q", bad) + GOOD[8:]
+        with pytest.raises(tc.FormatError) as info:
+            tc.loads(data)
+        assert info.value.offset is not None
+
+
+def test_trailing_bytes_are_rejected():
+    with pytest.raises(tc.FormatError):
+        tc.loads(GOOD + b"\0")
+
+
+def test_non_canonical_header_is_rejected():
+    header, body, n = split(GOOD)
+    for text in (json.dumps(header, indent=1).encode(),                      # not compact
+                 json.dumps(header, sort_keys=False, separators=(",", ":")).encode(),
+                 json.dumps(dict(reversed(list(header.items()))), separators=(",", ":")).encode()):
+        padded = text + b" " * (-len(text) % 8)
+        if padded == GOOD[8:8 + n]:
+            continue
+        with pytest.raises(tc.FormatError):
+            tc.loads(join(padded, body))
+    # padding with something other than spaces, or the wrong amount
+    raw = GOOD[8:8 + n].rstrip(b" ")
+    with pytest.raises(tc.FormatError):
+        tc.loads(join(raw + b" " * (-len(raw) % 8 + 8), body))
+
+
+def with_metadata(data: bytes, **changes) -> bytes:
+    header, body, _ = split(data)
+    header["__metadata__"].update(changes)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return join(text + b" " * (-len(text) % 8), body)
+
+
+def test_bad_manifests_are_format_errors():
+    meta = split(GOOD)[0]["__metadata__"]
+    raw = base64.b64decode(meta["tensorcanon.manifest"])
+    cases = {
+        "not base64": "!!!!",
+        "not msgpack": base64.b64encode(b"\xc1\xc1\xc1").decode(),
+        "not a map": base64.b64encode(b"\x90").decode(),
+        "truncated": base64.b64encode(raw[:-3]).decode(),
+    }
+    for why, text in cases.items():
+        with pytest.raises(tc.FormatError, match="manifest") as info:
+            tc.loads(with_metadata(GOOD, **{"tensorcanon.manifest": text}))
+        assert isinstance(info.value, ValueError), why
+    with pytest.raises(tc.FormatError, match="manifest"):
+        tc.loads(with_metadata(GOOD, format="tf"))
+
+
+def test_flipped_tensor_byte_names_the_tensor_path():
+    _, body, n = split(GOOD)
+    header = split(GOOD)[0]
+    begin = header["model.fc.weight"]["data_offsets"][0]
+    pos = 8 + n + begin + 5
+    data = bytearray(GOOD)
+    data[pos] ^= 0x01
+    for call in (tc.loads, tc.verify):
+        with pytest.raises(tc.IntegrityError) as info:
+            call(bytes(data))
+        assert info.value.path == '$["model"]["fc.weight"]'
+        assert '$["model"]["fc.weight"]' in str(info.value) and "damaged" in str(info.value)
+    # verify=False skips the check (and loads the damaged value)
+    out = tc.loads(bytes(data), verify=False)
+    assert not torch.equal(out["model"]["fc.weight"], torch.arange(6.0).reshape(2, 3))
+
+
+def test_manifest_digest_mismatch_is_an_integrity_error():
+    other = tc.fingerprint({"x": 1})
+    with pytest.raises(tc.IntegrityError) as info:
+        tc.loads(with_metadata(GOOD, **{"tensorcanon.digest": other}))
+    assert other in str(info.value)
+    with pytest.raises(tc.IntegrityError):
+        tc.verify(GOOD, expect=other)
+
+
+def test_a_file_that_is_not_safetensors():
+    for junk in (b"", b"PK\x03\x04" + bytes(100), b"\x80\x02}q\x00." + bytes(16)):
+        with pytest.raises(tc.FormatError):
+            tc.loads(junk)
+
+
+# --------------------------------------------------------------- devices
+
+def on_cuda0(obj) -> bytes:
+    """Bytes of ``obj`` saved on the CPU, with its tensors recorded as if they were on cuda:0.
+
+    Devices are outside every digest, so only the header's device record changes."""
+    p = writer.plan(obj)
+    buf = io.BytesIO()
+    writer.write(p, buf)
+    old_header, _ = p.header()
+    for s in p.tensors:
+        s.device = "cuda:0"
+    new_header, _ = p.header()
+    return new_header + buf.getvalue()[len(old_header):]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_tensor_recorded_on_missing_cuda_suggests_map_location():
+    obj = {"model": {"fc.weight": torch.arange(4.0)}, "n": 1}
+    data = on_cuda0(obj)
+    assert tc.verify(data) == tc.fingerprint(obj)  # the device is not part of the digest
+    with pytest.raises(tc.DeviceUnavailableError) as info:
+        tc.loads(data)
+    assert "map_location" in str(info.value) and "cuda:0" in str(info.value)
+    assert info.value.path == '$["model"]["fc.weight"]' and info.value.device == "cuda:0"
+    expect = torch.arange(4.0)
+    for ml in ("cpu", torch.device("cpu"), {"cuda:0": "cpu"}, lambda t, dev: t,
+               lambda t, dev: None if dev == "cpu" else t.clone()):
+        out = tc.loads(data, map_location=ml)
+        assert torch.equal(out["model"]["fc.weight"], expect) and out["model"]["fc.weight"].device.type == "cpu"
+    with pytest.raises(tc.DeviceUnavailableError):
+        tc.loads(data, map_location={"cuda:1": "cpu"})  # does not cover cuda:0
+    with pytest.raises(TypeError):
+        tc.loads(data, map_location=3)
+
+
+def test_map_location_forms_on_cpu_files():
+    data = tc.dumps({"w": torch.arange(3.0), "a": np.arange(3)})
+    seen = []
+
+    def fn(t, dev):
+        seen.append(dev)
+        return t * 2
+
+    out = tc.loads(data, map_location=fn)
+    assert seen == ["cpu"] and torch.equal(out["w"], torch.arange(3.0) * 2)
+    assert isinstance(out["a"], np.ndarray)  # arrays are never moved
+    for ml in ("cpu", torch.device("cpu"), {"cpu": "cpu"}, {}):
+        assert torch.equal(tc.loads(data, map_location=ml)["w"], torch.arange(3.0))
+    with pytest.raises(TypeError, match="map_location"):
+        tc.loads(data, map_location=lambda t, dev: "nope")

@@ -1,0 +1,76 @@
+"""Golden vectors: the committed bytes and digests are the format's contract.
+
+If this fails, tensorcanon now writes different bytes for the same content.
+That is only allowed as a deliberate format change: bump FORMAT_VERSION,
+update docs/FORMAT.md and run ``python tests/golden/regenerate.py --format-change``.
+"""
+
+import io
+import json
+import pathlib
+import sys
+
+import pytest
+
+import tensorcanon as tc
+
+GOLDEN = pathlib.Path(__file__).parent / "golden"
+sys.path.insert(0, str(GOLDEN))
+
+import vectors  # noqa: E402
+from compare import assert_same  # noqa: E402
+
+RECORD = json.loads((GOLDEN / "digests.json").read_text())
+NAMES = sorted(vectors.VECTORS)
+
+
+def test_every_vector_is_committed():
+    assert sorted(RECORD["digests"]) == NAMES
+    assert RECORD["format_version"] == tc.FORMAT_VERSION, "format version changed: regenerate golden files"
+    for name in NAMES:
+        assert (GOLDEN / f"{name}.safetensors").is_file(), name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bytes_and_digest_are_unchanged(name):
+    obj, meta = vectors.build(name)
+    expected = (GOLDEN / f"{name}.safetensors").read_bytes()
+    data = tc.dumps(obj, metadata=meta)
+    if data != expected:
+        first = next((i for i, (x, y) in enumerate(zip(data, expected)) if x != y), min(len(data), len(expected)))
+        pytest.fail(f"{name}: bytes changed at offset {first} (now {len(data)} bytes, golden {len(expected)}); "
+                    "a format change must bump FORMAT_VERSION and regenerate (tests/golden/regenerate.py)")
+    digest = RECORD["digests"][name]
+    assert tc.fingerprint(obj, metadata=meta) == digest
+    assert tc.save(obj, io.BytesIO(), metadata=meta) == digest
+    assert tc.verify(expected) == digest
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_committed_files_load_back(name):
+    obj, meta = vectors.build(name)
+    data = (GOLDEN / f"{name}.safetensors").read_bytes()
+    assert_same(obj, tc.loads(data), aliases={})
+    assert tc.read_metadata(data) == meta
+    # loading and saving again reproduces the file exactly
+    assert tc.dumps(tc.loads(data), metadata=meta) == data
+
+
+def test_golden_set_covers_every_dtype():
+    import torch
+    from tensorcanon import dtypes
+
+    seen = set()
+    for name in NAMES:
+        obj, _ = vectors.build(name)
+        stack = [obj]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, torch.Tensor):
+                seen.add(v.dtype)
+            elif isinstance(v, dict):
+                stack.extend(v.values())
+            elif isinstance(v, (list, tuple)):
+                stack.extend(v)
+    missing = {row.torch for row in dtypes.BY_TORCH.values()} - seen
+    assert not missing, f"golden vectors lack tensors of {missing}"
