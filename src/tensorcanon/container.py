@@ -89,6 +89,24 @@ def _int(value, what: str) -> int:
     return value
 
 
+def _foreign_format(prefix: bytes) -> str | None:
+    """A clear message when the first bytes are a pickle or a torch.save zip, else None.
+
+    Used only where the bytes already fail as a safetensors length, so no valid
+    file is refused by this guess.
+    """
+    if prefix[:4] == b"PK\x03\x04":
+        kind = "a zip archive (torch.save's format, which holds a pickle)"
+    elif prefix[:1] == b"\x80" and 2 <= prefix[1] <= 5 or prefix[:1] in (b"c", b"(", b"}", b"]"):
+        kind = "a pickle"
+    else:
+        return None
+    return (
+        f"this is {kind}, not a safetensors file; tensorcanon never unpickles. Convert it once, "
+        "in an environment that trusts it: tensorcanon.save(torch.load(path, weights_only=True), new_path)"
+    )
+
+
 def parse(read: Callable[[int, str], bytes], file_size: int | None, limits: Limits) -> Header:
     """Read and validate a safetensors header through ``read(n, what)``.
 
@@ -98,6 +116,9 @@ def parse(read: Callable[[int, str], bytes], file_size: int | None, limits: Limi
     """
     prefix = read(LENGTH_SIZE, "header length")
     (length,) = struct.unpack("<Q", prefix)
+    foreign = _foreign_format(prefix)
+    if foreign is not None and length > limits.max_header_bytes:
+        raise FormatError(foreign, offset=0)
     if length > limits.max_header_bytes:
         raise LimitError(
             f"header declares {length} bytes, over max_header_bytes={limits.max_header_bytes}",

@@ -128,8 +128,13 @@ def _bad(message: str) -> FormatError:
 
 
 def is_tensorcanon(header: container.Header) -> bool:
-    """True if the header carries a tensorcanon manifest (else: plain safetensors)."""
-    return header.metadata is not None and KEY_MANIFEST in header.metadata
+    """True if the header claims to be tensorcanon (else: plain safetensors).
+
+    Any ``tensorcanon.*`` key in ``__metadata__`` makes the claim, so damage to
+    one key's name (a flipped bit in "tensorcanon.manifest") is caught by
+    :func:`parse` instead of the file silently loading as plain safetensors.
+    """
+    return header.metadata is not None and any(k.startswith("tensorcanon.") for k in header.metadata)
 
 
 def parse(header: container.Header, limits: Limits) -> Manifest:
@@ -151,6 +156,8 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise _bad("is not valid base64") from None
+    if base64.b64encode(raw).decode("ascii") != text:  # e.g. "AS==" decodes like "AQ=="
+        raise _bad("base64 is not in canonical form (non-zero padding bits)")
     try:
         obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
     except Exception as e:  # msgpack raises many types for bad input
@@ -163,7 +170,7 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
         raise _bad("is not in canonical form (non-shortest numbers, repeated keys or float32)")
     if type(obj) is not dict or list(obj) != _TOP_KEYS:
         raise _bad(f"must be a map with exactly the keys {_TOP_KEYS} in that order")
-    if obj["version"] != VERSION:
+    if type(obj["version"]) is not int or obj["version"] != VERSION:  # 1.0 and True equal 1
         raise _bad(
             f"format version {obj['version']!r} is not supported by this tensorcanon "
             f"(it reads version {VERSION}); upgrade tensorcanon to read this file"

@@ -20,6 +20,7 @@ from .limits import DEFAULT, Limits
 from .tree import Decoder, find_tensor_path
 
 _CHUNK = 16 << 20
+_HASH_CHUNK = 1 << 20  # read-then-hash piece: small enough to stay in L2
 
 
 class Source:
@@ -91,7 +92,10 @@ def open_source(f, fn: Callable[[Source], Any]) -> Any:
 
 
 def _tensor_path(m: manifest.Manifest, info: manifest.TensorInfo) -> str:
-    trail = find_tensor_path(m.root, info.index)
+    try:
+        trail = find_tensor_path(m.root, info.index)
+    except RecursionError:  # a hostile tree deeper than the stack: name the tensor instead
+        trail = None
     return paths.join(trail) if trail is not None else f"tensor {info.name!r}"
 
 
@@ -171,11 +175,38 @@ def _read_plain(src: Source, header: container.Header, map_location) -> dict:
         row = from_safetensors(e.dtype)
         if row is None or row.torch is None:
             raise FormatError(f"tensor {e.name!r} has dtype {e.dtype}, which torch cannot hold")
-        buf, mv = tensorbytes.empty_buffer(e.end - e.begin, "tensor")
-        src.readinto(mv, f"data of tensor {e.name!r}")
+        buf, mv = _read_buffer(src, e.end - e.begin, "tensor", f"data of tensor {e.name!r}")
         t = tensorbytes.finish(buf, row, e.shape, "tensor", e.name)
         out[e.name] = _place(t, "cpu", map_location, lambda: paths.join((e.name,)))
     return {k: out[k] for k in sorted(out)}
+
+
+def _read_buffer(src: Source, nbytes: int, kind: str, what: str):
+    """A buffer holding the next ``nbytes`` of ``src``, allocated only once they exist.
+
+    When the source's size is unknown (a non-seekable stream), the header's
+    sizes could not be checked against the file, so a lying header could ask
+    for a terabyte. Such data is read in bounded chunks first: memory grows
+    only with bytes actually received, and a short stream fails before the
+    full buffer is allocated.
+    """
+    if src.size is None and nbytes > _CHUNK:
+        chunks, left = [], nbytes
+        while left:
+            n = min(left, _CHUNK)
+            chunks.append(src.read(n, what))
+            left -= n
+        buf, mv = tensorbytes.empty_buffer(nbytes, kind)
+        pos = 0
+        chunks.reverse()
+        while chunks:
+            c = chunks.pop()
+            mv[pos : pos + len(c)] = c
+            pos += len(c)
+        return buf, mv
+    buf, mv = tensorbytes.empty_buffer(nbytes, kind)
+    src.readinto(mv, what)
+    return buf, mv
 
 
 def _read_header(src: Source, limits: Limits):
@@ -195,11 +226,26 @@ def load_from(src: Source, map_location=None, verify: bool = True, limits: Limit
             _check_device(device, lambda: _tensor_path(m, info))
     values: list[Any] = [None] * len(m.tensors)
     for info in by_begin:
-        buf, mv = tensorbytes.empty_buffer(info.nbytes, info.kind)
-        src.readinto(mv, f"data of tensor {info.name!r}")
-        if verify:
-            h = digest.tensor_hasher(info.dtype.name, info.shape)
-            h.update(mv)
+        what = f"data of tensor {info.name!r}"
+        h = digest.tensor_hasher(info.dtype.name, info.shape) if verify else None
+        device = _target(info.device, map_location) if info.kind != "ndarray" else None
+        if device is not None and device.type == "cuda" and src.size is not None:
+            # Straight to the GPU through pinned buffers (sizes already checked against the file).
+            from . import cuda
+            buf = cuda.read_to_device(lambda v: src.readinto(v, what), info.nbytes, device,
+                                      h.update if h is not None else None)
+        elif h is not None and src.size is not None and info.nbytes > _HASH_CHUNK:
+            # Hash each piece right after reading it, while it is still in the CPU cache.
+            buf, mv = tensorbytes.empty_buffer(info.nbytes, info.kind)
+            for lo in range(0, info.nbytes, _HASH_CHUNK):
+                piece = mv[lo : lo + _HASH_CHUNK]
+                src.readinto(piece, what)
+                h.update(piece)
+        else:
+            buf, mv = _read_buffer(src, info.nbytes, info.kind, what)
+            if h is not None:
+                h.update(mv)
+        if h is not None:
             actual = h.digest()
             if actual != info.digest:
                 raise _integrity_error(m, info, actual, header.data_start)

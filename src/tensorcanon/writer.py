@@ -11,8 +11,12 @@ changed in between). Only one tensor at a time is ever copied.
 
 from __future__ import annotations
 
+import io
 import os
+import queue
+import re
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -31,13 +35,18 @@ class Plan:
     layout: list[container.Entry]     # data order, parallel to `ordered`
     ordered: list[TensorSource]
 
+    _rows: list | None = None  # table rows, built once; only their digests change
+
     def manifest_bytes(self) -> bytes:
-        table = [
-            manifest.table_row(s.name, s.dtype.name, s.shape, s.kind, s.requires_grad,
-                               s.digest or bytes(digest.DIGEST_SIZE))
-            for s in self.tensors
-        ]
-        return manifest.pack(self.root, self.meta, table)
+        zero = bytes(digest.DIGEST_SIZE)
+        if self._rows is None:
+            self._rows = [
+                manifest.table_row(s.name, s.dtype.name, s.shape, s.kind, s.requires_grad, zero)
+                for s in self.tensors
+            ]
+        for row, s in zip(self._rows, self.tensors):
+            row["digest"] = s.digest or zero
+        return manifest.pack(self.root, self.meta, self._rows)
 
     def header(self) -> tuple[bytes, bytes]:
         """(header bytes, manifest bytes) for the digests currently recorded."""
@@ -74,17 +83,97 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT) -> Plan:
     return Plan(root, meta, enc.tensors, layout, ordered)
 
 
-def _hash(src: TensorSource) -> tuple[bytes, memoryview]:
-    data = host_bytes(src.value, src.kind)
+def _chunks(src: TensorSource):
+    """A tensor's canonical bytes as host buffers: one view for CPU data (no copy
+    when contiguous); for CUDA, chunks staged through the pinned ring (cuda.py)."""
+    if src.device.startswith("cuda"):
+        from . import cuda
+        return cuda.host_chunks(src.value)
+    return (host_bytes(src.value, src.kind),)
+
+
+class _Sink:
+    """Writes chunks to ``f`` in order; large ones on a background thread.
+
+    A file write releases the GIL, hashing does not: handing a large chunk to
+    the thread and hashing it meanwhile makes a save cost about the larger of
+    the two instead of their sum. Chunks are views of the caller's tensors,
+    never copies. Small chunks are written inline (a thread hand-off would
+    cost more than the write), after the queue has drained, to keep order.
+    """
+
+    THRESHOLD = 1 << 20
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        try:
+            f.fileno()  # only real files gain: in-memory targets copy under the GIL
+            self.q: queue.Queue | None = queue.Queue(maxsize=4)
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            self.q = None
+
+    def _run(self) -> None:
+        while True:
+            data = self.q.get()
+            try:
+                if data is None:
+                    return
+                if self.error is None:
+                    self.f.write(data)
+            except BaseException as e:  # reported to the caller by the next write/close
+                self.error = e
+            finally:
+                self.q.task_done()
+
+    def write(self, data, stable: bool = True) -> None:
+        """Write ``data``; ``stable=False`` means its buffer is reused once this returns."""
+        if self.error is not None:
+            raise self.error
+        if self.q is None or not stable or len(data) < self.THRESHOLD:
+            if self.thread is not None:
+                self.q.join()
+                if self.error is not None:
+                    raise self.error
+            self.f.write(data)
+            return
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="tensorcanon-writer", daemon=True)
+            self.thread.start()
+        self.q.put(data)
+
+    def close(self) -> None:
+        """Wait for every queued write; raise the first error any of them met."""
+        if self.thread is not None:
+            self.q.put(None)
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            raise self.error
+
+
+def _hash(src: TensorSource, sink: _Sink | None = None) -> bytes:
+    """Hash one tensor's canonical bytes, passing each chunk to ``sink`` (the writer) too."""
     h = digest.tensor_hasher(src.dtype.name, src.shape)
-    h.update(data)
-    return h.digest(), data
+    stable = not src.device.startswith("cuda")  # CUDA chunks live in a reused staging buffer
+    chunks = _chunks(src)
+    try:
+        for chunk in chunks:
+            if sink is not None:
+                sink.write(chunk, stable)  # queued first, so the write overlaps the hashing
+            h.update(chunk)
+    finally:
+        close = getattr(chunks, "close", None)  # a CUDA stream of chunks frees its staging ring
+        if close is not None:
+            close()
+    return h.digest()
 
 
 def fingerprint(p: Plan) -> str:
     """Hash every tensor (no writing) and return the file digest."""
     for src in p.ordered:
-        src.digest, _ = _hash(src)
+        src.digest = _hash(src)
     return digest.to_text(digest.manifest_digest(p.manifest_bytes()))
 
 
@@ -99,9 +188,12 @@ def write(p: Plan, f: BinaryIO) -> str:
         start = f.tell()
         reserved = len(p.header()[0])
         f.write(bytes(reserved))
-        for src in p.ordered:
-            src.digest, data = _hash(src)
-            f.write(data)
+        sink = _Sink(f)
+        try:
+            for src in p.ordered:
+                src.digest = _hash(src, sink)
+        finally:
+            sink.close()
         header, raw = p.header()
         if len(header) != reserved:  # digests are fixed-size; this cannot change
             raise TensorCanonError("internal error: header size changed while saving")
@@ -113,15 +205,18 @@ def write(p: Plan, f: BinaryIO) -> str:
         fingerprint(p)
         header, raw = p.header()
         f.write(header)
-        for src in p.ordered:
-            expected = src.digest
-            src.digest, data = _hash(src)
-            if src.digest != expected:
-                raise TensorCanonError(
-                    f"tensor {src.name!r} changed while it was being saved; save again when no "
-                    "other thread modifies it"
-                )
-            f.write(data)
+        sink = _Sink(f)
+        try:
+            for src in p.ordered:
+                expected = src.digest
+                src.digest = _hash(src, sink)
+                if src.digest != expected:
+                    raise TensorCanonError(
+                        f"tensor {src.name!r} changed while it was being saved; save again when no "
+                        "other thread modifies it"
+                    )
+        finally:
+            sink.close()
     return digest.to_text(digest.manifest_digest(raw))
 
 
@@ -139,18 +234,58 @@ def _umask() -> int:
 
 
 TEMP_SUFFIX = ".tensorcanon-tmp"
+_TEMP_RE = re.compile(r"(\d+)\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX) + r"\Z")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # exists but is not ours, or not a pid: leave it alone
+    return True
+
+
+def remove_stale_temps(folder: str, base: str) -> list[str]:
+    """Delete temp files of ``base`` left in ``folder`` by processes that died mid-save.
+
+    Temp names are ``.<base>.<pid>.<random>.tensorcanon-tmp``; a file is removed
+    only when no process with that pid exists on this machine. A live writer's
+    temp file (this process's included) is never touched.
+    """
+    removed = []
+    prefix = f".{base}."
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        m = _TEMP_RE.fullmatch(name[len(prefix):])
+        if m is None or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
 
 
 def write_atomic(p: Plan, path: str | os.PathLike) -> str:
     """Write to a temp file beside ``path``, fsync it, then rename it over ``path``.
 
     A crash at any point leaves the previous file at ``path`` untouched; at
-    worst a ``.<name>.*.tensorcanon-tmp`` file remains beside it.
+    worst a ``.<name>.<pid>.*.tensorcanon-tmp`` file remains beside it, which
+    the next save to ``path`` removes once that pid no longer exists.
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=TEMP_SUFFIX, dir=folder)
+    remove_stale_temps(folder, base)
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
             result = write(p, f)

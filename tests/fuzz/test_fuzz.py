@@ -1,0 +1,322 @@
+"""Fuzz the loader with mutated valid files (issue 6, part 1).
+
+Every case goes through ``hostile_lib.check``: only tensorcanon exceptions, a
+deadline per case, and any accepted file must re-save to the very same bytes
+(so nothing partial or altered is ever returned). CI runs > 10,000 cases,
+derandomized so a failure reproduces; set TENSORCANON_FUZZ_CASES=<n> to scale
+every test to about n cases in total for a longer campaign.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hostile_lib as h
+
+FILES = h.sample_files()
+_TOTAL = int(os.environ.get("TENSORCANON_FUZZ_CASES", "0") or 0)
+_DEFAULT_TOTAL = 10_000
+
+
+def cases(n: int) -> settings:
+    """Hypothesis settings for a test worth ``n`` of the default 10,000-case budget."""
+    if _TOTAL:
+        n = max(1, n * _TOTAL // _DEFAULT_TOTAL)
+    return settings(
+        max_examples=n, derandomize=not _TOTAL, deadline=None, database=None,
+        suppress_health_check=list(HealthCheck), print_blob=True,
+    )
+
+
+file_index = st.integers(0, len(FILES) - 1)
+
+# ----------------------------------------------------------------- raw bytes
+
+
+@cases(2500)
+@given(file_index, st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 7)), min_size=1, max_size=4))
+def test_bit_flips(i, flips):
+    data = bytearray(FILES[i])
+    for pos, bit in flips:
+        data[pos % len(data)] ^= 1 << bit
+    outcome = h.check(bytes(data))
+    if len(flips) == 1:
+        # One flipped bit is always caught. Several may, with luck, turn the file into
+        # another well-formed one (both "tensorcanon.*" keys renamed: a plain safetensors
+        # file); check() has then already verified that what loaded is complete.
+        assert outcome != "ok"
+
+
+def test_truncation_at_every_byte():
+    """Exhaustive: every prefix of every sample file, structural boundaries included."""
+    n = 0
+    for data in FILES:
+        assert set(h.boundaries(data)) <= set(range(len(data) + 1))
+        for cut in range(len(data)):
+            assert h.check(data[:cut], stream=cut in h.boundaries(data)) != "ok"
+            n += 1
+    assert n > 3000
+
+
+@cases(800)
+@given(file_index, st.one_of(st.integers(0, 64), st.integers(0, 2**64 - 1), st.integers(-64, 64)))
+def test_lying_header_length(i, value):
+    data = FILES[i]
+    (n,) = struct.unpack("<Q", data[:8])
+    length = value if value >= 0 else n + value
+    if not 0 <= length < 2**64:
+        return
+    mutated = struct.pack("<Q", length) + data[8:]
+    outcome = h.check(mutated)
+    assert outcome == "ok" if mutated == data else outcome != "ok"
+
+
+@cases(600)
+@given(file_index, st.binary(min_size=1, max_size=64), st.integers(0, 1 << 20))
+def test_inserted_and_overwritten_bytes(i, junk, pos):
+    data = FILES[i]
+    pos %= len(data) + 1
+    for mutated in (data[:pos] + junk + data[pos:], data[:pos] + junk + data[pos + len(junk):]):
+        outcome = h.check(mutated)
+        assert outcome == "ok" if mutated == data else outcome != "ok"
+
+
+@cases(400)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes(data):
+    h.check(data)
+
+
+# ----------------------------------------------------------------- header JSON
+
+entry_mutation = st.sampled_from([
+    "huge_shape", "neg_dim", "float_dim", "bad_dtype", "wrong_dtype", "overlap", "gap",
+    "swap_offsets", "huge_offsets", "ndim", "drop_entry", "extra_key", "str_offsets",
+])
+
+
+def _mutate_entry(header: dict, body: bytes, name: str, how: str, k: int):
+    e = header[name]
+    b, end = e["data_offsets"]
+    if how == "huge_shape":
+        e["shape"] = [2**40, 2**20]  # a 1 TB-ish claim
+        e["data_offsets"] = [b, b + 2**60]
+    elif how == "neg_dim":
+        e["shape"] = [-1] + e["shape"]
+    elif how == "float_dim":
+        e["shape"] = [1.0] + e["shape"]
+    elif how == "bad_dtype":
+        e["dtype"] = ["F32", "obj", "", "f32", "Q8", 7][k % 6]
+    elif how == "wrong_dtype":
+        e["dtype"] = ["F16", "I64", "U8", "BOOL", "F64", "C64"][k % 6]
+    elif how == "overlap":
+        e["data_offsets"] = [max(0, b - 1 - k % 4), end - 1 - k % 4]
+    elif how == "gap":
+        e["data_offsets"] = [b + 1 + k % 4, end + 1 + k % 4]
+    elif how == "swap_offsets":
+        e["data_offsets"] = [end, b]
+    elif how == "huge_offsets":
+        e["data_offsets"] = [2**64 - 8, 2**64 + k]
+    elif how == "ndim":
+        e["shape"] = [1] * (65 + k % 100)
+    elif how == "drop_entry":
+        del header[name]
+    elif how == "extra_key":
+        e["extra"] = k
+    elif how == "str_offsets":
+        e["data_offsets"] = [str(b), str(end)]
+    return header, body
+
+
+@cases(1200)
+@given(file_index, entry_mutation, st.integers(0, 1000), st.booleans(), st.booleans())
+def test_header_entry_mutations(i, how, k, keep_meta, canonical):
+    header, body = h.split(FILES[i])
+    if not keep_meta:
+        header.pop("__metadata__")  # exercise the plain-safetensors path too
+    names = sorted(n for n in header if n != "__metadata__")
+    if not names:
+        return
+    header, body = _mutate_entry(header, body, names[k % len(names)], how, k)
+    h.check(h.with_header(header, body, canonical=canonical))
+
+
+@cases(500)
+@given(file_index, st.integers(1, 100_000), st.sampled_from(["[", '{"a":']))
+def test_deeply_nested_header_json(i, depth, opener):
+    _, body = h.split(FILES[i])
+    closer = "]" if opener == "[" else "}"
+    text = ('{"x":' + opener * depth + "1" + closer * depth + "}").encode()
+    assert h.check(h.with_header_text(text + b" " * (-len(text) % 8), body)) != "ok"
+
+
+@cases(500)
+@given(file_index, st.sampled_from(["dup_entry", "dup_meta", "dup_field", "bad_utf8", "overlong_utf8",
+                                      "surrogate", "nan", "bom", "not_object", "trailing"]), st.integers(0, 99))
+def test_header_text_mutations(i, how, k):
+    data = FILES[i]
+    (n,) = struct.unpack("<Q", data[:8])
+    text, body = data[8 : 8 + n].rstrip(b" "), data[8 + n :]
+    header, _ = h.split(data)
+    name = sorted(x for x in header if x != "__metadata__")[0]
+    key = ('"' + name + '":').encode()
+    if how == "dup_entry":
+        start = text.index(key)
+        end = text.index(b"]}", start) + 2
+        text = text[:end] + b"," + text[start:end] + text[end:]
+    elif how == "dup_meta":
+        text = text[:-1] + b',"__metadata__":{}}'
+    elif how == "dup_field":
+        text = text.replace(b'"dtype":', b'"dtype":"F32","dtype":', 1)
+    elif how == "bad_utf8":
+        pos = 1 + k % (len(text) - 2)
+        text = text[:pos] + b"\xff" + text[pos:]
+    elif how == "overlong_utf8":
+        text = text.replace(key, b'"\xc0\xaf' + key[1:], 1)
+    elif how == "surrogate":
+        text = text.replace(key, b'"\\ud800' + key[1:], 1)
+    elif how == "nan":
+        text = text.replace(b'"shape":[', b'"shape":[NaN,', 1)
+    elif how == "bom":
+        text = b"\xef\xbb\xbf" + text
+    elif how == "not_object":
+        text = b"[" + text + b"]"
+    elif how == "trailing":
+        text = text + b"{}"
+    mutated = h.with_header_text(text + b" " * (-len(text) % 8), body)
+    assert h.check(mutated) != "ok"
+
+
+# ----------------------------------------------------------------- manifest (digest kept valid)
+
+def _deep(depth: int, tag: str):
+    node = 1
+    for _ in range(depth):
+        node = [tag, node] if tag != "dict" else ["dict", "k", node]
+    return node
+
+
+manifest_mutation = st.sampled_from([
+    "deep_list", "deep_dict", "obj_os_system", "obj_registered_looking", "unknown_tag", "bad_tensor_index",
+    "dup_tensor_ref", "drop_tensor_ref", "wrong_dtype", "wrong_shape", "huge_shape", "dup_row_name",
+    "rename_row", "drop_row", "extra_row", "bad_digest_len", "version", "algorithm", "kind", "requires_grad",
+    "unsorted_dict", "odd_dict", "bad_bigint", "unknown_ext", "empty_tag", "set_repeat", "np_scalar",
+    "device", "dtype_node", "complex", "size_node",
+])
+
+
+def _mutate_manifest(m: dict, how: str, k: int) -> dict:
+    rows = m["tensors"]
+    if how == "deep_list":
+        m["root"] = _deep(200 + k * 50, "list")
+    elif how == "deep_dict":
+        m["root"] = _deep(200 + k * 50, "dict")
+    elif how == "obj_os_system":
+        m["root"] = ["obj", "os.system", ["list", "echo pwned"]]
+    elif how == "obj_registered_looking":
+        m["root"] = ["obj", ["builtins.eval", "subprocess.Popen", "torch.load", "__main__.Config"][k % 4], ["dict"]]
+    elif how == "unknown_tag":
+        m["root"] = ["__reduce__", "os", "system"]
+    elif how == "bad_tensor_index":
+        m["root"] = ["list"] + [["tensor", i] for i in range(len(rows))] + [["tensor", [len(rows), -1, 2**63, "0", 1.0][k % 5]]]
+    elif how == "dup_tensor_ref":
+        m["root"] = ["list"] + [["tensor", i] for i in range(len(rows))] * 2
+    elif how == "drop_tensor_ref":
+        m["root"] = ["list"]
+    elif rows and how == "wrong_dtype":
+        rows[k % len(rows)]["dtype"] = ["float64", "int8", "bool", "nope", "complex64"][k % 5]
+    elif rows and how == "wrong_shape":
+        r = rows[k % len(rows)]
+        r["shape"] = r["shape"][::-1] + [1] if k % 2 else [x + 1 for x in r["shape"]] or [2]
+    elif rows and how == "huge_shape":
+        rows[k % len(rows)]["shape"] = [2**40, 2**24]
+    elif rows and how == "dup_row_name":
+        rows.append(dict(rows[0]))
+    elif rows and how == "rename_row":
+        rows[k % len(rows)]["name"] = "other"
+    elif rows and how == "drop_row":
+        rows.pop(k % len(rows))
+    elif how == "extra_row":
+        rows.append({"digest": bytes(16), "dtype": "float32", "kind": "tensor", "name": "ghost", "requires_grad": False, "shape": [2**38]})
+    elif rows and how == "bad_digest_len":
+        rows[k % len(rows)]["digest"] = bytes(k % 40)
+    elif how == "version":
+        m["version"] = [0, 2, "1", 1.0, None, True][k % 6]
+    elif how == "algorithm":
+        m["algorithm"] = ["md5", "XXH3-128", "", "sha1"][k % 4]
+    elif rows and how == "kind":
+        rows[k % len(rows)]["kind"] = ["module", "storage", "", None][k % 4]
+    elif rows and how == "requires_grad":
+        rows[k % len(rows)]["requires_grad"] = [1, 0, None, "yes"][k % 4]
+    elif how == "unsorted_dict":
+        m["root"] = ["dict", "b", 1, "a", 2]
+    elif how == "odd_dict":
+        m["root"] = ["dict", "a"]
+    elif how == "bad_bigint":
+        m["root"] = msgpack.ExtType(1, [b"", b"\x00\x01", b"\x05", b"\xff\xff"][k % 4])
+    elif how == "unknown_ext":
+        m["root"] = msgpack.ExtType(2 + k % 100, b"\x00")
+    elif how == "empty_tag":
+        m["root"] = [[], [1], ["", 1]][k % 3]
+    elif how == "set_repeat":
+        m["root"] = ["set", "a", "a"]
+    elif how == "np_scalar":
+        m["root"] = ["np.scalar", ["float32", "bool", "object", "int8"][k % 4], [b"\x00", b"\x02", b"", b"\x00" * 9][k % 4]]
+    elif how == "device":
+        m["root"] = ["device", ["cuda:-1", "CPU", "x" * 1000, "", "cpu:0"][k % 5]]
+    elif how == "dtype_node":
+        m["root"] = ["dtype", ["Tensor", "float99", "__class__"][k % 3]]
+    elif how == "complex":
+        m["root"] = ["complex", 1, "2"]
+    elif how == "size_node":
+        m["root"] = ["size", 1.5]
+    return m
+
+
+@cases(2000)
+@given(file_index, manifest_mutation, st.integers(0, 100))
+def test_manifest_mutations_with_valid_digest(i, how, k):
+    m, header, body = h.manifest_of(FILES[i])
+    m = _mutate_manifest(m, how, k)
+    try:
+        raw = h.repack(m)
+    except (ValueError, TypeError, OverflowError):
+        return  # msgpack itself refuses (too deep): nothing to feed
+    # KNOWN GAP (reported): tensor names are not checked against the names a writer
+    # derives from tensor paths, so a re-referenced table loads as a valid but
+    # non-canonically named file. Such a value must still be complete.
+    outcome = h.check(h.rebuild(FILES[i], raw, header, body), strict=how != "dup_tensor_ref")
+    if raw != h.repack(h.manifest_of(FILES[i])[0]) and how != "dup_tensor_ref":
+        assert outcome != "ok"
+
+
+@cases(800)
+@given(file_index, st.sampled_from(["dup_map_key", "bad_utf8_str", "float32", "long_int", "trailing",
+                                    "truncated", "str8_len", "array_count"]), st.integers(0, 10_000))
+def test_manifest_raw_bytes(i, how, k):
+    """Non-canonical or malformed msgpack, with a digest that matches it."""
+    m, header, body = h.manifest_of(FILES[i])
+    raw = h.repack(m)
+    if how == "dup_map_key":  # {"algorithm": .., "algorithm": ..}: msgpack maps with a repeated key
+        raw = b"\x85\xa9algorithm\xa8xxh3-128" + raw[1:]
+    elif how == "bad_utf8_str":
+        raw = raw.replace(b"\xa4list", b"\xa4l\xffst", 1).replace(b"\xa4dict", b"\xa4d\xffct", 1)
+    elif how == "float32":
+        raw = raw + b"\xca\x3f\x80\x00\x00"
+    elif how == "long_int":
+        raw = raw.replace(b"\xa7version\x01", b"\xa7version\xcf" + (1).to_bytes(8, "big"), 1)
+    elif how == "trailing":
+        raw = raw + bytes([k % 256])
+    elif how == "truncated":
+        raw = raw[: k % len(raw)]
+    elif how == "str8_len":  # a string that claims to run past the end
+        raw = raw[:-1] + b"\xdb" + (0xFFFFFFF0).to_bytes(4, "big")
+    elif how == "array_count":  # an array claiming 4 billion items
+        raw = b"\xdd\xff\xff\xff\xff" + raw
+    assert h.check(h.rebuild(FILES[i], raw, header, body)) != "ok"

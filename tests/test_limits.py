@@ -1,0 +1,86 @@
+"""Safety limits users can raise (issue 6, part 6).
+
+Each limit, when hit, raises LimitError naming the limit and how to raise it;
+raising it as the message says makes the same file load.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tensorcanon
+from tensorcanon import Limits, errors
+
+
+def _nested(depth: int):
+    v = 0
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
+def _assert_says_how(e: errors.LimitError, limit: str) -> None:
+    assert e.limit == limit
+    msg = str(e)
+    assert f"{limit}=" in msg, msg
+    assert f"tensorcanon.Limits({limit}=...)" in msg, msg
+    assert isinstance(e, errors.FormatError)
+
+
+CASES = {
+    "max_header_bytes": (lambda: {"t": torch.ones(3)}, lambda n: Limits(max_header_bytes=n // 2), "max_header_bytes"),
+    "max_depth": (lambda: {"deep": _nested(40)}, lambda n: Limits(max_depth=20), "max_depth"),
+    "max_tensors": (lambda: {f"t{i}": torch.ones(1) for i in range(10)}, lambda n: Limits(max_tensors=9), "max_tensors"),
+    "max_ndim": (lambda: {"t": torch.ones([1] * 9)}, lambda n: Limits(max_ndim=8), "max_ndim"),
+}
+
+
+@pytest.mark.parametrize("limit", sorted(CASES))
+def test_each_limit_names_itself_and_can_be_raised(limit):
+    make, low, name = CASES[limit]
+    obj = make()
+    data = tensorcanon.dumps(obj)
+    header_len = int.from_bytes(data[:8], "little")
+    tight = low(header_len)
+    for fn in (tensorcanon.loads, tensorcanon.verify, tensorcanon.read_metadata):
+        if fn is tensorcanon.read_metadata and limit == "max_depth":
+            continue  # the deep value is in the object, not the metadata
+        with pytest.raises(errors.LimitError) as info:
+            fn(data, limits=tight)
+        _assert_says_how(info.value, name)
+    # raised as the message says, the file loads
+    import dataclasses
+    raised = dataclasses.replace(tight, **{name: getattr(Limits(), name)})
+    again = tensorcanon.loads(data, limits=raised)
+    assert tensorcanon.dumps(again) == data
+
+
+def test_max_depth_of_metadata_is_enforced_when_reading_it():
+    data = tensorcanon.dumps({"a": 1}, metadata={"deep": _nested(30)})
+    with pytest.raises(errors.LimitError) as info:
+        tensorcanon.read_metadata(data, limits=Limits(max_depth=10))
+    _assert_says_how(info.value, "max_depth")
+    assert tensorcanon.read_metadata(data) == {"deep": _nested(30)}
+
+
+def test_saving_beyond_max_depth_says_how_to_raise_it():
+    with pytest.raises(errors.UnsupportedTypeError, match=r"Limits\(max_depth=\.\.\.\)"):
+        tensorcanon.dumps(_nested(30), limits=Limits(max_depth=10))
+    assert tensorcanon.loads(tensorcanon.dumps(_nested(30), limits=Limits(max_depth=40)),
+                             limits=Limits(max_depth=40)) == _nested(30)
+
+
+def test_defaults_are_documented_values():
+    d = Limits()
+    assert (d.max_header_bytes, d.max_depth, d.max_tensors, d.max_ndim) == (100_000_000, 256, 1_000_000, 64)
+
+
+def test_limits_apply_to_plain_safetensors_files_too():
+    import safetensors.torch
+
+    data = safetensors.torch.save({f"t{i}": torch.ones(2) for i in range(5)})
+    with pytest.raises(errors.LimitError) as info:
+        tensorcanon.loads(data, limits=Limits(max_tensors=4))
+    _assert_says_how(info.value, "max_tensors")
+    assert len(tensorcanon.loads(data)) == 5
