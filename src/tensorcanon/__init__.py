@@ -20,6 +20,7 @@ from .errors import (
     TensorCanonError,
     UnsupportedTypeError,
 )
+from .lazy import LazyFile, open
 from .limits import Limits
 from .manifest import VERSION as FORMAT_VERSION
 from .registry import register, unregister
@@ -28,6 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "save", "load", "dumps", "loads", "fingerprint", "verify", "read_metadata",
+    "open", "LazyFile",
     "register", "unregister", "Limits", "FORMAT_VERSION",
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
     "UnsupportedTypeError", "DeviceUnavailableError",

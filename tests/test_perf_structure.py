@@ -1,0 +1,123 @@
+"""Performance regression guards that check structure, never speed.
+
+- saving holds no second copy of the checkpoint (peak RSS, measured in a subprocess);
+- each tensor is hashed exactly once when saving to a seekable target, and
+  once when loading with verification;
+- contiguous CPU tensors are hashed and written straight from their own memory.
+"""
+
+import io
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import torch
+
+import tensorcanon
+from tensorcanon import reader, writer
+
+MiB = 1 << 20
+
+
+class _CountingHasher:
+    def __init__(self, real, log):
+        self.real, self.log = real, log
+        log.append(0)
+
+    def update(self, data):
+        self.log[-1] += memoryview(data).nbytes
+        self.real.update(data)
+
+    def digest(self):
+        return self.real.digest()
+
+
+def _count_hashing(monkeypatch, module):
+    log: list[int] = []
+    real = module.digest.tensor_hasher
+    monkeypatch.setattr(module.digest, "tensor_hasher", lambda *a: _CountingHasher(real(*a), log))
+    return log
+
+
+def _obj():
+    return {"a": torch.randn(1000), "b": torch.randn(30, 40).t(), "c": np.arange(77, dtype=np.int32),
+            "d": [torch.ones(3, dtype=torch.float16)], "e": torch.zeros(0)}
+
+
+def test_each_tensor_hashed_once_when_saving_to_a_seekable_target(monkeypatch, tmp_path):
+    obj = _obj()
+    sizes = sorted([4000, 4800, 308, 6, 0])
+    log = _count_hashing(monkeypatch, writer)
+    tensorcanon.save(obj, tmp_path / "x.st")
+    assert sorted(log) == sizes
+    log.clear()
+    tensorcanon.save(obj, io.BytesIO())
+    assert sorted(log) == sizes
+
+
+def test_each_tensor_hashed_once_when_loading(monkeypatch, tmp_path):
+    p = tmp_path / "x.st"
+    tensorcanon.save(_obj(), p)
+    log = _count_hashing(monkeypatch, reader)
+    tensorcanon.load(p)
+    assert sorted(log) == sorted([4000, 4800, 308, 6, 0])
+    log.clear()
+    tensorcanon.load(p, verify=False)
+    assert log == []
+
+
+class _RecordingFile(io.BytesIO):
+    """A seekable target that records the address of every buffer written to it."""
+
+    def __init__(self):
+        super().__init__()
+        self.addresses = []
+
+    def write(self, data):
+        arr = np.frombuffer(data, dtype=np.uint8)
+        self.addresses.append((arr.ctypes.data, arr.nbytes) if arr.nbytes else (0, 0))
+        return super().write(data)
+
+
+def test_contiguous_tensors_are_written_from_their_own_memory():
+    obj = {f"t{i}": torch.randn(4096) for i in range(4)}
+    obj["arr"] = np.ones(1000, dtype=np.float64)
+    f = _RecordingFile()
+    tensorcanon.save(obj, f)
+    written = set(f.addresses)
+    for name, v in obj.items():
+        ptr = v.data_ptr() if isinstance(v, torch.Tensor) else v.ctypes.data
+        nbytes = v.numel() * v.element_size() if isinstance(v, torch.Tensor) else v.nbytes
+        assert (ptr, nbytes) in written, f"{name} was copied before being written"
+
+
+_MEM_CHILD = textwrap.dedent(r"""
+    import os, resource, sys, torch, tensorcanon
+    objs = {f"t{i:02d}": torch.empty(4 << 20, dtype=torch.float32).fill_(i) for i in range(16)}  # 256 MiB
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tensorcanon.save(objs, os.path.join(sys.argv[1], "mem.st"))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print((peak - base) * 1024)
+""")
+
+
+def test_saving_holds_no_second_copy_of_the_checkpoint(tmp_path):
+    out = subprocess.run([sys.executable, "-c", _MEM_CHILD, str(tmp_path)],
+                         check=True, capture_output=True, text=True)
+    extra = int(out.stdout.strip().splitlines()[-1])
+    # A second copy would be >= 256 MiB; one tensor-sized copy would be 16 MiB.
+    assert extra < 8 * MiB, f"saving 256 MiB raised peak RSS by {extra / MiB:.1f} MiB"
+    assert (tmp_path / "mem.st").stat().st_size > 256 * MiB
+
+
+def test_real_file_gets_the_same_bytes_with_large_and_small_tensors_mixed(tmp_path):
+    # Large chunks go through the background writer, small ones inline: order must hold.
+    g = torch.Generator().manual_seed(3)
+    obj = {f"k{i:02d}": torch.rand(n, generator=g) for i, n in enumerate([600_000, 3, 400_000, 10, 300_000])}
+    obj["z"] = torch.rand(5, generator=g, dtype=torch.float64)
+    p = tmp_path / "m.st"
+    with open(p, "wb") as f:
+        d = tensorcanon.save(obj, f)
+    assert p.read_bytes() == tensorcanon.dumps(obj)
+    assert tensorcanon.verify(p) == d
