@@ -24,6 +24,9 @@ from .lazy import LazyFile, open
 from .limits import Limits
 from .manifest import VERSION as FORMAT_VERSION
 from .registry import register, unregister
+from .rng import RngRestoreError, RngState  # importing rng registers the generator tags
+from .determinism import DeterminismSettings, seed_everything
+from .data import ResumableSampler, seed_worker
 
 __version__ = "0.1.0"
 
@@ -33,4 +36,6 @@ __all__ = [
     "register", "unregister", "Limits", "FORMAT_VERSION",
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
     "UnsupportedTypeError", "DeviceUnavailableError",
+    "RngState", "RngRestoreError", "seed_everything", "DeterminismSettings",
+    "seed_worker", "ResumableSampler",
 ]

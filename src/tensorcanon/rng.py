@@ -1,0 +1,596 @@
+"""Random state as canonical values: generator objects and :class:`RngState`.
+
+Importing this module adds rows to :data:`tensorcanon.tree.ENCODERS` (by exact
+type) and :data:`tensorcanon.tree.DECODERS` (by tag), so that generator objects
+found anywhere in a saved tree are written as explicit values (bytes with a
+fixed layout, ints, floats) and never pickled:
+
+=================  ============================================================
+tag                value
+=================  ============================================================
+``rng.torch``      ``torch.Generator`` (cpu, cuda, mps, xpu)
+``rng.bitgen``     a numpy BitGenerator (PCG64, PCG64DXSM, MT19937, Philox, SFC64)
+``rng.numpy``      ``numpy.random.Generator`` (wraps an ``rng.bitgen`` node)
+``rng.legacy``     ``numpy.random.RandomState`` (wraps an ``rng.bitgen`` node)
+``rng.random``     ``random.Random``
+``rng.state``      :class:`RngState`, the process-wide random state
+=================  ============================================================
+
+docs/FORMAT.md, "Random state values", is the normative layout; docs/RNG.md is
+the user guide.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import paths, tree
+from .errors import DeviceUnavailableError, TensorCanonError
+
+__all__ = ["RngState", "RngRestoreError", "RngRestoreWarning"]
+
+
+class RngRestoreError(TensorCanonError, RuntimeError):
+    """A part of a saved random state cannot be restored on this machine."""
+
+
+class RngRestoreWarning(UserWarning):
+    """A part of a saved random state was not restored (``strict=False``)."""
+
+
+# --------------------------------------------------------------------------- layouts
+
+TORCH_STATE_SIZES = {"cpu": 5056, "cuda": 16, "xpu": 16, "mps": 36}
+"""Byte length of ``torch.Generator.get_state()`` per device type."""
+
+MT_WORDS = 624
+U128 = 2**128 - 1
+U64 = 2**64 - 1
+U32 = 2**32 - 1
+
+
+class _Field:
+    """One bit-generator state field: where it sits in the state dict and its rule."""
+
+    def __init__(self, key: tuple[str, ...], kind: str, n: int = 0, lo: int = 0, hi: int = 0):
+        self.key, self.kind, self.n, self.lo, self.hi = key, kind, n, lo, hi
+
+    def get(self, state: dict) -> Any:
+        v = state
+        for k in self.key:
+            v = v[k]
+        if self.kind == "int":
+            return int(v)
+        dtype = "<u4" if self.kind == "u32[]" else "<u8"
+        return np.ascontiguousarray(v, dtype=dtype).tobytes()
+
+    def check(self, value: Any) -> str | None:
+        if self.kind == "int":
+            if type(value) is not int or not self.lo <= value <= self.hi:
+                return f"an int in [{self.lo}, {self.hi}]"
+            return None
+        size = self.n * (4 if self.kind == "u32[]" else 8)
+        if type(value) is not bytes or len(value) != size:
+            return f"bytes of length {size} ({self.n} little-endian {self.kind[:-2]})"
+        return None
+
+    def to_state(self, value: Any) -> Any:
+        if self.kind == "int":
+            return value
+        return np.frombuffer(value, dtype="<u4" if self.kind == "u32[]" else "<u8").astype(
+            np.uint32 if self.kind == "u32[]" else np.uint64)
+
+    @property
+    def name(self) -> str:
+        return ".".join(self.key)
+
+
+def _int(*key, lo=0, hi=U32):
+    return _Field(key, "int", lo=lo, hi=hi)
+
+
+_FLAG = dict(lo=0, hi=1)
+_PCG = [_int("state", "state", hi=U128), _int("state", "inc", hi=U128),
+        _int("has_uint32", **_FLAG), _int("uinteger")]
+
+# Fixed allow-list: the name in a file is looked up here and nowhere else.
+BIT_GENERATORS: dict[str, tuple[type, list[_Field]]] = {
+    "PCG64": (np.random.PCG64, _PCG),
+    "PCG64DXSM": (np.random.PCG64DXSM, _PCG),
+    "MT19937": (np.random.MT19937, [
+        _Field(("state", "key"), "u32[]", MT_WORDS), _int("state", "pos", hi=MT_WORDS)]),
+    "Philox": (np.random.Philox, [
+        _Field(("state", "counter"), "u64[]", 4), _Field(("state", "key"), "u64[]", 2),
+        _Field(("buffer",), "u64[]", 4), _int("buffer_pos", hi=4),
+        _int("has_uint32", **_FLAG), _int("uinteger")]),
+    "SFC64": (np.random.SFC64, [
+        _Field(("state", "state"), "u64[]", 4), _int("has_uint32", **_FLAG), _int("uinteger")]),
+}
+_BITGEN_NAME_BY_TYPE = {cls: name for name, (cls, _) in BIT_GENERATORS.items()}
+
+
+def bitgen_fields(state: dict) -> tuple[str, tuple]:
+    """``bit_generator.state`` dict → (name, tuple of explicit field values)."""
+    name = state.get("bit_generator")
+    if name not in BIT_GENERATORS:
+        raise ValueError(f"bit generator {name!r} is not one of {sorted(BIT_GENERATORS)}")
+    return name, tuple(f.get(state) for f in BIT_GENERATORS[name][1])
+
+
+def check_bitgen_fields(name: Any, fields: tuple | list) -> str | None:
+    """None when ``fields`` are a valid state for bit generator ``name``, else what is wrong."""
+    if type(name) is not str or name not in BIT_GENERATORS:
+        return f"bit generator {name!r} is not one of {sorted(BIT_GENERATORS)}"
+    layout = BIT_GENERATORS[name][1]
+    if len(fields) != len(layout):
+        return f"{name} state takes {len(layout)} fields, found {len(fields)}"
+    for f, v in zip(layout, fields):
+        rule = f.check(v)
+        if rule is not None:
+            return f"{name} field {f.name} must be {rule}"
+    return None
+
+
+def bitgen_state(name: str, fields: tuple | list) -> dict:
+    """(name, validated fields) → a ``bit_generator.state`` dict."""
+    out: dict = {"bit_generator": name}
+    for f, v in zip(BIT_GENERATORS[name][1], fields):
+        d = out
+        for k in f.key[:-1]:
+            d = d.setdefault(k, {})
+        d[f.key[-1]] = f.to_state(v)
+    return out
+
+
+def _mt_bytes(words) -> bytes:
+    return np.asarray(words, dtype="<u4").tobytes()
+
+
+def _check_random_state(version, key, pos, gauss) -> str | None:
+    if version != 3 or type(version) is not int:
+        return f"random.Random state version must be 3, found {version!r}"
+    if type(key) is not bytes or len(key) != MT_WORDS * 4:
+        return f"random.Random key must be {MT_WORDS * 4} bytes ({MT_WORDS} little-endian uint32)"
+    if type(pos) is not int or not 0 <= pos <= MT_WORDS:
+        return f"random.Random position must be an int in [0, {MT_WORDS}]"
+    if gauss is not None and type(gauss) is not float:
+        return "random.Random gauss_next must be nil or a float"
+    return None
+
+
+def _random_state_from(version, key, pos, gauss) -> tuple:
+    words = np.frombuffer(key, dtype="<u4").tolist()
+    return (version, tuple(words) + (pos,), gauss)
+
+
+def _check_torch_state(device: Any, state: Any) -> str | None:
+    if type(device) is not str or len(device) > 64:
+        return "the device must be a short str"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        return f"invalid device {device!r}"
+    if (str(dev) != device or dev.type not in TORCH_STATE_SIZES
+            or (dev.type in ("cuda", "xpu") and dev.index is None)):
+        return (f"device {device!r} must be canonical (cuda and xpu with an index) and of a type in "
+                f"{sorted(TORCH_STATE_SIZES)}")
+    size = TORCH_STATE_SIZES[dev.type]
+    if type(state) is not bytes or len(state) != size:
+        return f"a {dev.type} generator state must be {size} bytes"
+    return None
+
+
+def _u8(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _device_available(dev: torch.device) -> bool:
+    if dev.type == "cpu":
+        return True
+    mod = getattr(torch, dev.type, None)
+    if mod is None or not mod.is_available():
+        return False
+    if dev.type == "mps":
+        return True
+    return dev.index is None or dev.index < mod.device_count()
+
+
+# --------------------------------------------------------------------------- encoders
+
+
+def _enc_seed_seq(enc: tree.Encoder, bg: Any, depth: int) -> Any:
+    ss = getattr(bg, "seed_seq", None)
+    if type(ss) is not np.random.SeedSequence:
+        if ss is None and type(bg) is np.random.MT19937:
+            return None  # legacy-seeded (RandomState(seed)): nothing to spawn from
+        raise enc.unsupported(f"a bit generator whose seed sequence is a {type(ss).__qualname__} "
+                              "cannot be saved (only numpy.random.SeedSequence)")
+    entropy = ss.entropy
+    if not isinstance(entropy, int):
+        entropy = tuple(int(e) for e in entropy)
+    else:
+        entropy = int(entropy)
+    value = (entropy, tuple(int(k) for k in ss.spawn_key), int(ss.pool_size), int(ss.n_children_spawned))
+    return enc.encode(value, depth)
+
+
+def _enc_bitgen(enc: tree.Encoder, bg: Any, depth: int) -> list:
+    name, fields = bitgen_fields(bg.state)
+    return ["rng.bitgen", name, _enc_seed_seq(enc, bg, depth), *(enc.encode(f, depth) for f in fields)]
+
+
+def _enc_generator(enc: tree.Encoder, g: np.random.Generator, depth: int) -> list:
+    bg = g.bit_generator
+    if type(bg) not in _BITGEN_NAME_BY_TYPE:
+        raise enc.unsupported(f"numpy Generator with bit generator {type(bg).__qualname__} is not supported "
+                              f"(supported: {sorted(BIT_GENERATORS)})")
+    return ["rng.numpy", _enc_bitgen(enc, bg, depth)]
+
+
+def _enc_randomstate(enc: tree.Encoder, rs: np.random.RandomState, depth: int) -> list:
+    st = rs.get_state(legacy=False)
+    bg = rs._bit_generator
+    if type(bg) not in _BITGEN_NAME_BY_TYPE:
+        raise enc.unsupported(f"RandomState with bit generator {type(bg).__qualname__} is not supported")
+    return ["rng.legacy", int(st["has_gauss"]), float(st["gauss"]), _enc_bitgen(enc, bg, depth)]
+
+
+def _enc_random(enc: tree.Encoder, r: random.Random, depth: int) -> list:
+    version, internal, gauss = r.getstate()
+    return ["rng.random", version, _mt_bytes(internal[:MT_WORDS]), internal[MT_WORDS], gauss]
+
+
+def _enc_torch(enc: tree.Encoder, g: torch.Generator, depth: int) -> list:
+    device = str(g.device)
+    if g.device.type in ("cuda", "xpu") and g.device.index is None:
+        device = f"{g.device.type}:{getattr(torch, g.device.type).current_device()}"
+    state = bytes(g.get_state().numpy().tobytes())
+    problem = _check_torch_state(device, state)
+    if problem is not None:
+        raise enc.unsupported(f"torch.Generator cannot be saved: {problem}")
+    return ["rng.torch", device, state]
+
+
+def _enc_rngstate(enc: tree.Encoder, s: "RngState", depth: int) -> list:
+    version, key, pos, gauss = s._python_fields()
+    np_name, np_fields, has_gauss, gauss_np = s.numpy
+    return [
+        "rng.state",
+        ["rng.random", version, key, pos, gauss],
+        ["rng.legacy", has_gauss, gauss_np,
+         ["rng.bitgen", np_name, None, *(enc.encode(f, depth) for f in np_fields)]],
+        s.torch_cpu,
+        ["list", *s.cuda],
+        s.mps,
+        ["list", *s.xpu],
+    ]
+
+
+# --------------------------------------------------------------------------- decoders
+
+
+def _nested(dec: tree.Decoder, node: Any, tag: str, depth: int, where: Any) -> Any:
+    if type(node) is not list or not node or node[0] != tag:
+        raise dec.error(f"expected a {tag!r} node")
+    dec._path.append(where)
+    try:
+        return DECODE[tag](dec, node, depth)
+    finally:
+        dec._path.pop()
+
+
+def _decode_args(dec: tree.Decoder, node: list, depth: int, start: int) -> list:
+    out = []
+    for i in range(start, len(node)):
+        dec._path.append(i - 1)
+        out.append(dec.decode(node[i], depth))
+        dec._path.pop()
+    return out
+
+
+def _dec_seed_seq(dec: tree.Decoder, node: Any, depth: int):
+    if node is None:
+        return None
+    v = dec.decode(node, depth)
+    if type(v) is not tuple or len(v) != 4:
+        raise dec.error("a seed sequence must be nil or a 4-tuple")
+    entropy, spawn_key, pool_size, n_children = v
+    ints = entropy if type(entropy) is tuple else (entropy,)
+    if not ints or not all(type(e) is int and e >= 0 for e in ints):
+        raise dec.error("seed sequence entropy must be a non-negative int or a non-empty tuple of them")
+    if type(spawn_key) is not tuple or not all(type(k) is int and 0 <= k for k in spawn_key):
+        raise dec.error("seed sequence spawn_key must be a tuple of non-negative ints")
+    if type(pool_size) is not int or not 4 <= pool_size <= 1024:
+        raise dec.error("seed sequence pool_size must be an int in [4, 1024]")
+    if type(n_children) is not int or not 0 <= n_children <= U64:
+        raise dec.error("seed sequence n_children_spawned must be an int in [0, 2**64-1]")
+    return v
+
+
+def _dec_bitgen(dec: tree.Decoder, node: list, depth: int):
+    if len(node) < 3:
+        raise dec.error("'rng.bitgen' takes a name, a seed sequence and the state fields")
+    name = node[1]
+    seed_seq = _dec_seed_seq(dec, node[2], depth)
+    fields = _decode_args(dec, node, depth, 3)
+    problem = check_bitgen_fields(name, fields)
+    if problem is not None:
+        raise dec.error(problem)
+    if seed_seq is None and name != "MT19937":
+        raise dec.error(f"a {name} bit generator needs a seed sequence (only MT19937 may have nil)")
+    if not dec.build_objects:
+        return None
+    cls = BIT_GENERATORS[name][0]
+    if seed_seq is None:
+        # Only a legacy-seeded MT19937 (RandomState(seed), np.random.seed) has no seed sequence.
+        bg = cls()
+        bg._legacy_seeding(0)
+    else:
+        entropy, spawn_key, pool_size, n_children = seed_seq
+        bg = cls(np.random.SeedSequence(list(entropy) if type(entropy) is tuple else entropy,
+                                        spawn_key=spawn_key, pool_size=pool_size,
+                                        n_children_spawned=n_children))
+    try:
+        bg.state = bitgen_state(name, fields)
+    except (ValueError, TypeError) as e:
+        raise dec.error(f"numpy rejected the {name} state: {e}") from None
+    return bg
+
+
+def _dec_numpy(dec: tree.Decoder, node: list, depth: int):
+    if len(node) != 2:
+        raise dec.error("'rng.numpy' takes 1 value")
+    bg = _nested(dec, node[1], "rng.bitgen", depth, "bit_generator")
+    return None if bg is None else np.random.Generator(bg)
+
+
+def _check_gauss(dec, has_gauss, gauss):
+    if type(has_gauss) is not int or has_gauss not in (0, 1) or type(gauss) is not float:
+        raise dec.error("'rng.legacy' takes has_gauss (0 or 1) and gauss (a float)")
+
+
+def _dec_legacy(dec: tree.Decoder, node: list, depth: int):
+    if len(node) != 4:
+        raise dec.error(f"'rng.legacy' takes 3 values, found {len(node) - 1}")
+    _, has_gauss, gauss, bg_node = node
+    _check_gauss(dec, has_gauss, gauss)
+    bg = _nested(dec, bg_node, "rng.bitgen", depth, "bit_generator")
+    if bg is None:
+        return None
+    rs = np.random.RandomState(bg)
+    st = rs.get_state(legacy=False)
+    st["has_gauss"], st["gauss"] = has_gauss, gauss
+    rs.set_state(st)
+    return rs
+
+
+def _dec_random(dec: tree.Decoder, node: list, depth: int):
+    if len(node) != 5:
+        raise dec.error(f"'rng.random' takes 4 values, found {len(node) - 1}")
+    problem = _check_random_state(*node[1:])
+    if problem is not None:
+        raise dec.error(problem)
+    if not dec.build_objects:
+        return None
+    r = random.Random()
+    r.setstate(_random_state_from(*node[1:]))
+    return r
+
+
+def _dec_torch(dec: tree.Decoder, node: list, depth: int):
+    if len(node) != 3:
+        raise dec.error(f"'rng.torch' takes 2 values, found {len(node) - 1}")
+    _, device, state = node
+    problem = _check_torch_state(device, state)
+    if problem is not None:
+        raise dec.error(problem)
+    if not dec.build_objects:
+        return None
+    dev = torch.device(device)
+    if not _device_available(dev):
+        where = paths.join(tuple(dec._path))
+        raise DeviceUnavailableError(
+            f"a torch.Generator at {where} was saved on {device}, which this machine does not have; "
+            "a generator's stream depends on its device type, so it is not moved",
+            path=where, device=device)
+    g = torch.Generator(device=dev)
+    try:
+        g.set_state(_u8(state))
+    except RuntimeError as e:
+        raise dec.error(f"torch rejected the {device} generator state: {e}") from None
+    return g
+
+
+def _bytes_list(dec: tree.Decoder, node: Any, size: int, what: str) -> tuple:
+    if type(node) is not list or not node or node[0] != "list":
+        raise dec.error(f"{what} must be a 'list' node")
+    items = node[1:]
+    if len(items) > 4096 or not all(type(b) is bytes and len(b) == size for b in items):
+        raise dec.error(f"{what} must hold at most 4096 states of {size} bytes each")
+    return tuple(items)
+
+
+def _dec_rngstate(dec: tree.Decoder, node: list, depth: int):
+    if len(node) != 7:
+        raise dec.error(f"'rng.state' takes 6 values, found {len(node) - 1}")
+    _, py, leg, cpu, cuda, mps, xpu = node
+    if type(py) is not list or len(py) != 5 or py[0] != "rng.random":
+        raise dec.error("'rng.state' python part must be an 'rng.random' node")
+    problem = _check_random_state(*py[1:])
+    if problem is not None:
+        raise dec.error(problem)
+    if type(leg) is not list or len(leg) != 4 or leg[0] != "rng.legacy":
+        raise dec.error("'rng.state' numpy part must be an 'rng.legacy' node")
+    _check_gauss(dec, leg[1], leg[2])
+    bg = leg[3]
+    if type(bg) is not list or len(bg) < 3 or bg[0] != "rng.bitgen" or bg[2] is not None:
+        raise dec.error("'rng.state' numpy bit generator must be an 'rng.bitgen' node without seed sequence")
+    fields = [dec.decode(f, depth) for f in bg[3:]]
+    problem = check_bitgen_fields(bg[1], fields)
+    if problem is not None:
+        raise dec.error(problem)
+    if type(cpu) is not bytes or len(cpu) != TORCH_STATE_SIZES["cpu"]:
+        raise dec.error(f"'rng.state' torch CPU state must be {TORCH_STATE_SIZES['cpu']} bytes")
+    cuda_t = _bytes_list(dec, cuda, TORCH_STATE_SIZES["cuda"], "'rng.state' CUDA states")
+    if mps is not None and (type(mps) is not bytes or len(mps) != TORCH_STATE_SIZES["mps"]):
+        raise dec.error(f"'rng.state' MPS state must be nil or {TORCH_STATE_SIZES['mps']} bytes")
+    xpu_t = _bytes_list(dec, xpu, TORCH_STATE_SIZES["xpu"], "'rng.state' XPU states")
+    return RngState(
+        python=_random_state_from(*py[1:]),
+        numpy=(bg[1], tuple(fields), leg[1], leg[2]),
+        torch_cpu=cpu, cuda=cuda_t, mps=mps, xpu=xpu_t,
+    )
+
+
+DECODE = {
+    "rng.torch": _dec_torch,
+    "rng.bitgen": _dec_bitgen,
+    "rng.numpy": _dec_numpy,
+    "rng.legacy": _dec_legacy,
+    "rng.random": _dec_random,
+    "rng.state": _dec_rngstate,
+}
+
+
+# --------------------------------------------------------------------------- RngState
+
+
+@dataclass(frozen=True)
+class RngState:
+    """The process-wide random state: Python, numpy, torch CPU and every accelerator.
+
+    A plain value: two captures with no draw in between are equal, and it saves
+    canonically (tag ``rng.state``; no pickle), so its digest is stable.
+
+    Fields: ``python`` is ``random.getstate()``; ``numpy`` is the global
+    RandomState as ``(bit generator name, state fields, has_gauss, gauss)``;
+    ``torch_cpu`` the 5056 state bytes of torch's CPU generator; ``cuda`` and
+    ``xpu`` one 16-byte state per device (index order); ``mps`` 36 bytes or None.
+
+    Example::
+
+        ckpt = {"model": model.state_dict(), "rng": tensorcanon.RngState.capture()}
+        tensorcanon.save(ckpt, "ckpt.safetensors")
+        ...
+        tensorcanon.load("ckpt.safetensors")["rng"].restore()
+    """
+
+    python: tuple
+    numpy: tuple
+    torch_cpu: bytes
+    cuda: tuple = ()
+    mps: bytes | None = None
+    xpu: tuple = ()
+
+    @classmethod
+    def capture(cls) -> "RngState":
+        """Take the current state of every global generator in this process.
+
+        CUDA generators are included when ``torch.cuda.is_available()``
+        (this initializes CUDA), MPS and XPU when present.
+        """
+        st = np.random.get_state(legacy=False)
+        name, fields = bitgen_fields(st)
+        cuda: tuple = ()
+        if torch.cuda.is_available():
+            cuda = tuple(bytes(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all())
+        mps = None
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            mps = bytes(torch.mps.get_rng_state().numpy().tobytes())
+        xpu: tuple = ()
+        if hasattr(torch, "xpu") and torch.xpu.is_available():
+            xpu = tuple(bytes(s.numpy().tobytes()) for s in torch.xpu.get_rng_state_all())
+        return cls(
+            python=random.getstate(),
+            numpy=(name, fields, int(st["has_gauss"]), float(st["gauss"])),
+            torch_cpu=bytes(torch.get_rng_state().numpy().tobytes()),
+            cuda=cuda, mps=mps, xpu=xpu,
+        )
+
+    def __repr__(self) -> str:
+        return (f"RngState(python=MT19937, numpy={self.numpy[0]}, torch_cpu={len(self.torch_cpu)} bytes, "
+                f"cuda={len(self.cuda)} device(s), mps={'yes' if self.mps is not None else 'no'}, "
+                f"xpu={len(self.xpu)} device(s))")
+
+    def _python_fields(self) -> tuple:
+        version, internal, gauss = self.python
+        return version, _mt_bytes(internal[:MT_WORDS]), internal[MT_WORDS], gauss
+
+    def _problems(self) -> list[str]:
+        """What cannot be restored on this machine (checked before anything changes)."""
+        out = []
+        cur_np = np.random.get_state(legacy=False)["bit_generator"]
+        if self.numpy[0] != cur_np:
+            out.append(f"numpy's global generator uses {cur_np}, the state holds {self.numpy[0]} "
+                       "(see numpy.random.set_bit_generator)")
+        for kind, states in (("cuda", self.cuda), ("xpu", self.xpu)):
+            if not states:
+                continue
+            mod = getattr(torch, kind, None)
+            have = mod.device_count() if mod is not None and mod.is_available() else 0
+            if have < len(states):
+                out.append(f"the state holds {len(states)} {kind} generator(s), this machine has {have}")
+        if self.mps is not None and not (getattr(torch.backends, "mps", None) is not None
+                                          and torch.backends.mps.is_available()):
+            out.append("the state holds an MPS generator, this machine has no MPS device")
+        return out
+
+    def restore(self, *, strict: bool = True) -> None:
+        """Put every generator back to the captured state.
+
+        With ``strict=True`` (the default), raises :class:`RngRestoreError`
+        before changing anything when a part cannot be restored (e.g. the state
+        holds 8 CUDA generators and this machine has 1). With ``strict=False``
+        it restores what it can and warns (:class:`RngRestoreWarning`) about
+        the rest. Devices this machine has beyond those in the state keep their
+        current state (a warning says so).
+
+        Example::
+
+            state = tensorcanon.RngState.capture()
+            a = torch.rand(3)
+            state.restore()
+            assert torch.equal(torch.rand(3), a)
+        """
+        problems = self._problems()
+        if problems and strict:
+            raise RngRestoreError(
+                "cannot restore the random state: " + "; ".join(problems)
+                + ". Resume on a matching machine, or call restore(strict=False) to restore the rest")
+        for p in problems:
+            warnings.warn(f"random state not fully restored: {p}", RngRestoreWarning, stacklevel=2)
+        random.setstate(self.python)
+        name, fields, has_gauss, gauss = self.numpy
+        if name == np.random.get_state(legacy=False)["bit_generator"]:
+            st = bitgen_state(name, fields)
+            st["has_gauss"], st["gauss"] = has_gauss, gauss
+            np.random.set_state(st)
+        torch.set_rng_state(_u8(self.torch_cpu))
+        for kind, states in (("cuda", self.cuda), ("xpu", self.xpu)):
+            mod = getattr(torch, kind, None)
+            have = mod.device_count() if mod is not None and mod.is_available() else 0
+            for i, s in enumerate(states[:have]):
+                mod.set_rng_state(_u8(s), i)
+            if have > len(states) and (states or kind == "cuda"):
+                warnings.warn(
+                    f"{kind} devices {len(states)}..{have - 1} are not in the saved random state and "
+                    "keep their current generator state", RngRestoreWarning, stacklevel=2)
+        if self.mps is not None and not any("MPS" in p for p in problems):
+            torch.mps.set_rng_state(_u8(self.mps))
+
+
+tree.ENCODERS.update({
+    torch.Generator: _enc_torch,
+    np.random.Generator: _enc_generator,
+    np.random.RandomState: _enc_randomstate,
+    random.Random: _enc_random,
+    RngState: _enc_rngstate,
+    **{cls: _enc_bitgen for cls in _BITGEN_NAME_BY_TYPE},
+})
+tree.DECODERS.update(DECODE)
