@@ -12,6 +12,7 @@ Example::
 """
 
 from .api import dumps, fingerprint, load, loads, read_metadata, save, verify
+from .diff import DiffResult, diff
 from .errors import (
     DeviceUnavailableError,
     FormatError,
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "save", "load", "dumps", "loads", "fingerprint", "verify", "read_metadata",
     "open", "LazyFile",
+    "diff", "DiffResult",
     "register", "unregister", "Limits", "FORMAT_VERSION",
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
     "UnsupportedTypeError", "DeviceUnavailableError",

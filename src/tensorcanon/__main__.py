@@ -1,0 +1,7 @@
+"""``python -m tensorcanon``: the command line (see tensorcanon.cli and docs/CLI.md)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,731 @@
+"""The ``tensorcanon`` command line (also ``python -m tensorcanon``).
+
+Commands: hash, verify, inspect, diff, lock, check, convert, repro. Output is
+for people by default and JSON with ``--json``. Exit codes, for CI:
+
+- 0: everything is as expected;
+- 1: a difference or a mismatch was found (files differ, a digest does not
+  match, a file is corrupt, a locked file is missing, runs are not
+  reproducible);
+- 2: the command could not do its job: a usage error, a file that cannot be
+  read or is not a file tensorcanon reads, a command that failed.
+
+docs/CLI.md describes every command and its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any, Callable, TextIO
+
+from . import __version__, digest, lockfile, manifest, paths, reader, writer
+from .diff import DiffResult, describe, detect_format, diff, iter_nodes, load_file
+from .errors import FormatError, IntegrityError, TensorCanonError
+from .limits import DEFAULT
+from .progress import Progress, ProgressFile
+
+EXIT_OK = 0
+EXIT_DIFFERENT = 1
+EXIT_ERROR = 2
+
+PROG = "tensorcanon"
+
+
+class UsageError(Exception):
+    """A bad combination of arguments found after parsing (exit 2)."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _Out:
+    """Where a command writes: stdout for results, stderr for errors and progress."""
+
+    def __init__(self, stdout: TextIO, stderr: TextIO, as_json: bool, progress: bool) -> None:
+        self.stdout, self.stderr = stdout, stderr
+        self.as_json = as_json
+        self.progress = progress
+        self._bars: list[Progress] = []
+
+    def line(self, text: str = "") -> None:
+        if not self.as_json:
+            print(text, file=self.stdout)
+
+    def json(self, obj: Any) -> None:
+        if self.as_json:
+            print(json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False), file=self.stdout)
+
+    def error(self, text: str) -> None:
+        self.close_bars()
+        print(f"{PROG}: error: {text}", file=self.stderr)
+
+    def warn(self, text: str) -> None:
+        print(f"{PROG}: warning: {text}", file=self.stderr)
+
+    def wrap(self, verb: str) -> Callable[[Any, int], Any] | None:
+        """A file wrapper that draws a progress bar (on a terminal, for large files)."""
+        if not self.progress:
+            return None
+
+        def wrap(fh, size):
+            name = getattr(fh, "name", None)
+            label = f"{verb} {os.path.basename(name)}" if isinstance(name, str) else verb
+            bar = Progress(size, label, stream=self.stderr)
+            self._bars.append(bar)
+            return ProgressFile(fh, bar)
+
+        return wrap
+
+    def close_bars(self) -> None:
+        for bar in self._bars:
+            bar.close()
+        self._bars.clear()
+
+
+def _message(e: BaseException, path: str | None = None) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        name = e.filename if e.filename is not None else path
+        return f"{name}: {e.strerror}" if name else e.strerror
+    text = str(e) or type(e).__name__
+    if path and not text.startswith(path):
+        return f"{path}: {text}"
+    return text
+
+
+_READ_ERRORS = (TensorCanonError, OSError)
+_FORMAT_NAMES = {"tensorcanon": "tensorcanon", "safetensors": "plain safetensors", "torch": "torch.save",
+                 "npz": "numpy .npz", "npy": "numpy .npy"}
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else repr(v)
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict) and all(type(k) is str for k in v):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return repr(v)
+
+
+def _table(rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+# --------------------------------------------------------------------------- hash / verify
+
+
+def cmd_hash(args, out: _Out) -> int:
+    code, results = EXIT_OK, []
+    for path in args.files:
+        try:
+            d, fmt = lockfile.content_digest(path, verify=args.verify, wrap=out.wrap("hash"))
+        except IntegrityError as e:
+            code = max(code, EXIT_DIFFERENT)
+            out.error(_message(e, path))
+            results.append({"path": path, "status": "corrupt", "error": str(e)})
+            continue
+        except _READ_ERRORS as e:
+            code = EXIT_ERROR
+            out.error(_message(e, path))
+            results.append({"path": path, "status": "error", "error": _message(e)})
+            continue
+        finally:
+            out.close_bars()
+        results.append({"path": path, "status": "ok", "digest": d, "format": fmt,
+                        "verified": bool(args.verify or fmt != "tensorcanon")})
+        out.line(f"{d}  {path}")
+    out.json({"files": results})
+    return code
+
+
+def cmd_verify(args, out: _Out) -> int:
+    if args.expect is not None and not digest.is_text(args.expect):
+        raise UsageError(f"--expect {args.expect!r} is not a digest (expected 'xxh3-128:' and 32 lowercase hex digits)")
+    code, results = EXIT_OK, []
+    for path in args.files:
+        try:
+            fmt = detect_format(path)
+            if fmt != "tensorcanon":
+                raise FormatError(
+                    f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; `tensorcanon hash` "
+                    "gives its content digest, `tensorcanon convert` makes a tensorcanon file of it"
+                )
+            with open(path, "rb") as fh:
+                wrap = out.wrap("verify")
+                f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
+                found = reader.open_source(f, lambda src: reader.verify_from(src, DEFAULT))
+        except IntegrityError as e:
+            code = max(code, EXIT_DIFFERENT)
+            results.append({"path": path, "status": "corrupt", "tensor": e.path, "error": str(e)})
+            out.line(f"CORRUPT   {path}: {e}")
+            continue
+        except _READ_ERRORS as e:
+            code = EXIT_ERROR
+            out.error(_message(e, path))
+            results.append({"path": path, "status": "error", "error": _message(e)})
+            continue
+        finally:
+            out.close_bars()
+        if args.expect is not None and found != args.expect:
+            code = max(code, EXIT_DIFFERENT)
+            results.append({"path": path, "status": "mismatch", "digest": found, "expected": args.expect})
+            out.line(f"MISMATCH  {path}: digest {found}, expected {args.expect}")
+        else:
+            results.append({"path": path, "status": "ok", "digest": found})
+            out.line(f"OK        {path}  {found}")
+    out.json({"files": results})
+    return code
+
+
+# --------------------------------------------------------------------------- inspect
+
+_CONTAINERS = {"dict": "dict", "odict": "OrderedDict", "list": "list", "tuple": "tuple",
+               "set": "set", "frozenset": "frozenset"}
+
+
+def _entries(root: Any, table: list, limits=DEFAULT) -> list[dict]:
+    """One row per node of a manifest tree (see diff.iter_nodes)."""
+    from .tree import Decoder
+
+    values = Decoder([None] * len(table), limits.max_depth, build_objects=False)
+    rows, first_path = [], {}
+    for trail, node in iter_nodes(root, limits):
+        where = paths.join(trail)
+        row = {"path": where, "type": None, "dtype": None, "shape": None, "device": None,
+               "bytes": None, "digest": None, "value": None, "same_as": None}
+        tag = node[0] if type(node) is list and node and type(node[0]) is str else None
+        if tag == "tensor":
+            info = table[node[1]]
+            row.update(type=info.kind, dtype=info.dtype.name, shape=list(info.shape), device=info.device,
+                       bytes=info.nbytes, digest=digest.to_text(info.digest))
+            if node[1] in first_path:
+                row["same_as"] = first_path[node[1]]
+            else:
+                first_path[node[1]] = where
+        elif tag in _CONTAINERS:
+            n = (len(node) - (1 if tag == "dict" else 2)) // 2 if tag in ("dict", "odict") else len(node) - 1
+            unit = "key" if tag in ("dict", "odict") else "item"
+            row.update(type=_CONTAINERS[tag], value=f"{n} {unit}{'s' if n != 1 else ''}")
+        elif tag == "obj":
+            row.update(type="object", value=node[1])
+        else:
+            value = values.decode(node)
+            row.update(type=describe(value).split(" ", 1)[0], value=_short_repr(value))
+        rows.append(row)
+    return rows
+
+
+def _short_repr(v: Any, limit: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def cmd_inspect(args, out: _Out) -> int:
+    path = args.file
+    try:
+        fmt = detect_format(path)
+        size = os.path.getsize(path)
+        metadata = None
+        if fmt == "tensorcanon":
+            _, m = reader.open_source(path, lambda src: reader._read_header(src, DEFAULT))
+            from .tree import Decoder
+
+            Decoder([None] * len(m.tensors), DEFAULT.max_depth, build_objects=False).decode(m.root)
+            root, table, file_digest = m.root, m.tensors, digest.to_text(m.digest)
+            if m.meta is not None:
+                try:
+                    metadata = Decoder([], DEFAULT.max_depth).decode(m.meta)
+                except TensorCanonError as e:
+                    metadata = f"<cannot decode: {e}>"
+        else:
+            loaded = load_file(path, wrap=out.wrap("read"))
+            p = writer.plan(loaded.value, None, DEFAULT)
+            file_digest = writer.fingerprint(p)
+            root, table = p.root, p.tensors
+        rows = _entries(root, table)
+    except _READ_ERRORS as e:
+        out.error(_message(e, path))
+        return EXIT_ERROR
+    finally:
+        out.close_bars()
+    totals = {
+        "entries": len(rows),
+        "tensors": sum(1 for r in rows if r["dtype"] is not None),
+        "unique_tensors": sum(1 for r in rows if r["dtype"] is not None and r["same_as"] is None),
+        "tensor_bytes": sum(r["bytes"] for r in rows if r["dtype"] is not None and r["same_as"] is None),
+        "file_bytes": size,
+    }
+    fmt_text = f"tensorcanon (format version {manifest.VERSION})" if fmt == "tensorcanon" else \
+        f"{fmt} (no tensorcanon manifest: digests are those tensorcanon convert would record)"
+    out.json({"file": path, "format": fmt, "digest": file_digest, "metadata": _jsonable(metadata),
+              "entries": rows, "totals": totals})
+    if out.as_json:
+        return EXIT_OK
+    out.line(f"file:     {path}")
+    out.line(f"format:   {fmt_text}")
+    out.line(f"digest:   {file_digest}")
+    if metadata is not None:
+        out.line(f"metadata: {_short_repr(metadata, 200)}")
+    out.line()
+    table_rows = [["PATH", "TYPE", "DTYPE", "SHAPE", "DEVICE", "BYTES", "DIGEST / VALUE"]]
+    for r in rows:
+        last = r["digest"] or r["value"] or ""
+        if r["same_as"]:
+            last += f" (same tensor as {r['same_as']})"
+        table_rows.append([
+            r["path"], r["type"], r["dtype"] or "", "" if r["shape"] is None else str(r["shape"]),
+            r["device"] or "", "" if r["bytes"] is None else str(r["bytes"]), last,
+        ])
+    for line in _table(table_rows, right={5}):
+        out.line(line)
+    out.line()
+    t = totals
+    out.line(f"total: {t['entries']} entries, {t['tensors']} tensors ({t['unique_tensors']} stored), "
+             f"{t['tensor_bytes']} bytes of tensor data, file {t['file_bytes']} bytes")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- diff
+
+
+def _print_diff(result: DiffResult, out: _Out, indent: str = "", limit: int | None = None) -> None:
+    shown = result.differences if limit is None else result.differences[:limit]
+    for d in shown:
+        out.line(indent + str(d))
+    if limit is not None and len(result.differences) > limit:
+        out.line(f"{indent}... and {len(result.differences) - limit} more")
+
+
+def cmd_diff(args, out: _Out) -> int:
+    loaded = []
+    for path in (args.a, args.b):
+        try:
+            loaded.append(load_file(path, wrap=out.wrap("read")))
+        except _READ_ERRORS as e:
+            out.error(_message(e, path))
+            return EXIT_ERROR
+        finally:
+            out.close_bars()
+    result = diff(loaded[0], loaded[1], atol=args.atol, rtol=args.rtol)
+    data = result.to_dict()
+    data["formats"] = [loaded[0].format, loaded[1].format]
+    out.json(data)
+    out.line(f"A: {args.a} ({loaded[0].format})")
+    out.line(f"B: {args.b} ({loaded[1].format})")
+    _print_diff(result, out)
+    tol = f" (atol={args.atol:g}, rtol={args.rtol:g})" if args.atol or args.rtol else " (bit-exact)"
+    out.line(result.summary() + tol)
+    return EXIT_OK if result.identical else EXIT_DIFFERENT
+
+
+# --------------------------------------------------------------------------- lock / check
+
+
+def cmd_lock(args, out: _Out) -> int:
+    try:
+        entries = lockfile.make_lock(args.paths, args.output, wrap=out.wrap("lock"))
+        lockfile.write_lock(entries, args.output)
+    except _READ_ERRORS as e:
+        out.error(_message(e))
+        return EXIT_ERROR
+    finally:
+        out.close_bars()
+    out.json({"lockfile": args.output, "entries": [
+        {"path": e.path, "digest": e.digest, "size": e.size} for e in entries]})
+    out.line(f"wrote {args.output}: {len(entries)} file{'s' if len(entries) != 1 else ''}")
+    return EXIT_OK
+
+
+def cmd_check(args, out: _Out) -> int:
+    try:
+        results = lockfile.check_lock(args.lockfile, wrap=out.wrap("check"))
+    except _READ_ERRORS as e:
+        out.error(_message(e, args.lockfile))
+        return EXIT_ERROR
+    finally:
+        out.close_bars()
+    failed = [r for r in results if not r.ok]
+    out.json({"lockfile": args.lockfile, "ok": not failed, "files": [
+        {"path": r.entry.path, "status": r.status, "expected_digest": r.entry.digest,
+         "expected_size": r.entry.size, "digest": r.digest, "size": r.size, "message": r.message or None}
+        for r in results]})
+    for r in results:
+        label = r.status.upper() if not r.ok else "ok"
+        out.line(f"{label:<11} {r.entry.path}" + (f": {r.message}" if r.message else ""))
+    n = len(results)
+    if failed:
+        out.line(f"{len(failed)} of {n} file{'s' if n != 1 else ''} failed")
+        return EXIT_DIFFERENT
+    out.line(f"all {n} file{'s' if n != 1 else ''} match")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- convert
+
+
+def _to_plain_safetensors(value: Any, out_path: str) -> tuple[int, list[str]]:
+    """Write the flat view of ``value`` (tensors by their tensorcanon names) as plain safetensors."""
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    p = writer.plan(value, None, DEFAULT)
+    tensors, seen = {}, set()
+    for src in p.tensors:
+        if not src.dtype.native:
+            raise FormatError(
+                f"tensor {paths.join(src.path)} has dtype {src.dtype.name}, which plain safetensors "
+                "cannot hold; keep it in tensorcanon format (--to tensorcanon)"
+            )
+        t = torch.from_numpy(np.ascontiguousarray(src.value)) if src.kind == "ndarray" else src.value.detach()
+        t = t.resolve_conj().resolve_neg().cpu().contiguous()
+        if t.numel() and t.untyped_storage().data_ptr() in seen:
+            t = t.clone()  # safetensors refuses tensors that share memory
+        if t.numel():
+            seen.add(t.untyped_storage().data_ptr())
+        tensors[src.name] = t
+    dropped = [paths.join(trail) for trail, node in iter_nodes(p.root)
+               if not (type(node) is list and node and node[0] in ("tensor", *_CONTAINERS))]
+    folder = os.path.dirname(os.path.abspath(out_path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out_path)}.", dir=folder)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"format": "pt"})
+        os.chmod(tmp, 0o666 & ~writer._umask())
+        os.replace(tmp, out_path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return len(tensors), dropped
+
+
+def cmd_convert(args, out: _Out) -> int:
+    from . import api
+
+    try:
+        loaded = load_file(args.input, wrap=out.wrap("read"))
+    except _READ_ERRORS as e:
+        out.error(_message(e, args.input))
+        return EXIT_ERROR
+    finally:
+        out.close_bars()
+    to = args.to or ("safetensors" if loaded.format == "tensorcanon" else "tensorcanon")
+    try:
+        if to == "tensorcanon":
+            d = api.save(loaded.value, args.output, metadata=loaded.metadata)
+            out.json({"input": args.input, "input_format": loaded.format, "output": args.output,
+                      "output_format": to, "digest": d})
+            out.line(f"wrote {args.output} (tensorcanon, {d})")
+        else:
+            n, dropped = _to_plain_safetensors(loaded.value, args.output)
+            for where in dropped:
+                out.warn(f"{where} is not a tensor; plain safetensors cannot hold it, so it was left out")
+            out.json({"input": args.input, "input_format": loaded.format, "output": args.output,
+                      "output_format": to, "tensors": n, "dropped": dropped})
+            out.line(f"wrote {args.output} (safetensors, {n} tensor{'s' if n != 1 else ''}"
+                     + (f", {len(dropped)} non-tensor value{'s' if len(dropped) != 1 else ''} left out)" if dropped else ")"))
+    except (TensorCanonError, OSError) as e:
+        out.error(_message(e, args.output))
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- repro
+
+
+def _artifact_files(path: str) -> list[str]:
+    """The files an --out path stands for (itself, or every file under a folder), relative."""
+    if os.path.isdir(path):
+        return sorted(os.path.relpath(os.path.join(root, n), path)
+                      for root, _, names in os.walk(path) for n in names)
+    return [""]
+
+
+def _fingerprint(path: str) -> tuple[str, str]:
+    """(digest, format) of one artifact: its content digest, or the hash of its bytes."""
+    try:
+        return lockfile.content_digest(path)
+    except FormatError:
+        import xxhash
+
+        h = xxhash.xxh3_128()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+        return digest.to_text(h.digest()), "bytes"
+
+
+def _first_byte_difference(a: str, b: str) -> str:
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        offset = 0
+        while True:
+            x, y = fa.read(1 << 16), fb.read(1 << 16)
+            if x != y:
+                for i, (p, q) in enumerate(zip(x, y)):
+                    if p != q:
+                        return f"bytes differ first at offset {offset + i}"
+                return f"sizes differ: {os.path.getsize(a)} and {os.path.getsize(b)} bytes"
+            if not x:
+                return "identical bytes"
+            offset += len(x)
+
+
+def _run(cmd: list[str], log: TextIO) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a fresh process, its output going to ``log`` (our stderr), not our stdout."""
+    try:
+        fd = log.fileno()
+    except (AttributeError, OSError, ValueError):  # an in-memory stream (tests): copy the text
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        log.write(proc.stdout.decode("utf-8", "replace"))
+        return proc
+    log.flush()
+    return subprocess.run(cmd, stdout=fd, stderr=fd)
+
+
+def cmd_repro(args, out: _Out) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("repro needs a command after '--', e.g. tensorcanon repro --out model.safetensors -- python train.py")
+    if args.runs < 2:
+        raise UsageError(f"--runs must be at least 2 (got {args.runs}): one run has nothing to compare with")
+    cwd = os.path.abspath(os.getcwd())
+    for p in args.out:
+        full = os.path.abspath(p)
+        if os.path.isdir(full) and (cwd == full or cwd.startswith(full.rstrip(os.sep) + os.sep)):
+            raise UsageError(f"--out {p!r} contains the current folder; name the files or a folder the command writes")
+    with tempfile.TemporaryDirectory(prefix="tensorcanon-repro-") as keep:
+        # Every run must write its own artifacts: move any left from before out of the way.
+        for i, p in enumerate(args.out):
+            if os.path.lexists(p):
+                shutil.move(p, os.path.join(keep, f"stale-{i}"))
+        runs: list[list[dict[str, tuple[str, str]]]] = []   # run -> artifact -> file -> (digest, fmt)
+        kept: list[list[str]] = []                          # run -> artifact -> saved location
+        for r in range(1, args.runs + 1):
+            print(f"{PROG} repro: run {r} of {args.runs}", file=out.stderr, flush=True)
+            try:
+                proc = _run(cmd, out.stderr)
+            except OSError as e:
+                out.error(f"cannot run {cmd[0]!r}: {_message(e)}")
+                return EXIT_ERROR
+            if proc.returncode != 0:
+                out.error(f"run {r}: the command exited with status {proc.returncode}")
+                return EXIT_ERROR
+            this, saved = [], []
+            for i, p in enumerate(args.out):
+                if not os.path.lexists(p):
+                    out.error(f"run {r}: the command did not write {p}")
+                    return EXIT_ERROR
+                files = {}
+                for rel in _artifact_files(p):
+                    try:
+                        files[rel] = _fingerprint(os.path.join(p, rel) if rel else p)
+                    except (TensorCanonError, OSError) as e:
+                        out.error(f"run {r}: {_message(e, os.path.join(p, rel) if rel else p)}")
+                        return EXIT_ERROR
+                this.append(files)
+                if r < args.runs:  # keep this run's copy; the last run's stays in place
+                    dest = os.path.join(keep, f"run{r}", str(i))
+                    os.makedirs(dest)
+                    dest = os.path.join(dest, os.path.basename(os.path.normpath(p)))
+                    shutil.move(p, dest)
+                    saved.append(dest)
+                else:
+                    saved.append(p)
+            runs.append(this)
+            kept.append(saved)
+        return _report_repro(args, out, runs, kept)
+
+
+def _report_repro(args, out: _Out, runs, kept) -> int:
+    artifacts, all_same = [], True
+    for i, p in enumerate(args.out):
+        first = runs[0][i]
+        single = list(first) == [""]  # a file, not a folder
+        item = {"path": p, "identical": True, "digests": [
+            run[i][""][0] if single and "" in run[i] else {rel: d for rel, (d, _) in run[i].items()}
+            for run in runs]}
+        differing_run = next((r for r in range(1, len(runs)) if runs[r][i] != first), None)
+        if differing_run is None:
+            only = next(iter(first.values()))[0] if len(first) == 1 else f"{len(first)} files"
+            out.line(f"{p}: identical in {len(runs)} runs ({only})")
+            artifacts.append(item)
+            continue
+        all_same = False
+        item["identical"] = False
+        item["first_differing_run"] = differing_run + 1
+        other = runs[differing_run][i]
+        out.line(f"{p}: differs between run 1 and run {differing_run + 1}")
+        names = sorted(set(first) | set(other))
+        details = []
+        for rel in names:
+            if first.get(rel) == other.get(rel):
+                continue
+            label = os.path.join(p, rel) if rel else p
+            if rel not in first or rel not in other:
+                which = "run 1" if rel in first else f"run {differing_run + 1}"
+                out.line(f"  {label}: written only in {which}")
+                details.append({"file": label, "only_in": which})
+                continue
+            (da, fa), (db, fb) = first[rel], other[rel]
+            pad = "  "
+            if rel:
+                out.line(f"  {label}:")
+                pad = "    "
+            out.line(f"{pad}run 1: {da}")
+            out.line(f"{pad}run {differing_run + 1}: {db}")
+            pa = os.path.join(kept[0][i], rel) if rel else kept[0][i]
+            pb = os.path.join(kept[differing_run][i], rel) if rel else kept[differing_run][i]
+            entry = {"file": label, "digests": [da, db]}
+            if fa == "bytes" or fb == "bytes":
+                how = _first_byte_difference(pa, pb)
+                out.line(f"{pad}{how}")
+                entry["bytes"] = how
+            else:
+                result = diff(pa, pb)
+                first_tensor = result.first_tensor()
+                if first_tensor is not None:
+                    out.line(f"{pad}first differing tensor: {first_tensor}")
+                rest = [d for d in result.differences if d is not first_tensor]
+                for d in rest[:10]:
+                    out.line(f"{pad}{d}")
+                if len(rest) > 10:
+                    out.line(f"{pad}... and {len(rest) - 10} more differences")
+                entry["differences"] = [d.to_dict() for d in result.differences]
+            details.append(entry)
+        item["details"] = details
+        artifacts.append(item)
+    out.json({"runs": len(runs), "identical": all_same, "artifacts": artifacts})
+    n = len(args.out)
+    if all_same:
+        out.line(f"reproducible: {len(runs)} runs wrote identical artifacts")
+        return EXIT_OK
+    bad = sum(1 for a in artifacts if not a["identical"])
+    out.line(f"not reproducible: {bad} of {n} {'artifact' if n == 1 else 'artifacts'} differed")
+    return EXIT_DIFFERENT
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _nonnegative(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (x >= 0 and math.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return x
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+    common.add_argument("--no-progress", action="store_true",
+                        help="never draw progress bars (they appear only on a terminal, for large files)")
+
+    parser = argparse.ArgumentParser(  # its usage errors exit with status 2, as ours do
+        prog=PROG,
+        description="Hash, verify, inspect, compare and lock tensor files; check that runs reproduce.",
+        epilog="Exit status: 0 ok, 1 difference or mismatch found, 2 usage error or unreadable file. "
+               "See docs/CLI.md.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("hash", parents=[common], help="print the content digest of each file")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--verify", action="store_true", help="re-hash every tensor instead of trusting the manifest")
+    p.set_defaults(func=cmd_hash)
+
+    p = sub.add_parser("verify", parents=[common], help="re-hash files and name the first corrupt tensor")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--expect", metavar="DIGEST", help="also require this digest (of every FILE)")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("inspect", parents=[common], help="show the object tree, tensor by tensor")
+    p.add_argument("file", metavar="FILE")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("diff", parents=[common], help="structural and numeric differences between two files")
+    p.add_argument("a", metavar="A")
+    p.add_argument("b", metavar="B")
+    p.add_argument("--atol", type=_nonnegative, default=0.0, help="absolute tolerance (default 0: bit-exact)")
+    p.add_argument("--rtol", type=_nonnegative, default=0.0, help="relative tolerance, relative to B (default 0)")
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("lock", parents=[common], help="write a lockfile of expected digests")
+    p.add_argument("paths", nargs="+", metavar="PATH_OR_GLOB")
+    p.add_argument("-o", "--output", default="tensors.lock", metavar="LOCKFILE",
+                   help="lockfile to write (default tensors.lock)")
+    p.set_defaults(func=cmd_lock)
+
+    p = sub.add_parser("check", parents=[common], help="verify files against a lockfile")
+    p.add_argument("lockfile", metavar="LOCKFILE")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("convert", parents=[common], help="convert .pt/.safetensors/.npz to tensorcanon and back")
+    p.add_argument("input", metavar="IN")
+    p.add_argument("output", metavar="OUT")
+    p.add_argument("--to", choices=["tensorcanon", "safetensors"],
+                   help="output format (default: safetensors for a tensorcanon input, else tensorcanon)")
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("repro", parents=[common], help="run a command several times and compare what it writes",
+                       usage=f"{PROG} repro [-h] [--json] [--runs N] --out PATH [PATH ...] -- CMD ...")
+    p.add_argument("--runs", type=int, default=2, metavar="N", help="number of runs (default 2)")
+    p.add_argument("--out", nargs="+", required=True, metavar="PATH",
+                   help="files (or folders) each run writes")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command, after '--'")
+    p.set_defaults(func=cmd_repro)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 different, 2 error)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, usage errors
+        return e.code if isinstance(e.code, int) else EXIT_ERROR
+    out = _Out(sys.stdout, sys.stderr, args.json, not args.no_progress)
+    try:
+        return args.func(args, out)
+    except UsageError as e:
+        print(f"{PROG} {args.command}: error: {e}\n(see '{PROG} {args.command} --help')", file=sys.stderr)
+        return EXIT_ERROR
+    except TensorCanonError as e:
+        out.error(str(e))
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        out.error("interrupted")
+        return 130
+    except BrokenPipeError:  # the reader of our output went away (`| head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_ERROR
+    finally:
+        out.close_bars()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

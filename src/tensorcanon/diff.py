@@ -1,0 +1,656 @@
+"""Where two objects (or two files) differ, by path, and by how much.
+
+:func:`diff` walks two values side by side in canonical order and records
+every difference it finds as a :class:`Difference` at a path such as
+``$["model"]["fc.weight"]``: keys added or removed, type, dtype, shape or
+device changes, and, for tensors with the same dtype and shape, how many
+elements differ, the largest absolute and relative difference and the first
+differing index.
+
+Element comparison. With the default ``atol=0, rtol=0`` the comparison is
+bit-exact, the same thing digests see: ``-0.0`` differs from ``0.0`` and two
+NaNs are equal only when their bits are. With a tolerance, two elements match
+when their bits are equal or ``|a - b| <= atol + rtol * |b|`` (as in
+``torch.isclose``, B is the reference), with NaN matching NaN. Statistics are
+computed in float64 (complex128 for complex dtypes).
+
+Files. A ``str`` or path-like argument is read as a file: a tensorcanon file,
+a plain safetensors file, a ``.pt`` file (through ``torch.load`` with
+``weights_only=True``, never plain pickle), a ``.npz`` or a ``.npy`` file.
+Tensors are loaded to the CPU; the devices a tensorcanon file records are still
+compared. To compare two ``str`` values, wrap them: ``diff([a], [b])``.
+
+Example::
+
+    result = tensorcanon.diff("run1/ckpt.safetensors", "run2/ckpt.safetensors", atol=1e-6)
+    if result:                       # truthy when something differs
+        print(result)                # one line per difference
+        worst = result.differences[0]
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import struct
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from . import container, dtypes, manifest, paths, reader, registry
+from .errors import FormatError, TensorCanonError
+from .limits import DEFAULT, Limits
+from .ordering import UnorderableKey, sorted_keys
+
+__all__ = ["diff", "DiffResult", "Difference", "TensorStats", "load_file", "detect_format", "Loaded"]
+
+#: Kinds of difference, in the words used by :class:`Difference.kind`.
+KINDS = ("added", "removed", "type", "value", "length", "order", "metadata",
+         "dtype", "shape", "device", "requires_grad", "alias", "values")
+
+_CHUNK_ELEMENTS = 1 << 22  # elements compared at a time, to bound the memory used
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """How two tensors of the same dtype and shape differ element by element."""
+
+    numel: int                       # elements in each tensor
+    count: int                       # elements that differ
+    max_abs: float | None            # largest |a - b| over differing elements (None: dtype has no numbers)
+    max_rel: float | None            # largest |a - b| / |b| (inf where b is 0)
+    first_index: tuple[int, ...]     # index of the first differing element, in C order
+    first_a: Any                     # the values there (Python scalars, or bit patterns as hex str)
+    first_b: Any
+
+    def __str__(self) -> str:
+        text = f"{self.count} of {self.numel} elements differ"
+        if self.max_abs is not None:
+            text += f"; max abs diff {_num(self.max_abs)}, max rel diff {_num(self.max_rel)}"
+        return text + f"; first at {list(self.first_index)}: {self.first_a} -> {self.first_b}"
+
+    def to_dict(self) -> dict:
+        return {
+            "numel": self.numel, "count": self.count, "max_abs": _json_num(self.max_abs),
+            "max_rel": _json_num(self.max_rel), "first_index": list(self.first_index),
+            "first_a": _json_scalar(self.first_a), "first_b": _json_scalar(self.first_b),
+        }
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One difference at one path. ``a`` and ``b`` describe each side (None: absent)."""
+
+    path: str
+    kind: str
+    a: str | None
+    b: str | None
+    stats: TensorStats | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "added":
+            return f"{self.path}: added in B: {self.b}"
+        if self.kind == "removed":
+            return f"{self.path}: only in A: {self.a}"
+        if self.kind == "values":
+            return f"{self.path}: {self.stats}"
+        if self.kind == "alias":
+            return f"{self.path}: {self.a} in A, {self.b} in B"
+        return f"{self.path}: {self.kind} {self.a} -> {self.b}"
+
+    def to_dict(self) -> dict:
+        out = {"path": self.path, "kind": self.kind, "a": self.a, "b": self.b}
+        if self.stats is not None:
+            out["stats"] = self.stats.to_dict()
+        return out
+
+
+@dataclass
+class DiffResult:
+    """Every difference found, in canonical path order.
+
+    Truthy when A and B differ (``len(result)`` differences), so
+    ``if tensorcanon.diff(a, b): ...`` reads naturally.
+    """
+
+    differences: list[Difference] = field(default_factory=list)
+    atol: float = 0.0
+    rtol: float = 0.0
+    a: str = "A"      # what was compared (a file path, or "A")
+    b: str = "B"
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences
+
+    def __len__(self) -> int:
+        return len(self.differences)
+
+    def __iter__(self) -> Iterator[Difference]:
+        return iter(self.differences)
+
+    def first_tensor(self) -> Difference | None:
+        """The first difference that concerns a tensor's values, dtype, shape or device."""
+        for d in self.differences:
+            if d.kind in ("values", "dtype", "shape", "device", "requires_grad", "alias"):
+                return d
+        return None
+
+    def summary(self) -> str:
+        n = len(self.differences)
+        if not n:
+            return "identical"
+        return f"{n} difference{'s' if n != 1 else ''}"
+
+    def __str__(self) -> str:
+        named = (self.a, self.b) != ("A", "B")
+        if not self.differences:
+            return f"identical: A ({self.a}) and B ({self.b})" if named else "identical"
+        lines = [f"A: {self.a}", f"B: {self.b}"] if named else []
+        lines += [str(d) for d in self.differences]
+        lines.append(self.summary() + _tolerance_note(self.atol, self.rtol))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "a": self.a, "b": self.b, "atol": self.atol, "rtol": self.rtol,
+            "identical": self.identical, "differences": [d.to_dict() for d in self.differences],
+        }
+
+
+def _tolerance_note(atol: float, rtol: float) -> str:
+    return f" (atol={atol:g}, rtol={rtol:g})" if atol or rtol else " (bit-exact)"
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return repr(x) if math.isinf(x) or x == 0 else f"{x:.6g}"
+
+
+def _json_num(x: float | None):
+    if x is None:
+        return None
+    return x if math.isfinite(x) else repr(x)
+
+
+def _json_scalar(x: Any):
+    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
+        return x
+    if isinstance(x, float):
+        return _json_num(x) if not math.isnan(x) else "nan"
+    return repr(x)
+
+
+# --------------------------------------------------------------------------- files
+
+FORMATS = ("tensorcanon", "safetensors", "torch", "npz", "npy")
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+@dataclass
+class Loaded:
+    """A file read for comparison: its object and what else the comparison needs."""
+
+    value: Any
+    format: str                                   # one of FORMATS
+    path: str
+    devices: dict[str, str] = field(default_factory=dict)  # path -> recorded device, where not "cpu"
+    metadata: Any = None                          # a tensorcanon file's ``metadata`` dict, if any
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """Which of :data:`FORMATS` a file is, from its first bytes (and suffix for zips).
+
+    Raises :class:`FormatError` when it is none of them.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise FormatError(f"{path!r} is a directory, not a file")
+    with open(path, "rb") as fh:
+        head = fh.read(9)
+    suffix = os.path.splitext(path)[1].lower()
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        if suffix == ".npz":
+            return "npz"
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError) as e:
+            raise FormatError(f"{path}: damaged zip archive ({e})") from None
+        if names and all(n.endswith(".npy") for n in names):
+            return "npz"
+        return "torch"
+    if head.startswith(b"\x93NUMPY"):
+        return "npy"
+    if suffix in _TORCH_SUFFIXES and head[:1] == b"\x80":  # legacy (non-zip) torch.save
+        return "torch"
+    if head[8:9] != b"{":
+        raise FormatError(
+            f"{path}: not a tensorcanon, safetensors, torch (.pt), .npz or .npy file "
+            f"(it starts with {bytes(head[:8])!r})"
+        )
+    header = reader.open_source(path, lambda src: container.parse(src.read, src.size, DEFAULT))
+    return "tensorcanon" if manifest.is_tensorcanon(header) else "safetensors"
+
+
+def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
+              wrap: Callable[[Any, int], Any] | None = None) -> Loaded:
+    """Read any supported file (see :func:`detect_format`) with its tensors on the CPU.
+
+    ``wrap(file, size)`` may wrap the opened file (the command line uses it to
+    draw progress). Only safe loaders are used: tensorcanon's own reader,
+    ``torch.load(weights_only=True)`` and ``numpy.load(allow_pickle=False)``.
+
+    Example::
+
+        loaded = load_file("weights.pt")
+        loaded.value["fc.weight"]
+    """
+    path = os.fspath(path)
+    fmt = detect_format(path)
+    if fmt in ("tensorcanon", "safetensors"):
+        from . import api
+
+        with open(path, "rb") as fh:
+            f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
+            value = api.load(f, map_location="cpu", limits=limits)
+        if fmt == "safetensors":
+            return Loaded(value, fmt, path)
+        return Loaded(value, fmt, path, _recorded_devices(path, limits), api.read_metadata(path, limits=limits))
+    if fmt == "torch":
+        try:
+            value = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises many types for a bad or disallowed pickle
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise FormatError(
+                f"{path}: torch.load(weights_only=True) cannot read it: {first}; tensorcanon "
+                "never unpickles arbitrary objects"
+            ) from None
+        return Loaded(value, fmt, path)
+    try:
+        if fmt == "npz":
+            with np.load(path, allow_pickle=False) as z:
+                value = {k: z[k] for k in sorted(z.files)}
+        else:
+            value = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        raise FormatError(f"{path}: numpy.load(allow_pickle=False) cannot read it: {e}") from None
+    return Loaded(value, fmt, path)
+
+
+def _recorded_devices(path: str, limits: Limits) -> dict[str, str]:
+    """Paths of the tensors a tensorcanon file records on a device other than the CPU."""
+    _, m = reader.open_source(path, lambda src: reader._read_header(src, limits))
+    if all(info.device == "cpu" for info in m.tensors):
+        return {}
+    out = {}
+    for trail, node in iter_nodes(m.root, limits):
+        if node[0] == "tensor":
+            device = m.tensors[node[1]].device
+            if device != "cpu":
+                out[paths.join(trail)] = device
+    return out
+
+
+def iter_nodes(root: Any, limits: Limits = DEFAULT) -> Iterator[tuple[tuple, Any]]:
+    """Every node of a validated manifest tree with its path, parents first, in file order.
+
+    Leaves that are plain msgpack values are yielded too. The members of
+    sets, the ``_metadata`` of an OrderedDict and the state of a registered
+    object's own node are not separate entries: an object's state's children
+    appear under the object's path.
+    """
+    from .tree import Decoder
+
+    keys = Decoder([], limits.max_depth)
+
+    def walk(node, trail, depth, show=True):
+        if depth > limits.max_depth:
+            raise FormatError(f"manifest: object nested deeper than max_depth={limits.max_depth}")
+        if show:
+            yield trail, node
+        if type(node) is not list or not node:
+            return
+        tag = node[0]
+        if tag in ("list", "tuple"):
+            for i, child in enumerate(node[1:]):
+                yield from walk(child, trail + (i,), depth + 1)
+        elif tag in ("dict", "odict"):
+            start = 1 if tag == "dict" else 2
+            for i in range(start, len(node) - 1, 2):
+                yield from walk(node[i + 1], trail + (keys.decode(node[i]),), depth + 1)
+        elif tag == "obj" and len(node) == 3:
+            yield from walk(node[2], trail, depth + 1, show=False)
+
+    yield from walk(root, (), 0)
+
+
+# --------------------------------------------------------------------------- describing
+
+
+def _tensor_kind(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return "ndarray"
+    return "Parameter" if type(v) is torch.nn.Parameter else "tensor"
+
+
+def _dtype_name(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        row = dtypes.BY_NUMPY.get(v.dtype.newbyteorder("<")) if v.dtype.fields is None else None
+        return row.name if row else str(v.dtype)
+    return str(v.dtype).removeprefix("torch.")
+
+
+def describe(v: Any) -> str:
+    """A short description of a value: ``tensor float32[4, 3]``, ``dict (2 keys)``, ``int 3``."""
+    if _is_tensorlike(v):
+        return f"{_tensor_kind(v)} {_dtype_name(v)}{list(v.shape)}"
+    t = type(v)
+    if isinstance(v, dict):
+        return f"{t.__name__} ({len(v)} key{'s' if len(v) != 1 else ''})"
+    if t in (list, tuple, set, frozenset):
+        return f"{t.__name__} ({len(v)} item{'s' if len(v) != 1 else ''})"
+    return f"{_type_name(v)} {_short(v)}"
+
+
+def _type_name(v: Any) -> str:
+    t = type(v)
+    if v is None:
+        return "None"
+    if t.__module__ in ("builtins",):
+        return t.__name__
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_tensorlike(v: Any) -> bool:
+    return isinstance(v, (torch.Tensor, np.ndarray))
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+def diff(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, limits: Limits = DEFAULT) -> DiffResult:
+    """Compare ``a`` with ``b`` (objects, or paths to files) and return every difference.
+
+    ``a`` is the reference ("A", "only in A") and ``b`` the candidate ("B",
+    "added in B"); relative differences are relative to B. See the module
+    docstring for the element rules and the file formats read.
+
+    Example::
+
+        r = tensorcanon.diff({"w": torch.zeros(3)}, {"w": torch.tensor([0.0, 1.0, 0.0])})
+        str(r.differences[0])  # '$["w"]: 1 of 3 elements differ; ... first at [1]: 0.0 -> 1.0'
+    """
+    if not (atol >= 0 and rtol >= 0 and math.isfinite(atol) and math.isfinite(rtol)):
+        raise ValueError(f"atol and rtol must be finite and >= 0, got atol={atol!r}, rtol={rtol!r}")
+    sides = []
+    for value in (a, b):
+        if isinstance(value, (str, os.PathLike)):
+            loaded = load_file(value, limits=limits)
+            sides.append((loaded.value, loaded.devices, loaded.path))
+        elif isinstance(value, Loaded):
+            sides.append((value.value, value.devices, value.path))
+        else:
+            sides.append((value, {}, None))
+    d = _Differ(float(atol), float(rtol), sides[0][1], sides[1][1], limits.max_depth)
+    d.compare(sides[0][0], sides[1][0], (), 0)
+    return DiffResult(d.out, float(atol), float(rtol), sides[0][2] or "A", sides[1][2] or "B")
+
+
+def _alias_key(v: Any):
+    """What makes two tensors one stored tensor (the writer's own rule)."""
+    if isinstance(v, np.ndarray):
+        if v.size:
+            return ("ndarray", v.__array_interface__["data"][0], v.shape, v.strides, v.dtype.str)
+        return ("id", id(v))
+    if v.numel() == 0 or v.is_meta:
+        return ("id", id(v))
+    return (v.untyped_storage().data_ptr(), str(v.device), v.storage_offset(), tuple(v.shape),
+            v.stride(), v.dtype, type(v) is torch.nn.Parameter, v.requires_grad, v.is_conj(), v.is_neg())
+
+
+def _as_torch(v: Any) -> torch.Tensor:
+    if isinstance(v, np.ndarray):
+        a = v.astype(v.dtype.newbyteorder("<"), copy=False) if v.dtype.byteorder == ">" else v
+        return torch.from_numpy(np.ascontiguousarray(a))
+    t = v.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t.cpu() if t.device.type != "cpu" else t
+
+
+def _numeric(dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype statistics are computed in, or None when torch cannot convert this one."""
+    target = torch.complex128 if dtype.is_complex else torch.float64
+    try:
+        torch.zeros(dtype.itemsize, dtype=torch.uint8).view(dtype).to(target)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+    return target
+
+
+def _bits_hex(u: torch.Tensor) -> str:
+    return "0x" + bytes(u.tolist())[::-1].hex()
+
+
+def _scalar(flat: torch.Tensor, u: torch.Tensor, i: int, numeric: torch.dtype | None) -> Any:
+    x = flat[i]
+    if numeric is None:
+        return _bits_hex(u[i])
+    if not (flat.dtype.is_floating_point or flat.dtype.is_complex):
+        return x.item()
+    return x.to(numeric).item()
+
+
+def tensor_stats(a: torch.Tensor, b: torch.Tensor, atol: float = 0.0, rtol: float = 0.0) -> TensorStats | None:
+    """Element statistics of two CPU tensors of equal dtype and shape; None if they match."""
+    n = a.numel()
+    shape = tuple(a.shape)
+    itemsize = a.element_size()
+    fa, fb = a.contiguous().reshape(-1), b.contiguous().reshape(-1)
+    ua, ub = fa.view(torch.uint8).reshape(-1, itemsize), fb.view(torch.uint8).reshape(-1, itemsize)
+    numeric = _numeric(a.dtype)
+    tolerant = (atol > 0 or rtol > 0) and numeric is not None
+    count, first = 0, None
+    max_abs = max_rel = 0.0
+    for start in range(0, n, _CHUNK_ELEMENTS):
+        end = min(start + _CHUNK_ELEMENTS, n)
+        ne = (ua[start:end] != ub[start:end]).any(dim=1)
+        if tolerant:
+            close = torch.isclose(fa[start:end].to(numeric), fb[start:end].to(numeric),
+                                  rtol=rtol, atol=atol, equal_nan=True)
+            ne &= ~close
+        k = int(ne.sum())
+        if not k:
+            continue
+        count += k
+        if first is None:
+            first = start + int(torch.nonzero(ne)[0, 0])
+        if numeric is not None:
+            xa, xb = fa[start:end][ne].to(numeric), fb[start:end][ne].to(numeric)
+            d = (xa - xb).abs()
+            d = torch.where(xa.isnan() & xb.isnan(), torch.zeros_like(d), d)
+            d = torch.where(d.isnan(), torch.full_like(d, math.inf), d)
+            ref = xb.abs()
+            rel = torch.where(ref > 0, d / torch.where(ref > 0, ref, torch.ones_like(ref)),
+                              torch.where(d > 0, torch.full_like(d, math.inf), torch.zeros_like(d)))
+            rel = torch.where(rel.isnan(), torch.full_like(rel, math.inf), rel)
+            max_abs = max(max_abs, float(d.max()))
+            max_rel = max(max_rel, float(rel.max()))
+    if not count:
+        return None
+    index, rest = [], first
+    for dim in reversed(shape):
+        index.append(rest % dim)
+        rest //= dim
+    va, vb = _scalar(fa, ua, first, numeric), _scalar(fb, ub, first, numeric)
+    if numeric is not None and repr(va) == repr(vb):  # same value, different bits: -0.0, NaN payloads
+        va, vb = f"{va!r} ({_bits_hex(ua[first])})", f"{vb!r} ({_bits_hex(ub[first])})"
+    return TensorStats(
+        numel=n, count=count,
+        max_abs=max_abs if numeric is not None else None,
+        max_rel=max_rel if numeric is not None else None,
+        first_index=tuple(reversed(index)), first_a=va, first_b=vb,
+    )
+
+
+def _float_bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+class _Differ:
+    def __init__(self, atol: float, rtol: float, devices_a: dict, devices_b: dict, max_depth: int) -> None:
+        self.atol, self.rtol = atol, rtol
+        self.tolerant = atol > 0 or rtol > 0
+        self.devices_a, self.devices_b = devices_a, devices_b
+        self.max_depth = max_depth
+        self.out: list[Difference] = []
+        self.seen_a: dict = {}
+        self.seen_b: dict = {}
+
+    def add(self, trail: tuple, kind: str, a: str | None, b: str | None, stats: TensorStats | None = None) -> None:
+        self.out.append(Difference(paths.join(trail), kind, a, b, stats))
+
+    def compare(self, a: Any, b: Any, trail: tuple, depth: int) -> None:
+        if depth > self.max_depth:
+            raise TensorCanonError(
+                f"objects nested deeper than max_depth={self.max_depth} at {paths.join(trail)} "
+                "(a reference cycle?); pass limits=tensorcanon.Limits(max_depth=...)"
+            )
+        ta, tb = type(a), type(b)
+        if _is_tensorlike(a) and _is_tensorlike(b):
+            self.tensors(a, b, trail)
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            if ta is not tb:
+                self.add(trail, "type", _type_name(a), _type_name(b))
+            self.mappings(a, b, trail, depth)
+            return
+        if ta in (list, tuple) and tb in (list, tuple):
+            if ta is not tb:
+                self.add(trail, "type", ta.__name__, tb.__name__)
+            for i, (x, y) in enumerate(zip(a, b)):
+                self.compare(x, y, trail + (i,), depth + 1)
+            if len(a) != len(b):
+                self.add(trail, "length", f"{len(a)} items", f"{len(b)} items")
+            return
+        if ta is not tb:
+            self.add(trail, "type", describe(a), describe(b))
+            return
+        reg = registry.by_type(ta)
+        if reg is not None:  # a registered type: compare what would be saved
+            self.compare(reg.encode(a), reg.encode(b), trail, depth + 1)
+            return
+        if self.equal_scalars(a, b):
+            return
+        if ta in (set, frozenset):
+            only_a = sorted(map(repr, a - b))
+            only_b = sorted(map(repr, b - a))
+            self.add(trail, "value", "{" + ", ".join(only_a) + "} only in A",
+                     "{" + ", ".join(only_b) + "} only in B")
+        else:
+            self.add(trail, "value", _short(a), _short(b))
+
+    def equal_scalars(self, a: Any, b: Any) -> bool:
+        t = type(a)
+        if t is float:
+            if _float_bits(a) == _float_bits(b):
+                return True
+            return self.tolerant and self.close(a, b)
+        if t is complex:
+            if _float_bits(a.real) == _float_bits(b.real) and _float_bits(a.imag) == _float_bits(b.imag):
+                return True
+            return self.tolerant and self.close(a, b)
+        if t is int:
+            return a == b or (self.tolerant and self.close(a, b))
+        if isinstance(a, np.generic):
+            if a.dtype != b.dtype:
+                return False
+            if np.asarray(a).tobytes() == np.asarray(b).tobytes():
+                return True
+            return self.tolerant and a.dtype.kind in "iufc" and self.close(complex(a), complex(b))
+        if isinstance(a, (torch.dtype, torch.device, str, bytes, bool)) or a is None:
+            return a == b
+        try:
+            eq = a == b
+        except Exception:
+            eq = NotImplemented
+        if isinstance(eq, (bool, np.bool_)):
+            return bool(eq)
+        return repr(a) == repr(b)
+
+    def close(self, a, b) -> bool:
+        if a != a and b != b:  # NaN matches NaN under a tolerance
+            return True
+        try:
+            return abs(a - b) <= self.atol + self.rtol * abs(b)
+        except OverflowError:
+            return False
+
+    def mappings(self, a: dict, b: dict, trail: tuple, depth: int) -> None:
+        keys = list(a) + [k for k in b if k not in a]
+        try:
+            keys = sorted_keys(keys)
+        except (UnorderableKey, ValueError, TypeError):
+            pass  # keys outside the canonical order: keep A's order, then B's new keys
+        for k in keys:
+            if k in a and k in b:
+                self.compare(a[k], b[k], trail + (k,), depth + 1)
+            elif k in a:
+                self.add(trail + (k,), "removed", describe(a[k]), None)
+            else:
+                self.add(trail + (k,), "added", None, describe(b[k]))
+        if isinstance(a, collections.OrderedDict) and isinstance(b, collections.OrderedDict):
+            # Order is content for OrderedDicts (it is saved), not for dicts.
+            common_a = [k for k in a if k in b]
+            common_b = [k for k in b if k in a]
+            if common_a != common_b:
+                self.add(trail, "order", _short(common_a), _short(common_b))
+            ma, mb = getattr(a, "_metadata", None), getattr(b, "_metadata", None)
+            if not self.equal_scalars(ma, mb):
+                self.add(trail, "metadata", "_metadata " + _short(ma), "_metadata " + _short(mb))
+
+    def tensors(self, a: Any, b: Any, trail: tuple) -> None:
+        where = paths.join(trail)
+        first_a = self.seen_a.setdefault(_alias_key(a), where)
+        first_b = self.seen_b.setdefault(_alias_key(b), where)
+        if first_a != first_b:
+            self.add(trail, "alias",
+                     f"same tensor as {first_a}" if first_a != where else "a separate tensor",
+                     f"same tensor as {first_b}" if first_b != where else "a separate tensor")
+        if _tensor_kind(a) != _tensor_kind(b):
+            self.add(trail, "type", _tensor_kind(a), _tensor_kind(b))
+        if _dtype_name(a) != _dtype_name(b):
+            self.add(trail, "dtype", _dtype_name(a), _dtype_name(b))
+            return
+        if tuple(a.shape) != tuple(b.shape):
+            self.add(trail, "shape", str(list(a.shape)), str(list(b.shape)))
+            return
+        dev_a = self.devices_a.get(where, "cpu" if isinstance(a, np.ndarray) else str(a.device))
+        dev_b = self.devices_b.get(where, "cpu" if isinstance(b, np.ndarray) else str(b.device))
+        if dev_a != dev_b:
+            self.add(trail, "device", dev_a, dev_b)
+        rg_a = bool(getattr(a, "requires_grad", False))
+        rg_b = bool(getattr(b, "requires_grad", False))
+        if rg_a != rg_b:
+            self.add(trail, "requires_grad", str(rg_a), str(rg_b))
+        if getattr(a, "is_meta", False) or getattr(b, "is_meta", False):
+            return  # meta tensors hold no values
+        stats = tensor_stats(_as_torch(a), _as_torch(b), self.atol, self.rtol)
+        if stats is not None:
+            self.add(trail, "values", None, None, stats)

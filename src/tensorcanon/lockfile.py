@@ -1,0 +1,258 @@
+"""Lockfiles: the expected digest of every artifact, in a text file made for review.
+
+A lockfile pins what a pipeline must produce; CI re-hashes the artifacts and
+compares (``tensorcanon lock`` / ``tensorcanon check``). Version 1 is::
+
+    tensorcanon-lock 1
+    xxh3-128:5d0c0e6d0bd3b8c7cf4ee0a6a3c9f1a2 1288 models/base.safetensors
+    xxh3-128:9a1f...                          73104 models/head.pt
+
+- the first line names the format and its version;
+- then one line per file: digest, size in bytes, path, separated by single
+  spaces (the path is the rest of the line, so it may hold spaces);
+- paths are relative to the lockfile's folder, with ``/`` separators, and the
+  lines are sorted by path (as UTF-8 bytes), so a change is a one-line diff.
+
+The digest is the file's content digest: for a tensorcanon file the digest
+it records (re-hashed to be sure); for a plain safetensors, ``.pt``, ``.npz``
+or ``.npy`` file the digest tensorcanon would give its content
+(:func:`tensorcanon.fingerprint` of what it loads), which is also the digest
+of ``tensorcanon convert`` output.
+
+Example::
+
+    entries = lockfile.make_lock(["ckpt/*.safetensors"], "tensors.lock")
+    lockfile.write_lock(entries, "tensors.lock")
+    bad = [r for r in lockfile.check_lock("tensors.lock") if r.status != "ok"]
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from . import digest as _digest
+from . import writer
+from .errors import FormatError, IntegrityError, TensorCanonError
+from .limits import DEFAULT, Limits
+
+__all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect",
+           "make_lock", "format_lock", "parse_lock", "read_lock", "write_lock", "check_lock"]
+
+VERSION = 1
+HEADER = f"tensorcanon-lock {VERSION}"
+#: Suffixes picked up when a folder is given to :func:`collect`.
+SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".npz", ".npy")
+
+Wrap = Callable[[Any, int], Any]
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    """One line of a lockfile."""
+
+    path: str      # relative to the lockfile's folder, "/"-separated
+    digest: str
+    size: int
+
+    def line(self) -> str:
+        return f"{self.digest} {self.size} {self.path}"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """How one locked file compares.
+
+    ``status`` is ``ok``; ``mismatch`` (digest or size differ); ``missing``;
+    ``corrupt`` (its bytes do not match the digests it records) or
+    ``unreadable`` (not a file tensorcanon reads).
+    """
+
+    entry: LockEntry
+    status: str
+    digest: str | None = None   # what was found (None when missing or unreadable)
+    size: int | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def content_digest(path: str | os.PathLike, *, verify: bool = True, wrap: Wrap | None = None,
+                   limits: Limits = DEFAULT) -> tuple[str, str]:
+    """``(digest, format)`` of a file; see the module docstring for which digest.
+
+    With ``verify=True`` a tensorcanon file is re-hashed completely
+    (:func:`tensorcanon.verify`); with ``verify=False`` its recorded digest is
+    read from the manifest. Other formats are always loaded and hashed.
+    """
+    from . import api, reader
+    from .diff import detect_format, load_file
+
+    path = os.fspath(path)
+    fmt = detect_format(path)
+    if fmt == "tensorcanon":
+        with open(path, "rb") as fh:
+            if not verify:
+                return reader.read_digest(reader.Source(fh), limits), fmt
+            f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
+            return api.verify(f, limits=limits), fmt
+    loaded = load_file(path, limits=limits, wrap=wrap)
+    return writer.fingerprint(writer.plan(loaded.value, None, limits)), fmt
+
+
+def _has_magic(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
+    """The files named by paths, globs (``**`` recurses) and folders, sorted, without repeats.
+
+    A folder contributes every file under it with a suffix in :data:`SUFFIXES`.
+    Raises ``FileNotFoundError`` for a path that does not exist or a glob that
+    matches nothing, so a typo never produces an empty lockfile.
+    """
+    found: set[str] = set()
+    skip = os.path.abspath(exclude) if exclude else None
+    for pattern in patterns:
+        if _has_magic(pattern):
+            matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)]
+            if not matches:
+                raise FileNotFoundError(f"no file matches {pattern!r}")
+        elif os.path.isdir(pattern):
+            matches = [
+                os.path.join(root, name)
+                for root, _, names in os.walk(pattern)
+                for name in names if name.lower().endswith(SUFFIXES)
+            ]
+            if not matches:
+                raise FileNotFoundError(f"folder {pattern!r} holds no {'/'.join(SUFFIXES)} files")
+        elif os.path.isfile(pattern):
+            matches = [pattern]
+        else:
+            raise FileNotFoundError(f"{pattern!r} does not exist")
+        found.update(os.path.abspath(m) for m in matches)
+    found.discard(skip)
+    return sorted(found)
+
+
+def _relative(path: str, base: str) -> str:
+    rel = os.path.relpath(os.path.abspath(path), base).replace(os.sep, "/")
+    if any(c in rel for c in "\n\r") or rel != rel.strip(" "):
+        raise FormatError(f"path {rel!r} cannot be written in a lockfile (line break or edge spaces)")
+    return rel
+
+
+def make_lock(patterns: Iterable[str], lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
+              limits: Limits = DEFAULT) -> list[LockEntry]:
+    """Hash every file the patterns name and return the lockfile's entries (not yet written)."""
+    lock_path = os.fspath(lock_path)
+    base = os.path.dirname(os.path.abspath(lock_path))
+    entries = []
+    for path in collect(patterns, exclude=lock_path):
+        rel = _relative(path, base)
+        try:
+            d, _ = content_digest(path, wrap=wrap, limits=limits)
+        except TensorCanonError as e:  # a file that cannot be locked: say which
+            raise FormatError(f"cannot lock {rel}: {e}") from e
+        entries.append(LockEntry(rel, d, os.path.getsize(path)))
+    return sorted(entries, key=lambda e: e.path.encode("utf-8"))
+
+
+def format_lock(entries: Iterable[LockEntry]) -> str:
+    """The lockfile text: header line, then entries sorted by path."""
+    ordered = sorted(entries, key=lambda e: e.path.encode("utf-8"))
+    return "".join(line + "\n" for line in [HEADER, *(e.line() for e in ordered)])
+
+
+def write_lock(entries: Iterable[LockEntry], lock_path: str | os.PathLike) -> None:
+    """Write the lockfile atomically (a temp file beside it, then a rename)."""
+    lock_path = os.fspath(lock_path)
+    text = format_lock(entries).encode("utf-8")
+    folder = os.path.dirname(os.path.abspath(lock_path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(lock_path)}.", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~writer._umask())
+        os.replace(tmp, lock_path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def parse_lock(text: str, where: str = "lockfile") -> list[LockEntry]:
+    """Parse lockfile text. Raises :class:`FormatError` naming the line that is wrong."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    if not lines or lines[0] != HEADER:
+        first = lines[0][:40] if lines else ""
+        if first.startswith("tensorcanon-lock "):
+            raise FormatError(
+                f"{where}: lockfile version {first.split(' ', 1)[1]!r} is not supported (this "
+                f"tensorcanon reads version {VERSION}); upgrade tensorcanon"
+            )
+        raise FormatError(f"{where}: not a tensorcanon lockfile: line 1 must be {HEADER!r}, found {first!r}")
+    entries, seen = [], set()
+    for number, line in enumerate(lines[1:], start=2):
+        parts = line.split(" ", 2)
+        if len(parts) != 3 or not _digest.is_text(parts[0]) or not parts[1].isdigit() \
+                or not parts[1].isascii() or not parts[2]:
+            raise FormatError(
+                f"{where}, line {number}: expected '<digest> <size> <path>' with a digest like "
+                f"'xxh3-128:<32 hex digits>', found {line[:80]!r}"
+            )
+        if parts[2] in seen:
+            raise FormatError(f"{where}, line {number}: {parts[2]!r} is listed twice")
+        seen.add(parts[2])
+        entries.append(LockEntry(parts[2], parts[0], int(parts[1])))
+    return entries
+
+
+def read_lock(lock_path: str | os.PathLike) -> list[LockEntry]:
+    """Read and parse a lockfile."""
+    lock_path = os.fspath(lock_path)
+    with open(lock_path, "rb") as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FormatError(f"{lock_path}: not UTF-8 text (byte {e.start})") from None
+    return parse_lock(text, lock_path)
+
+
+def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
+               limits: Limits = DEFAULT) -> list[CheckResult]:
+    """Re-hash every file a lockfile lists; one :class:`CheckResult` per entry, in order."""
+    lock_path = os.fspath(lock_path)
+    base = os.path.dirname(os.path.abspath(lock_path))
+    results = []
+    for entry in read_lock(lock_path):
+        path = os.path.join(base, *entry.path.split("/"))
+        if not os.path.isfile(path):
+            results.append(CheckResult(entry, "missing", message="file not found"))
+            continue
+        size = os.path.getsize(path)
+        try:
+            found, _ = content_digest(path, wrap=wrap, limits=limits)
+        except (TensorCanonError, OSError) as e:
+            status = "corrupt" if isinstance(e, IntegrityError) else "unreadable"
+            results.append(CheckResult(entry, status, None, size, str(e)))
+            continue
+        problems = []
+        if found != entry.digest:
+            problems.append(f"digest {found}, expected {entry.digest}")
+        if size != entry.size:
+            problems.append(f"size {size}, expected {entry.size}")
+        status = "mismatch" if problems else "ok"
+        results.append(CheckResult(entry, status, found, size, "; ".join(problems)))
+    return results

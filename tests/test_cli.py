@@ -1,0 +1,268 @@
+"""The command line in real processes, progress bars, lockfiles, convert and repro details.
+
+The golden cases (tests/test_cli_golden.py) run in one helper interpreter; the
+first tests here run ``python -m tensorcanon`` and the installed
+``tensorcanon`` script as separate processes and require the very same output.
+"""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import tensorcanon
+from tensorcanon import cli, lockfile, progress
+from tensorcanon.errors import FormatError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INPUTS = os.path.join(HERE, "cli", "inputs")
+EXPECTED = os.path.join(HERE, "cli", "expected")
+WRITE_ARTIFACT = os.path.join(HERE, "cli", "write_artifact.py")
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    folder = tmp_path / "inputs"
+    shutil.copytree(INPUTS, folder)
+    return folder
+
+
+def _golden_parts(name):
+    text = open(os.path.join(EXPECTED, name + ".txt"), encoding="utf-8").read()
+    head, rest = text.split("\n--- stdout\n", 1)
+    stdout, stderr = rest.split("\n--- stderr\n", 1)
+    code = int(head.splitlines()[1].removeprefix("[exit ").removesuffix("]"))
+    return code, stdout, stderr.rstrip("\n")
+
+
+@pytest.mark.parametrize("name, argv", [
+    ("verify_corrupt", ["verify", "base.safetensors", "corrupt.safetensors"]),
+    ("hash_unreadable", ["hash", "truncated.safetensors", "notes.txt", "nope.safetensors"]),
+])
+def test_python_dash_m_matches_golden(inputs, name, argv):
+    proc = subprocess.run([sys.executable, "-m", "tensorcanon", *argv], cwd=inputs, capture_output=True, text=True)
+    code, stdout, stderr = _golden_parts(name)
+    assert proc.returncode == code
+    assert proc.stdout.rstrip("\n") == stdout.rstrip("\n")
+    assert proc.stderr.rstrip("\n") == stderr
+
+
+def test_console_script_matches_golden(inputs):
+    script = shutil.which("tensorcanon")
+    if script is None:
+        pytest.skip("the tensorcanon script is not installed (pip install -e .)")
+    proc = subprocess.run([script, "check", "bad.lock"], cwd=inputs, capture_output=True, text=True)
+    code, stdout, stderr = _golden_parts("check_failures")
+    assert (proc.returncode, proc.stdout.rstrip("\n"), proc.stderr.rstrip("\n")) == (code, stdout.rstrip("\n"), stderr)
+
+
+def run(argv, cwd, stderr=None):
+    """cli.main in this process: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), stderr if stderr is not None else io.StringIO()
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(argv)
+    finally:
+        os.chdir(here)
+    return code, out.getvalue(), err.getvalue()
+
+
+# ---------------------------------------------------------------- progress
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_drawn_on_a_terminal_and_erased(inputs, monkeypatch):
+    monkeypatch.setattr(progress, "MIN_BYTES", 0)
+    tty = FakeTTY()
+    code, out, _ = run(["verify", "base.safetensors"], inputs, stderr=tty)
+    assert code == 0 and out.startswith("OK ")
+    drawn = tty.getvalue()
+    assert "\rverify base.safetensors [" in drawn and "%" in drawn
+    assert drawn.endswith("\r")  # the last thing written erases the bar
+    assert drawn.split("\r")[-2].strip() == ""
+
+
+def test_no_progress_bar_for_small_files_pipes_or_no_progress(inputs, monkeypatch):
+    tty = FakeTTY()
+    run(["verify", "base.safetensors"], inputs, stderr=tty)
+    assert tty.getvalue() == ""  # under MIN_BYTES
+    monkeypatch.setattr(progress, "MIN_BYTES", 0)
+    tty = FakeTTY()
+    run(["verify", "--no-progress", "base.safetensors"], inputs, stderr=tty)
+    assert tty.getvalue() == ""
+    pipe = io.StringIO()
+    run(["verify", "base.safetensors"], inputs, stderr=pipe)
+    assert pipe.getvalue() == ""
+
+
+def test_progress_file_counts_every_byte(tmp_path):
+    path = tmp_path / "x.bin"
+    path.write_bytes(bytes(range(256)) * 100)
+    stream = FakeTTY()
+    bar = progress.Progress(25600, "read", stream=stream, min_bytes=0)
+    with open(path, "rb") as fh:
+        f = progress.ProgressFile(fh, bar)
+        assert f.read(100) == bytes(range(100))
+        buf = bytearray(25500)
+        assert f.readinto(buf) == 25500
+    assert bar.done == 25600
+    assert "read [" in stream.getvalue() and stream.getvalue().endswith("\r")
+
+
+# ---------------------------------------------------------------- lockfiles
+
+
+def test_lockfile_paths_are_relative_to_the_lockfile_and_may_hold_spaces(tmp_path):
+    data = tmp_path / "data dir"
+    (data / "sub").mkdir(parents=True)
+    tensorcanon.save({"w": torch.ones(2)}, data / "sub" / "a b.safetensors")
+    tensorcanon.save({"w": torch.zeros(2)}, data / "c.safetensors")
+    (data / "README").write_text("not collected from a folder")
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    code, out, err = run(["lock", str(data), "-o", "locks/t.lock"], tmp_path)
+    assert code == 0, err
+    text = (locks / "t.lock").read_text()
+    lines = text.splitlines()
+    assert lines[0] == "tensorcanon-lock 1"
+    assert [line.split(" ", 2)[2] for line in lines[1:]] == ["../data dir/c.safetensors", "../data dir/sub/a b.safetensors"]
+    assert run(["check", "locks/t.lock"], tmp_path)[0] == 0
+    # A change of one file is one changed line, and check names it.
+    tensorcanon.save({"w": torch.ones(2) * 2}, data / "c.safetensors")
+    code, out, _ = run(["check", "t.lock"], locks)
+    assert code == 1
+    assert out.splitlines()[0].startswith("MISMATCH    ../data dir/c.safetensors: digest ")
+    assert out.splitlines()[1] == "ok          ../data dir/sub/a b.safetensors"
+
+
+def test_lockfile_rejects_other_versions_and_duplicates():
+    with pytest.raises(FormatError, match="version '2' is not supported"):
+        lockfile.parse_lock("tensorcanon-lock 2\n")
+    line = "xxh3-128:" + "0" * 32 + " 4 a.safetensors"
+    with pytest.raises(FormatError, match="line 3: 'a.safetensors' is listed twice"):
+        lockfile.parse_lock(f"tensorcanon-lock 1\n{line}\n{line}\n")
+    with pytest.raises(FormatError, match="line 2"):
+        lockfile.parse_lock("tensorcanon-lock 1\nxxh3-128:00 4 a\n")
+    entries = lockfile.parse_lock(f"tensorcanon-lock 1\r\n{line}\r\n")  # checked out with CRLF
+    assert entries == [lockfile.LockEntry("a.safetensors", "xxh3-128:" + "0" * 32, 4)]
+    assert lockfile.format_lock(entries) == f"tensorcanon-lock 1\n{line}\n"
+
+
+def test_check_reports_a_size_change_even_when_content_is_equal(tmp_path):
+    torch.save({"w": torch.ones(3)}, tmp_path / "a.pt")
+    entries = lockfile.make_lock([str(tmp_path / "a.pt")], tmp_path / "t.lock")
+    wrong = [lockfile.LockEntry(e.path, e.digest, e.size + 1) for e in entries]
+    lockfile.write_lock(wrong, tmp_path / "t.lock")
+    (result,) = lockfile.check_lock(tmp_path / "t.lock")
+    assert result.status == "mismatch" and result.message == f"size {entries[0].size}, expected {entries[0].size + 1}"
+
+
+# ---------------------------------------------------------------- convert
+
+
+def test_convert_pt_gives_the_digest_hash_reports(inputs):
+    code, out, _ = run(["hash", "--json", "weights.pt"], inputs)
+    expected = json.loads(out)["files"][0]["digest"]
+    assert run(["convert", "weights.pt", "w.safetensors"], inputs)[0] == 0
+    assert tensorcanon.verify(inputs / "w.safetensors") == expected
+    assert run(["hash", "w.safetensors"], inputs)[1] == f"{expected}  w.safetensors\n"
+
+
+def test_convert_to_plain_safetensors_and_back(inputs):
+    assert run(["convert", "base.safetensors", "flat.safetensors"], inputs)[0] == 0
+    flat = load_file(inputs / "flat.safetensors")
+    base = tensorcanon.load(inputs / "base.safetensors")
+    assert sorted(flat) == ["ids", "mask", "model.fc.bias", "model.fc.weight"]
+    assert torch.equal(flat["model.fc.weight"], base["model"]["fc.weight"])
+    assert torch.equal(flat["mask"], base["mask"])
+    assert run(["convert", "flat.safetensors", "back.safetensors"], inputs)[0] == 0
+    assert tensorcanon.verify(inputs / "back.safetensors") == tensorcanon.fingerprint(flat)
+
+
+def test_convert_refuses_dtypes_plain_safetensors_cannot_hold(tmp_path):
+    tensorcanon.save({"z": torch.ones(2, dtype=torch.complex128)}, tmp_path / "c.safetensors")
+    code, out, err = run(["convert", "--to", "safetensors", "c.safetensors", "o.safetensors"], tmp_path)
+    assert code == 2
+    assert 'tensor $["z"] has dtype complex128, which plain safetensors cannot hold' in err
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_convert_keeps_numpy_arrays_and_metadata(inputs):
+    assert run(["convert", "arrays.npz", "a.safetensors"], inputs)[0] == 0
+    a = tensorcanon.load(inputs / "a.safetensors")
+    assert isinstance(a["fc.weight"], np.ndarray) and a["fc.weight"].dtype == np.float32
+    assert run(["convert", "--to", "tensorcanon", "base.safetensors", "copy.safetensors"], inputs)[0] == 0
+    assert (inputs / "copy.safetensors").read_bytes() == (inputs / "base.safetensors").read_bytes()
+
+
+# ---------------------------------------------------------------- diff, inspect
+
+
+def test_diff_reports_recorded_devices(tmp_path):
+    """A file that records cuda:0 is compared by its recorded device even on a CPU-only machine."""
+    tensorcanon.save({"w": torch.ones(2)}, tmp_path / "cpu.safetensors")
+    data = (tmp_path / "cpu.safetensors").read_bytes()
+    # Rewrite the header as a writer would for the same tensor on cuda:0 (devices are not in the digest).
+    from tensorcanon import container, manifest, reader
+
+    header, m = reader.open_source(tmp_path / "cpu.safetensors", lambda src: reader._read_header(src, tensorcanon.Limits()))
+    meta = manifest.header_metadata(m.raw, ["cuda:0"])
+    new_header = container.build(header.entries, meta)
+    (tmp_path / "gpu.safetensors").write_bytes(new_header + data[len(header.raw):])
+    code, out, _ = run(["diff", "cpu.safetensors", "gpu.safetensors"], tmp_path)
+    assert code == 1
+    assert '$["w"]: device cpu -> cuda:0' in out.splitlines()
+    code, out, _ = run(["inspect", "--json", "gpu.safetensors"], tmp_path)
+    assert [e["device"] for e in json.loads(out)["entries"] if e["dtype"]] == ["cuda:0"]
+
+
+def test_inspect_marks_shared_tensors_and_registered_objects(tmp_path):
+    t = torch.arange(4.0)
+    tensorcanon.save({"a": t, "b": t, "s": {1, 2}, "c": 1 + 2j}, tmp_path / "x.safetensors")
+    code, out, _ = run(["inspect", "--json", "x.safetensors"], tmp_path)
+    data = json.loads(out)
+    rows = {e["path"]: e for e in data["entries"]}
+    assert rows['$["b"]']["same_as"] == '$["a"]'
+    assert rows['$["s"]']["type"] == "set" and rows['$["c"]']["value"] == "(1+2j)"
+    assert data["totals"]["tensors"] == 2 and data["totals"]["unique_tensors"] == 1
+    assert data["totals"]["tensor_bytes"] == 16
+
+
+# ---------------------------------------------------------------- repro
+
+
+def test_repro_compares_every_file_of_an_output_folder(tmp_path):
+    script = tmp_path / "write_dir.py"
+    script.write_text(
+        "import os, subprocess, sys\n"
+        "os.makedirs('out', exist_ok=True)\n"
+        f"subprocess.run([sys.executable, {WRITE_ARTIFACT!r}, 'out/a.safetensors', '--vary', 'state'], check=True)\n"
+        f"subprocess.run([sys.executable, {WRITE_ARTIFACT!r}, 'out/b.safetensors'], check=True)\n"
+    )
+    code, out, err = run(["repro", "--out", "out", "--", sys.executable, str(script)], tmp_path)
+    assert code == 1, err
+    lines = out.splitlines()
+    assert lines[0] == "out: differs between run 1 and run 2"
+    assert lines[1] == "  out/a.safetensors:"
+    assert lines[4].startswith('    first differing tensor: $["w"]: 1 of 4 elements differ')
+    assert "out/b.safetensors" not in out  # identical files are not listed
+    assert sorted(os.listdir(tmp_path / "out")) == ["a.safetensors", "b.safetensors"]  # last run's output kept
+
+
+def test_repro_refuses_an_output_folder_holding_the_current_folder(tmp_path):
+    code, _, err = run(["repro", "--out", ".", "--", sys.executable, "-c", "pass"], tmp_path)
+    assert code == 2 and "contains the current folder" in err

@@ -1,0 +1,252 @@
+"""tensorcanon.diff: what counts as a difference, and how each one is reported."""
+
+import collections
+import dataclasses
+import math
+import struct
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import tensorcanon
+from tensorcanon.diff import Difference, DiffResult, tensor_stats
+
+
+def kinds(result):
+    return [(d.path, d.kind) for d in result]
+
+
+def test_identical_objects_give_an_empty_falsy_result():
+    obj = {"w": torch.randn(3, 4), "n": [1, 2.5, "x", None], "t": (b"\x00", {3, 4})}
+    clone = {"w": obj["w"].clone(), "n": list(obj["n"]), "t": (b"\x00", {4, 3})}
+    r = tensorcanon.diff(obj, clone)
+    assert isinstance(r, DiffResult) and r.identical and not r and len(r) == 0
+    assert str(r) == "identical"
+
+
+def test_one_element_reports_count_max_differences_and_first_index():
+    a = torch.zeros(3, 4)
+    b = a.clone()
+    b[1, 2] = 0.5
+    b[2, 0] = -2.0
+    (d,) = tensorcanon.diff({"m": {"w": a}}, {"m": {"w": b}})
+    assert d.path == '$["m"]["w"]' and d.kind == "values"
+    s = d.stats
+    assert (s.numel, s.count, s.first_index, s.first_a, s.first_b) == (12, 2, (1, 2), 0.0, 0.5)
+    assert s.max_abs == 2.0 and s.max_rel == 1.0  # |0 - 0.5| / 0.5 and |0 - -2| / 2
+    assert str(d) == '$["m"]["w"]: 2 of 12 elements differ; max abs diff 2, max rel diff 1; first at [1, 2]: 0.0 -> 0.5'
+
+
+def test_relative_difference_is_relative_to_b():
+    (d,) = tensorcanon.diff(torch.tensor([1.0, 10.0]), torch.tensor([1.0, 8.0]))
+    assert d.stats.max_abs == 2.0 and d.stats.max_rel == pytest.approx(0.25)
+    (d,) = tensorcanon.diff(torch.tensor([1.0]), torch.tensor([0.0]))
+    assert d.stats.max_rel == math.inf
+
+
+def test_structure_changes_by_path():
+    a = {"keep": 1, "gone": torch.ones(2), "t": torch.ones(2), "s": torch.ones(2), "l": [1, 2, 3], "k": [1]}
+    b = {"keep": 1, "new": 5, "t": torch.ones(2, dtype=torch.float64), "s": torch.ones(3), "l": [1, 2], "k": (1,)}
+    assert kinds(tensorcanon.diff(a, b)) == [
+        ('$["gone"]', "removed"), ('$["k"]', "type"), ('$["l"]', "length"),
+        ('$["new"]', "added"), ('$["s"]', "shape"), ('$["t"]', "dtype"),
+    ]
+    r = tensorcanon.diff(a, b)
+    assert str(r.differences[0]) == '$["gone"]: only in A: tensor float32[2]'
+    assert str(r.differences[3]) == '$["new"]: added in B: int 5'
+    assert str(r.differences[5]) == '$["t"]: dtype float32 -> float64'
+
+
+def test_scalar_types_are_exact():
+    assert kinds(tensorcanon.diff([1, True, 1.0], [True, 1, 1])) == [("$[0]", "type"), ("$[1]", "type"), ("$[2]", "type")]
+    assert kinds(tensorcanon.diff({"x": "a"}, {"x": "b"})) == [('$["x"]', "value")]
+
+
+def test_bit_exact_by_default_for_signed_zero_and_nan_payloads():
+    nan1 = struct.unpack("<f", struct.pack("<I", 0x7FC00000))[0]
+    a = torch.tensor([0.0, nan1])
+    b = torch.tensor([-0.0, nan1])
+    (d,) = tensorcanon.diff(a, b)
+    assert d.stats.count == 1 and d.stats.max_abs == 0.0
+    assert d.stats.first_a == 0.0 and d.stats.first_b == -0.0
+    # NaN equal to the same NaN, different from another payload
+    other = torch.tensor([nan1]).view(torch.int32).add(1).view(torch.float32)
+    assert not tensorcanon.diff(torch.tensor([nan1]), torch.tensor([nan1]))
+    (d,) = tensorcanon.diff(torch.tensor([nan1]), other)
+    assert d.stats.first_a == "nan (0x7fc00000)" and d.stats.first_b == "nan (0x7fc00001)"
+    # with a tolerance, values are compared as numbers
+    assert not tensorcanon.diff(a, b, atol=1e-9)
+    assert not tensorcanon.diff(torch.tensor([nan1]), other, atol=1e-9)
+    # python floats follow the same rule
+    assert kinds(tensorcanon.diff(0.0, -0.0)) == [("$", "value")]
+    assert not tensorcanon.diff(0.0, -0.0, atol=1e-12)
+
+
+def test_tolerances():
+    a, b = torch.tensor([1.0, 2.0, 100.0]), torch.tensor([1.0, 2.01, 101.0])
+    assert len(tensorcanon.diff(a, b, atol=0.005)) == 1
+    (d,) = tensorcanon.diff(a, b, atol=0.02)
+    assert d.stats.count == 1 and d.stats.first_index == (2,)
+    assert not tensorcanon.diff(a, b, rtol=0.01)
+    assert not tensorcanon.diff({"lr": 0.1}, {"lr": 0.1000001}, rtol=1e-5)
+    with pytest.raises(ValueError):
+        tensorcanon.diff(a, b, atol=-1)
+
+
+def test_one_nan_against_a_number_is_an_infinite_difference():
+    (d,) = tensorcanon.diff(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0]))
+    assert d.stats.max_abs == math.inf and d.stats.first_index == (1,)
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int64, torch.uint64,
+                                   torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+                                   torch.float8_e4m3fn, torch.complex32])
+def test_every_dtype_compares(dtype):
+    raw = torch.arange(8 * dtype.itemsize, dtype=torch.uint8) % 7
+    a = raw.view(dtype) if dtype is not torch.bool else (raw % 2).bool()
+    b = a.clone()
+    b.view(torch.uint8)[-1] ^= 1
+    (d,) = tensorcanon.diff(a, b)
+    assert d.kind == "values" and d.stats.count == 1 and d.stats.first_index == (a.numel() - 1,)
+    assert d.stats.max_abs is not None
+
+
+def test_int_differences_are_exact_and_large_values_do_not_overflow():
+    big = torch.tensor([2**62, -(2**62)], dtype=torch.int64)
+    (d,) = tensorcanon.diff(big, -big)
+    assert d.stats.first_a == 2**62 and d.stats.first_b == -(2**62)
+    assert d.stats.max_abs == float(2**63)
+
+
+def test_dtypes_without_arithmetic_compare_bits():
+    a = torch.zeros(4, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    b = torch.tensor([0, 0, 3, 0], dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    (d,) = tensorcanon.diff(a, b)
+    assert d.stats.count == 1 and d.stats.max_abs is None
+    assert (d.stats.first_a, d.stats.first_b) == ("0x00", "0x03")
+
+
+def test_zero_dim_and_empty_tensors():
+    (d,) = tensorcanon.diff(torch.tensor(1.0), torch.tensor(2.0))
+    assert d.stats.first_index == () and d.stats.numel == 1
+    assert not tensorcanon.diff(torch.zeros(0, 3), torch.zeros(0, 3))
+
+
+def test_large_tensors_are_compared_in_chunks(monkeypatch):
+    diff_module = sys.modules["tensorcanon.diff"]  # tensorcanon.diff is the function
+
+    monkeypatch.setattr(diff_module, "_CHUNK_ELEMENTS", 7)
+    a = torch.arange(100.0)
+    b = a.clone()
+    b[50] = -1
+    b[93] = 500
+    (d,) = tensorcanon.diff(a, b)
+    assert (d.stats.count, d.stats.first_index, d.stats.max_abs) == (2, (50,), 407.0)
+
+
+def test_views_and_lazy_conjugates_compare_by_value():
+    base = torch.arange(12.0).reshape(3, 4)
+    assert not tensorcanon.diff(base.t(), base.t().contiguous())
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    assert not tensorcanon.diff(z.conj(), z.conj().resolve_conj())
+
+
+def test_tensor_kinds_devices_grad_and_numpy():
+    t = torch.ones(2)
+    r = tensorcanon.diff({"p": torch.nn.Parameter(t.clone()), "g": t}, {"p": t.clone(), "g": t.clone().requires_grad_()})
+    assert kinds(r) == [('$["g"]', "requires_grad"), ('$["p"]', "type"), ('$["p"]', "requires_grad")]
+    r = tensorcanon.diff(np.arange(3.0), torch.arange(3.0, dtype=torch.float64))
+    assert kinds(r) == [("$", "type")]
+    (d,) = tensorcanon.diff(np.arange(3.0), np.array([0.0, 1.0, 5.0]))
+    assert d.stats.first_index == (2,) and d.stats.first_b == 5.0
+    assert not tensorcanon.diff(np.arange(3, dtype=">i4"), np.arange(3, dtype="<i4"))
+
+
+def test_shared_tensors_are_part_of_the_comparison():
+    t = torch.ones(3)
+    (d,) = tensorcanon.diff({"a": t, "b": t}, {"a": t, "b": t.clone()})
+    assert d.kind == "alias" and str(d) == '$["b"]: same tensor as $["a"] in A, a separate tensor in B'
+
+
+def test_ordered_dicts_compare_order_and_metadata():
+    a = collections.OrderedDict([("x", 1), ("y", 2)])
+    b = collections.OrderedDict([("y", 2), ("x", 1)])
+    assert kinds(tensorcanon.diff(a, b)) == [("$", "order")]
+    assert not tensorcanon.diff({"x": 1, "y": 2}, {"y": 2, "x": 1})  # plain dicts: order is not content
+    c = collections.OrderedDict(a)
+    c._metadata = {"": {"version": 1}}
+    assert kinds(tensorcanon.diff(a, c)) == [("$", "metadata")]
+    assert kinds(tensorcanon.diff(dict(a), a)) == [("$", "type")]  # then compared key by key
+
+
+def test_sets_report_members_on_each_side():
+    (d,) = tensorcanon.diff({1, 2, 3}, {2, 3, 4})
+    assert (d.a, d.b) == ("{1} only in A", "{4} only in B")
+
+
+@dataclasses.dataclass
+class Cfg:
+    lr: float
+    w: torch.Tensor
+
+
+def test_registered_types_compare_field_by_field():
+    tensorcanon.register(Cfg)
+    try:
+        (d,) = tensorcanon.diff(Cfg(0.1, torch.zeros(2)), Cfg(0.1, torch.tensor([0.0, 1.0])))
+        assert d.kind == "values" and d.stats.first_index == (1,)
+    finally:
+        tensorcanon.unregister(Cfg)
+
+
+def test_files_of_every_format_and_device_agnostic_loading(tmp_path):
+    obj = {"w": torch.arange(6.0).reshape(2, 3)}
+    tensorcanon.save(obj, tmp_path / "a.safetensors")
+    torch.save(obj, tmp_path / "a.pt")
+    np.savez(tmp_path / "a.npz", w=obj["w"].numpy())
+    assert not tensorcanon.diff(tmp_path / "a.safetensors", str(tmp_path / "a.pt"))
+    r = tensorcanon.diff(tmp_path / "a.pt", tmp_path / "a.npz")
+    assert kinds(r) == [('$["w"]', "type")] and r.a.endswith("a.pt")
+    assert str(r).splitlines()[0] == f"A: {tmp_path / 'a.pt'}"
+
+
+def test_pickle_is_never_used_for_pt_files(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"x": Evil()}, tmp_path / "evil.pt", _use_new_zipfile_serialization=True)
+    with pytest.raises(tensorcanon.FormatError, match=r"torch.load\(weights_only=True\) cannot read it"):
+        tensorcanon.diff(tmp_path / "evil.pt", {})
+
+
+def test_to_dict_is_json_ready():
+    import json
+
+    r = tensorcanon.diff({"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([1.0, float("inf")]), "x": 1})
+    data = json.loads(json.dumps(r.to_dict(), allow_nan=False))
+    assert data["differences"][0]["stats"]["max_abs"] == "inf"
+    assert data["differences"][1] == {"path": '$["x"]', "kind": "added", "a": None, "b": "int 1"}
+
+
+def test_difference_text_for_every_kind():
+    assert str(Difference("$", "dtype", "float32", "int8")) == "$: dtype float32 -> int8"
+    assert str(Difference("$[0]", "removed", "int 1", None)) == "$[0]: only in A: int 1"
+    assert tensor_stats(torch.ones(2), torch.ones(2)) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_compare_by_value_and_report_the_device(tmp_path):
+    a = torch.arange(6.0, device="cuda").reshape(2, 3)
+    b = a.clone()
+    b[1, 1] = 9
+    (d,) = tensorcanon.diff({"w": a}, {"w": b})
+    assert d.stats.first_index == (1, 1) and d.stats.first_b == 9.0
+    assert kinds(tensorcanon.diff({"w": a}, {"w": a.cpu()})) == [('$["w"]', "device")]
+    tensorcanon.save({"w": a}, tmp_path / "g.safetensors")
+    tensorcanon.save({"w": a.cpu()}, tmp_path / "c.safetensors")
+    r = tensorcanon.diff(tmp_path / "g.safetensors", tmp_path / "c.safetensors")
+    assert [str(x) for x in r] == ['$["w"]: device cuda:0 -> cpu']
