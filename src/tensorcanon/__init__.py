@@ -19,6 +19,7 @@ from .errors import (
     IntegrityError,
     LimitError,
     TensorCanonError,
+    UnsupportedAlgorithmError,
     UnsupportedTypeError,
 )
 from .lazy import LazyFile, open
@@ -37,7 +38,7 @@ __all__ = [
     "diff", "DiffResult",
     "register", "unregister", "Limits", "FORMAT_VERSION",
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
-    "UnsupportedTypeError", "DeviceUnavailableError",
+    "UnsupportedTypeError", "DeviceUnavailableError", "UnsupportedAlgorithmError",
     "RngState", "RngRestoreError", "seed_everything", "DeterminismSettings",
     "seed_worker", "ResumableSampler",
 ]

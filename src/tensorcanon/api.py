@@ -6,50 +6,61 @@ import io
 import os
 from typing import Any, BinaryIO, Union
 
+from . import digest as _digest
 from . import reader, writer
+from .errors import IntegrityError
 from .limits import DEFAULT, Limits
 
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 
 
-def save(obj: Any, f: PathOrFile, *, metadata: dict | None = None, limits: Limits = DEFAULT) -> str:
+def save(obj: Any, f: PathOrFile, *, metadata: dict | None = None, limits: Limits = DEFAULT,
+         algorithm: str = _digest.DEFAULT) -> str:
     """Write ``obj`` canonically to ``f`` and return its content digest.
 
     ``f`` is a path (written atomically: temp file, fsync, rename) or a binary
     file object (written at its current position). ``metadata`` is an optional
     dict of str keys to saveable non-tensor values, stored in the manifest and
-    covered by the digest.
+    covered by the digest. ``algorithm`` is the digest algorithm recorded in the
+    file: ``"xxh3-128"`` (default; fast, detects accidental damage) or
+    ``"sha256"`` (cryptographic; for tamper-evidence when the digest is checked
+    against one obtained out of band, see docs/SECURITY.md). Readers take the
+    algorithm from the file.
 
     Example::
 
         digest = tensorcanon.save({"model": model.state_dict()}, "ckpt.safetensors")
+        digest = tensorcanon.save(state, "ckpt.safetensors", algorithm="sha256")  # 'sha256:…'
     """
-    p = writer.plan(obj, metadata, limits)
+    p = writer.plan(obj, metadata, limits, algorithm)
     if isinstance(f, (str, os.PathLike)):
         return writer.write_atomic(p, f)
     return writer.write(p, f)
 
 
-def dumps(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFAULT) -> bytes:
-    """The canonical bytes of ``obj`` (what :func:`save` would write).
+def dumps(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFAULT,
+          algorithm: str = _digest.DEFAULT) -> bytes:
+    """The canonical bytes of ``obj`` (what :func:`save` would write with the same ``algorithm``).
 
     Example::
 
         assert tensorcanon.dumps({"b": 1, "a": t}) == tensorcanon.dumps({"a": t, "b": 1})
     """
     buf = io.BytesIO()
-    writer.write(writer.plan(obj, metadata, limits), buf)
+    writer.write(writer.plan(obj, metadata, limits, algorithm), buf)
     return buf.getvalue()
 
 
-def fingerprint(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFAULT) -> str:
-    """The digest :func:`save` would return for ``obj``, computed without writing.
+def fingerprint(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFAULT,
+                algorithm: str = _digest.DEFAULT) -> str:
+    """The digest :func:`save` would return for ``obj`` (with the same ``algorithm``), computed without writing.
 
     Example::
 
         tensorcanon.fingerprint(model.state_dict())  # 'xxh3-128:…'
+        tensorcanon.fingerprint(model.state_dict(), algorithm="sha256")  # 'sha256:…'
     """
-    return writer.fingerprint(writer.plan(obj, metadata, limits))
+    return writer.fingerprint(writer.plan(obj, metadata, limits, algorithm))
 
 
 def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits: Limits = DEFAULT) -> Any:
@@ -60,7 +71,7 @@ def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits
     dict remaps recorded devices (``{"cuda:1": "cuda:0"}``); a callable gets
     ``(cpu_tensor, recorded_device)`` and returns a tensor, or None for the
     default. With ``verify=True`` (the default) every tensor is re-hashed and
-    checked against its digest. A plain safetensors file loads as a flat dict
+    checked against its digest, with the algorithm the file records. A plain safetensors file loads as a flat dict
     of CPU tensors (or mapped as above).
 
     Example::
@@ -79,18 +90,32 @@ def loads(data: bytes | bytearray | memoryview, *, map_location: Any = None, ver
 def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits = DEFAULT) -> str:
     """Re-hash every byte of a file and return its digest, or raise.
 
-    Raises :class:`IntegrityError` naming the first tensor (by its path in the
-    object) whose bytes do not match, and when ``expect`` is given and differs
-    from the file's digest. Tensors are streamed, never loaded whole.
+    The file's own algorithm (``xxh3-128`` or ``sha256``, recorded in its
+    manifest) is used. Raises :class:`IntegrityError` naming the first tensor
+    (by its path in the object) whose bytes do not match, and when ``expect``
+    is given and differs from the file's digest; ``expect`` must then use the
+    file's algorithm (a digest of the other algorithm is an ``IntegrityError``
+    saying so). A malformed ``expect`` raises :class:`FormatError` before the
+    file is read. Tensors are streamed, never loaded whole.
 
     Example::
 
-        tensorcanon.verify("ckpt.safetensors", expect="xxh3-128:…")
+        tensorcanon.verify("ckpt.safetensors", expect="sha256:…")  # obtained out of band
     """
-    from .errors import IntegrityError
+    if expect is not None and not _digest.is_text(expect):
+        from .errors import FormatError
 
+        raise FormatError(f"expect={_digest.text_error(expect)}")
     result = reader.open_source(f, lambda src: reader.verify_from(src, limits))
     if expect is not None and result != expect:
+        have, want = _digest.algorithm_of(result), _digest.algorithm_of(expect)
+        if have != want:
+            raise IntegrityError(
+                f"the file uses {have} digests but expect is a {want} digest ({expect}); its "
+                f"{have} digest is {result}. Compare with a {have} digest of this file, or re-save "
+                f"it with algorithm={want!r} to record {want} digests",
+                expected=expect, actual=result,
+            )
         raise IntegrityError(f"file digest is {result}, expected {expect}", expected=expect, actual=result)
     return result
 

@@ -154,7 +154,7 @@ def cmd_hash(args, out: _Out) -> int:
 
 def cmd_verify(args, out: _Out) -> int:
     if args.expect is not None and not digest.is_text(args.expect):
-        raise UsageError(f"--expect {args.expect!r} is not a digest (expected 'xxh3-128:' and 32 lowercase hex digits)")
+        raise UsageError(f"--expect {digest.text_error(args.expect)}")
     code, results = EXIT_OK, []
     for path in args.files:
         try:
@@ -183,7 +183,10 @@ def cmd_verify(args, out: _Out) -> int:
         if args.expect is not None and found != args.expect:
             code = max(code, EXIT_DIFFERENT)
             results.append({"path": path, "status": "mismatch", "digest": found, "expected": args.expect})
-            out.line(f"MISMATCH  {path}: digest {found}, expected {args.expect}")
+            have, want = digest.algorithm_of(found), digest.algorithm_of(args.expect)
+            why = "" if have == want else \
+                f" (the file uses {have} digests, --expect is {want}: compare with a {have} digest of it)"
+            out.line(f"MISMATCH  {path}: digest {found}, expected {args.expect}{why}")
         else:
             results.append({"path": path, "status": "ok", "digest": found})
             out.line(f"OK        {path}  {found}")
@@ -197,7 +200,7 @@ _CONTAINERS = {"dict": "dict", "odict": "OrderedDict", "list": "list", "tuple": 
                "set": "set", "frozenset": "frozenset"}
 
 
-def _entries(root: Any, table: list, limits=DEFAULT) -> list[dict]:
+def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits=DEFAULT) -> list[dict]:
     """One row per node of a manifest tree (see diff.iter_nodes)."""
     from .tree import Decoder
 
@@ -211,7 +214,7 @@ def _entries(root: Any, table: list, limits=DEFAULT) -> list[dict]:
         if tag == "tensor":
             info = table[node[1]]
             row.update(type=info.kind, dtype=info.dtype.name, shape=list(info.shape), device=info.device,
-                       bytes=info.nbytes, digest=digest.to_text(info.digest))
+                       bytes=info.nbytes, digest=digest.to_text(info.digest, algorithm))
             if node[1] in first_path:
                 row["same_as"] = first_path[node[1]]
             else:
@@ -239,13 +242,13 @@ def cmd_inspect(args, out: _Out) -> int:
     try:
         fmt = detect_format(path)
         size = os.path.getsize(path)
-        metadata = None
+        metadata, algorithm = None, digest.DEFAULT
         if fmt == "tensorcanon":
             _, m = reader.open_source(path, lambda src: reader._read_header(src, DEFAULT))
             from .tree import Decoder
 
             Decoder([None] * len(m.tensors), DEFAULT.max_depth, build_objects=False).decode(m.root)
-            root, table, file_digest = m.root, m.tensors, digest.to_text(m.digest)
+            root, table, file_digest, algorithm = m.root, m.tensors, m.text(), m.algorithm
             if m.meta is not None:
                 try:
                     metadata = Decoder([], DEFAULT.max_depth).decode(m.meta)
@@ -256,7 +259,7 @@ def cmd_inspect(args, out: _Out) -> int:
             p = writer.plan(loaded.value, None, DEFAULT)
             file_digest = writer.fingerprint(p)
             root, table = p.root, p.tensors
-        rows = _entries(root, table)
+        rows = _entries(root, table, algorithm)
     except _READ_ERRORS as e:
         out.error(_message(e, path))
         return EXIT_ERROR
@@ -419,6 +422,9 @@ def _to_plain_safetensors(value: Any, out_path: str) -> tuple[int, list[str]]:
 def cmd_convert(args, out: _Out) -> int:
     from . import api
 
+    if args.algorithm is not None and args.to == "safetensors":
+        raise UsageError(f"--algorithm {args.algorithm} applies to tensorcanon output only; plain safetensors "
+                         "records no digests (drop --to safetensors, or --algorithm)")
     try:
         loaded = load_file(args.input, wrap=out.wrap("read"))
     except _READ_ERRORS as e:
@@ -426,10 +432,11 @@ def cmd_convert(args, out: _Out) -> int:
         return EXIT_ERROR
     finally:
         out.close_bars()
-    to = args.to or ("safetensors" if loaded.format == "tensorcanon" else "tensorcanon")
+    to = args.to or ("safetensors" if loaded.format == "tensorcanon" and args.algorithm is None else "tensorcanon")
     try:
         if to == "tensorcanon":
-            d = api.save(loaded.value, args.output, metadata=loaded.metadata)
+            algorithm = args.algorithm or loaded.algorithm or digest.DEFAULT  # keep a tensorcanon input's
+            d = api.save(loaded.value, args.output, metadata=loaded.metadata, algorithm=algorithm)
             out.json({"input": args.input, "input_format": loaded.format, "output": args.output,
                       "output_format": to, "digest": d})
             out.line(f"wrote {args.output} (tensorcanon, {d})")
@@ -659,7 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", parents=[common], help="re-hash files and name the first corrupt tensor")
     p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--expect", metavar="DIGEST", help="also require this digest (of every FILE)")
+    p.add_argument("--expect", metavar="DIGEST",
+                   help="also require this digest (of every FILE): xxh3-128:<32 hex> or sha256:<64 hex>, "
+                        "in the algorithm the file records")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("inspect", parents=[common], help="show the object tree, tensor by tensor")
@@ -687,7 +696,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", metavar="IN")
     p.add_argument("output", metavar="OUT")
     p.add_argument("--to", choices=["tensorcanon", "safetensors"],
-                   help="output format (default: safetensors for a tensorcanon input, else tensorcanon)")
+                   help="output format (default: safetensors for a tensorcanon input without --algorithm, "
+                        "else tensorcanon)")
+    p.add_argument("--algorithm", choices=sorted(digest.ALGORITHMS, key=lambda a: a != digest.DEFAULT),
+                   help="digest algorithm recorded in tensorcanon output (default: a tensorcanon input's own, "
+                        f"else {digest.DEFAULT}; sha256 for tamper-evidence); implies --to tensorcanon")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("repro", parents=[common], help="run a command several times and compare what it writes",

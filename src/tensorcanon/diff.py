@@ -204,6 +204,7 @@ class Loaded:
     path: str
     devices: dict[str, str] = field(default_factory=dict)  # path -> recorded device, where not "cpu"
     metadata: Any = None                          # a tensorcanon file's ``metadata`` dict, if any
+    algorithm: str | None = None                  # a tensorcanon file's digest algorithm
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -264,7 +265,9 @@ def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
             value = api.load(f, map_location="cpu", limits=limits)
         if fmt == "safetensors":
             return Loaded(value, fmt, path)
-        return Loaded(value, fmt, path, _recorded_devices(path, limits), api.read_metadata(path, limits=limits))
+        _, m = reader.open_source(path, lambda src: reader._read_header(src, limits))
+        return Loaded(value, fmt, path, _recorded_devices(m, limits), api.read_metadata(path, limits=limits),
+                      m.algorithm)
     if fmt == "torch":
         try:
             value = torch.load(path, map_location="cpu", weights_only=True)
@@ -286,9 +289,8 @@ def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
     return Loaded(value, fmt, path)
 
 
-def _recorded_devices(path: str, limits: Limits) -> dict[str, str]:
-    """Paths of the tensors a tensorcanon file records on a device other than the CPU."""
-    _, m = reader.open_source(path, lambda src: reader._read_header(src, limits))
+def _recorded_devices(m: manifest.Manifest, limits: Limits) -> dict[str, str]:
+    """Paths of the tensors a tensorcanon file (its manifest ``m``) records on a device other than the CPU."""
     if all(info.device == "cpu" for info in m.tensors):
         return {}
     out = {}

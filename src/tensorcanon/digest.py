@@ -1,4 +1,12 @@
-"""Content digests: xxh3-128, written ``xxh3-128:<32 lowercase hex digits>``.
+"""Content digests, written ``<algorithm>:<lowercase hex>``.
+
+Two algorithms, recorded in the manifest's ``"algorithm"`` field:
+
+- ``xxh3-128`` (the default): 16 bytes, ``xxh3-128:<32 hex digits>``; fast,
+  not cryptographic: it detects accidents, not attackers.
+- ``sha256`` (opt-in): 32 bytes, ``sha256:<64 hex digits>``; cryptographic,
+  for tamper-evidence against a digest obtained out of band
+  (docs/SECURITY.md).
 
 A tensor's digest covers its dtype name, its shape and its logical bytes, so
 equal values give equal digests whatever device or memory layout they had.
@@ -8,13 +16,43 @@ tensor digest. docs/FORMAT.md, "Digests", is the normative text.
 
 from __future__ import annotations
 
+import hashlib
 import re
+from typing import Any
 
 import xxhash
 
-ALGORITHM = "xxh3-128"
-DIGEST_SIZE = 16
-_DIGEST_RE = re.compile(r"xxh3-128:[0-9a-f]{32}\Z")
+from .errors import UnsupportedAlgorithmError
+
+#: The algorithm used unless one is asked for; its files are the golden vectors.
+DEFAULT = "xxh3-128"
+#: Supported algorithms and the size of their raw digests, in bytes.
+ALGORITHMS: dict[str, int] = {"xxh3-128": 16, "sha256": 32}
+
+# Kept for callers of the single-algorithm API: the default's name and size.
+ALGORITHM = DEFAULT
+DIGEST_SIZE = ALGORITHMS[DEFAULT]
+
+_TEXT_RE = re.compile(r"(xxh3-128:[0-9a-f]{32}|sha256:[0-9a-f]{64})\Z")
+
+
+def _forms() -> str:
+    return " or ".join(f"'{a}:' and {2 * n} lowercase hex digits" for a, n in ALGORITHMS.items())
+
+
+def check(algorithm: Any) -> str:
+    """``algorithm`` if it is supported, else :class:`UnsupportedAlgorithmError` listing those that are."""
+    if type(algorithm) is str and algorithm in ALGORITHMS:
+        return algorithm
+    raise UnsupportedAlgorithmError(
+        f"digest algorithm {algorithm!r} is not supported; use one of {sorted(ALGORITHMS)} "
+        f"(default {DEFAULT!r})", algorithm=algorithm,
+    )
+
+
+def size(algorithm: str = DEFAULT) -> int:
+    """Bytes in one raw digest of ``algorithm``."""
+    return ALGORITHMS[check(algorithm)]
 
 
 def tensor_prefix(dtype_name: str, shape: tuple[int, ...] | list[int]) -> bytes:
@@ -22,25 +60,51 @@ def tensor_prefix(dtype_name: str, shape: tuple[int, ...] | list[int]) -> bytes:
     return f"{dtype_name}[{','.join(map(str, shape))}]".encode("ascii")
 
 
-def tensor_hasher(dtype_name: str, shape) -> "xxhash.xxh3_128":
-    """A streaming hasher already fed with the tensor's dtype and shape."""
-    return xxhash.xxh3_128(tensor_prefix(dtype_name, shape))
+def tensor_hasher(dtype_name: str, shape, algorithm: str = DEFAULT):
+    """A streaming hasher (``update``, ``digest``) already fed with the tensor's dtype and shape."""
+    prefix = tensor_prefix(dtype_name, shape)
+    if check(algorithm) == "sha256":
+        return hashlib.sha256(prefix)
+    return xxhash.xxh3_128(prefix)
 
 
-def manifest_digest(manifest: bytes) -> bytes:
+def manifest_digest(manifest: bytes, algorithm: str = DEFAULT) -> bytes:
+    """The file digest: the raw digest of the canonical manifest bytes."""
+    if check(algorithm) == "sha256":
+        return hashlib.sha256(manifest).digest()
     return xxhash.xxh3_128_digest(manifest)
 
 
-def to_text(raw: bytes) -> str:
-    return f"{ALGORITHM}:{raw.hex()}"
+def to_text(raw: bytes, algorithm: str = DEFAULT) -> str:
+    """``"<algorithm>:<hex>"`` for a raw digest of ``algorithm``."""
+    if len(raw) != size(algorithm):
+        raise ValueError(f"a {algorithm} digest has {size(algorithm)} bytes, not {len(raw)}")
+    return f"{algorithm}:{raw.hex()}"
 
 
 def is_text(text: object) -> bool:
-    """True if ``text`` is a well-formed digest string."""
-    return isinstance(text, str) and _DIGEST_RE.match(text) is not None
+    """True if ``text`` is a well-formed digest string of any supported algorithm."""
+    return isinstance(text, str) and _TEXT_RE.match(text) is not None
+
+
+def parse_text(text: str) -> tuple[str, bytes]:
+    """``(algorithm, raw digest)`` of a digest string such as ``"sha256:<64 hex>"``."""
+    if not is_text(text):
+        raise ValueError(f"not a digest: {text!r} (expected {_forms()})")
+    algorithm, _, hexdigits = text.partition(":")
+    return algorithm, bytes.fromhex(hexdigits)
+
+
+def algorithm_of(text: str) -> str:
+    """The algorithm named by a well-formed digest string."""
+    return parse_text(text)[0]
 
 
 def from_text(text: str) -> bytes:
-    if not is_text(text):
-        raise ValueError(f"not a digest: {text!r} (expected 'xxh3-128:' and 32 lowercase hex digits)")
-    return bytes.fromhex(text[len(ALGORITHM) + 1 :])
+    """The raw bytes of a digest string of any supported algorithm (see :func:`parse_text`)."""
+    return parse_text(text)[1]
+
+
+def text_error(text: str) -> str:
+    """Why ``text`` is not a digest string, for error messages."""
+    return f"{text!r} is not a digest (expected {_forms()})"

@@ -7,6 +7,8 @@ describe a bad argument or a bad file also derive from the matching built-in
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "TensorCanonError",
     "FormatError",
@@ -14,6 +16,7 @@ __all__ = [
     "IntegrityError",
     "UnsupportedTypeError",
     "DeviceUnavailableError",
+    "UnsupportedAlgorithmError",
 ]
 
 
@@ -88,4 +91,15 @@ class DeviceUnavailableError(TensorCanonError, RuntimeError):
     def __init__(self, message: str, *, path: str | None = None, device: str | None = None) -> None:
         self.path = path
         self.device = device
+        super().__init__(message)
+
+
+class UnsupportedAlgorithmError(TensorCanonError, ValueError):
+    """A digest algorithm name that tensorcanon does not know.
+
+    ``algorithm`` is the name that was given.
+    """
+
+    def __init__(self, message: str, *, algorithm: Any = None) -> None:
+        self.algorithm = algorithm
         super().__init__(message)

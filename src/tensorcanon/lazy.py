@@ -4,7 +4,8 @@
 does (the same code), and checks that the object tree is well-formed, before
 any tensor is exposed. The data section is memory-mapped; reading one tensor
 touches only that tensor's bytes, which are copied out of the map and, by
-default, verified against their digest on first access.
+default, verified against their digest on first access, with the algorithm
+the file's manifest names.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import torch
 from . import digest, paths, reader, tensorbytes
 from .errors import FormatError, TensorCanonError
 from .limits import DEFAULT, Limits
-from .tree import Decoder
 
 
 def _tensor_paths(node: Any, trail: tuple, out: dict[str, int]) -> None:
@@ -64,12 +64,7 @@ class LazyFile:
             m = self.manifest
             self._paths: dict[str, int] = {}
             if m is not None:
-                # The same tree checks load performs, without building any value.
-                decoder = Decoder([None] * len(m.tensors), limits.max_depth, build_objects=False)
-                decoder.decode(m.root)
-                if not all(decoder.used):
-                    unused = [m.tensors[i].name for i, u in enumerate(decoder.used) if not u][:3]
-                    raise FormatError(f"manifest: tensors {unused} are listed but never used in the object")
+                reader.decode_tree(m, limits)  # the same tree checks load makes, building nothing
                 _tensor_paths(m.root, (), self._paths)
                 self._infos = m.tensors
             else:
@@ -98,7 +93,12 @@ class LazyFile:
     @property
     def digest(self) -> str | None:
         """The recorded file digest (None for a plain safetensors file)."""
-        return digest.to_text(self.manifest.digest) if self.manifest is not None else None
+        return self.manifest.text() if self.manifest is not None else None
+
+    @property
+    def algorithm(self) -> str | None:
+        """The file's digest algorithm, ``"xxh3-128"`` or ``"sha256"`` (None for plain safetensors)."""
+        return self.manifest.algorithm if self.manifest is not None else None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._paths)
@@ -132,7 +132,7 @@ class LazyFile:
                 mv[:] = piece
                 piece.release()
         if self.verify and not self._verified[idx]:
-            h = digest.tensor_hasher(info.dtype.name, info.shape)
+            h = digest.tensor_hasher(info.dtype.name, info.shape, self.manifest.algorithm)
             h.update(mv)
             actual = h.digest()
             if actual != info.digest:

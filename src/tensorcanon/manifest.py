@@ -6,6 +6,9 @@ It is one canonical msgpack map, base64-encoded into the header's
     {"algorithm": "xxh3-128", "meta": <tree>, "root": <tree>,
      "tensors": [<entry>, ...], "version": 1}
 
+``"algorithm"`` is ``"xxh3-128"`` (the default) or ``"sha256"``; it fixes the
+size of every tensor digest and the algorithm of the recorded file digest.
+
 Each entry is ``{"digest", "dtype", "kind", "name", "requires_grad", "shape"}``
 (keys in that order). Readers accept only the canonical encoding: the bytes are
 decoded, packed again, and must come out identical.
@@ -37,6 +40,7 @@ KINDS = ("tensor", "parameter", "ndarray")
 _TOP_KEYS = ["algorithm", "meta", "root", "tensors", "version"]
 _ENTRY_KEYS = ["digest", "dtype", "kind", "name", "requires_grad", "shape"]
 KEY_DEVICES = "tensorcanon.devices"
+_DEFAULT_ALGORITHM = digest.DEFAULT  # (inside Manifest, the name ``digest`` is a field)
 
 
 @dataclass
@@ -66,11 +70,16 @@ class Manifest:
     meta: Any
     tensors: list[TensorInfo]   # table order (indices used by the tree)
     digest: bytes
+    algorithm: str = _DEFAULT_ALGORITHM
+
+    def text(self, raw: bytes | None = None) -> str:
+        """A digest of this file (the file digest if ``raw`` is None) as text."""
+        return digest.to_text(self.digest if raw is None else raw, self.algorithm)
 
 
-def pack(root: Any, meta: Any, table: list[dict]) -> bytes:
+def pack(root: Any, meta: Any, table: list[dict], algorithm: str = digest.DEFAULT) -> bytes:
     """Canonical manifest bytes. ``table`` rows must already have sorted keys."""
-    obj = {"algorithm": digest.ALGORITHM, "meta": meta, "root": root, "tensors": table, "version": VERSION}
+    obj = {"algorithm": digest.check(algorithm), "meta": meta, "root": root, "tensors": table, "version": VERSION}
     try:
         return msgpack.packb(obj, use_bin_type=True)
     except (ValueError, TypeError, OverflowError) as e:  # depth beyond msgpack's own limit
@@ -89,10 +98,10 @@ def devices_text(devices: list[str]) -> str:
     return ",".join(f"{i}:{d}" for i, d in enumerate(devices) if d != "cpu")
 
 
-def header_metadata(manifest_raw: bytes, devices: list[str]) -> dict[str, str]:
+def header_metadata(manifest_raw: bytes, devices: list[str], algorithm: str = digest.DEFAULT) -> dict[str, str]:
     meta = {
         KEY_FORMAT: "pt",
-        KEY_DIGEST: digest.to_text(digest.manifest_digest(manifest_raw)),
+        KEY_DIGEST: digest.to_text(digest.manifest_digest(manifest_raw, algorithm), algorithm),
         KEY_MANIFEST: base64.b64encode(manifest_raw).decode("ascii"),
     }
     text = devices_text(devices)
@@ -175,18 +184,28 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
             f"format version {obj['version']!r} is not supported by this tensorcanon "
             f"(it reads version {VERSION}); upgrade tensorcanon to read this file"
         )
-    if obj["algorithm"] != digest.ALGORITHM:
-        raise _bad(f"digest algorithm {obj['algorithm']!r} is not supported (only {digest.ALGORITHM!r})")
+    algorithm = obj["algorithm"]
+    if type(algorithm) is not str or algorithm not in digest.ALGORITHMS:
+        raise _bad(
+            f"digest algorithm {algorithm!r} is not supported (this tensorcanon knows "
+            f"{sorted(digest.ALGORITHMS)}); upgrade tensorcanon if the file is newer"
+        )
 
     recorded = meta.get(KEY_DIGEST)
     if not digest.is_text(recorded):
         raise _bad(f"__metadata__[{KEY_DIGEST!r}] is missing or malformed")
-    actual = digest.manifest_digest(raw)
-    if digest.from_text(recorded) != actual:
+    recorded_algorithm, recorded_raw = digest.parse_text(recorded)
+    if recorded_algorithm != algorithm:
+        raise _bad(
+            f"__metadata__[{KEY_DIGEST!r}] is a {recorded_algorithm} digest but the manifest "
+            f"says the file uses {algorithm}"
+        )
+    actual = digest.manifest_digest(raw, algorithm)
+    if recorded_raw != actual:
         raise IntegrityError(
             f"the manifest does not match the file digest: recorded {recorded}, "
-            f"computed {digest.to_text(actual)}; the file is damaged",
-            expected=recorded, actual=digest.to_text(actual),
+            f"computed {digest.to_text(actual, algorithm)}; the file is damaged",
+            expected=recorded, actual=digest.to_text(actual, algorithm),
         )
 
     table = obj["tensors"]
@@ -198,7 +217,7 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
     infos: list[TensorInfo] = []
     seen: set[str] = set()
     for i, row in enumerate(table):
-        info = _row(i, row)
+        info = _row(i, row, algorithm)
         if info.name in seen:
             raise _bad(f"tensor name {info.name!r} appears twice")
         seen.add(info.name)
@@ -225,7 +244,8 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
             "header is not in canonical form (tensor order, offsets, key order, spacing or "
             "__metadata__ keys differ from what tensorcanon writes)", offset=container.LENGTH_SIZE,
         )
-    return Manifest(raw=raw, root=obj["root"], meta=obj["meta"], tensors=infos, digest=actual)
+    return Manifest(raw=raw, root=obj["root"], meta=obj["meta"], tensors=infos, digest=actual,
+                    algorithm=algorithm)
 
 
 def _canonical_entries(infos) -> list[container.Entry]:
@@ -236,7 +256,7 @@ def _canonical_entries(infos) -> list[container.Entry]:
     return out
 
 
-def _row(i: int, row: Any) -> TensorInfo:
+def _row(i: int, row: Any, algorithm: str) -> TensorInfo:
     if type(row) is not dict or list(row) != _ENTRY_KEYS:
         raise _bad(f"tensor table row {i} must have exactly the keys {_ENTRY_KEYS} in that order")
     name, dt, shape = row["name"], row["dtype"], row["shape"]
@@ -255,6 +275,8 @@ def _row(i: int, row: Any) -> TensorInfo:
         raise _bad(f"{where} has an invalid requires_grad {rg!r}")
     if kind == "ndarray" and dtype.numpy is None:
         raise _bad(f"{where} is a numpy array of dtype {dtype.name}, which numpy lacks")
-    if type(dg) is not bytes or len(dg) != digest.DIGEST_SIZE:
-        raise _bad(f"{where} digest must be {digest.DIGEST_SIZE} bytes")
+    want = digest.ALGORITHMS[algorithm]
+    if type(dg) is not bytes or len(dg) != want:
+        got = f"{len(dg)} bytes" if type(dg) is bytes else f"a {type(dg).__name__}"
+        raise _bad(f"{where} digest must be {want} bytes for algorithm {algorithm!r}, not {got}")
     return TensorInfo(i, name, dtype, tuple(shape), kind, rg, dg)

@@ -2,7 +2,8 @@
 
 Nothing from the file is trusted until it is checked: the header's numbers
 against the file size, the manifest against its canonical form, the header and
-the recorded digest. Only then are tensors allocated (sizes are by then bounded
+the recorded digest, with the algorithm the manifest names (xxh3-128 or
+sha256; every digest in a file uses the one algorithm). Only then are tensors allocated (sizes are by then bounded
 by the bytes present), read in file order, hashed, and placed on their device.
 The object tree is rebuilt last, so no partial object is ever returned.
 """
@@ -101,11 +102,12 @@ def _tensor_path(m: manifest.Manifest, info: manifest.TensorInfo) -> str:
 
 def _integrity_error(m, info, actual: bytes, data_start: int) -> IntegrityError:
     where = _tensor_path(m, info)
+    recorded, computed = m.text(info.digest), m.text(actual)
     return IntegrityError(
         f"tensor {where} (stored as {info.name!r}, bytes {data_start + info.begin}-"
         f"{data_start + info.end}) does not match its digest: recorded "
-        f"{digest.to_text(info.digest)}, computed {digest.to_text(actual)}; the file is damaged",
-        path=where, expected=digest.to_text(info.digest), actual=digest.to_text(actual),
+        f"{recorded}, computed {computed}; the file is damaged",
+        path=where, expected=recorded, actual=computed,
     )
 
 
@@ -227,7 +229,7 @@ def load_from(src: Source, map_location=None, verify: bool = True, limits: Limit
     values: list[Any] = [None] * len(m.tensors)
     for info in by_begin:
         what = f"data of tensor {info.name!r}"
-        h = digest.tensor_hasher(info.dtype.name, info.shape) if verify else None
+        h = digest.tensor_hasher(info.dtype.name, info.shape, m.algorithm) if verify else None
         device = _target(info.device, map_location) if info.kind != "ndarray" else None
         if device is not None and device.type == "cuda" and src.size is not None:
             # Straight to the GPU through pinned buffers (sizes already checked against the file).
@@ -257,11 +259,21 @@ def load_from(src: Source, map_location=None, verify: bool = True, limits: Limit
             elif info.requires_grad:
                 value.requires_grad_(True)
         values[info.index] = value
-    decoder = Decoder(values, limits.max_depth)
+    return decode_tree(m, limits, values)
+
+
+def decode_tree(m: manifest.Manifest, limits: Limits, values: list | None = None) -> Any:
+    """Check the whole tree (root and user metadata) and the tensor table; return the root.
+
+    With ``values`` (the loaded tensors, in table order) the root is built; without,
+    only its structure is checked (registered types are not rebuilt).
+    """
+    build = values is not None
+    decoder = Decoder(values if build else [None] * len(m.tensors), limits.max_depth, build_objects=build)
     root = decoder.decode(m.root)
-    if not all(decoder.used):
-        unused = [m.tensors[i].name for i, u in enumerate(decoder.used) if not u][:3]
-        raise FormatError(f"manifest: tensors {unused} are listed but never used in the object")
+    decoder.check_table([info.name for info in m.tensors])
+    if m.meta is not None:
+        Decoder([], limits.max_depth, build_objects=False).decode_metadata(m.meta)
     return root
 
 
@@ -274,7 +286,7 @@ def verify_from(src: Source, limits: Limits = DEFAULT) -> str:
         )
     buf = memoryview(bytearray(min(_CHUNK, max((i.nbytes for i in m.tensors), default=0))))
     for info in sorted(m.tensors, key=lambda i: (i.begin, i.end)):
-        h = digest.tensor_hasher(info.dtype.name, info.shape)
+        h = digest.tensor_hasher(info.dtype.name, info.shape, m.algorithm)
         left = info.nbytes
         while left:
             n = min(left, len(buf))
@@ -284,11 +296,8 @@ def verify_from(src: Source, limits: Limits = DEFAULT) -> str:
         actual = h.digest()
         if actual != info.digest:
             raise _integrity_error(m, info, actual, header.data_start)
-    # The tree must also be well-formed: decode it with empty stand-ins.
-    Decoder([None] * len(m.tensors), limits.max_depth, build_objects=False).decode(m.root)
-    if m.meta is not None:
-        Decoder([], limits.max_depth, build_objects=False).decode(m.meta)
-    return digest.to_text(m.digest)
+    decode_tree(m, limits)  # the tree must also be well-formed and the table canonical
+    return m.text()
 
 
 def read_digest(src: Source, limits: Limits = DEFAULT) -> str:
@@ -296,14 +305,14 @@ def read_digest(src: Source, limits: Limits = DEFAULT) -> str:
     header, m = _read_header(src, limits)
     if m is None:
         raise FormatError("this is a plain safetensors file with no tensorcanon manifest or digest")
-    return digest.to_text(m.digest)
+    return m.text()
 
 
 def read_metadata(src: Source, limits: Limits = DEFAULT) -> Any:
     header, m = _read_header(src, limits)
     if m is None:
         return None
-    return Decoder([], limits.max_depth).decode(m.meta) if m.meta is not None else None
+    return Decoder([], limits.max_depth).decode_metadata(m.meta) if m.meta is not None else None
 
 
 __all__ = ["Source", "open_source", "load_from", "verify_from", "read_digest", "read_metadata", "TensorCanonError"]

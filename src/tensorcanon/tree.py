@@ -66,6 +66,7 @@ class Encoder:
         self.tensors: list[TensorSource] = []
         self._by_id: dict[int, int] = {}
         self._by_view: dict[tuple, int] = {}
+        self._keep: list = []  # every object whose id() is in _by_id stays alive until we finish
         self._path: list = []
 
     # -- helpers
@@ -177,6 +178,9 @@ class Encoder:
         if view_key is not None:
             idx = self._by_view.get(view_key)
             if idx is not None:
+                # ``value`` may be a temporary (a registered encode that returns fresh views):
+                # keep it alive, or its id() could be reused by an unrelated tensor.
+                self._keep.append(value)
                 self._by_id[id(value)] = idx
                 return ["tensor", idx]
         idx = len(self.tensors)
@@ -260,17 +264,26 @@ class Encoder:
     # -- naming
     def assign_names(self) -> None:
         """Give each tensor a readable, unique safetensors name from its path."""
-        used: set[str] = {"__metadata__"}
-        for src in self.tensors:
-            base = ".".join(
-                p if type(p) is str else str(p) if type(p) is int else _key_repr(p) for p in src.path
-            ) or "_"
-            name, n = base, 0
-            while name in used:
-                n += 1
-                name = f"{base}~{n}"
-            used.add(name)
+        for src, name in zip(self.tensors, tensor_names([s.path for s in self.tensors])):
             src.name = name
+
+
+def tensor_names(first_paths: list[tuple]) -> list[str]:
+    """The canonical safetensors names of tensors first found at ``first_paths`` (in table
+    order): path components joined with dots, ``~1``, ``~2``... added to make them unique."""
+    used: set[str] = {"__metadata__"}
+    out = []
+    for path in first_paths:
+        base = ".".join(
+            p if type(p) is str else str(p) if type(p) is int else _key_repr(p) for p in path
+        ) or "_"
+        name, n = base, 0
+        while name in used:
+            n += 1
+            name = f"{base}~{n}"
+        used.add(name)
+        out.append(name)
+    return out
 
 
 def _key_repr(key: Any) -> str:
@@ -314,6 +327,7 @@ class Decoder:
         self.tensors = tensors
         self.build_objects = build_objects
         self.used = [False] * len(tensors)
+        self.first_paths: list[tuple] = []  # path of each tensor's first use, in table order
         self.max_depth = max_depth
         self._path: list = []
 
@@ -406,8 +420,16 @@ class Decoder:
     def dec_tuple(self, node, depth):
         return tuple(self._items(node, depth))
 
+    def _no_merged_keys(self, out, n: int, what: str):
+        # Keys the canonical order tells apart but Python merges (True and 1, (1,) and (True,))
+        # would silently drop entries: such a file was not written from a real dict or set.
+        if len(out) != n:
+            raise self.error(f"{what} holds keys that Python treats as equal (such as True and 1)")
+        return out
+
     def dec_dict(self, node, depth):
-        return dict(self._pairs(node, 1, depth, ordered=True))
+        pairs = self._pairs(node, 1, depth, ordered=True)
+        return self._no_merged_keys(dict(pairs), len(pairs), "dict")
 
     def dec_odict(self, node, depth):
         if len(node) < 2:
@@ -415,16 +437,19 @@ class Decoder:
         self._path.append("_metadata")
         meta = self.decode(node[1], depth)
         self._path.pop()
-        out = _OrderedDict(self._pairs(node, 2, depth, ordered=False))
+        pairs = self._pairs(node, 2, depth, ordered=False)
+        out = self._no_merged_keys(_OrderedDict(pairs), len(pairs), "OrderedDict")
         if meta is not None:
             out._metadata = meta
         return out
 
     def dec_set(self, node, depth):
-        return set(self._members(node, depth))
+        members = self._members(node, depth)
+        return self._no_merged_keys(set(members), len(members), "set")
 
     def dec_frozenset(self, node, depth):
-        return frozenset(self._members(node, depth))
+        members = self._members(node, depth)
+        return self._no_merged_keys(frozenset(members), len(members), "frozenset")
 
     def dec_complex(self, node, depth):
         re, im = self._args(node, 2)
@@ -434,8 +459,8 @@ class Decoder:
 
     def dec_size(self, node, depth):
         dims = node[1:]
-        if not all(type(d) is int for d in dims):
-            raise self.error("'size' takes ints")
+        if not all(type(d) is int and -(2**63) <= d < 2**63 for d in dims):
+            raise self.error("'size' takes ints that fit in 64 bits")
         return torch.Size(dims)
 
     def dec_dtype(self, node, depth):
@@ -471,8 +496,36 @@ class Decoder:
         (idx,) = self._args(node, 1)
         if type(idx) is not int or not 0 <= idx < len(self.tensors):
             raise self.error(f"tensor index {idx!r} is out of range")
-        self.used[idx] = True
+        if not self.used[idx]:
+            if idx != len(self.first_paths):
+                raise self.error(
+                    f"tensor {idx} is used before tensor {len(self.first_paths)}; the table must list "
+                    "tensors in the order the tree first uses them"
+                )
+            self.used[idx] = True
+            self.first_paths.append(tuple(self._path))
         return self.tensors[idx]
+
+    def check_table(self, names: list[str]) -> None:
+        """After decoding the root: every tensor is used, and each has its canonical name."""
+        if not all(self.used):
+            unused = [names[i] for i, u in enumerate(self.used) if not u][:3]
+            raise FormatError(f"manifest: tensors {unused} are listed but never used in the object")
+        for i, (name, want) in enumerate(zip(names, tensor_names(self.first_paths))):
+            if name != want:
+                raise FormatError(
+                    f"manifest: tensor {i} at {paths.join(self.first_paths[i])} is named {name!r}, "
+                    f"but its canonical name is {want!r}; the file was not written by a conforming "
+                    "writer (re-save it with tensorcanon.save)"
+                )
+
+    def decode_metadata(self, node: Any) -> dict:
+        """The user metadata tree: a dict with str keys, holding no tensors."""
+        self._path = ["metadata"]
+        value = self.decode(node)
+        if type(value) is not dict or not all(type(k) is str for k in value):
+            raise FormatError("manifest: user metadata must be a dict with str keys")
+        return value
 
     def dec_obj(self, node, depth):
         name, state = self._args(node, 2)

@@ -1,7 +1,8 @@
 """Saving: plan the file, then stream every tensor once through hash and write.
 
-The plan (tree, names, layout) is made before any tensor byte is touched.
-Digests have a fixed size, so the header's length is known from the plan:
+The plan (tree, names, layout, digest algorithm) is made before any tensor
+byte is touched. Digests have a fixed size set by the algorithm (16 bytes for
+xxh3-128, 32 for sha256), so the header's length is known from the plan:
 a seekable target gets a reserved header, then one streaming pass in which
 each tensor is hashed and written, then the real header in the reserved
 space. A non-seekable target gets a hashing pass first, then the header and
@@ -20,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from . import container, digest, dtypes, manifest
+from . import container, digest, dtypes, manifest, paths
 from .errors import TensorCanonError, UnsupportedTypeError
 from .limits import DEFAULT, Limits
 from .tensorbytes import host_bytes
@@ -34,11 +35,12 @@ class Plan:
     tensors: list[TensorSource]       # table order
     layout: list[container.Entry]     # data order, parallel to `ordered`
     ordered: list[TensorSource]
+    algorithm: str = digest.DEFAULT
 
     _rows: list | None = None  # table rows, built once; only their digests change
 
     def manifest_bytes(self) -> bytes:
-        zero = bytes(digest.DIGEST_SIZE)
+        zero = bytes(digest.size(self.algorithm))
         if self._rows is None:
             self._rows = [
                 manifest.table_row(s.name, s.dtype.name, s.shape, s.kind, s.requires_grad, zero)
@@ -46,20 +48,25 @@ class Plan:
             ]
         for row, s in zip(self._rows, self.tensors):
             row["digest"] = s.digest or zero
-        return manifest.pack(self.root, self.meta, self._rows)
+        return manifest.pack(self.root, self.meta, self._rows, self.algorithm)
 
     def header(self) -> tuple[bytes, bytes]:
         """(header bytes, manifest bytes) for the digests currently recorded."""
         raw = self.manifest_bytes()
         devices = [s.device for s in self.tensors]
-        return container.build(self.layout, manifest.header_metadata(raw, devices)), raw
+        return container.build(self.layout, manifest.header_metadata(raw, devices, self.algorithm)), raw
+
+    def file_digest(self, raw: bytes) -> str:
+        """The file digest, as text, of manifest bytes ``raw``."""
+        return digest.to_text(digest.manifest_digest(raw, self.algorithm), self.algorithm)
 
     @property
     def data_size(self) -> int:
         return self.layout[-1].end if self.layout else 0
 
 
-def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT) -> Plan:
+def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: str = digest.DEFAULT) -> Plan:
+    algorithm = digest.check(algorithm)  # before any work: an unknown name fails fast
     enc = Encoder(limits.max_depth)
     root = enc.encode(obj)
     meta = None
@@ -73,14 +80,29 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT) -> Plan:
                 f"metadata cannot hold tensors or arrays (found one at metadata{menc.tensors[0].path}); "
                 "put them in the saved object instead", path="metadata",
             )
+    if len(enc.tensors) > limits.max_tensors:
+        raise UnsupportedTypeError(
+            f"the object holds {len(enc.tensors)} tensors, more than max_tensors={limits.max_tensors} "
+            "that readers accept by default; pass limits=tensorcanon.Limits(max_tensors=...) to save "
+            "and to every load of the file", path="$",
+        )
     enc.assign_names()
     ordered = sorted(enc.tensors, key=lambda s: container.data_order(s.name, s.dtype.itemsize))
     layout, position = [], 0
     for s in ordered:
         n = s.nbytes
-        layout.append(container.Entry(s.name, s.dtype.st, tuple(dtypes.header_shape(s.dtype, s.shape)), position, position + n))
+        shape = tuple(dtypes.header_shape(s.dtype, s.shape))
+        if len(shape) > limits.max_ndim:
+            where = paths.join(s.path)
+            raise UnsupportedTypeError(
+                f"the tensor at {where} has {len(shape)} header dimensions (its {len(s.shape)} plus "
+                f"one for a dtype stored as bytes, if any), more than max_ndim={limits.max_ndim} that "
+                "readers accept by default; pass limits=tensorcanon.Limits(max_ndim=...) to save and "
+                "to every load of the file", path=where,
+            )
+        layout.append(container.Entry(s.name, s.dtype.st, shape, position, position + n))
         position += n
-    return Plan(root, meta, enc.tensors, layout, ordered)
+    return Plan(root, meta, enc.tensors, layout, ordered, algorithm)
 
 
 def _chunks(src: TensorSource):
@@ -153,9 +175,9 @@ class _Sink:
             raise self.error
 
 
-def _hash(src: TensorSource, sink: _Sink | None = None) -> bytes:
+def _hash(src: TensorSource, algorithm: str, sink: _Sink | None = None) -> bytes:
     """Hash one tensor's canonical bytes, passing each chunk to ``sink`` (the writer) too."""
-    h = digest.tensor_hasher(src.dtype.name, src.shape)
+    h = digest.tensor_hasher(src.dtype.name, src.shape, algorithm)
     stable = not src.device.startswith("cuda")  # CUDA chunks live in a reused staging buffer
     chunks = _chunks(src)
     try:
@@ -173,8 +195,8 @@ def _hash(src: TensorSource, sink: _Sink | None = None) -> bytes:
 def fingerprint(p: Plan) -> str:
     """Hash every tensor (no writing) and return the file digest."""
     for src in p.ordered:
-        src.digest = _hash(src)
-    return digest.to_text(digest.manifest_digest(p.manifest_bytes()))
+        src.digest = _hash(src, p.algorithm)
+    return p.file_digest(p.manifest_bytes())
 
 
 def write(p: Plan, f: BinaryIO) -> str:
@@ -191,7 +213,7 @@ def write(p: Plan, f: BinaryIO) -> str:
         sink = _Sink(f)
         try:
             for src in p.ordered:
-                src.digest = _hash(src, sink)
+                src.digest = _hash(src, p.algorithm, sink)
         finally:
             sink.close()
         header, raw = p.header()
@@ -209,7 +231,7 @@ def write(p: Plan, f: BinaryIO) -> str:
         try:
             for src in p.ordered:
                 expected = src.digest
-                src.digest = _hash(src, sink)
+                src.digest = _hash(src, p.algorithm, sink)
                 if src.digest != expected:
                     raise TensorCanonError(
                         f"tensor {src.name!r} changed while it was being saved; save again when no "
@@ -217,7 +239,7 @@ def write(p: Plan, f: BinaryIO) -> str:
                     )
         finally:
             sink.close()
-    return digest.to_text(digest.manifest_digest(raw))
+    return p.file_digest(raw)
 
 
 def _umask() -> int:

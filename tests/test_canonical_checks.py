@@ -1,0 +1,175 @@
+"""The loader accepts only canonical files, and the writer never confuses two tensors.
+
+Each test builds a file that a conforming writer could not produce (the manifest
+is rewritten and its digest recomputed, so the integrity checks pass and the
+structural checks are what must catch it) and checks the error says what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import sys
+
+import pytest
+import torch
+
+import tensorcanon
+from tensorcanon import FormatError
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
+
+import hostile_lib as h  # noqa: E402
+
+
+def _with_root(data: bytes, edit) -> bytes:
+    """``data`` with its manifest tree replaced by ``edit(manifest)``'s result, digest fixed."""
+    m, _, _ = h.manifest_of(data)
+    edit(m)
+    return h.rebuild(data, h.repack(m))
+
+
+def _all_read_paths(data: bytes, match: str) -> None:
+    with pytest.raises(FormatError, match=match):
+        tensorcanon.loads(data)
+    with pytest.raises(FormatError, match=match):
+        tensorcanon.verify(io.BytesIO(data))
+
+
+# ------------------------------------------------------------- keys Python merges
+
+@pytest.mark.parametrize("tag, nodes", [
+    ("dict", [True, "a", 1, "b"]),
+    ("set", [True, 1]),
+    ("frozenset", [True, 1]),
+    ("dict", [["tuple", True], "a", ["tuple", 1], "b"]),
+])
+def test_keys_that_python_merges_are_refused(tag, nodes):
+    data = tensorcanon.dumps({"x": 0})
+
+    def edit(m):
+        m["root"] = ["dict", "x", [tag, *nodes]]
+
+    bad = _with_root(data, edit)
+    with pytest.raises(FormatError, match="keys that Python treats as equal"):
+        tensorcanon.loads(bad)
+
+
+def test_ordered_dict_with_merged_keys_is_refused():
+    data = tensorcanon.dumps({"x": 0})
+
+    def edit(m):
+        m["root"] = ["odict", None, 1, "a", True, "b"]
+
+    with pytest.raises(FormatError, match="keys that Python treats as equal"):
+        tensorcanon.loads(_with_root(data, edit))
+
+
+def test_oversized_torch_size_is_a_format_error():
+    data = tensorcanon.dumps({"x": 0})
+
+    def edit(m):
+        m["root"] = ["size", 2**64 - 1]
+
+    with pytest.raises(FormatError, match="'size' takes ints that fit in 64 bits"):
+        tensorcanon.loads(_with_root(data, edit))
+
+
+# ------------------------------------------------------------- the tensor table
+
+def _two_tensors() -> bytes:
+    return tensorcanon.dumps({"a": torch.ones(2), "b": torch.zeros(3)})
+
+
+def test_swapped_tensor_uses_are_refused():
+    # The tree uses tensor 1 before tensor 0: a writer numbers tensors in first-use order.
+    def edit(m):
+        m["root"] = ["dict", "a", ["tensor", 1], "b", ["tensor", 0]]
+
+    bad = _with_root(_two_tensors(), edit)
+    _all_read_paths(bad, "tensor 1 is used before tensor 0")
+
+
+def test_non_canonical_tensor_names_are_refused():
+    # Rename tensor "a" to "z" everywhere (header, table, data order stays valid): the file is
+    # self-consistent safetensors, but "z" is not the name the path ["a"] gives.
+    data = tensorcanon.dumps({"a": torch.ones(2)})
+    m, header, body = h.manifest_of(data)
+    for row in m["tensors"]:
+        if row["name"] == "a":
+            row["name"] = "z"
+    header = dict(header)
+    header["z"] = header.pop("a")
+    bad = h.rebuild(data, h.repack(m), header=header, body=body)
+    with pytest.raises(FormatError, match=r"named 'z', but its canonical name is 'a'"):
+        tensorcanon.loads(bad)
+    with pytest.raises(FormatError, match="canonical name"):
+        tensorcanon.verify(io.BytesIO(bad))
+
+
+def test_verify_refuses_tensors_the_tree_never_uses():
+    def edit(m):
+        m["root"] = ["dict", "a", ["tensor", 0]]
+
+    bad = _with_root(_two_tensors(), edit)
+    _all_read_paths(bad, r"listed but never used")
+
+
+def test_metadata_must_be_a_dict_with_str_keys():
+    data = tensorcanon.dumps({"x": 0}, metadata={"epoch": 1})
+
+    def edit(m):
+        m["meta"] = ["list", 1, 2]
+
+    bad = _with_root(data, edit)
+    with pytest.raises(FormatError, match="user metadata must be a dict with str keys"):
+        tensorcanon.read_metadata(io.BytesIO(bad))
+    with pytest.raises(FormatError, match="user metadata must be a dict with str keys"):
+        tensorcanon.verify(io.BytesIO(bad))
+
+
+# ------------------------------------------------------------- encoder identity
+
+@dataclasses.dataclass
+class _Views:
+    """Its registered encoding returns fresh view objects on every call."""
+
+    base: torch.Tensor
+    own: torch.Tensor
+
+
+def test_temporary_views_from_registered_encoders_are_never_confused():
+    # Each object's state holds a fresh view equal to an earlier one (deduplicated, then freed
+    # once the object is encoded) and a fresh tensor of its own. If the encoder forgot the freed
+    # view, a later fresh tensor could reuse its id() and be written as the tied one. ("own" is
+    # created first, so it is the object most likely to take the slot the last view freed.)
+    tensorcanon.register(_Views, encode=lambda v: {"own": v.own.clone(), "tied": v.base[:2]},
+                         decode=lambda s: s, name="tests.Views")
+    try:
+        base = torch.arange(4.0)
+        objs = [_Views(base, torch.full((2,), float(i))) for i in range(200)]
+        back = tensorcanon.loads(tensorcanon.dumps({"base": base[:2], "objs": objs}))
+        for i, state in enumerate(back["objs"]):
+            assert torch.equal(state["tied"], base[:2])
+            assert torch.equal(state["own"], torch.full((2,), float(i))), f"object {i} got another tensor"
+    finally:
+        tensorcanon.unregister(_Views)
+
+
+# ------------------------------------------------------------- writer limits
+
+def test_writer_refuses_what_the_default_reader_would_refuse():
+    # complex128 is stored as bytes with one extra header dimension: 64 dims become 65.
+    t = torch.zeros([1] * 64, dtype=torch.complex128)
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match=r'\$\["w"\] has 65 header dimensions.*max_ndim=64'):
+        tensorcanon.dumps({"w": t})
+    raised = tensorcanon.Limits(max_ndim=65)
+    assert torch.equal(tensorcanon.loads(tensorcanon.dumps({"w": t}, limits=raised), limits=raised)["w"], t)
+
+
+def test_writer_applies_max_tensors():
+    small = tensorcanon.Limits(max_tensors=3)
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match="4 tensors, more than max_tensors=3"):
+        tensorcanon.dumps([torch.zeros(1) for _ in range(4)], limits=small)
+    assert len(tensorcanon.loads(tensorcanon.dumps([torch.zeros(1)] * 4, limits=small), limits=small)) == 4
