@@ -8,12 +8,14 @@ from typing import Any, BinaryIO, Union
 
 from . import digest as _digest
 from . import reader, writer
+from .gcpause import paused
 from .errors import IntegrityError
 from .limits import DEFAULT, Limits
 
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 
 
+@paused
 def save(obj: Any, f: PathOrFile, *, metadata: dict | None = None, limits: Limits = DEFAULT,
          algorithm: str = _digest.DEFAULT) -> str:
     """Write ``obj`` canonically to ``f`` and return its content digest.
@@ -38,6 +40,7 @@ def save(obj: Any, f: PathOrFile, *, metadata: dict | None = None, limits: Limit
     return writer.write(p, f)
 
 
+@paused
 def dumps(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFAULT,
           algorithm: str = _digest.DEFAULT) -> bytes:
     """The canonical bytes of ``obj`` (what :func:`save` would write with the same ``algorithm``).
@@ -51,6 +54,7 @@ def dumps(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFAULT,
     return buf.getvalue()
 
 
+@paused
 def fingerprint(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFAULT,
                 algorithm: str = _digest.DEFAULT) -> str:
     """The digest :func:`save` would return for ``obj`` (with the same ``algorithm``), computed without writing.
@@ -63,6 +67,7 @@ def fingerprint(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFA
     return writer.fingerprint(writer.plan(obj, metadata, limits, algorithm))
 
 
+@paused
 def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits: Limits = DEFAULT) -> Any:
     """Read an object saved by :func:`save` (or a plain safetensors file).
 
@@ -81,12 +86,14 @@ def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits
     return reader.open_source(f, lambda src: reader.load_from(src, map_location, verify, limits))
 
 
+@paused
 def loads(data: bytes | bytearray | memoryview, *, map_location: Any = None, verify: bool = True,
           limits: Limits = DEFAULT) -> Any:
     """:func:`load` from bytes. The bytes must hold exactly one file."""
     return reader.load_from(reader.Source(data=data), map_location, verify, limits)
 
 
+@paused
 def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits = DEFAULT) -> str:
     """Re-hash every byte of a file and return its digest, or raise.
 

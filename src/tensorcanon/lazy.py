@@ -19,6 +19,7 @@ import torch
 
 from . import digest, paths, reader, tensorbytes
 from .errors import FormatError, TensorCanonError
+from .gcpause import paused
 from .limits import DEFAULT, Limits
 
 
@@ -188,6 +189,7 @@ class LazyFile:
         return f"<tensorcanon.LazyFile {self.path!r}: {len(self)} tensors>"
 
 
+@paused
 def open(path: str | os.PathLike, *, map_location: Any = None, verify: bool = True,  # noqa: A001
          limits: Limits = DEFAULT) -> LazyFile:
     """Open a saved file for lazy, per-tensor access by path.

@@ -134,6 +134,11 @@ def _check_device(device: torch.device, where: Callable[[], str]) -> None:
         )
 
 
+def _stays_on_cpu(info: manifest.TensorInfo, map_location) -> bool:
+    """True when a tensor needs no device handling at all (the common case, kept cheap)."""
+    return info.kind == "ndarray" or (map_location is None and info.device == "cpu")
+
+
 def _target(recorded: str, map_location) -> torch.device | None:
     """The device a tensor recorded on ``recorded`` goes to; None: ask the callable."""
     if map_location is None:
@@ -223,14 +228,16 @@ def load_from(src: Source, map_location=None, verify: bool = True, limits: Limit
         return _read_plain(src, header, map_location)
     by_begin = sorted(m.tensors, key=lambda i: (i.begin, i.end))
     for info in by_begin:  # fail on a missing device before reading any data
-        device = _target(info.device, map_location) if info.kind != "ndarray" else None
+        if _stays_on_cpu(info, map_location):
+            continue
+        device = _target(info.device, map_location)
         if device is not None:
             _check_device(device, lambda: _tensor_path(m, info))
     values: list[Any] = [None] * len(m.tensors)
     for info in by_begin:
         what = f"data of tensor {info.name!r}"
         h = digest.tensor_hasher(info.dtype.name, info.shape, m.algorithm) if verify else None
-        device = _target(info.device, map_location) if info.kind != "ndarray" else None
+        device = None if _stays_on_cpu(info, map_location) else _target(info.device, map_location)
         if device is not None and device.type == "cuda" and src.size is not None:
             # Straight to the GPU through pinned buffers (sizes already checked against the file).
             from . import cuda
@@ -252,8 +259,9 @@ def load_from(src: Source, map_location=None, verify: bool = True, limits: Limit
             if actual != info.digest:
                 raise _integrity_error(m, info, actual, header.data_start)
         value = tensorbytes.finish(buf, info.dtype, info.shape, info.kind, info.name)
-        if info.kind != "ndarray":
+        if not _stays_on_cpu(info, map_location):
             value = _place(value, info.device, map_location, lambda: _tensor_path(m, info))
+        if info.kind != "ndarray":
             if info.kind == "parameter":
                 value = torch.nn.Parameter(value, requires_grad=info.requires_grad)
             elif info.requires_grad:

@@ -209,9 +209,11 @@ class Encoder:
         if v.numel() == 0:
             view_key = None  # zero-size tensors share no bytes: keep them distinct
         else:
+            # data_ptr() is the storage's address plus the view's offset: equal keys mean the
+            # same elements of the same memory, seen the same way.
             view_key = (
-                v.untyped_storage().data_ptr(), device, v.storage_offset(), shape, v.stride(),
-                v.dtype, kind, v.requires_grad, v.is_conj(), v.is_neg(),
+                v.data_ptr(), device, shape, v.stride(), v.dtype, kind, v.requires_grad,
+                v.is_conj(), v.is_neg(),
             )
         return self._add_tensor(
             v, view_key, kind=kind, dtype=row, shape=shape, device=device,

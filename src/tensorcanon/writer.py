@@ -50,11 +50,20 @@ class Plan:
             row["digest"] = s.digest or zero
         return manifest.pack(self.root, self.meta, self._rows, self.algorithm)
 
+    _first: tuple[bytes, dict] | None = None  # the first header built, and its __metadata__
+
     def header(self) -> tuple[bytes, bytes]:
         """(header bytes, manifest bytes) for the digests currently recorded."""
         raw = self.manifest_bytes()
         devices = [s.device for s in self.tensors]
-        return container.build(self.layout, manifest.header_metadata(raw, devices, self.algorithm)), raw
+        meta = manifest.header_metadata(raw, devices, self.algorithm)
+        if self._first is not None:
+            spliced = _splice(*self._first, meta)
+            if spliced is not None:
+                return spliced, raw
+        built = container.build(self.layout, meta)
+        self._first = (built, meta)
+        return built, raw
 
     def file_digest(self, raw: bytes) -> str:
         """The file digest, as text, of manifest bytes ``raw``."""
@@ -63,6 +72,28 @@ class Plan:
     @property
     def data_size(self) -> int:
         return self.layout[-1].end if self.layout else 0
+
+
+def _splice(header: bytes, old: dict, new: dict) -> bytes | None:
+    """``header`` with ``old``'s manifest and digest texts replaced by ``new``'s, or None.
+
+    Between the header reserved before streaming and the final one only these two
+    values change, and their lengths are fixed (digests have a fixed size), so
+    re-serializing every tensor entry is unnecessary. Both are plain ASCII inside
+    ``__metadata__``; a JSON string cannot contain an unescaped ``"``, so the
+    ``"key":"value"`` byte pattern occurs only there. Anything unexpected returns
+    None and the caller builds the header in full.
+    """
+    if old.keys() != new.keys():
+        return None
+    out = header
+    for key in (manifest.KEY_MANIFEST, manifest.KEY_DIGEST):
+        a = f'"{key}":"{old[key]}"'.encode("ascii")
+        b = f'"{key}":"{new[key]}"'.encode("ascii")
+        if len(a) != len(b) or out.count(a) != 1:
+            return None
+        out = out.replace(a, b)
+    return out
 
 
 def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: str = digest.DEFAULT) -> Plan:
