@@ -112,7 +112,7 @@ def test_saving_holds_no_second_copy_of_the_checkpoint(tmp_path):
 
 
 def test_real_file_gets_the_same_bytes_with_large_and_small_tensors_mixed(tmp_path):
-    # Large chunks go through the background writer, small ones inline: order must hold.
+    # Large tensors are written in pieces, small ones whole: the file must equal dumps().
     g = torch.Generator().manual_seed(3)
     obj = {f"k{i:02d}": torch.rand(n, generator=g) for i, n in enumerate([600_000, 3, 400_000, 10, 300_000])}
     obj["z"] = torch.rand(5, generator=g, dtype=torch.float64)

@@ -12,12 +12,9 @@ changed in between). Only one tensor at a time is ever copied.
 
 from __future__ import annotations
 
-import io
 import os
-import queue
 import re
 import tempfile
-import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -108,8 +105,9 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
         meta = menc.encode(metadata)
         if menc.tensors:
             raise UnsupportedTypeError(
-                f"metadata cannot hold tensors or arrays (found one at metadata{menc.tensors[0].path}); "
-                "put them in the saved object instead", path="metadata",
+                f"metadata cannot hold tensors or arrays (found one at metadata "
+                f"{paths.join(menc.tensors[0].path)}); put them in the saved object instead",
+                path="metadata",
             )
     if len(enc.tensors) > limits.max_tensors:
         raise UnsupportedTypeError(
@@ -145,77 +143,45 @@ def _chunks(src: TensorSource):
     return (host_bytes(src.value, src.kind),)
 
 
-class _Sink:
-    """Writes chunks to ``f`` in order; large ones on a background thread.
+def _write_all(f: BinaryIO, data) -> None:
+    """Write all of ``data``: an unbuffered file's ``write`` may take only part of it.
 
-    A file write releases the GIL, hashing does not: handing a large chunk to
-    the thread and hashing it meanwhile makes a save cost about the larger of
-    the two instead of their sum. Chunks are views of the caller's tensors,
-    never copies. Small chunks are written inline (a thread hand-off would
-    cost more than the write), after the queue has drained, to keep order.
+    (Linux's write(2) moves at most 2,147,479,552 bytes per call, so a larger tensor
+    written to ``open(path, "wb", buffering=0)`` would otherwise lose its tail.)
     """
-
-    THRESHOLD = 1 << 20
-
-    def __init__(self, f: BinaryIO) -> None:
-        self.f = f
-        self.thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-        try:
-            f.fileno()  # only real files gain: in-memory targets copy under the GIL
-            self.q: queue.Queue | None = queue.Queue(maxsize=4)
-        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-            self.q = None
-
-    def _run(self) -> None:
-        while True:
-            data = self.q.get()
-            try:
-                if data is None:
-                    return
-                if self.error is None:
-                    self.f.write(data)
-            except BaseException as e:  # reported to the caller by the next write/close
-                self.error = e
-            finally:
-                self.q.task_done()
-
-    def write(self, data, stable: bool = True) -> None:
-        """Write ``data``; ``stable=False`` means its buffer is reused once this returns."""
-        if self.error is not None:
-            raise self.error
-        if self.q is None or not stable or len(data) < self.THRESHOLD:
-            if self.thread is not None:
-                self.q.join()
-                if self.error is not None:
-                    raise self.error
-            self.f.write(data)
-            return
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._run, name="tensorcanon-writer", daemon=True)
-            self.thread.start()
-        self.q.put(data)
-
-    def close(self) -> None:
-        """Wait for every queued write; raise the first error any of them met."""
-        if self.thread is not None:
-            self.q.put(None)
-            self.thread.join()
-            self.thread = None
-        if self.error is not None:
-            raise self.error
+    view = memoryview(data)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    total = view.nbytes
+    done = f.write(view)
+    if done is None:  # a writer that reports no count writes everything or raises
+        return
+    while done < total:
+        n = f.write(view[done:])
+        if not n:
+            raise TensorCanonError(
+                f"the target file object accepted 0 of the last {total - done} bytes; "
+                "nothing was lost from the object, save again to a writable target"
+            )
+        done += n
 
 
-def _hash(src: TensorSource, algorithm: str, sink: _Sink | None = None) -> bytes:
-    """Hash one tensor's canonical bytes, passing each chunk to ``sink`` (the writer) too."""
+_PIECE = 1 << 20  # hash a piece, then write it while it is still in the CPU cache
+
+
+def _hash(src: TensorSource, algorithm: str, f: BinaryIO | None = None) -> bytes:
+    """Hash one tensor's canonical bytes, writing them to ``f`` as well when given."""
     h = digest.tensor_hasher(src.dtype.name, src.shape, algorithm)
-    stable = not src.device.startswith("cuda")  # CUDA chunks live in a reused staging buffer
     chunks = _chunks(src)
     try:
         for chunk in chunks:
-            if sink is not None:
-                sink.write(chunk, stable)  # queued first, so the write overlaps the hashing
-            h.update(chunk)
+            if f is None:
+                h.update(chunk)
+                continue
+            for lo in range(0, len(chunk), _PIECE):
+                piece = chunk[lo : lo + _PIECE]
+                h.update(piece)
+                _write_all(f, piece)
     finally:
         close = getattr(chunks, "close", None)  # a CUDA stream of chunks frees its staging ring
         if close is not None:
@@ -240,36 +206,28 @@ def write(p: Plan, f: BinaryIO) -> str:
     if seekable:
         start = f.tell()
         reserved = len(p.header()[0])
-        f.write(bytes(reserved))
-        sink = _Sink(f)
-        try:
-            for src in p.ordered:
-                src.digest = _hash(src, p.algorithm, sink)
-        finally:
-            sink.close()
+        _write_all(f, bytes(reserved))
+        for src in p.ordered:
+            src.digest = _hash(src, p.algorithm, f)
         header, raw = p.header()
         if len(header) != reserved:  # digests are fixed-size; this cannot change
             raise TensorCanonError("internal error: header size changed while saving")
         end = f.tell()
         f.seek(start)
-        f.write(header)
+        _write_all(f, header)
         f.seek(end)
     else:
         fingerprint(p)
         header, raw = p.header()
-        f.write(header)
-        sink = _Sink(f)
-        try:
-            for src in p.ordered:
-                expected = src.digest
-                src.digest = _hash(src, p.algorithm, sink)
-                if src.digest != expected:
-                    raise TensorCanonError(
-                        f"tensor {src.name!r} changed while it was being saved; save again when no "
-                        "other thread modifies it"
-                    )
-        finally:
-            sink.close()
+        _write_all(f, header)
+        for src in p.ordered:
+            expected = src.digest
+            src.digest = _hash(src, p.algorithm, f)
+            if src.digest != expected:
+                raise TensorCanonError(
+                    f"tensor {src.name!r} changed while it was being saved; save again when no "
+                    "other thread modifies it"
+                )
     return p.file_digest(raw)
 
 
