@@ -96,3 +96,25 @@ def test_permissions_follow_the_umask(tmp_path, mask):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
+
+
+def test_every_atomic_writer_shares_one_path(tmp_path):
+    # Lockfiles and `convert` outputs go through the same helper as save: a failing fill
+    # leaves the previous file and no temp file; a good one leaves only the new file.
+    from tensorcanon import lockfile
+
+    target = tmp_path / "tensors.lock"
+    target.write_bytes(b"previous")
+
+    def failing(f, tmp):
+        f.write(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        writer.replace_atomically(target, failing)
+    assert target.read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tensors.lock"]
+
+    lockfile.write_lock([], target)
+    assert target.read_bytes() != b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tensors.lock"]

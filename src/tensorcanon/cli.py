@@ -403,19 +403,7 @@ def _to_plain_safetensors(value: Any, out_path: str) -> tuple[int, list[str]]:
         tensors[src.name] = t
     dropped = [paths.join(trail) for trail, node in iter_nodes(p.root)
                if not (type(node) is list and node and node[0] in ("tensor", *_CONTAINERS))]
-    folder = os.path.dirname(os.path.abspath(out_path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out_path)}.", dir=folder)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"format": "pt"})
-        os.chmod(tmp, 0o666 & ~writer._umask())
-        os.replace(tmp, out_path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    writer.replace_atomically(out_path, lambda f, tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     return len(tensors), dropped
 
 

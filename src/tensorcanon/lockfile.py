@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import glob
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -173,19 +172,7 @@ def write_lock(entries: Iterable[LockEntry], lock_path: str | os.PathLike) -> No
     """Write the lockfile atomically (a temp file beside it, then a rename)."""
     lock_path = os.fspath(lock_path)
     text = format_lock(entries).encode("utf-8")
-    folder = os.path.dirname(os.path.abspath(lock_path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(lock_path)}.", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~writer._umask())
-        os.replace(tmp, lock_path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    writer.replace_atomically(lock_path, lambda f, tmp: f.write(text))
 
 
 def parse_lock(text: str, where: str = "lockfile") -> list[LockEntry]:

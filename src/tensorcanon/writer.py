@@ -16,13 +16,15 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable, TypeVar
 
 from . import container, digest, dtypes, manifest, paths
 from .errors import TensorCanonError, UnsupportedTypeError
 from .limits import DEFAULT, Limits
 from .tensorbytes import host_bytes
 from .tree import Encoder, TensorSource
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -285,12 +287,17 @@ def remove_stale_temps(folder: str, base: str) -> list[str]:
     return removed
 
 
-def write_atomic(p: Plan, path: str | os.PathLike) -> str:
-    """Write to a temp file beside ``path``, fsync it, then rename it over ``path``.
+def replace_atomically(path: str | os.PathLike, fill: Callable[[BinaryIO, str], _T]) -> _T:
+    """Create the file at ``path`` all at once and return what ``fill`` returns.
+
+    ``fill(f, tmp)`` writes a temp file beside ``path``, through the open binary
+    file ``f`` or by its path ``tmp``; the temp file is then flushed, fsynced,
+    given the usual permissions and renamed over ``path``, and the folder is
+    fsynced last.
 
     A crash at any point leaves the previous file at ``path`` untouched; at
     worst a ``.<name>.<pid>.*.tensorcanon-tmp`` file remains beside it, which
-    the next save to ``path`` removes once that pid no longer exists.
+    the next write to ``path`` removes once that pid no longer exists.
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
@@ -299,7 +306,7 @@ def write_atomic(p: Plan, path: str | os.PathLike) -> str:
     fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            result = write(p, f)
+            result = fill(f, tmp)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
@@ -321,3 +328,8 @@ def write_atomic(p: Plan, path: str | os.PathLike) -> str:
     finally:
         os.close(dir_fd)
     return result
+
+
+def write_atomic(p: Plan, path: str | os.PathLike) -> str:
+    """Write the planned file to ``path`` atomically (:func:`replace_atomically`)."""
+    return replace_atomically(path, lambda f, tmp: write(p, f))
