@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import io
 import json
 import os
 import platform
@@ -170,12 +169,7 @@ class Bench:
         P = self.path
 
         def raw_write(sync=False):
-            with open(P("raw.bin"), "wb") as f:
-                for t in flat.values():
-                    f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
-                if sync:
-                    f.flush()
-                    os.fsync(f.fileno())
+            raw_write_to(P("raw.bin"), sync)
 
         def raw_read():
             with open(P("raw.bin"), "rb", buffering=0) as f:

@@ -18,18 +18,7 @@ from tensorcanon import DeterminismSettings, seed_everything
 from tensorcanon.determinism import DeterminismWarning
 
 
-@pytest.fixture(autouse=True)
-def _keep_settings():
-    """seed_everything changes process-wide switches: put them back for the other tests."""
-    saved = DeterminismSettings.capture()
-    env = {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")}
-    yield
-    saved.apply()
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+pytestmark = pytest.mark.usefixtures("keep_determinism_settings")  # tests/conftest.py
 
 
 SCRIPT = """

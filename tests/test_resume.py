@@ -22,18 +22,7 @@ TOTAL = 12
 KS = (3, 5, 8)  # mid-epoch 0, an epoch boundary, mid-epoch 1 (5 batches per epoch)
 
 
-@pytest.fixture(autouse=True)
-def _keep_settings():
-    """resume_helper calls seed_everything: put the process-wide switches back afterwards."""
-    saved = tensorcanon.DeterminismSettings.capture()
-    env = {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")}
-    yield
-    saved.apply()
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+pytestmark = pytest.mark.usefixtures("keep_determinism_settings")  # tests/conftest.py
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -162,7 +151,8 @@ def test_trap_generator_saved_mid_epoch_is_past_the_shuffle():
     g = torch.Generator().manual_seed(0)
     rs = RandomSampler(ds, generator=g)
     it = iter(rs)
-    first = [next(it) for _ in range(8)]
+    for _ in range(8):  # the first 8 indices of the epoch
+        next(it)
     saved = g.get_state()  # saved mid-epoch: the permutation was already drawn
     rest = list(it)
     g2 = torch.Generator()

@@ -137,7 +137,7 @@ def test_rng_state_restored_in_another_process(tmp_path):
     tensorcanon.save({"rng": RngState.capture()}, path)
     expected = repr(_draw_all())
     code = ("import sys, random, numpy as np, torch, tensorcanon;"
-            f"tensorcanon.load(sys.argv[1])['rng'].restore();"
+            "tensorcanon.load(sys.argv[1])['rng'].restore();"
             "print(repr((random.random(), np.random.rand(), np.random.standard_normal(), torch.rand(3).tolist())))")
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == expected

@@ -9,7 +9,6 @@ to add attacks (the output is deterministic).
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import pickle
@@ -19,7 +18,6 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "fuzz"))
 
-import msgpack  # noqa: E402
 import torch  # noqa: E402
 
 import hostile_lib as h  # noqa: E402

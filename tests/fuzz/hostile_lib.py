@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 import tensorcanon
-from tensorcanon import container, digest, manifest
+from tensorcanon import digest
 from tensorcanon.errors import TensorCanonError
 
 DEADLINE_S = 10  # generous: CI cores are shared; a real hang never ends

@@ -13,7 +13,6 @@ import os
 import struct
 
 import msgpack
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
