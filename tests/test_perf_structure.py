@@ -121,3 +121,21 @@ def test_real_file_gets_the_same_bytes_with_large_and_small_tensors_mixed(tmp_pa
         d = tensorcanon.save(obj, f)
     assert p.read_bytes() == tensorcanon.dumps(obj)
     assert tensorcanon.verify(p) == d
+
+
+def test_fast_byte_path_gives_the_general_paths_bytes(monkeypatch):
+    # host_bytes takes a shortcut for contiguous CPU tensors numpy can view; it must give
+    # exactly the bytes of the general path (which copies through reshape and view).
+    from tensorcanon import tensorbytes
+
+    g = torch.Generator().manual_seed(5)
+    cases = [
+        torch.rand(3, 4, generator=g), torch.tensor(2.5), torch.rand(4, 1, generator=g).t(),
+        torch.nn.Parameter(torch.rand(5, generator=g)), torch.arange(6, dtype=torch.int16).reshape(2, 3),
+        torch.randn(3, dtype=torch.complex64, generator=g), torch.arange(5, dtype=torch.uint8),
+        torch.randn(2, 2, dtype=torch.float64, generator=g).requires_grad_(),
+    ]
+    fast = [bytes(tensorbytes.host_bytes(t, "tensor")) for t in cases]
+    monkeypatch.setattr(tensorbytes, "_NUMPY_VIEWABLE", frozenset())
+    general = [bytes(tensorbytes.host_bytes(t, "tensor")) for t in cases]
+    assert fast == general

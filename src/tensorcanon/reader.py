@@ -236,6 +236,7 @@ def load_from(src: Source, map_location=None, verify: bool = True, limits: Limit
     values: list[Any] = [None] * len(m.tensors)
     for info in by_begin:
         what = f"data of tensor {info.name!r}"
+        ready = None
         h = digest.tensor_hasher(info.dtype.name, info.shape, m.algorithm) if verify else None
         device = None if _stays_on_cpu(info, map_location) else _target(info.device, map_location)
         if device is not None and device.type == "cuda" and src.size is not None:
@@ -251,14 +252,19 @@ def load_from(src: Source, map_location=None, verify: bool = True, limits: Limit
                 src.readinto(piece, what)
                 h.update(piece)
         else:
-            buf, mv = _read_buffer(src, info.nbytes, info.kind, what)
+            ready = tensorbytes.empty_tensor(info.dtype, info.shape, info.kind) if src.size is not None else None
+            if ready is not None:  # the common small-tensor case: read straight into the result
+                buf, mv = ready
+                src.readinto(mv, what)
+            else:
+                buf, mv = _read_buffer(src, info.nbytes, info.kind, what)
             if h is not None:
                 h.update(mv)
         if h is not None:
             actual = h.digest()
             if actual != info.digest:
                 raise _integrity_error(m, info, actual, header.data_start)
-        value = tensorbytes.finish(buf, info.dtype, info.shape, info.kind, info.name)
+        value = buf if ready is not None else tensorbytes.finish(buf, info.dtype, info.shape, info.kind, info.name)
         if not _stays_on_cpu(info, map_location):
             value = _place(value, info.device, map_location, lambda: _tensor_path(m, info))
         if info.kind != "ndarray":

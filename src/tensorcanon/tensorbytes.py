@@ -21,6 +21,14 @@ if sys.byteorder != "little":  # pragma: no cover - no such host in CI
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
+# Dtypes whose bytes numpy can expose directly (bool is not here: it needs the 0/1 check).
+_NUMPY_VIEWABLE = frozenset(
+    getattr(torch, n) for n in (
+        "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
+        "float16", "float32", "float64", "complex64", "complex128",
+    ) if hasattr(torch, n)
+)
+
 
 def host_bytes(value, kind: str) -> memoryview:
     """A flat uint8 view of ``value``'s canonical bytes, copying only when needed.
@@ -37,6 +45,10 @@ def host_bytes(value, kind: str) -> memoryview:
         if a.dtype == np.uint8 and value.dtype == np.bool_ and a.size and a.max() > 1:
             a = (a != 0).view(np.uint8)
         return memoryview(a)
+    if (value.is_cpu and value.dtype in _NUMPY_VIEWABLE and value.is_contiguous()
+            and not value.is_conj() and not value.is_neg() and value.numel()):
+        # The common case, kept cheap for checkpoints of many small tensors: no copy, no reshape.
+        return memoryview((value.detach() if value.requires_grad else value).numpy()).cast("B")
     t = value.detach()
     if t.is_conj():
         t = t.resolve_conj()
@@ -54,6 +66,17 @@ def host_bytes(value, kind: str) -> memoryview:
     if value.dtype is torch.bool and u.numel() and bool(u.max() > 1):
         u = (u != 0).view(torch.uint8)
     return memoryview(u.numpy())
+
+
+def empty_tensor(dtype: DType, shape: tuple[int, ...], kind: str):
+    """``(tensor, flat byte view of it)`` already of ``dtype`` and ``shape``, so that reading
+    into the view finishes the tensor; None when the general path is needed (arrays, bool,
+    dtypes numpy cannot view, zero-size shapes): :func:`empty_buffer`, then :func:`finish`."""
+    t = dtype.torch
+    if kind == "ndarray" or t not in _NUMPY_VIEWABLE or 0 in shape:
+        return None
+    value = torch.empty(shape, dtype=t)
+    return value, memoryview(value.numpy()).cast("B")
 
 
 def empty_buffer(nbytes: int, kind: str):

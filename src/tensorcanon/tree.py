@@ -205,7 +205,7 @@ class Encoder:
             raise self.unsupported(f"tensors of dtype {v.dtype} are not supported")
         kind = "parameter" if type(v) is _Parameter else "tensor"
         shape = tuple(v.shape)
-        device = str(v.device)
+        device = "cpu" if v.is_cpu else str(v.device)
         if v.numel() == 0:
             view_key = None  # zero-size tensors share no bytes: keep them distinct
         else:
