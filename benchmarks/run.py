@@ -128,7 +128,12 @@ def interleaved_medians(ops: dict, runs: int) -> dict:
             result = fn()
             times[name].append(time.perf_counter() - t0)
             del result
+    SPREAD.update({name: (min(ts), max(ts)) for name, ts in times.items()})
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+SPREAD: dict = {}
+"""Fastest and slowest run of each operation of the last :func:`interleaved_medians` call."""
 
 
 def filesystem_of(path: str) -> str:
@@ -407,11 +412,16 @@ class Report:
         self.md: list[str] = []
         self.checks: list[tuple[str, str, bool, str]] = []
 
-    def table(self, title: str, times: dict, size: int | None = None, per: int | None = None) -> None:
-        head = "| operation | median | " + ("GB/s | " if size else "") + ("per tensor |" if per else "")
+    def table(self, title: str, times: dict, size: int | None = None, per: int | None = None,
+              spread: dict | None = None) -> None:
+        head = ("| operation | median | " + ("fastest – slowest run | " if spread else "")
+                + ("GB/s | " if size else "") + ("per tensor |" if per else ""))
         lines = [f"### {title}", "", head, "|" + " --- |" * (head.count("|") - 1)]
         for op, s in times.items():
             row = f"| {op} | {fmt_t(s)} | "
+            if spread:
+                lo, hi = spread[op]
+                row += f"{fmt_t(lo)} – {fmt_t(hi)} | "
             if size:
                 row += f"{size / s / 1e9:.2f} | "
             if per:
@@ -455,7 +465,7 @@ def main(argv=None) -> int:
         obj = large_tensors(large_mib)
         size = nbytes(obj)
         r = bench.io_ops(obj, with_fsync=True)
-        rep.table(f"Large: {large_mib} MiB in 128 float32 tensors", r, size=size)
+        rep.table(f"Large: {large_mib} MiB in 128 float32 tensors", r, size=size, spread=SPREAD)
         s_tc, s_raw = r["tensorcanon save (file object)"], r["raw write"]
         rep.check("save large, vs raw write", "≤ 1.1×", f"{s_tc / s_raw:.2f}×", s_tc <= 1.1 * s_raw)
         s_tcp = r["tensorcanon save (path: atomic + fsync)"]
@@ -491,7 +501,7 @@ def main(argv=None) -> int:
         # 2. small tensors
         obj = small_tensors(small_n)
         r = bench.io_ops(obj, with_fsync=False)
-        rep.table(f"Small: {small_n} tensors of 1 KiB", r, per=small_n)
+        rep.table(f"Small: {small_n} tensors of 1 KiB", r, per=small_n, spread=SPREAD)
         us = lambda key: r[key] / small_n * 1e6  # noqa: E731
         rep.check("save small, per tensor", "≤ 10 µs", f"{us('tensorcanon save (file object)'):.1f} µs",
                   us("tensorcanon save (file object)") <= 10,
@@ -518,7 +528,7 @@ def main(argv=None) -> int:
         scale = "" if gpt_layers == 12 and not quick else \
             f" (scaled down: {gpt_layers} of 12 blocks{', vocab 5000, context 256' if quick else ''})"
         rep.table(f"GPT-2-small-shaped state_dict{scale}: {params / 1e6:.1f}M params + AdamW state, "
-                  f"{size / MiB:.0f} MiB", r, size=size)
+                  f"{size / MiB:.0f} MiB", r, size=size, spread=SPREAD)
         rep.md += [f"(GPT-2 figures: medians of {min(runs, 3)} runs)", ""]
         rep.check("GPT-2 save, vs torch.save", "faster",
                   f"{r['torch.save'] / r['tensorcanon save (file object)']:.2f}× faster",
