@@ -196,6 +196,9 @@ def test_decoder_validates_every_field():
     assert "entropy" in _bad(["rng.bitgen", "SFC64", ["tuple", -1, ["tuple"], 4, 0], bytes(32), 0, 0])
     assert "rng.bitgen" in _bad(["rng.numpy", ["dict"]])
     assert "has_gauss" in _bad(["rng.legacy", 2, 0.0, ["rng.bitgen", "MT19937", None, bytes(2496), 0]])
+    # numpy clears the cached Gaussian when it uses it, so no saved state has has_gauss 0 with a value
+    assert "must have gauss 0.0" in _bad(["rng.legacy", 0, 1.5, ["rng.bitgen", "MT19937", None, bytes(2496), 0]])
+    assert "must have gauss 0.0" in _bad(["rng.legacy", 0, -0.0, ["rng.bitgen", "MT19937", None, bytes(2496), 0]])
     assert "version must be 3" in _bad(["rng.random", 2, bytes(2496), 0, None])
     assert "position" in _bad(["rng.random", 3, bytes(2496), 700, None])
     assert "gauss_next" in _bad(["rng.random", 3, bytes(2496), 0, 1])

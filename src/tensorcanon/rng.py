@@ -22,6 +22,7 @@ the user guide.
 
 from __future__ import annotations
 
+import math
 import random
 import warnings
 from dataclasses import dataclass
@@ -353,6 +354,9 @@ def _dec_numpy(dec: tree.Decoder, node: list, depth: int):
 def _check_gauss(dec, has_gauss, gauss):
     if type(has_gauss) is not int or has_gauss not in (0, 1) or type(gauss) is not float:
         raise dec.error("'rng.legacy' takes has_gauss (0 or 1) and gauss (a float)")
+    if has_gauss == 0 and (gauss != 0.0 or math.copysign(1.0, gauss) < 0):
+        # numpy clears the cached value when it uses it: any other value is not a saved state
+        raise dec.error("'rng.legacy' with has_gauss 0 must have gauss 0.0")
 
 
 def _dec_legacy(dec: tree.Decoder, node: list, depth: int):
