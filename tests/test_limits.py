@@ -84,3 +84,31 @@ def test_limits_apply_to_plain_safetensors_files_too():
         tensorcanon.loads(data, limits=Limits(max_tensors=4))
     _assert_says_how(info.value, "max_tensors")
     assert len(tensorcanon.loads(data)) == 5
+
+
+def test_depth_beyond_python_recursion_is_a_clear_error_both_ways():
+    # Raising max_depth cannot raise Python's recursion limit: both sides say so, never
+    # letting a bare RecursionError escape.
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
+    import hostile_lib as h
+
+    deep_limits = tensorcanon.Limits(max_depth=5000)
+    x = 0
+    for _ in range(2000):
+        x = [x]
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match="recursion limit"):
+        tensorcanon.dumps(x, limits=deep_limits)
+
+    data = tensorcanon.dumps({"x": 0})
+    m, _, _ = h.manifest_of(data)
+    node = 0
+    for _ in range(500):  # within msgpack's own nesting limit (512), beyond Python's stack here
+        node = ["list", node]
+    m["root"] = ["dict", "x", node]
+    crafted = h.rebuild(data, h.repack(m))
+    for read in (lambda: tensorcanon.loads(crafted, limits=deep_limits), lambda: tensorcanon.verify(crafted, limits=deep_limits)):
+        with pytest.raises(tensorcanon.FormatError, match="recursion limit"):
+            read()

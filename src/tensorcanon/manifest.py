@@ -29,7 +29,7 @@ import msgpack
 import torch
 
 from . import container, digest, dtypes
-from .errors import FormatError, IntegrityError, LimitError
+from .errors import FormatError, IntegrityError, LimitError, UnsupportedTypeError
 from .limits import Limits
 
 VERSION = 1
@@ -83,7 +83,10 @@ def pack(root: Any, meta: Any, table: list[dict], algorithm: str = digest.DEFAUL
     try:
         return msgpack.packb(obj, use_bin_type=True)
     except (ValueError, TypeError, OverflowError) as e:  # depth beyond msgpack's own limit
-        raise FormatError(f"the object cannot be encoded: {e}") from e
+        raise UnsupportedTypeError(
+            f"the object cannot be encoded as msgpack ({e}); it is probably nested deeper than "
+            "msgpack allows: keep limits.max_depth at or below 256", path="$",
+        ) from e
 
 
 def table_row(name, dtype_name, shape, kind, requires_grad, digest_raw) -> dict:

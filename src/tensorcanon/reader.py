@@ -11,6 +11,7 @@ The object tree is rebuilt last, so no partial object is ever returned.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, BinaryIO, Callable
 
 import torch
@@ -284,7 +285,14 @@ def decode_tree(m: manifest.Manifest, limits: Limits, values: list | None = None
     """
     build = values is not None
     decoder = Decoder(values if build else [None] * len(m.tensors), limits.max_depth, build_objects=build)
-    root = decoder.decode(m.root)
+    try:
+        root = decoder.decode(m.root)
+    except RecursionError:
+        raise FormatError(
+            "manifest: the object tree is nested deeper than Python's recursion limit "
+            f"({sys.getrecursionlimit()}) allows to decode, although within max_depth="
+            f"{limits.max_depth}; files saved with the default limits never are"
+        ) from None
     decoder.check_table([info.name for info in m.tensors])
     if m.meta is not None:
         Decoder([], limits.max_depth, build_objects=False).decode_metadata(m.meta)

@@ -98,7 +98,14 @@ def _splice(header: bytes, old: dict, new: dict) -> bytes | None:
 def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: str = digest.DEFAULT) -> Plan:
     algorithm = digest.check(algorithm)  # before any work: an unknown name fails fast
     enc = Encoder(limits.max_depth)
-    root = enc.encode(obj)
+    try:
+        root = enc.encode(obj)
+    except RecursionError:
+        raise UnsupportedTypeError(
+            "the object is nested deeper than Python's recursion limit allows to encode; lower "
+            f"limits.max_depth (now {limits.max_depth}; the default is 256) or flatten the object",
+            path="$",
+        ) from None
     meta = None
     if metadata is not None:
         if type(metadata) is not dict or not all(type(k) is str for k in metadata):
