@@ -171,3 +171,20 @@ def test_close(tensor_snapshot, x):
 
 def test_plugin_option_is_listed_in_help(pytester):
     pytester.runpytest("--help").stdout.fnmatch_lines(["*--tensorcanon-update*"])
+
+
+def test_the_plugin_loads_without_importing_torch(tmp_path):
+    # Installed as a pytest11 entry point, the plugin loads in every pytest run of the
+    # environment; it must not make unrelated test suites pay for importing torch.
+    import subprocess
+    import sys
+
+    (tmp_path / "test_other.py").write_text(
+        "import sys\n\n"
+        "def test_nothing_imported(pytestconfig):\n"
+        "    assert pytestconfig.pluginmanager.has_plugin('tensorcanon')\n"
+        "    assert 'torch' not in sys.modules and 'tensorcanon' not in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -5,7 +5,7 @@ arguments, so the message says which tensor differs, where and by how much.
 :func:`assert_deterministic` calls a function several times from the same
 seed and fails, with the same kind of message, when the outputs' digests
 differ. The pytest plugin (``tensor_snapshot`` fixture) lives in
-:mod:`tensorcanon.pytest_plugin`.
+:mod:`tensorcanon_pytest`.
 
 Example::
 

@@ -8,7 +8,10 @@ A test compares a value with its snapshot; ``pytest --tensorcanon-update``
 writes the snapshots that are missing or differ (and leaves equal ones
 untouched, so the diff to review is exactly what changed). A missing snapshot
 fails with the command that creates it. The plugin is registered through the
-``pytest11`` entry point, so installing tensorcanon is enough.
+``pytest11`` entry point, so installing tensorcanon is enough. It is a top-level
+module, not part of the tensorcanon package, so that pytest can load it in any
+environment without importing tensorcanon and torch; they are imported only
+when a test uses the fixture.
 
 Example::
 
