@@ -251,3 +251,21 @@ def test_map_location_forms_on_cpu_files():
         assert torch.equal(tc.loads(data, map_location=ml)["w"], torch.arange(3.0))
     with pytest.raises(TypeError, match="map_location"):
         tc.loads(data, map_location=lambda t, dev: "nope")
+
+
+def test_bad_arguments_raise_the_library_usage_error():
+    # Argument mistakes are tensorcanon's own UsageError, which is also a ValueError and a
+    # TypeError, so callers catching either built-in keep working.
+    cases = [
+        lambda: tc.loads(tc.dumps({"t": torch.ones(1)}), map_location=3.5),
+        lambda: tc.load(12345),
+        lambda: tc.diff({}, {}, atol=-1),
+        lambda: tc.seed_everything(-1),
+        lambda: tc.register(42),
+        lambda: tc.ResumableSampler(range(3), seed=-5),
+    ]
+    for call in cases:
+        with pytest.raises(tc.UsageError) as info:
+            call()
+        assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
+        assert isinstance(info.value, tc.TensorCanonError)

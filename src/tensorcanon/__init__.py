@@ -21,6 +21,7 @@ from .errors import (
     TensorCanonError,
     UnsupportedAlgorithmError,
     UnsupportedTypeError,
+    UsageError,
 )
 from .lazy import LazyFile, open
 from .limits import Limits
@@ -38,7 +39,7 @@ __all__ = [
     "diff", "DiffResult",
     "register", "unregister", "Limits", "FORMAT_VERSION",
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
-    "UnsupportedTypeError", "DeviceUnavailableError", "UnsupportedAlgorithmError",
+    "UnsupportedTypeError", "DeviceUnavailableError", "UnsupportedAlgorithmError", "UsageError",
     "RngState", "RngRestoreError", "seed_everything", "DeterminismSettings",
     "seed_worker", "ResumableSampler",
 ]

@@ -38,7 +38,7 @@ EXIT_ERROR = 2
 PROG = "tensorcanon"
 
 
-class UsageError(Exception):
+class CommandLineError(Exception):
     """A bad combination of arguments found after parsing (exit 2)."""
 
 
@@ -154,7 +154,7 @@ def cmd_hash(args, out: _Out) -> int:
 
 def cmd_verify(args, out: _Out) -> int:
     if args.expect is not None and not digest.is_text(args.expect):
-        raise UsageError(f"--expect {digest.text_error(args.expect)}")
+        raise CommandLineError(f"--expect {digest.text_error(args.expect)}")
     code, results = EXIT_OK, []
     for path in args.files:
         try:
@@ -411,7 +411,7 @@ def cmd_convert(args, out: _Out) -> int:
     from . import api
 
     if args.algorithm is not None and args.to == "safetensors":
-        raise UsageError(f"--algorithm {args.algorithm} applies to tensorcanon output only; plain safetensors "
+        raise CommandLineError(f"--algorithm {args.algorithm} applies to tensorcanon output only; plain safetensors "
                          "records no digests (drop --to safetensors, or --algorithm)")
     try:
         loaded = load_file(args.input, wrap=out.wrap("read"))
@@ -499,14 +499,14 @@ def cmd_repro(args, out: _Out) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise UsageError("repro needs a command after '--', e.g. tensorcanon repro --out model.safetensors -- python train.py")
+        raise CommandLineError("repro needs a command after '--', e.g. tensorcanon repro --out model.safetensors -- python train.py")
     if args.runs < 2:
-        raise UsageError(f"--runs must be at least 2 (got {args.runs}): one run has nothing to compare with")
+        raise CommandLineError(f"--runs must be at least 2 (got {args.runs}): one run has nothing to compare with")
     cwd = os.path.abspath(os.getcwd())
     for p in args.out:
         full = os.path.abspath(p)
         if os.path.isdir(full) and (cwd == full or cwd.startswith(full.rstrip(os.sep) + os.sep)):
-            raise UsageError(f"--out {p!r} contains the current folder; name the files or a folder the command writes")
+            raise CommandLineError(f"--out {p!r} contains the current folder; name the files or a folder the command writes")
     with tempfile.TemporaryDirectory(prefix="tensorcanon-repro-") as keep:
         # Every run must write its own artifacts: move any left from before out of the way.
         for i, p in enumerate(args.out):
@@ -711,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
     out = _Out(sys.stdout, sys.stderr, args.json, not args.no_progress)
     try:
         return args.func(args, out)
-    except UsageError as e:
+    except CommandLineError as e:
         print(f"{PROG} {args.command}: error: {e}\n(see '{PROG} {args.command} --help')", file=sys.stderr)
         return EXIT_ERROR
     except TensorCanonError as e:

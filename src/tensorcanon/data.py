@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from .errors import TensorCanonError
+from .errors import TensorCanonError, UsageError
 
 __all__ = ["seed_worker", "ResumableSampler", "SamplerStateError"]
 
@@ -79,7 +79,7 @@ class ResumableSampler(Sampler[int]):
 
     def __init__(self, data_source: Sized, *, shuffle: bool = True, seed: int = 0) -> None:
         if type(seed) is not int or not 0 <= seed <= U64:
-            raise ValueError(f"seed must be an int in [0, 2**64-1], got {seed!r}")
+            raise UsageError(f"seed must be an int in [0, 2**64-1], got {seed!r}")
         self.num_samples = len(data_source)
         self.shuffle = bool(shuffle)
         self.seed = seed
@@ -104,7 +104,7 @@ class ResumableSampler(Sampler[int]):
         """Move to ``epoch`` at position 0; a no-op when already in ``epoch`` (so a resumed
         run may call it unconditionally)."""
         if type(epoch) is not int or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+            raise UsageError(f"epoch must be a non-negative int, got {epoch!r}")
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
         self._reseed()
@@ -128,15 +128,15 @@ class ResumableSampler(Sampler[int]):
         When the loader is exhausted the epoch counts as complete.
         """
         if loader.sampler is not self:
-            raise ValueError("track(loader): the DataLoader must be built with sampler=<this sampler>")
+            raise UsageError("track(loader): the DataLoader must be built with sampler=<this sampler>")
         if loader.generator is not self.generator:
-            raise ValueError(
+            raise UsageError(
                 "track(loader): pass generator=sampler.generator to the DataLoader; otherwise each "
                 "iterator draws its worker seed from the global torch RNG (changing later draws) "
                 "and a resumed run gets other worker seeds")
         bs = loader.batch_size
         if bs is None:
-            raise ValueError("track(loader) needs a DataLoader with batch_size set (not a batch_sampler)")
+            raise UsageError("track(loader) needs a DataLoader with batch_size set (not a batch_sampler)")
         self._reseed()  # the iterator's base seed depends on (seed, epoch) only
         for batch in loader:
             self.advance(bs)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from . import registry
+from .errors import UsageError
 
 __all__ = ["seed_everything", "DeterminismSettings", "SettingDifference", "DeterminismWarning"]
 
@@ -51,7 +52,7 @@ def seed_everything(seed: int, *, deterministic: bool = True, warn_only: bool = 
         seed = tensorcanon.seed_everything(1234)
     """
     if type(seed) is not int or not 0 <= seed <= 2**32 - 1:
-        raise ValueError(f"seed must be an int in [0, 2**32-1] (numpy's range), got {seed!r}")
+        raise UsageError(f"seed must be an int in [0, 2**32-1] (numpy's range), got {seed!r}")
     if deterministic:
         if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
             os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC

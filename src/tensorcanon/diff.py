@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from . import container, dtypes, manifest, paths, reader, registry
-from .errors import FormatError, TensorCanonError
+from .errors import FormatError, TensorCanonError, UsageError
 from .limits import DEFAULT, Limits
 from .ordering import UnorderableKey, sorted_keys
 
@@ -397,7 +397,7 @@ def diff(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, limits: Limits
         str(r.differences[0])  # '$["w"]: 1 of 3 elements differ; ... first at [1]: 0.0 -> 1.0'
     """
     if not (atol >= 0 and rtol >= 0 and math.isfinite(atol) and math.isfinite(rtol)):
-        raise ValueError(f"atol and rtol must be finite and >= 0, got atol={atol!r}, rtol={rtol!r}")
+        raise UsageError(f"atol and rtol must be finite and >= 0, got atol={atol!r}, rtol={rtol!r}")
     sides = []
     for value in (a, b):
         if isinstance(value, (str, os.PathLike)):

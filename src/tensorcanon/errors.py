@@ -17,6 +17,7 @@ __all__ = [
     "UnsupportedTypeError",
     "DeviceUnavailableError",
     "UnsupportedAlgorithmError",
+    "UsageError",
 ]
 
 
@@ -103,3 +104,10 @@ class UnsupportedAlgorithmError(TensorCanonError, ValueError):
     def __init__(self, message: str, *, algorithm: Any = None) -> None:
         self.algorithm = algorithm
         super().__init__(message)
+
+
+class UsageError(TensorCanonError, ValueError, TypeError):
+    """A function was called with an argument it cannot use (a bad ``map_location``,
+    a negative tolerance, a seed out of range...). The message names the argument
+    and what it accepts. Also a ``ValueError`` and a ``TypeError``, the built-ins
+    such mistakes raise elsewhere, so existing ``except`` clauses keep working."""

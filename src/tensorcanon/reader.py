@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, Callable
 import torch
 
 from . import container, digest, manifest, paths, tensorbytes
-from .errors import DeviceUnavailableError, FormatError, IntegrityError, TensorCanonError
+from .errors import DeviceUnavailableError, FormatError, IntegrityError, TensorCanonError, UsageError
 from .limits import DEFAULT, Limits
 from .tree import Decoder, find_tensor_path
 
@@ -90,7 +90,7 @@ def open_source(f, fn: Callable[[Source], Any]) -> Any:
             return fn(Source(fh))
     if hasattr(f, "read"):
         return fn(Source(f))
-    raise TypeError(f"expected a path, a binary file object or bytes, not {type(f).__name__}")
+    raise UsageError(f"expected a path, a binary file object or bytes, not {type(f).__name__}")
 
 
 def _tensor_path(m: manifest.Manifest, info: manifest.TensorInfo) -> str:
@@ -151,11 +151,11 @@ def _target(recorded: str, map_location) -> torch.device | None:
     elif callable(map_location):
         return None
     else:
-        raise TypeError(f"map_location must be None, a str, a torch.device, a dict or a callable, not {type(map_location).__name__}")
+        raise UsageError(f"map_location must be None, a str, a torch.device, a dict or a callable, not {type(map_location).__name__}")
     try:
         return torch.device(target)
     except (RuntimeError, TypeError) as e:
-        raise TypeError(f"map_location gave an invalid device {target!r}: {e}") from None
+        raise UsageError(f"map_location gave an invalid device {target!r}: {e}") from None
 
 
 def _place(t: torch.Tensor, recorded: str, map_location, where: Callable[[], str]) -> torch.Tensor:
@@ -166,7 +166,7 @@ def _place(t: torch.Tensor, recorded: str, map_location, where: Callable[[], str
         if isinstance(moved, torch.Tensor):
             return moved
         if moved is not None:
-            raise TypeError(f"map_location callable returned {type(moved).__name__}, expected a tensor or None")
+            raise UsageError(f"map_location callable returned {type(moved).__name__}, expected a tensor or None")
         device = torch.device(recorded)
     _check_device(device, where)
     return t if device.type == "cpu" else t.to(device)

@@ -22,6 +22,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .errors import UsageError
+
 __all__ = ["register", "unregister"]
 
 
@@ -95,13 +97,13 @@ def register(
     Registering a name again replaces the earlier registration of that name.
     """
     if not isinstance(cls, type):
-        raise TypeError(f"register() takes a class, not {type(cls).__name__}")
+        raise UsageError(f"register() takes a class, not {type(cls).__name__}")
     if name is None:
         name = f"{cls.__module__}.{cls.__qualname__}"
     if not isinstance(name, str) or not name:
-        raise TypeError("register(name=...) must be a non-empty str")
+        raise UsageError("register(name=...) must be a non-empty str")
     if (encode is None) != (decode is None):
-        raise TypeError("register() needs both encode and decode, or neither")
+        raise UsageError("register() needs both encode and decode, or neither")
     if encode is None:
         if dataclasses.is_dataclass(cls):
             encode, decode = _dataclass_codec(cls)
@@ -110,7 +112,7 @@ def register(
         elif issubclass(cls, enum.Enum):
             encode, decode = _enum_codec(cls)
         else:
-            raise TypeError(
+            raise UsageError(
                 f"{cls.__qualname__} is not a dataclass, NamedTuple or Enum: "
                 "pass encode= and decode= to register()"
             )

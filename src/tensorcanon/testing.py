@@ -25,7 +25,7 @@ import torch
 
 from . import api, reader
 from .diff import diff
-from .errors import UnsupportedTypeError
+from .errors import UnsupportedTypeError, UsageError
 
 __all__ = ["assert_identical", "assert_deterministic"]
 
@@ -130,7 +130,7 @@ def assert_deterministic(fn: Callable[..., Any], *args: Any, runs: int = 2, seed
         digest = assert_deterministic(lambda x: torch.nn.Linear(4, 2)(x), torch.ones(3, 4))
     """
     if runs < 2:
-        raise ValueError(f"runs must be at least 2, got {runs}")
+        raise UsageError(f"runs must be at least 2, got {runs}")
     name = getattr(fn, "__qualname__", None) or repr(fn)
     saved = _GlobalState()
     try:
