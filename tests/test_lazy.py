@@ -107,3 +107,16 @@ def test_empty_object_and_map_location(tmp_path):
     tensorcanon.save({"t": torch.ones(2)}, p)
     with tensorcanon.open(p, map_location="cpu") as f:
         assert f['$["t"]'].device.type == "cpu"
+
+
+def test_keys_render_every_key_type_as_error_paths_do(tmp_path):
+    # Paths are built from decoded keys, exactly as tensorcanon's errors name them.
+    from tensorcanon import paths
+
+    p = tmp_path / "k.safetensors"
+    t = torch.ones(2)
+    tensorcanon.save({(1, "a"): torch.zeros(1), 3: {"w": t}, b"k": [t]}, p)
+    with tensorcanon.open(p) as f:
+        assert set(f.keys()) == {paths.join(((1, "a"),)), paths.join((3, "w")), paths.join((b"k", 0))}
+        assert torch.equal(f[paths.join(((1, "a"),))], torch.zeros(1))
+        assert torch.equal(f[paths.join((b"k", 0))], t)

@@ -23,24 +23,6 @@ from .gcpause import paused
 from .limits import DEFAULT, Limits
 
 
-def _tensor_paths(node: Any, trail: tuple, out: dict[str, int]) -> None:
-    """Every path at which a tensor occurs in a validated tree, path string -> table index."""
-    if type(node) is not list or not node or type(node[0]) is not str:
-        return
-    tag = node[0]
-    if tag == "tensor" and len(node) == 2 and type(node[1]) is int:
-        out.setdefault(paths.join(trail), node[1])
-    elif tag in ("list", "tuple"):
-        for i, child in enumerate(node[1:]):
-            _tensor_paths(child, trail + (i,), out)
-    elif tag in ("dict", "odict"):
-        for i in range(1 if tag == "dict" else 2, len(node) - 1, 2):
-            key = node[i] if type(node[i]) is not list else repr(node[i])
-            _tensor_paths(node[i + 1], trail + (key,), out)
-    elif tag == "obj" and len(node) == 3:
-        _tensor_paths(node[2], trail, out)
-
-
 class LazyFile:
     """A validated, memory-mapped tensorcanon (or plain safetensors) file.
 
@@ -65,8 +47,10 @@ class LazyFile:
             m = self.manifest
             self._paths: dict[str, int] = {}
             if m is not None:
-                reader.decode_tree(m, limits)  # the same tree checks load makes, building nothing
-                _tensor_paths(m.root, (), self._paths)
+                uses: list = []
+                reader.decode_tree(m, limits, uses=uses)  # the checks load makes, building nothing
+                for trail, index in uses:  # paths rendered from decoded keys, as in every error
+                    self._paths.setdefault(paths.join(trail), index)
                 self._infos = m.tensors
             else:
                 self._infos = None
@@ -140,18 +124,8 @@ class LazyFile:
                 raise reader._integrity_error(self.manifest, info, actual, self.header.data_start)
             self._verified[idx] = True
         value = tensorbytes.finish(buf, info.dtype, info.shape, info.kind, info.name)
-        if info.kind == "ndarray":
-            return value
-        where = lambda: reader._tensor_path(self.manifest, info)  # noqa: E731
-        device = reader._target(info.device, self.map_location)
-        if device is not None:
-            reader._check_device(device, where)
-        value = reader._place(value, info.device, self.map_location, where)
-        if info.kind == "parameter":
-            value = torch.nn.Parameter(value, requires_grad=info.requires_grad)
-        elif info.requires_grad:
-            value.requires_grad_(True)
-        return value
+        return reader.as_recorded(value, info, self.map_location,
+                                  lambda: reader._tensor_path(self.manifest, info))
 
     def _plain(self, idx: int) -> torch.Tensor:
         from .dtypes import from_safetensors

@@ -158,6 +158,20 @@ def _target(recorded: str, map_location) -> torch.device | None:
         raise UsageError(f"map_location gave an invalid device {target!r}: {e}") from None
 
 
+def as_recorded(value: Any, info: manifest.TensorInfo, map_location, where: Callable[[], str]) -> Any:
+    """A freshly read tensor or array, placed and typed as its table row says: on its device
+    (or where ``map_location`` sends it), a Parameter or not, with its requires_grad."""
+    if info.kind == "ndarray":
+        return value
+    if not _stays_on_cpu(info, map_location):
+        value = _place(value, info.device, map_location, where)
+    if info.kind == "parameter":
+        return torch.nn.Parameter(value, requires_grad=info.requires_grad)
+    if info.requires_grad:
+        value.requires_grad_(True)
+    return value
+
+
 def _place(t: torch.Tensor, recorded: str, map_location, where: Callable[[], str]) -> torch.Tensor:
     """Move a freshly read CPU tensor where ``map_location`` says, as torch.load would."""
     device = _target(recorded, map_location)
@@ -266,25 +280,21 @@ def load_from(src: Source, map_location=None, verify: bool = True, limits: Limit
             if actual != info.digest:
                 raise _integrity_error(m, info, actual, header.data_start)
         value = buf if ready is not None else tensorbytes.finish(buf, info.dtype, info.shape, info.kind, info.name)
-        if not _stays_on_cpu(info, map_location):
-            value = _place(value, info.device, map_location, lambda: _tensor_path(m, info))
-        if info.kind != "ndarray":
-            if info.kind == "parameter":
-                value = torch.nn.Parameter(value, requires_grad=info.requires_grad)
-            elif info.requires_grad:
-                value.requires_grad_(True)
-        values[info.index] = value
+        values[info.index] = as_recorded(value, info, map_location, lambda: _tensor_path(m, info))
     return decode_tree(m, limits, values)
 
 
-def decode_tree(m: manifest.Manifest, limits: Limits, values: list | None = None) -> Any:
+def decode_tree(m: manifest.Manifest, limits: Limits, values: list | None = None,
+                uses: list | None = None) -> Any:
     """Check the whole tree (root and user metadata) and the tensor table; return the root.
 
     With ``values`` (the loaded tensors, in table order) the root is built; without,
-    only its structure is checked (registered types are not rebuilt).
+    only its structure is checked (registered types are not rebuilt). ``uses``, if
+    given, receives ``(path, table index)`` for every place a tensor occurs.
     """
     build = values is not None
     decoder = Decoder(values if build else [None] * len(m.tensors), limits.max_depth, build_objects=build)
+    decoder.uses = uses
     try:
         root = decoder.decode(m.root)
     except RecursionError:

@@ -330,6 +330,7 @@ class Decoder:
         self.build_objects = build_objects
         self.used = [False] * len(tensors)
         self.first_paths: list[tuple] = []  # path of each tensor's first use, in table order
+        self.uses: list[tuple[tuple, int]] | None = None  # set to a list to record every use
         self.max_depth = max_depth
         self._path: list = []
 
@@ -506,6 +507,8 @@ class Decoder:
                 )
             self.used[idx] = True
             self.first_paths.append(tuple(self._path))
+        if self.uses is not None:
+            self.uses.append((tuple(self._path), idx))
         return self.tensors[idx]
 
     def check_table(self, names: list[str]) -> None:
