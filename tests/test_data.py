@@ -184,6 +184,16 @@ def test_shards_are_distributed_samplers(n, replicas, drop_last):
     assert interleaved == (whole * (len(interleaved) // max(n, 1) + 1))[: len(interleaved)]
 
 
+def test_ranks_give_their_workers_different_base_seeds():
+    seeds = []
+    for rank in range(3):
+        s = tensorcanon.ResumableSampler(_ids(9), seed=1, num_replicas=3, rank=rank)
+        seeds.append(iter(DataLoader(_ids(9), sampler=s, generator=s.generator))._base_seed)
+    assert len(set(seeds)) == 3
+    single = tensorcanon.ResumableSampler(_ids(9), seed=1)  # rank 0 keeps the 0.1 derivation
+    assert iter(DataLoader(_ids(9), sampler=single, generator=single.generator))._base_seed == seeds[0]
+
+
 def test_sharding_arguments_are_checked():
     for kw in (dict(num_replicas=0), dict(num_replicas=2, rank=2), dict(rank=-1),
                dict(num_replicas=2.0), dict(num_replicas=2, rank=True)):

@@ -80,22 +80,36 @@ class SampleIndex(int):
     even in a persistent worker whose copy of the sampler is stale. It is an
     ``int`` (equal to, and hashing like, the plain index), so any other dataset
     indexed with it behaves as with the plain index.
+
+    Example::
+
+        seeded[SampleIndex(3, epoch=2, seed=1)]     # sample 3 as epoch 2 of a seed-1 run loads it
     """
 
-    seed: int
-    epoch: int
+    _key: tuple[int, int]  # (epoch, seed), shared by the indices of one epoch
 
     def __new__(cls, index: int, epoch: int, seed: int) -> SampleIndex:
-        self = super().__new__(cls, index)
-        self.epoch = epoch
-        self.seed = seed
-        return self
+        return _sample_index(index, (epoch, seed))
+
+    @property
+    def epoch(self) -> int:
+        return self._key[0]
+
+    @property
+    def seed(self) -> int:
+        return self._key[1]
 
     def __reduce__(self) -> tuple:
-        return (SampleIndex, (int(self), self.epoch, self.seed))
+        return (_sample_index, (int(self), self._key))
 
     def __repr__(self) -> str:
         return f"SampleIndex({int(self)}, epoch={self.epoch}, seed={self.seed})"
+
+
+def _sample_index(index: int, key: tuple[int, int]) -> SampleIndex:
+    self = int.__new__(SampleIndex, index)
+    self._key = key
+    return self
 
 
 class ResumableSampler(Sampler[int]):
@@ -200,8 +214,8 @@ class ResumableSampler(Sampler[int]):
         self._reseed()
         rest = self.order()[self.position:]
         if self._sample_indices:
-            epoch, seed = self.epoch, self.seed
-            return (SampleIndex(i, epoch, seed) for i in rest)
+            key = (self.epoch, self.seed)
+            return (_sample_index(i, key) for i in rest)
         return iter(rest)
 
     # ------------------------------------------------------------------ position
