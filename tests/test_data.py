@@ -70,8 +70,12 @@ def test_advance_to_the_end_moves_to_the_next_epoch():
     assert (s.epoch, s.position, s.remaining) == (1, 0, 10)
     s.advance(0)
     assert (s.epoch, s.position) == (1, 0)
-    with pytest.raises(tensorcanon.UsageError):
-        s.advance(-1)
+    for bad in (-1, 1.0, True, "2", torch.tensor(2.0)):
+        with pytest.raises(tensorcanon.UsageError):
+            s.advance(bad)
+    s.advance(np.int64(3))  # numpy and torch integers count too
+    s.advance(torch.tensor(2))
+    assert s.position == 5
 
 
 def test_base_seed_is_the_same_for_every_iterator_of_an_epoch():
@@ -284,7 +288,9 @@ def test_bad_states_name_the_field():
              ({**st, "shuffle": 1}, "shuffle"), ({**st, "drop_last": None}, "drop_last"),
              ({**st, "num_replicas": 0}, "num_replicas"), ({**st, "rank": 2}, "rank"),
              ({**st, "seed": 2**64}, "seed"), ({k: v for k, v in st.items() if k != "rank"}, "rank"),
-             ({**st, "position": True}, "position")]
+             ({**st, "position": True}, "position"),
+             ({k: v for k, v in st.items() if k not in ("num_replicas", "rank", "drop_last", "seed")},
+              "seed")]
     for bad, field in cases:
         with pytest.raises(tensorcanon.SamplerStateError, match=field) as info:
             s.load_state_dict(bad)

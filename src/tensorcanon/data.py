@@ -9,6 +9,7 @@ and discards batches. docs/RNG.md explains the traps this avoids.
 
 from __future__ import annotations
 
+import operator
 import random
 from typing import Any, Iterator, Sized
 
@@ -237,8 +238,13 @@ class ResumableSampler(Sampler[int]):
         epoch by hand (e.g. when a DataLoader with ``drop_last=True`` leaves a
         partial batch unread).
         """
-        if type(n) is not int or n < 0:
+        try:
+            count = -1 if isinstance(n, bool) else operator.index(n)
+        except TypeError:
+            count = -1
+        if count < 0:
             raise UsageError(f"advance(n): n must be a non-negative int, got {n!r}")
+        n = count
         self.position = min(self.position + n, len(self))
         if self.position == len(self) and n > 0:
             self._finish_epoch()
@@ -298,7 +304,8 @@ class ResumableSampler(Sampler[int]):
             raise SamplerStateError(f"a ResumableSampler state is a dict, got {type(state).__name__}")
         keys = set(state)
         if keys != _V1_KEYS and keys != _V2_KEYS:
-            missing, extra = sorted(_V2_KEYS - keys), sorted(keys - _V2_KEYS)
+            ref = _V2_KEYS if keys & (_V2_KEYS - _V1_KEYS) else _V1_KEYS  # the closer version
+            missing, extra = sorted(ref - keys), sorted(keys - ref)
             raise SamplerStateError(
                 f"a ResumableSampler state has the keys {sorted(_V2_KEYS)} (version 0.1: without "
                 f"num_replicas, rank, drop_last); missing {missing}, unexpected {extra}",
