@@ -424,6 +424,20 @@ def test_an_error_in_getitem_still_restores_the_streams():
     assert _same_states(before, _global_states())
 
 
+def test_another_numpy_bit_generator_is_seeded_and_restored_too():
+    s = tensorcanon.ResumableSampler(range(4))
+    seeded = tensorcanon.SeededDataset(Noisy(4), s)
+    original = np.random.get_bit_generator()
+    try:
+        np.random.set_bit_generator(np.random.PCG64(1))
+        before = np.random.get_state(legacy=False)
+        first = seeded[SampleIndex(1, 0, 0)]
+        assert torch.equal(seeded[SampleIndex(1, 0, 0)], first)
+        assert np.random.get_state(legacy=False) == before
+    finally:
+        np.random.set_bit_generator(original)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_plain_indices_are_refused(workers):
     s = tensorcanon.ResumableSampler(range(8))
