@@ -73,7 +73,12 @@ def test_advance_to_the_end_moves_to_the_next_epoch():
     for bad in (-1, 1.0, True, "2", torch.tensor(2.0)):
         with pytest.raises(tensorcanon.UsageError):
             s.advance(bad)
-    s.advance(np.int64(3))  # numpy and torch integers count too
+    for bad in (-1, 2.0, None, 2**64):
+        with pytest.raises(tensorcanon.UsageError, match="epoch"):
+            s.set_epoch(bad)
+    s.set_epoch(np.int64(1))  # numpy and torch integers count too; same epoch keeps the position
+    assert (s.epoch, type(s.epoch), s.position) == (1, int, 0)
+    s.advance(np.int64(3))
     s.advance(torch.tensor(2))
     assert s.position == 5
 

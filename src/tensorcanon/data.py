@@ -73,6 +73,17 @@ def _shard_size(n: int, replicas: int, drop_last: bool) -> int:
     return -(-n // replicas)  # ceil: the order is padded by repeating its start
 
 
+def _as_count(value: Any, what: str) -> int:
+    """``value`` as an int in [0, 2**64-1] (numpy and torch integers too, bools not)."""
+    try:
+        count = -1 if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        count = -1
+    if not 0 <= count <= U64:
+        raise UsageError(f"{what} must be an int in [0, 2**64-1], got {value!r}")
+    return count
+
+
 class SampleIndex(int):
     """A dataset index that carries the sampler's ``seed`` and the ``epoch`` it belongs to.
 
@@ -224,8 +235,7 @@ class ResumableSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Move to ``epoch`` at position 0; keeps the position when already in ``epoch`` (so a
         resumed run may call it unconditionally, as Lightning does every epoch)."""
-        if type(epoch) is not int or not 0 <= epoch <= U64:
-            raise UsageError(f"epoch must be an int in [0, 2**64-1], got {epoch!r}")
+        epoch = _as_count(epoch, "set_epoch(epoch): epoch")
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
         self._reseed()
@@ -238,13 +248,7 @@ class ResumableSampler(Sampler[int]):
         epoch by hand (e.g. when a DataLoader with ``drop_last=True`` leaves a
         partial batch unread).
         """
-        try:
-            count = -1 if isinstance(n, bool) else operator.index(n)
-        except TypeError:
-            count = -1
-        if count < 0:
-            raise UsageError(f"advance(n): n must be a non-negative int, got {n!r}")
-        n = count
+        n = _as_count(n, "advance(n): n")
         self.position = min(self.position + n, len(self))
         if self.position == len(self) and n > 0:
             self._finish_epoch()
