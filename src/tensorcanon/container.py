@@ -17,6 +17,7 @@ import json
 import math
 import struct
 from dataclasses import dataclass
+from json.encoder import encode_basestring as _encode_str  # json.dumps' own escaping (ensure_ascii=False)
 from typing import Callable
 
 from . import dtypes
@@ -45,25 +46,65 @@ class Entry:
     end: int
 
 
-def build(entries: list[Entry], metadata: dict[str, str]) -> bytes:
-    """The canonical header bytes: length prefix, JSON, space padding."""
-    obj: dict = {
-        e.name: {"data_offsets": [e.begin, e.end], "dtype": e.dtype, "shape": list(e.shape)}
-        for e in entries
-    }
-    obj[META] = metadata
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+def entry_text(name: str, dtype: str, shape, begin: int, end: int) -> str:
+    """One tensor member of the canonical header JSON, ``"name":{...}``, as :func:`build` writes it.
+
+    Byte for byte what ``json.dumps(..., sort_keys=True, separators=(",", ":"),
+    ensure_ascii=False)`` gives for the member (the same string escaping, ints
+    in decimal), built without the intermediate dicts: a header of 20,000
+    tensors is built (by the writer) and rebuilt (by every reader, to check it
+    is canonical) in a few milliseconds. ``dtype`` is a safetensors dtype
+    string from the dtype table (plain ASCII, nothing to escape).
+    """
+    dims = ",".join(map(str, shape))
+    return f'{_encode_str(name)}:{{"data_offsets":[{begin},{end}],"dtype":"{dtype}","shape":[{dims}]}}'
+
+
+def assemble(members: dict[str, str], metadata: dict[str, str] | None) -> bytes:
+    """The canonical header bytes from ``{name: entry_text}`` and ``__metadata__``.
+
+    Members are ordered by name (as ``sort_keys`` orders them); the JSON is
+    space-padded to a multiple of 8 and prefixed with its length.
+    """
+    if metadata is not None:
+        members[META] = _encode_str(META) + ":" + json.dumps(
+            metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = ("{" + ",".join([members[k] for k in sorted(members)]) + "}").encode("utf-8")
     pad = -len(text) % ALIGN
     return struct.pack("<Q", len(text) + pad) + text + b" " * pad
 
 
-@dataclass
+def build(entries: list[Entry], metadata: dict[str, str]) -> bytes:
+    """The canonical header bytes: length prefix, JSON, space padding."""
+    return assemble({e.name: entry_text(e.name, e.dtype, e.shape, e.begin, e.end) for e in entries}, metadata)
+
+
+def _first(pair: tuple) -> str:
+    return pair[0]
+
+
 class Header:
-    length: int                       # N, the JSON length including padding
-    entries: list[Entry]              # in data order
-    metadata: dict[str, str] | None
-    data_size: int
-    raw: bytes                        # the length prefix and the JSON, as read
+    """A parsed header: ``length`` (N, the JSON length including padding), ``entries``
+    (in data order), ``metadata`` (``__metadata__``, or None), ``data_size`` and ``raw``
+    (the length prefix and the JSON, as read).
+
+    A canonical tensorcanon header checked in one pass (fastparse.py) builds its
+    entries only when asked for: its readers use the manifest's table instead.
+    """
+
+    __slots__ = ("length", "_entries", "metadata", "data_size", "raw", "_make_entries")
+
+    def __init__(self, length: int, entries: list[Entry] | None, metadata: dict[str, str] | None,
+                 data_size: int, raw: bytes, make_entries: Callable[[], list[Entry]] | None = None) -> None:
+        self.length, self._entries, self.metadata = length, entries, metadata
+        self.data_size, self.raw, self._make_entries = data_size, raw, make_entries
+
+    @property
+    def entries(self) -> list[Entry]:
+        if self._entries is None:
+            assert self._make_entries is not None
+            self._entries, self._make_entries = self._make_entries(), None
+        return self._entries
 
     @property
     def data_start(self) -> int:
@@ -114,6 +155,12 @@ def parse(read: Callable[[int, str], bytes], file_size: int | None, limits: Limi
     truncated file or one with trailing bytes is refused before any tensor is
     allocated.
     """
+    prefix, raw = read_raw(read, file_size, limits)
+    return parse_raw(prefix, raw, file_size, limits)
+
+
+def read_raw(read: Callable[[int, str], bytes], file_size: int | None, limits: Limits) -> tuple[bytes, bytes]:
+    """``(length prefix, header bytes)``, read after checking the length (docs/FORMAT.md §9.1 1-2)."""
     prefix = read(LENGTH_SIZE, "header length")
     (length,) = struct.unpack("<Q", prefix)
     foreign = _foreign_format(prefix)
@@ -131,7 +178,12 @@ def parse(read: Callable[[int, str], bytes], file_size: int | None, limits: Limi
             f"header declares {length} bytes but the file has only {file_size - LENGTH_SIZE} after "
             "the length: the file is truncated or not a safetensors file", offset=0,
         )
-    raw = read(length, "header")
+    return prefix, read(length, "header")
+
+
+def parse_raw(prefix: bytes, raw: bytes, file_size: int | None, limits: Limits) -> Header:
+    """Validate header bytes read by :func:`read_raw` (docs/FORMAT.md §9.1 3-9), in order."""
+    length = len(raw)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
