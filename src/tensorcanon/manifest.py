@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import torch
@@ -41,9 +42,10 @@ _TOP_KEYS = ["algorithm", "meta", "root", "tensors", "version"]
 _ENTRY_KEYS = ["digest", "dtype", "kind", "name", "requires_grad", "shape"]
 KEY_DEVICES = "tensorcanon.devices"
 _DEFAULT_ALGORITHM = digest.DEFAULT  # (inside Manifest, the name ``digest`` is a field)
+_BY_NAME = dtypes.BY_NAME
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorInfo:
     """One row of the tensor table, validated and matched to its header entry."""
 
@@ -146,7 +148,12 @@ def is_tensorcanon(header: container.Header) -> bool:
     one key's name (a flipped bit in "tensorcanon.manifest") is caught by
     :func:`parse` instead of the file silently loading as plain safetensors.
     """
-    return header.metadata is not None and any(k.startswith("tensorcanon.") for k in header.metadata)
+    return claims(header.metadata)
+
+
+def claims(metadata: dict[str, str] | None) -> bool:
+    """True if a header's ``__metadata__`` makes the tensorcanon claim (see :func:`is_tensorcanon`)."""
+    return metadata is not None and any(k.startswith("tensorcanon.") for k in metadata)
 
 
 def parse(header: container.Header, limits: Limits) -> Manifest:
@@ -155,8 +162,53 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
     Checks that the manifest is canonical, that its tensor table and the
     header describe the same tensors, that the header itself is byte-for-byte
     what a writer would produce, and that the recorded file digest matches.
+    Every failure names what differs; fastparse.py makes the same checks in
+    one pass for the common, valid case.
     """
     meta = header.metadata or {}
+    decoded = decode(meta)
+    by_name = {e.name: e for e in header.entries}
+
+    def cross_check(info: TensorInfo) -> None:
+        entry = by_name.get(info.name)
+        if entry is None:
+            raise _bad(f"tensor {info.name!r} is not in the header")
+        want = dtypes.header_shape(info.dtype, info.shape)
+        if entry.dtype != info.dtype.st or list(entry.shape) != want:
+            raise _bad(
+                f"tensor {info.name!r} is {info.dtype.name}{list(info.shape)} here but the header says "
+                f"{entry.dtype}{list(entry.shape)}"
+            )
+
+    infos = table(decoded, meta, limits, cross_check)
+    if len(infos) != len(by_name):
+        extra = sorted(set(by_name) - {i.name for i in infos})[:3]
+        raise _bad(f"the header holds tensors the manifest does not list: {extra}")
+    if canonical_header(infos, header.metadata)[0] != header.raw:
+        raise FormatError(
+            "header is not in canonical form (tensor order, offsets, key order, spacing or "
+            "__metadata__ keys differ from what tensorcanon writes)", offset=container.LENGTH_SIZE,
+        )
+    return decoded.manifest(infos)
+
+
+@dataclass
+class Decoded:
+    """A manifest whose bytes passed every check (docs/FORMAT.md §9.2 items 1-5), before its table."""
+
+    raw: bytes
+    obj: dict
+    algorithm: str
+    digest: bytes
+
+    def manifest(self, infos: list[TensorInfo]) -> Manifest:
+        return Manifest(raw=self.raw, root=self.obj["root"], meta=self.obj["meta"], tensors=infos,
+                        digest=self.digest, algorithm=self.algorithm)
+
+
+def decode(meta: dict) -> Decoded:
+    """Check ``__metadata__``'s keys and decode the manifest it holds: base64 and msgpack, both in
+    canonical form, the top-level keys, version and algorithm, and the recorded file digest."""
     if not {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} <= set(meta) <= {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST, KEY_DEVICES} \
             or meta[KEY_FORMAT] != "pt":
         raise _bad(
@@ -210,76 +262,106 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
             f"computed {digest.to_text(actual, algorithm)}; the file is damaged",
             expected=recorded, actual=digest.to_text(actual, algorithm),
         )
+    return Decoded(raw, obj, algorithm, actual)
 
-    table = obj["tensors"]
-    if type(table) is not list:
+
+def table(decoded: Decoded, meta: dict, limits: Limits,
+          each: Callable[[TensorInfo], None] | None = None) -> list[TensorInfo]:
+    """The validated tensor table (§9.2 items 6-7): rows, unique names, devices.
+
+    ``each(info)`` is called on every row as soon as it is valid (the full
+    parse cross-checks it with the header there).
+    """
+    rows = decoded.obj["tensors"]
+    if type(rows) is not list:
         raise _bad("'tensors' must be a list")
-    if len(table) > limits.max_tensors:
-        raise LimitError(f"manifest lists {len(table)} tensors, over max_tensors={limits.max_tensors}", limit="max_tensors")
-    by_name = {e.name: e for e in header.entries}
+    if len(rows) > limits.max_tensors:
+        raise LimitError(f"manifest lists {len(rows)} tensors, over max_tensors={limits.max_tensors}", limit="max_tensors")
+    algorithm = decoded.algorithm
+    size = digest.ALGORITHMS[algorithm]
     infos: list[TensorInfo] = []
     seen: set[str] = set()
-    for i, row in enumerate(table):
-        info = _row(i, row, algorithm)
+    shapes: dict = {}
+    for i, row in enumerate(rows):
+        info = _row(i, row, algorithm, size, shapes)
         if info.name in seen:
             raise _bad(f"tensor name {info.name!r} appears twice")
         seen.add(info.name)
-        entry = by_name.get(info.name)
-        if entry is None:
-            raise _bad(f"tensor {info.name!r} is not in the header")
-        want = dtypes.header_shape(info.dtype, info.shape)
-        if entry.dtype != info.dtype.st or list(entry.shape) != want:
-            raise _bad(
-                f"tensor {info.name!r} is {info.dtype.name}{list(info.shape)} here but the header says "
-                f"{entry.dtype}{list(entry.shape)}"
-            )
-        info.begin, info.end = entry.begin, entry.end
+        if each is not None:
+            each(info)
         infos.append(info)
     if KEY_DEVICES in meta:
         _parse_devices(meta[KEY_DEVICES], infos)
-    if len(seen) != len(by_name):
-        extra = sorted(set(by_name) - seen)[:3]
-        raise _bad(f"the header holds tensors the manifest does not list: {extra}")
-
-    expected = container.build(_canonical_entries(infos), header.metadata)
-    if expected != header.raw:
-        raise FormatError(
-            "header is not in canonical form (tensor order, offsets, key order, spacing or "
-            "__metadata__ keys differ from what tensorcanon writes)", offset=container.LENGTH_SIZE,
-        )
-    return Manifest(raw=raw, root=obj["root"], meta=obj["meta"], tensors=infos, digest=actual,
-                    algorithm=algorithm)
+    return infos
 
 
-def _canonical_entries(infos) -> list[container.Entry]:
-    out, position = [], 0
-    for info in sorted(infos, key=lambda t: container.data_order(t.name, t.dtype.itemsize)):
-        out.append(container.Entry(info.name, info.dtype.st, tuple(dtypes.header_shape(info.dtype, info.shape)), position, position + info.nbytes))
-        position += info.nbytes
-    return out
+def _data_key(info: TensorInfo) -> tuple:
+    # container.data_order, with the name as str: the table's names were decoded from valid
+    # UTF-8, and for such strings code point order is UTF-8 byte order.
+    return (-info.dtype.itemsize, info.name)
 
 
-def _row(i: int, row: Any, algorithm: str) -> TensorInfo:
+def canonical_header(infos: list[TensorInfo], metadata: dict[str, str] | None) -> tuple[bytes, int]:
+    """``(header bytes, data size)`` a writer produces for this table (data order §2.5,
+    offsets, §4.1 header dtypes and shapes), giving each row its ``begin`` and ``end``."""
+    members: dict[str, str] = {}  # name -> member text (a dict, not pairs: no object per row)
+    position = 0
+    entry_text = container.entry_text
+    for info in sorted(infos, key=_data_key):
+        dt = info.dtype
+        shape = info.shape if dt.native else (*info.shape, dt.itemsize)
+        end = position + math.prod(info.shape) * dt.itemsize
+        info.begin, info.end = position, end
+        members[info.name] = entry_text(info.name, dt.st, shape, position, end)
+        position = end
+    return container.assemble(members, metadata), position
+
+
+def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> TensorInfo:
+    """Row ``i`` of the table, validated (``size``: the algorithm's digest size).
+
+    The common case of a valid row is checked in one pass; any failure goes
+    through :func:`_row_error`, which finds the first problem and names it.
+    Rows of one shape share one tuple (``shapes``), so a table of many
+    tensors leaves fewer objects for the garbage collector to track.
+    """
+    if type(row) is dict and list(row) == _ENTRY_KEYS:
+        name, dt, shape = row["name"], row["dtype"], row["shape"]
+        kind, rg, dg = row["kind"], row["requires_grad"], row["digest"]
+        dtype = _BY_NAME.get(dt) if type(dt) is str else None
+        if (type(name) is str and dtype is not None and type(shape) is list
+                and type(rg) is bool and type(dg) is bytes and len(dg) == size
+                and (kind == "tensor" or kind == "parameter"
+                     or (kind == "ndarray" and not rg and dtype.numpy is not None))):
+            for d in shape:
+                if type(d) is not int or d < 0:
+                    break
+            else:
+                dims = tuple(shape)  # exact ints (checked): equal tuples are the same shape
+                return TensorInfo(i, name, dtype, shapes.setdefault(dims, dims), kind, rg, dg)
+    raise _row_error(i, row, algorithm)
+
+
+def _row_error(i: int, row: Any, algorithm: str) -> FormatError:
+    """What is wrong with row ``i``, which :func:`_row` refused."""
     if type(row) is not dict or list(row) != _ENTRY_KEYS:
-        raise _bad(f"tensor table row {i} must have exactly the keys {_ENTRY_KEYS} in that order")
+        return _bad(f"tensor table row {i} must have exactly the keys {_ENTRY_KEYS} in that order")
     name, dt, shape = row["name"], row["dtype"], row["shape"]
     kind, rg, dg = row["kind"], row["requires_grad"], row["digest"]
     if type(name) is not str:
-        raise _bad(f"tensor table row {i}: name must be a str")
+        return _bad(f"tensor table row {i}: name must be a str")
     where = f"tensor {name!r}"
     dtype = dtypes.BY_NAME.get(dt) if type(dt) is str else None
     if dtype is None:
-        raise _bad(f"{where} has unknown dtype {dt!r}")
+        return _bad(f"{where} has unknown dtype {dt!r}")
     if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
-        raise _bad(f"{where} shape must be a list of non-negative ints")
+        return _bad(f"{where} shape must be a list of non-negative ints")
     if kind not in KINDS:
-        raise _bad(f"{where} has unknown kind {kind!r}")
+        return _bad(f"{where} has unknown kind {kind!r}")
     if type(rg) is not bool or (rg and kind == "ndarray"):
-        raise _bad(f"{where} has an invalid requires_grad {rg!r}")
+        return _bad(f"{where} has an invalid requires_grad {rg!r}")
     if kind == "ndarray" and dtype.numpy is None:
-        raise _bad(f"{where} is a numpy array of dtype {dtype.name}, which numpy lacks")
+        return _bad(f"{where} is a numpy array of dtype {dtype.name}, which numpy lacks")
     want = digest.ALGORITHMS[algorithm]
-    if type(dg) is not bytes or len(dg) != want:
-        got = f"{len(dg)} bytes" if type(dg) is bytes else f"a {type(dg).__name__}"
-        raise _bad(f"{where} digest must be {want} bytes for algorithm {algorithm!r}, not {got}")
-    return TensorInfo(i, name, dtype, tuple(shape), kind, rg, dg)
+    got = f"{len(dg)} bytes" if type(dg) is bytes else f"a {type(dg).__name__}"
+    return _bad(f"{where} digest must be {want} bytes for algorithm {algorithm!r}, not {got}")
