@@ -70,7 +70,7 @@ def fingerprint(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFA
 
 @paused
 def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits: Limits = DEFAULT,
-         weights_only: bool | None = None) -> Any:
+         weights_only: bool | None = None, mmap: bool = False) -> Any:
     """Read an object saved by :func:`save` (or a plain safetensors file).
 
     ``map_location`` works as in ``torch.load``: None restores each tensor to
@@ -81,6 +81,24 @@ def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits
     checked against its digest, with the algorithm the file records. A plain
     safetensors file loads as a flat dict of CPU tensors (or mapped as above).
 
+    ``mmap=True`` (a path only), as in ``torch.load(mmap=True)``: CPU tensors
+    are views of a private, copy-on-write memory map of the file instead of
+    copies, so loading allocates no memory for them and the page cache holds
+    the data once. Every byte is still hashed, in place in the map, before any
+    tensor is returned (use :func:`tensorcanon.open` to verify tensor by tensor
+    on first access instead). Writing to such a tensor copies the page it
+    touches; the file never changes. Tensors stay valid after the call returns,
+    however long they live: the map is released with the last of them. Tensors
+    sent to another device are copied there as usual. What the map cannot
+    protect against: another process that rewrites the file *in place* (not
+    tensorcanon's atomic save, which replaces it by a rename, leaving this map
+    on the old file) changes the values of pages this process has not written
+    to, after they were verified; one that truncates it makes touching the lost
+    pages kill the process with SIGBUS, as with any memory-mapped file
+    (``torch.load(mmap=True)`` and safetensors alike). The default stays
+    ``mmap=False``: an eager load holds its own copy, which no later change to
+    the file can alter (benchmarks/RESULTS.md compares the two).
+
     ``weights_only`` is accepted so that ``torch.load(path, weights_only=True)``
     calls convert by changing the function name: this loader never unpickles, so
     every load is at least as safe as ``weights_only=True``. ``False`` grants
@@ -90,10 +108,16 @@ def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits
     Example::
 
         ckpt = tensorcanon.load("ckpt.safetensors", map_location="cpu")
+        ckpt = tensorcanon.load("ckpt.safetensors", mmap=True)  # tensors view the file's pages
     """
     _check_weights_only(weights_only)
-    with reader.open_file(f, limits) as cf:
-        return cf.load(map_location=map_location, verify=verify)
+    if mmap is not False and mmap is not True:
+        raise UsageError(f"mmap must be True or False, not {mmap!r}")
+    if mmap and not isinstance(f, (str, os.PathLike)):
+        raise UsageError(f"mmap=True needs a path to map, not {type(f).__name__}; pass the file's path, "
+                         "or mmap=False to read from a file object")
+    with reader.open_file(f, limits, use_mmap=mmap) as cf:
+        return cf.load(map_location=map_location, verify=verify, share=mmap)
 
 
 def _check_weights_only(weights_only: Any) -> None:

@@ -60,9 +60,14 @@ def tensor_prefix(dtype_name: str, shape: tuple[int, ...] | list[int]) -> bytes:
     return f"{dtype_name}[{','.join(map(str, shape))}]".encode("ascii")
 
 
-def tensor_hasher(dtype_name: str, shape, algorithm: str = DEFAULT):
-    """A streaming hasher (``update``, ``digest``) already fed with the tensor's dtype and shape."""
-    prefix = tensor_prefix(dtype_name, shape)
+def tensor_hasher(dtype_name: str, shape, algorithm: str = DEFAULT, prefix: bytes | None = None):
+    """A streaming hasher (``update``, ``digest``) already fed with the tensor's dtype and shape.
+
+    ``prefix``, when given, is :func:`tensor_prefix` of the same dtype and shape,
+    computed once by a caller that hashes many tensors of one shape.
+    """
+    if prefix is None:
+        prefix = tensor_prefix(dtype_name, shape)
     if check(algorithm) == "sha256":
         return hashlib.sha256(prefix)
     return xxhash.xxh3_128(prefix)

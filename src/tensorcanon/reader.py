@@ -15,11 +15,16 @@ docs/FORMAT.md §9 ("Reading") is the normative list of checks.
 from __future__ import annotations
 
 import contextlib
+import queue
 import sys
-from typing import Any, Callable
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator
 
-from . import container, digest, dtypes, manifest, paths, placement, tensorbytes
-from .errors import FormatError, IntegrityError, TensorCanonError
+import torch
+
+from . import container, digest, dtypes, fastparse, manifest, paths, placement, tensorbytes
+from .errors import FormatError, IntegrityError, TensorCanonError, UsageError
 from .limits import DEFAULT, Limits
 from .manifest import TensorInfo
 from .source import Source, opened
@@ -27,6 +32,78 @@ from .tree import Decoder
 
 _CHUNK = 16 << 20       # verify's reusable buffer; bounded reads from streams of unknown size
 _HASH_CHUNK = 1 << 20   # read-then-hash piece: small enough to stay in L2
+_SMALL = 64 << 10       # tensors up to this size are read in runs (one read for many), then copied
+_RUN = 1 << 20          # bytes per run of small tensors
+_BIG_PIECE = 16 << 20   # hash a tensor in memory in pieces of this size (each call releases the GIL)
+_THREAD_MIN = 1 << 20           # tensors from this size are hashed on the second thread ...
+_THREADS_FROM = 16 << 20        # ... when this much data is to be hashed (else one thread)
+_PIPE_PIECE = 4 << 20           # verify's read-ahead: bytes per read, and reads in flight
+_PIPE_DEPTH = 3
+
+
+def _begin(info: TensorInfo) -> int:
+    return info.begin
+
+
+class _ReadAhead:
+    """The next ``total`` bytes of a Source, read on a second thread into a few rotating buffers.
+
+    Iterating gives ``(buffer, n)`` in order; give each buffer back with
+    :meth:`done` once used. Reading stops early at the end of the file (the
+    caller compares :attr:`total` with what it expected) or at the first
+    error, which iterating raises once the bytes before it are consumed.
+    Reading releases the GIL, so it overlaps the caller's hashing.
+    """
+
+    _END = object()
+
+    def __init__(self, src: Source, total: int) -> None:
+        self._src, self._want, self.total = src, total, 0
+        self._free: queue.Queue = queue.Queue()
+        self._full: queue.Queue = queue.Queue()
+        for _ in range(_PIPE_DEPTH):
+            self._free.put(bytearray(min(_PIPE_PIECE, max(total, 1))))
+        self._stop = False
+        self._thread = threading.Thread(target=self._work, name="tensorcanon-read", daemon=True)
+
+    def _work(self) -> None:
+        left = self._want
+        try:
+            while left and not self._stop:
+                buf = self._free.get()
+                if buf is None or self._stop:
+                    break
+                want = min(left, len(buf))
+                n = self._src.fill(memoryview(buf)[:want])
+                self._full.put((buf, n))
+                left -= n
+                if n < want:
+                    break  # the end of the file
+            self._full.put(self._END)
+        except BaseException as e:  # handed to the reading thread, which raises it
+            self._full.put(e)
+
+    def __enter__(self) -> "_ReadAhead":
+        self._thread.start()
+        return self
+
+    def __iter__(self) -> Iterator[tuple[bytearray, int]]:
+        while True:
+            item = self._full.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            self.total += item[1]
+            yield item
+
+    def done(self, buf: bytearray) -> None:
+        self._free.put(buf)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        self._free.put(None)  # wakes the reader if it waits for a buffer
+        self._thread.join()
 
 
 def _plain_rows(header: container.Header) -> list[TensorInfo]:
@@ -63,12 +140,22 @@ class CheckedFile:
         self.src = src
         self.limits = limits
         self._closer = closer
-        self.header = container.parse(src.read, src.size, limits)
-        self.manifest: manifest.Manifest | None = (
-            manifest.parse(self.header, limits) if manifest.is_tensorcanon(self.header) else None)
+        prefix, raw = container.read_raw(src.read, src.size, limits)
+        parsed = fastparse.parse(prefix, raw, src.size, limits)  # a canonical file: one pass
+        self.manifest: manifest.Manifest | None
+        if parsed is not None:
+            self.header, self.manifest = parsed
+        else:  # every check in the order of docs/FORMAT.md §9, naming the first that fails
+            self.header = container.parse_raw(prefix, raw, src.size, limits)
+            self.manifest = manifest.parse(self.header, limits) if manifest.is_tensorcanon(self.header) else None
         self.rows: list[TensorInfo] = (
             self.manifest.tensors if self.manifest is not None else _plain_rows(self.header))
         self._decoder: Decoder | None = None
+        self._prefixes: dict[tuple, bytes] = {}
+        self._ordered: list[TensorInfo] | None = None
+        self._run_buf: bytearray | None = None
+        self._run_view: memoryview | None = None
+        self._run_addr = 0
 
     # ------------------------------------------------------------------ what the file is
     @property
@@ -209,7 +296,11 @@ class CheckedFile:
     def _hasher(self, info: TensorInfo, verify: bool) -> Any:
         if not verify or self.manifest is None:
             return None
-        return digest.tensor_hasher(info.dtype.name, info.shape, self.manifest.algorithm)
+        key = (info.dtype.name, info.shape)  # validated ints: no (True,) posing as (1,)
+        prefix = self._prefixes.get(key)
+        if prefix is None:
+            prefix = self._prefixes[key] = digest.tensor_prefix(*key)
+        return digest.tensor_hasher(info.dtype.name, info.shape, self.manifest.algorithm, prefix)
 
     def _check(self, info: TensorInfo, hasher: Any) -> None:
         if hasher is None:
@@ -217,6 +308,13 @@ class CheckedFile:
         actual = hasher.digest()
         if actual != info.digest:
             raise self.integrity_error(info, actual)
+
+    def _check_bytes(self, info: TensorInfo, data: memoryview) -> None:
+        """Raise unless ``data`` (a tensor's bytes, in memory) hashes to the tensor's digest."""
+        h = self._hasher(info, True)
+        for lo in range(0, len(data), _BIG_PIECE):
+            h.update(data[lo : lo + _BIG_PIECE])
+        self._check(info, h)
 
     def integrity_error(self, info: TensorInfo, actual: bytes) -> IntegrityError:
         """The error for tensor ``info`` whose bytes hash to ``actual``: names its path and bytes."""
@@ -229,13 +327,17 @@ class CheckedFile:
             f"{file}) does not match its digest: recorded {recorded}, computed {computed}; the file "
             "is damaged", path=where, expected=recorded, actual=computed)
 
-    def _read_here(self, info: TensorInfo, map_location: Any, verify: bool) -> Any:
-        """Read tensor ``info`` at the current position: verified, typed and placed."""
-        what = f"data of tensor {info.name!r}"
+    def _holdable(self, info: TensorInfo) -> None:
         row = info.dtype
         if row is None or (info.kind != "ndarray" and row.torch is None):
             st = self.header.entries[info.index].dtype if self.manifest is None else info.dtype.name
             raise FormatError(f"tensor {info.name!r} has dtype {st}, which this torch cannot hold")
+
+    def _read_here(self, info: TensorInfo, map_location: Any, verify: bool) -> Any:
+        """Read tensor ``info`` at the current position: verified, typed and placed."""
+        what = f"data of tensor {info.name!r}"
+        self._holdable(info)
+        row = info.dtype
         h = self._hasher(info, verify)
         where: Callable[[], str] = lambda: self.tensor_path(info.index)  # noqa: E731
         device = (None if placement.stays_on_cpu(info.kind, info.device, map_location)
@@ -248,7 +350,7 @@ class CheckedFile:
                                       h.update if h is not None else None)
         elif self.src.size is not None and (h is None or info.nbytes <= _HASH_CHUNK) \
                 and (ready := tensorbytes.empty_tensor(row, info.shape, info.kind)) is not None:
-            buf, mv = ready  # the common small-tensor case: read straight into the result
+            buf, mv = ready  # read straight into the result
             self._fill(mv, h, what)
         elif self.src.size is not None:
             buf, mv = tensorbytes.empty_buffer(info.nbytes, info.kind)
@@ -261,35 +363,240 @@ class CheckedFile:
         value = buf if ready is not None else tensorbytes.finish(buf, row, info.shape, info.kind, info.name)
         return placement.as_recorded(value, info, map_location, where)
 
-    def read(self, index: int, *, map_location: Any = None, verify: bool = True) -> Any:
+    def _simple(self, info: TensorInfo, cpu: set[str]) -> bool:
+        """True for a small tensor read in a run: it stays on the CPU (its recorded device is in
+        ``cpu``, see :meth:`_cpu_bound`) and is built by one copy."""
+        return (0 < info.end - info.begin <= _SMALL and info.kind != "ndarray" and info.device in cpu
+                and info.dtype is not None and info.dtype.torch in tensorbytes.NUMPY_VIEWABLE)
+
+    def _cpu_bound(self, map_location: Any) -> set[str]:
+        """The recorded devices whose tensors ``map_location`` leaves on (or sends to) the CPU
+        without a callable to consult."""
+        if map_location is None:
+            return {"cpu"}
+        if callable(map_location) and not isinstance(map_location, (str, torch.device, dict)):
+            return set()
+        return {d for d in {r.device for r in self.rows}
+                if (t := placement.target(d, map_location)) is not None and t.type == "cpu"}
+
+    def _run(self, rows: list[TensorInfo], i: int, values: Any, verify: bool, cpu: set[str]) -> int:
+        """Read the run of small tensors that starts at ``rows[i]`` with one read; the next index.
+
+        Each tensor is hashed from the run buffer (private memory, so the bytes
+        hashed are the bytes copied) and copied into a tensor of its own. If the
+        file ends inside the run, the tensors before that point are checked
+        first and the error names the tensor the file ends in, as one read per
+        tensor would.
+        """
+        n, j, total = len(rows), i, 0
+        while j < n and (m := rows[j].end - rows[j].begin) <= _RUN - total and self._simple(rows[j], cpu):
+            total += m
+            j += 1
+        if self._run_buf is None:
+            self._run_buf = bytearray(_RUN)
+            self._run_view = memoryview(self._run_buf)  # also keeps the buffer from being resized
+            self._run_addr = tensorbytes.address(self._run_buf)
+        view, addr = self._run_view, self._run_addr
+        start = self.src.pos
+        got = self.src.fill(view[:total])
+        check = verify and self.manifest is not None
+        copied, pos = tensorbytes.copied, 0
+        for k in range(i, j):
+            info = rows[k]
+            m = info.end - info.begin
+            if pos + m > got:
+                raise FormatError(f"file ends inside the data of tensor {info.name!r}: {pos + m - got} "
+                                  "bytes missing", offset=start + got)
+            if check:
+                self._check_bytes(info, view[pos : pos + m])
+            value = copied(info.dtype, info.shape, info.kind, addr + pos, m)
+            if info.kind == "parameter":
+                value = torch.nn.Parameter(value, requires_grad=info.requires_grad)
+            elif info.requires_grad:
+                value.requires_grad_(True)
+            values[info.index] = value
+            pos += m
+        return j
+
+    def _mapped(self, info: TensorInfo, map_location: Any, verify: bool) -> Any:
+        """Tensor ``info`` as a view of the mapped file (no copy), or None where it must be copied."""
+        start = self.data_start + info.begin
+        n = info.end - info.begin
+        if not placement.stays_on_cpu(info.kind, info.device, map_location):
+            device = placement.target(info.device, map_location)
+            if device is not None and device.type != "cpu":
+                return None  # another device: copied there by the general path
+        self._holdable(info)
+        mapped = self.src.tensor(start, n)
+        if mapped is None:
+            return None
+        if verify and self.manifest is not None:
+            self._check_bytes(info, self.src.data[start : start + n])  # type: ignore[index]
+        if info.dtype.name == "bool" and n and bool(mapped.max() > 1):
+            raise FormatError(f"tensor {info.name!r} is bool but holds a byte other than 0 or 1")
+        value = tensorbytes.viewed(mapped, info.dtype, info.shape, info.kind)
+        if value is None:
+            return None
+        return placement.as_recorded(value, info, map_location, lambda: self.tensor_path(info.index))
+
+    def read(self, index: int, *, map_location: Any = None, verify: bool = True, share: bool = False) -> Any:
         """Tensor (or array) ``index`` of :attr:`rows`, read alone, verified, placed.
 
-        Needs random access: a path, bytes or a seekable file object.
+        Needs random access: a path, bytes or a seekable file object. With
+        ``share`` (a mapped file only) a CPU tensor views the map instead of
+        holding a copy (see :meth:`load`).
         """
         info = self.rows[index]
         placement.check_all([info], map_location, self.tensor_path)
+        if share:
+            if self.src.mapped is None:
+                raise UsageError("share=True needs a memory-mapped file (open_file(path, use_mmap=True))")
+            value = self._mapped(info, map_location, verify)
+            if value is not None:
+                return value
         self.src.seek(self.data_start + info.begin)
+        cpu = {"cpu"} if map_location is None else self._cpu_bound(map_location)
+        if self._simple(info, cpu):
+            values: dict[int, Any] = {}
+            self._run([info], 0, values, verify, cpu)
+            return values[index]
         return self._read_here(info, map_location, verify)
 
-    def read_all(self, *, map_location: Any = None, verify: bool = True) -> list:
+    def _file_order(self) -> list[TensorInfo]:
+        if self._ordered is None:
+            self._ordered = sorted(self.rows, key=_begin)
+        return self._ordered
+
+    def read_all(self, *, map_location: Any = None, verify: bool = True, share: bool = False) -> list:
         """Every tensor, read in file order (so streams work), verified; in table order.
 
-        Every target device is checked before any data is read.
+        Every target device is checked before any data is read. With ``share``
+        (a mapped file only) CPU tensors view the map (see :meth:`load`).
         """
         placement.check_all(self.rows, map_location, self.tensor_path)
+        rows = self._file_order()
+        values: list[Any] = [None] * len(self.rows)
+        if share:
+            if self.src.mapped is None:
+                raise UsageError("share=True needs a memory-mapped file (open_file(path, use_mmap=True))")
+            cpu = self._cpu_bound(map_location)
+            shared = [r for r in rows if r.kind == "ndarray" or r.device in cpu
+                      or (map_location is not None and not cpu and callable(map_location))]
+            if verify and self.manifest is not None:
+                self._verify_mapped(shared)  # every byte, before any tensor is made (two threads when large)
+            for info in shared:
+                values[info.index] = self._mapped(info, map_location, False)
+            for info in rows:  # another device, or a view torch cannot make: copied (and hashed)
+                if values[info.index] is None:
+                    values[info.index] = self.read(info.index, map_location=map_location, verify=verify)
+            return values
         if self.src.random_access and self.src.pos != self.data_start:
             self.src.seek(self.data_start)
-        values: list[Any] = [None] * len(self.rows)
-        for info in sorted(self.rows, key=lambda r: r.begin):
-            values[info.index] = self._read_here(info, map_location, verify)
+        cpu = self._cpu_bound(map_location)
+        i, n = 0, len(rows)
+        simple = self._simple
+        while i < n:
+            info = rows[i]
+            if simple(info, cpu):
+                i = self._run(rows, i, values, verify, cpu)
+            else:
+                values[info.index] = self._read_here(info, map_location, verify)
+                i += 1
         return values
 
-    def load(self, *, map_location: Any = None, verify: bool = True) -> Any:
-        """The saved object (a plain safetensors file: a dict of tensors by name, in name order)."""
-        values = self.read_all(map_location=map_location, verify=verify)
+    def load(self, *, map_location: Any = None, verify: bool = True, share: bool = False) -> Any:
+        """The saved object (a plain safetensors file: a dict of tensors by name, in name order).
+
+        With ``share`` (a file opened with ``use_mmap=True``), CPU tensors view
+        the file's private, copy-on-write map instead of holding copies; every
+        byte is still hashed (in place) before any tensor is made.
+        """
+        values = self.read_all(map_location=map_location, verify=verify, share=share)
         if self.manifest is None:
             return {r.name: v for r, v in sorted(zip(self.rows, values), key=lambda p: p[0].name)}
         return self._decode(values)[0]
+
+    # ------------------------------------------------------------------ hashing every byte
+    def _verify_mapped(self, rows: list[TensorInfo]) -> None:
+        """Hash the bytes of ``rows`` where they are (an in-memory or mapped file).
+
+        When there is much to hash, large tensors are hashed on two threads
+        (xxhash and hashlib release the GIL while they hash), so page faults and
+        hashing use both cores. The first tensor in file order that differs is
+        the one named.
+        """
+        data = self.src.data
+        assert data is not None
+        start = self.data_start
+        big = [r for r in rows if r.end - r.begin >= _THREAD_MIN]
+        if len(big) < 2 or sum(r.end - r.begin for r in big) < _THREADS_FROM:
+            for info in rows:
+                self._check_bytes(info, data[start + info.begin : start + info.end])
+            return
+        digests: dict[int, bytes] = {}
+
+        def hash_one(info: TensorInfo) -> None:
+            h = self._hasher(info, True)
+            view = data[start + info.begin : start + info.end]
+            for lo in range(0, len(view), _BIG_PIECE):
+                h.update(view[lo : lo + _BIG_PIECE])
+            digests[info.index] = h.digest()
+
+        with ThreadPoolExecutor(2, thread_name_prefix="tensorcanon-hash") as pool:
+            futures = [pool.submit(hash_one, r) for r in big]
+            for info in rows:  # the small ones meanwhile, on this thread
+                if info.end - info.begin < _THREAD_MIN:
+                    hash_one(info)
+            for fut in futures:
+                fut.result()
+        for info in rows:
+            if digests[info.index] != info.digest:
+                raise self.integrity_error(info, digests[info.index])
+
+    def _verify_stream(self, rows: list[TensorInfo]) -> None:
+        """Read and hash every tensor in file order; a second thread reads while this one hashes."""
+        if sum(r.end - r.begin for r in rows) < _THREADS_FROM:
+            buf = memoryview(bytearray(min(_CHUNK, max((r.end - r.begin for r in rows), default=0))))
+            for info in rows:
+                h = self._hasher(info, True)
+                left = info.end - info.begin
+                while left:
+                    n = min(left, len(buf))
+                    self._fill(buf[:n], h, f"data of tensor {info.name!r}")
+                    left -= n
+                self._check(info, h)
+            return
+        todo = iter(rows)
+        info: TensorInfo | None = None
+        h, left = None, 0
+        start = self.src.pos
+        with _ReadAhead(self.src, sum(r.end - r.begin for r in rows)) as pipe:
+            for buf, n in pipe:
+                view, pos = memoryview(buf), 0
+                while pos < n:
+                    if h is None:
+                        info = next(todo)
+                        h, left = self._hasher(info, True), info.end - info.begin
+                    take = min(left, n - pos)
+                    if take:
+                        h.update(view[pos : pos + take])
+                    pos += take
+                    left -= take
+                    if not left:
+                        self._check(info, h)
+                        h = None
+                view.release()
+                pipe.done(buf)
+            got = pipe.total
+        if h is not None:  # the file ended inside this tensor
+            assert info is not None
+            raise FormatError(f"file ends inside the data of tensor {info.name!r}: {left} bytes missing",
+                              offset=start + got)
+        for info in todo:  # zero-size tensors at the end: nothing to read, a digest to check
+            if info.end - info.begin:
+                raise FormatError(f"file ends inside the data of tensor {info.name!r}: "
+                                  f"{info.end - info.begin} bytes missing", offset=start + got)
+            self._check(info, self._hasher(info, True))
 
     def verify(self) -> str:
         """Hash every byte, check every tensor digest and the tree; return the file digest."""
@@ -297,17 +604,13 @@ class CheckedFile:
             raise FormatError(
                 "this is a plain safetensors file with no tensorcanon manifest, so it records no "
                 "digests to verify; convert it with tensorcanon.save(tensorcanon.load(path), out)")
-        if self.src.random_access and self.src.pos != self.data_start:
-            self.src.seek(self.data_start)
-        buf = memoryview(bytearray(min(_CHUNK, max((r.nbytes for r in self.rows), default=0))))
-        for info in sorted(self.rows, key=lambda r: r.begin):
-            h = self._hasher(info, True)
-            left = info.nbytes
-            while left:
-                n = min(left, len(buf))
-                self._fill(buf[:n], h, f"data of tensor {info.name!r}")
-                left -= n
-            self._check(info, h)
+        rows = self._file_order()
+        if self.src.data is not None:
+            self._verify_mapped(rows)
+        else:
+            if self.src.random_access and self.src.pos != self.data_start:
+                self.src.seek(self.data_start)
+            self._verify_stream(rows)
         self.check_tree()  # the tree must also be well-formed and the table canonical
         return self.manifest.text()
 

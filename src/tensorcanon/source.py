@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
 import os
-from typing import Any, BinaryIO, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
 
 from .errors import FileAccessError, FormatError, MissingFileError, UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Source:
@@ -28,10 +30,14 @@ class Source:
     seekable file also reads at any offset (:meth:`seek`).
     """
 
-    def __init__(self, f: BinaryIO | None = None, data: Any = None, name: str | None = None) -> None:
+    def __init__(self, f: BinaryIO | None = None, data: Any = None, name: str | None = None,
+                 mapped: "torch.Tensor | None" = None) -> None:
         self.f = f
         self.name = name
         self.data: memoryview | None = None if data is None else memoryview(data).cast("B")
+        # A file mapped by map_file: a uint8 tensor over the whole mapping (``data`` views it),
+        # so that tensors can view the file's bytes too (Source.tensor).
+        self.mapped = mapped
         self.pos = 0
         self.size: int | None = None
         self._base = 0
@@ -96,17 +102,47 @@ class Source:
             done += got
         self.pos += n
 
+    def fill(self, buf: memoryview) -> int:
+        """Read up to ``len(buf)`` bytes into ``buf``, as many as the file still has; the count.
+
+        For a caller that reads many tensors at once and names the one the file
+        ends inside when it comes up short.
+        """
+        n = len(buf)
+        if self.data is not None:
+            got = max(0, min(n, len(self.data) - self.pos))
+            buf[:got] = self.data[self.pos : self.pos + got]
+        else:
+            got = 0
+            while got < n:
+                k = self.f.readinto(buf[got:])  # type: ignore[union-attr]
+                if not k:
+                    break
+                got += k
+        self.pos += got
+        return got
+
     def view(self, offset: int, n: int) -> memoryview | None:
         """The ``n`` bytes at ``offset`` without a copy, when the Source holds them in memory."""
         if self.data is None or offset + n > len(self.data):
             return None
         return self.data[offset : offset + n]
 
+    def tensor(self, offset: int, n: int) -> "torch.Tensor | None":
+        """A uint8 tensor viewing the ``n`` bytes at ``offset`` of a mapped file (no copy), else None.
+
+        The view keeps the mapping alive: it outlives this Source and the file's closing.
+        """
+        if self.mapped is None or offset + n > self.mapped.numel():
+            return None
+        return self.mapped[offset : offset + n]
+
     def release(self) -> None:
-        """Drop this Source's view of its bytes (a memory map can then be closed)."""
+        """Drop this Source's view of its bytes; a mapping is unmapped once no tensor views it."""
         if self.data is not None:
             self.data.release()
             self.data = None
+        self.mapped = None
 
 
 def _os_error(e: OSError, path: str, doing: str) -> FileAccessError:
@@ -129,36 +165,64 @@ def open_path(path: str | os.PathLike, doing: str = "read", what: str = "a tenso
         raise _os_error(e, name, doing) from None
 
 
+def map_file(name: str) -> Source:
+    """A Source over a private, copy-on-write memory map of the file at ``name``.
+
+    The map is held by a torch storage, as ``torch.load(mmap=True)`` holds
+    its own: it stays mapped while any tensor viewing it is alive (however
+    long after the Source is released), and is unmapped when the last goes.
+    No file descriptor stays open. Writes to a tensor that views the map copy
+    the page touched (the file never changes); another process that changes
+    the file in place changes the pages this process has not written to, and
+    one that truncates it makes reading the lost pages fail with SIGBUS
+    (docs/SECURITY.md, "Memory-mapped reading"). Files that tensorcanon
+    saves are replaced by a rename, which leaves a map of the old file
+    intact.
+    """
+    import torch  # the Source module stays importable without torch for the rest
+
+    with open_path(name) as fh:
+        st = os.fstat(fh.fileno())
+        if not st.st_size:  # nothing to map; the header check reports the empty file
+            return Source(data=b"", name=name)
+        # Map the file this descriptor opened, not whatever the path names a moment later.
+        by_fd = f"/proc/self/fd/{fh.fileno()}"
+        target = by_fd if os.path.exists(by_fd) else name
+        try:
+            storage = torch.UntypedStorage.from_file(target, shared=False, nbytes=st.st_size)
+        except RuntimeError as e:
+            raise FileAccessError(f"cannot map {name!r}: {e}", filename=name) from None
+        if target is name:
+            now = os.stat(name)
+            if (now.st_ino, now.st_dev, now.st_size) != (st.st_ino, st.st_dev, st.st_size):
+                raise FileAccessError(f"cannot map {name!r}: it was replaced while being opened; "
+                                      "open it again", filename=name)
+    mapped = torch.empty(0, dtype=torch.uint8).set_(storage)
+    return Source(data=mapped.numpy(), name=name, mapped=mapped)
+
+
 @contextlib.contextmanager
 def opened(f: Any, *, use_mmap: bool = False) -> Iterator[Source]:
     """A :class:`Source` for a path, a binary file object or a bytes-like object.
 
     A path is opened (and closed on exit); with ``use_mmap`` it is memory-mapped
-    read-only, so the Source can hand out views of its bytes (:meth:`Source.view`).
+    (:func:`map_file`), so the Source can hand out views of its bytes
+    (:meth:`Source.view`) and tensors that view them (:meth:`Source.tensor`).
     """
     if isinstance(f, (bytes, bytearray, memoryview)):
         yield Source(data=f)
         return
     if isinstance(f, (str, os.PathLike)):
         name = os.fspath(f)
-        with open_path(name) as fh:
-            if not use_mmap:
-                yield Source(fh, name=name)
-                return
-            size = os.fstat(fh.fileno()).st_size
-            if not size:  # mmap refuses empty files; the header check reports them
-                yield Source(data=b"", name=name)
-                return
-            try:
-                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-            except OSError as e:
-                raise _os_error(e, name, "map") from None
-            src = Source(data=mm, name=name)
+        if use_mmap:
+            src = map_file(name)
             try:
                 yield src
             finally:
                 src.release()
-                mm.close()
+            return
+        with open_path(name) as fh:
+            yield Source(fh, name=name)
         return
     if hasattr(f, "read"):
         yield Source(f)

@@ -7,7 +7,9 @@ storage, strides or offset. docs/FORMAT.md, "Tensor data".
 
 from __future__ import annotations
 
+import ctypes
 import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +30,7 @@ _NUMPY_VIEWABLE = frozenset(
         "float16", "float32", "float64", "complex64", "complex128",
     ) if hasattr(torch, n)
 )
+NUMPY_VIEWABLE = _NUMPY_VIEWABLE
 
 
 def resolved(t: torch.Tensor) -> torch.Tensor:
@@ -147,3 +150,54 @@ def finish(buffer, dtype: DType, shape: tuple[int, ...], kind: str, name: str):
     if kind == "ndarray":
         return buffer.view(dtype.numpy.newbyteorder("=")).reshape(shape)
     return buffer.view(dtype.torch).reshape(shape)
+
+
+# ----------------------------------------------------------------- fast reading of CPU tensors
+
+_memmove = ctypes.memmove
+
+
+def address(buffer: Any) -> int:
+    """The address of a contiguous buffer's first byte (bytes, bytearray, memoryview, ndarray, mmap)."""
+    return np.frombuffer(buffer, dtype=np.uint8).ctypes.data if len(memoryview(buffer)) else 0
+
+
+def copied(dtype: DType, shape: tuple[int, ...], kind: str, src: int, nbytes: int) -> torch.Tensor | None:
+    """A fresh CPU tensor of ``dtype`` and ``shape`` holding the ``nbytes`` at address ``src``;
+    None where the general path is needed (arrays, bool, dtypes numpy cannot view, zero size).
+
+    ``src`` must hold ``nbytes`` readable bytes, and ``nbytes`` must be the
+    tensor's size: the reader computes both from a checked header. One
+    ``torch.empty`` and one ``memmove``: the cost of loading a small tensor.
+    """
+    t = dtype.torch
+    if kind == "ndarray" or t not in _NUMPY_VIEWABLE or not nbytes:
+        return None
+    value = torch.empty(*shape, dtype=t) if shape else torch.empty((), dtype=t)
+    _memmove(value.data_ptr(), src, nbytes)
+    return value
+
+
+def copy_to(value: torch.Tensor, offset: int, src: int, nbytes: int) -> None:
+    """Copy ``nbytes`` from address ``src`` to byte ``offset`` of contiguous CPU tensor ``value``."""
+    if offset < 0 or offset + nbytes > value.numel() * value.element_size():
+        raise ValueError("copy out of bounds")  # never happens: the callers compute both from the header
+    _memmove(value.data_ptr() + offset, src, nbytes)
+
+
+def viewed(mapped: torch.Tensor, dtype: DType, shape: tuple[int, ...], kind: str) -> Any:
+    """The tensor (or array) of ``dtype`` and ``shape`` that views the uint8 tensor ``mapped``
+    (no copy); None where its bytes must be copied (a dtype torch cannot view at that
+    alignment, bool bytes other than 0/1 are checked by the caller)."""
+    t = dtype.torch
+    if kind == "ndarray":
+        arr = mapped.numpy()
+        if dtype.numpy is None or arr.ctypes.data % dtype.itemsize:
+            return None
+        return arr.view(dtype.numpy.newbyteorder("=")).reshape(shape)
+    if t is None or mapped.data_ptr() % dtype.itemsize:
+        return None
+    try:
+        return mapped.view(t).view(shape)
+    except RuntimeError:  # a dtype torch cannot reinterpret uint8 as (sub-byte types)
+        return None
