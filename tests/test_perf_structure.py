@@ -81,8 +81,9 @@ class _RecordingFile(io.BytesIO):
 
 
 def test_contiguous_tensors_are_written_from_their_own_memory():
-    obj = {f"t{i}": torch.randn(4096) for i in range(4)}
-    obj["arr"] = np.ones(1000, dtype=np.float64)
+    # Tensors over 64 KiB go straight from their own memory to the file, 1 MiB at a time.
+    obj = {f"t{i}": torch.randn(1 << 18) for i in range(4)}  # 1 MiB each
+    obj["arr"] = np.ones(100_000, dtype=np.float64)
     f = _RecordingFile()
     tensorcanon.save(obj, f)
     written = set(f.addresses)
@@ -90,6 +91,15 @@ def test_contiguous_tensors_are_written_from_their_own_memory():
         ptr = v.data_ptr() if isinstance(v, torch.Tensor) else v.ctypes.data
         nbytes = v.numel() * v.element_size() if isinstance(v, torch.Tensor) else v.nbytes
         assert (ptr, nbytes) in written, f"{name} was copied before being written"
+
+
+def test_small_tensors_are_written_a_mebibyte_at_a_time():
+    # Small tensors are gathered into one buffer: a write call per MiB, not one per tensor.
+    obj = {f"s{i:04d}": torch.full((256,), float(i)) for i in range(3000)}  # 3000 x 1 KiB
+    f = _RecordingFile()
+    tensorcanon.save(obj, f)
+    assert len(f.addresses) <= 2 + 3000 * 1024 // (1 << 20) + 1  # header reserved, header, data
+    assert f.getvalue() == tensorcanon.dumps(obj)
 
 
 _MEM_CHILD = textwrap.dedent(r"""

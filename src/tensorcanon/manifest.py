@@ -91,6 +91,49 @@ def pack(root: Any, meta: Any, table: list[dict], algorithm: str = digest.DEFAUL
         ) from e
 
 
+class Packed:
+    """A manifest packed once, whose tensor digests can be filled in later without packing again.
+
+    ``bytes(digests)`` gives exactly ``pack(root, meta, rows, algorithm)`` for
+    the rows with those digests: msgpack encodes a map or an array as its
+    header followed by its items, so the manifest is a fixed head, each row
+    (a fixed start, the digest, the rest of the row) and a fixed tail. Each
+    row is kept as bytes, not as a dict: saving many tensors leaves the
+    garbage collector fewer objects to track.
+    """
+
+    def __init__(self, root: Any, meta: Any, rows: list[tuple], algorithm: str = digest.DEFAULT) -> None:
+        size = digest.size(algorithm)
+        zero = bytes(size)
+        packer = msgpack.Packer(use_bin_type=True)
+        try:
+            self._head = b"".join([
+                packer.pack_map_header(len(_TOP_KEYS)), packer.pack("algorithm"), packer.pack(algorithm),
+                packer.pack("meta"), packer.pack(meta), packer.pack("root"), packer.pack(root),
+                packer.pack("tensors"), packer.pack_array_header(len(rows))])
+        except (ValueError, TypeError, OverflowError) as e:  # depth beyond msgpack's own limit
+            raise LimitError(
+                f"the object cannot be encoded as msgpack ({e}); it is nested deeper than msgpack allows",
+                limit="max_depth", path="$", hint="keep limits.max_depth at or below 256",
+            ) from e
+        self._tail = packer.pack("version") + packer.pack(VERSION)
+        self._start = packer.pack_map_header(len(_ENTRY_KEYS)) + packer.pack("digest") + packer.pack(zero)[:-size]
+        self._rests = []
+        for row in rows:
+            packed = packer.pack(table_row(*row, zero))
+            if not packed.startswith(self._start + zero):
+                raise AssertionError("internal error: a table row does not start with its digest")
+            self._rests.append(packed[len(self._start) + size :])
+
+    def __call__(self, digests: list[bytes]) -> bytes:
+        parts = [self._head]
+        start = self._start
+        for d, rest in zip(digests, self._rests):
+            parts += (start, d, rest)
+        parts.append(self._tail)
+        return b"".join(parts)
+
+
 def table_row(name, dtype_name, shape, kind, requires_grad, digest_raw) -> dict:
     return {
         "digest": digest_raw, "dtype": dtype_name, "kind": kind,

@@ -32,22 +32,27 @@ class Plan:
     root: Any
     meta: Any
     tensors: list[TensorSource]       # table order
-    layout: list[container.Entry]     # data order, parallel to `ordered`
-    ordered: list[TensorSource]
+    ordered: list[TensorSource]       # data order
+    starts: list[int]                 # where each of ``ordered`` starts in the data section
+    data_size: int
     algorithm: str = digest.DEFAULT
 
-    _rows: list | None = None  # table rows, built once; only their digests change
+    _packed: manifest.Packed | None = None  # the manifest, packed once; only digests change
+    _prefixes: dict | None = None           # digest prefix of each (dtype, shape) seen
+
+    @property
+    def layout(self) -> list[container.Entry]:
+        """The header entries, in data order."""
+        return [container.Entry(s.name, s.dtype.st, tuple(dtypes.header_shape(s.dtype, s.shape)), b, b + s.nbytes)
+                for s, b in zip(self.ordered, self.starts)]
 
     def manifest_bytes(self) -> bytes:
+        if self._packed is None:
+            self._packed = manifest.Packed(
+                self.root, self.meta,
+                [(s.name, s.dtype.name, s.shape, s.kind, s.requires_grad) for s in self.tensors], self.algorithm)
         zero = bytes(digest.size(self.algorithm))
-        if self._rows is None:
-            self._rows = [
-                manifest.table_row(s.name, s.dtype.name, s.shape, s.kind, s.requires_grad, zero)
-                for s in self.tensors
-            ]
-        for row, s in zip(self._rows, self.tensors):
-            row["digest"] = s.digest or zero
-        return manifest.pack(self.root, self.meta, self._rows, self.algorithm)
+        return self._packed([s.digest or zero for s in self.tensors])
 
     _first: tuple[bytes, dict] | None = None  # the first header built, and its __metadata__
 
@@ -60,17 +65,29 @@ class Plan:
             spliced = _splice(*self._first, meta)
             if spliced is not None:
                 return spliced, raw
-        built = container.build(self.layout, meta)
+        entry = container.entry_text
+        members = {}
+        for s, b in zip(self.ordered, self.starts):
+            dt = s.dtype
+            shape = s.shape if dt.native else (*s.shape, dt.itemsize)
+            members[s.name] = entry(s.name, dt.st, shape, b, b + s.nbytes)
+        built = container.assemble(members, meta)
         self._first = (built, meta)
         return built, raw
+
+    def prefix(self, s: TensorSource) -> bytes:
+        """The digest prefix of ``s`` (dtype and shape), computed once per (dtype, shape)."""
+        if self._prefixes is None:
+            self._prefixes = {}
+        key = (s.dtype.name, s.shape)  # shapes here are tuples of ints from torch or numpy
+        found = self._prefixes.get(key)
+        if found is None:
+            found = self._prefixes[key] = digest.tensor_prefix(*key)
+        return found
 
     def file_digest(self, raw: bytes) -> str:
         """The file digest, as text, of manifest bytes ``raw``."""
         return digest.to_text(digest.manifest_digest(raw, self.algorithm), self.algorithm)
-
-    @property
-    def data_size(self) -> int:
-        return self.layout[-1].end if self.layout else 0
 
 
 def _splice(header: bytes, old: dict, new: dict) -> bytes | None:
@@ -125,20 +142,19 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
         )
     enc.assign_names()
     ordered = sorted(enc.tensors, key=lambda s: container.data_order(s.name, s.dtype.itemsize))
-    layout, position = [], 0
+    starts, position = [], 0
     for s in ordered:
-        n = s.nbytes
-        shape = tuple(dtypes.header_shape(s.dtype, s.shape))
-        if len(shape) > limits.max_ndim:
+        ndim = len(s.shape) + (not s.dtype.native)
+        if ndim > limits.max_ndim:
             where = paths.join(s.path)
             raise LimitError(
-                f"the tensor at {where} has {len(shape)} header dimensions (its {len(s.shape)} plus "
+                f"the tensor at {where} has {ndim} header dimensions (its {len(s.shape)} plus "
                 f"one for a dtype stored as bytes, if any), more than max_ndim={limits.max_ndim} that "
                 "readers accept", limit="max_ndim", path=where, saving=True,
             )
-        layout.append(container.Entry(s.name, s.dtype.st, shape, position, position + n))
-        position += n
-    return Plan(root, meta, enc.tensors, layout, ordered, algorithm)
+        starts.append(position)
+        position += s.nbytes
+    return Plan(root, meta, enc.tensors, ordered, starts, position, algorithm)
 
 
 def _chunks(src: TensorSource):
@@ -174,21 +190,52 @@ def _write_all(f: BinaryIO, data) -> None:
 
 
 _PIECE = 1 << 20  # hash a piece, then write it while it is still in the CPU cache
+_STAGED = 64 << 10  # tensors up to this size are copied into one buffer, written a MiB at a time
 
 
-def _hash(src: TensorSource, algorithm: str, f: BinaryIO | None = None) -> bytes:
-    """Hash one tensor's canonical bytes, writing them to ``f`` as well when given."""
-    h = digest.tensor_hasher(src.dtype.name, src.shape, algorithm)
+class _Staging:
+    """Small tensors' bytes gathered in one buffer: one write per MiB instead of one per tensor.
+
+    :meth:`stage` copies bytes in and returns the copy, which is what gets
+    hashed: the bytes hashed are exactly the bytes written.
+    """
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.view = memoryview(bytearray(_PIECE))
+        self.n = 0
+
+    def stage(self, data: memoryview) -> memoryview:
+        m = len(data)
+        if self.n + m > len(self.view):
+            self.flush()
+        copy = self.view[self.n : self.n + m]
+        copy[:] = data
+        self.n += m
+        return copy
+
+    def flush(self) -> None:
+        if self.n:
+            _write_all(self.f, self.view[: self.n])
+            self.n = 0
+
+
+def _hash(src: TensorSource, p: Plan, out: _Staging | None = None) -> bytes:
+    """Hash one tensor's canonical bytes, writing them through ``out`` as well when given."""
+    h = digest.tensor_hasher(src.dtype.name, src.shape, p.algorithm, p.prefix(src))
     chunks = _chunks(src)
     try:
         for chunk in chunks:
-            if f is None:
+            if out is None:
                 h.update(chunk)
-                continue
-            for lo in range(0, len(chunk), _PIECE):
-                piece = chunk[lo : lo + _PIECE]
-                h.update(piece)
-                _write_all(f, piece)
+            elif len(chunk) <= _STAGED:
+                h.update(out.stage(chunk))
+            else:
+                out.flush()
+                for lo in range(0, len(chunk), _PIECE):
+                    piece = chunk[lo : lo + _PIECE]
+                    h.update(piece)
+                    _write_all(out.f, piece)
     finally:
         close = getattr(chunks, "close", None)  # a CUDA stream of chunks frees its staging ring
         if close is not None:
@@ -199,7 +246,7 @@ def _hash(src: TensorSource, algorithm: str, f: BinaryIO | None = None) -> bytes
 def fingerprint(p: Plan) -> str:
     """Hash every tensor (no writing) and return the file digest."""
     for src in p.ordered:
-        src.digest = _hash(src, p.algorithm)
+        src.digest = _hash(src, p)
     return p.file_digest(p.manifest_bytes())
 
 
@@ -210,12 +257,14 @@ def write(p: Plan, f: BinaryIO) -> str:
         seekable = f.seekable()
     except (AttributeError, OSError):
         pass
+    out = _Staging(f)
     if seekable:
         start = f.tell()
         reserved = len(p.header()[0])
         _write_all(f, bytes(reserved))
         for src in p.ordered:
-            src.digest = _hash(src, p.algorithm, f)
+            src.digest = _hash(src, p, out)
+        out.flush()
         header, raw = p.header()
         if len(header) != reserved:  # digests are fixed-size; this cannot change
             raise TensorCanonError("internal error: header size changed while saving")
@@ -229,12 +278,13 @@ def write(p: Plan, f: BinaryIO) -> str:
         _write_all(f, header)
         for src in p.ordered:
             expected = src.digest
-            src.digest = _hash(src, p.algorithm, f)
+            src.digest = _hash(src, p, out)
             if src.digest != expected:
                 raise TensorCanonError(
                     f"tensor {src.name!r} changed while it was being saved; save again when no "
                     "other thread modifies it"
                 )
+        out.flush()
     return p.file_digest(raw)
 
 
