@@ -9,14 +9,12 @@ from typing import Any, BinaryIO, Union
 
 from . import digest as _digest
 from . import reader, writer
-from .gcpause import paused
 from .errors import FormatError, IntegrityError, UsageError
 from .limits import DEFAULT, Limits
 
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 
 
-@paused
 def save(obj: Any, f: PathOrFile, *, metadata: dict | None = None, limits: Limits = DEFAULT,
          algorithm: str = _digest.DEFAULT) -> str:
     """Write ``obj`` canonically to ``f`` and return its content digest.
@@ -41,7 +39,6 @@ def save(obj: Any, f: PathOrFile, *, metadata: dict | None = None, limits: Limit
     return writer.write(p, f)
 
 
-@paused
 def dumps(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFAULT,
           algorithm: str = _digest.DEFAULT) -> bytes:
     """The canonical bytes of ``obj`` (what :func:`save` would write with the same ``algorithm``).
@@ -55,7 +52,6 @@ def dumps(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFAULT,
     return buf.getvalue()
 
 
-@paused
 def fingerprint(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFAULT,
                 algorithm: str = _digest.DEFAULT) -> str:
     """The digest :func:`save` would return for ``obj`` (with the same ``algorithm``), computed without writing.
@@ -68,7 +64,6 @@ def fingerprint(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFA
     return writer.fingerprint(writer.plan(obj, metadata, limits, algorithm))
 
 
-@paused
 def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits: Limits = DEFAULT,
          weights_only: bool | None = None, mmap: bool = False) -> Any:
     """Read an object saved by :func:`save` (or a plain safetensors file).
@@ -132,7 +127,6 @@ def _check_weights_only(weights_only: Any) -> None:
     raise UsageError(f"weights_only must be True, False or None, not {weights_only!r}")
 
 
-@paused
 def loads(data: bytes | bytearray | memoryview, *, map_location: Any = None, verify: bool = True,
           limits: Limits = DEFAULT, weights_only: bool | None = None) -> Any:
     """:func:`load` from bytes. The bytes must hold exactly one file."""
@@ -142,7 +136,6 @@ def loads(data: bytes | bytearray | memoryview, *, map_location: Any = None, ver
     return reader.open_file(data, limits).load(map_location=map_location, verify=verify)
 
 
-@paused
 def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits = DEFAULT) -> str:
     """Re-hash every byte of a file and return its digest, or raise.
 

@@ -15,7 +15,6 @@ from typing import Any, Iterator
 
 from . import paths, reader
 from .errors import TensorCanonError
-from .gcpause import paused
 from .limits import DEFAULT, Limits
 
 
@@ -109,7 +108,6 @@ class LazyFile:
         return f"<tensorcanon.LazyFile {self.path!r}: {len(self)} tensors>"
 
 
-@paused
 def open(path: str | os.PathLike, *, map_location: Any = None, verify: bool = True,  # noqa: A001
          limits: Limits = DEFAULT) -> LazyFile:
     """Open a saved file for lazy, per-tensor access by path.
