@@ -36,22 +36,8 @@ def parse(prefix: bytes, raw: bytes, file_size: int | None,
     ``prefix`` and ``raw`` are the length prefix and header bytes
     (:func:`container.read_raw`); ``file_size`` is None for a stream.
     """
-    if raw[:1] != b"{":
-        return None
-    at = raw.find(_META_OPEN)
-    if at < 0:
-        return None
-    # In a canonical header the metadata values (base64, digest text, devices text) hold no
-    # "}", so the object ends at the next one; any other header fails the comparison below.
-    end = raw.find(b"}", at)
-    if end < 0:
-        return None
-    try:
-        metadata = json.loads(raw[at + len(_META_OPEN) - 1 : end + 1])
-    except (ValueError, RecursionError):
-        return None
-    if type(metadata) is not dict or not all(type(v) is str for v in metadata.values()) \
-            or not manifest.claims(metadata):
+    metadata = find_metadata(raw)
+    if metadata is None or not manifest.claims(metadata):
         return None
     try:
         decoded = manifest.decode(metadata)
@@ -75,6 +61,29 @@ def parse(prefix: bytes, raw: bytes, file_size: int | None,
 
     header = container.Header(len(raw), None, metadata, data_size, built, make_entries=entries)
     return header, decoded.manifest(infos)
+
+
+def find_metadata(raw: bytes) -> dict[str, str] | None:
+    """The ``__metadata__`` object of header bytes as a canonical header holds it, else None.
+
+    In a canonical header the metadata values (base64, digest text, devices
+    text) hold no ``}``, so the object ends at the next one. What this returns
+    for any other header is only a guess, which a caller must confirm (the
+    comparison in :func:`parse`, the manifest digest in lazyindex.py).
+    """
+    if raw[:1] != b"{":
+        return None
+    at = raw.find(_META_OPEN)
+    end = raw.find(b"}", at) if at >= 0 else -1
+    if end < 0:
+        return None
+    try:
+        metadata = json.loads(raw[at + len(_META_OPEN) - 1 : end + 1])
+    except (ValueError, RecursionError):
+        return None
+    if type(metadata) is not dict or not all(type(v) is str for v in metadata.values()):
+        return None
+    return metadata
 
 
 def container_shape(info: manifest.TensorInfo) -> tuple[int, ...]:

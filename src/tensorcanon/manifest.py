@@ -160,24 +160,34 @@ def header_metadata(manifest_raw: bytes, devices: list[str], algorithm: str = di
 
 def _parse_devices(text: str, infos: list["TensorInfo"]) -> None:
     """Apply ``__metadata__["tensorcanon.devices"]`` to the table, accepting only canonical text."""
-    if not text:
-        raise _bad(f"__metadata__[{KEY_DEVICES!r}] is empty (omit it when every tensor is on the CPU)")
-    for item in text.split(","):
-        index, sep, device = item.partition(":")
-        if not sep or not index.isdigit() or not index.isascii() or not 0 <= int(index) < len(infos):
-            raise _bad(f"__metadata__[{KEY_DEVICES!r}] has a malformed entry {item[:80]!r}")
-        info = infos[int(index)]
-        if len(device) > 64:
-            raise _bad(f"tensor {info.name!r} has an over-long device name")
-        try:
-            info.device = str(torch.device(device))
-        except (RuntimeError, ValueError):
-            raise _bad(f"tensor {info.name!r} has invalid device {device!r}") from None
+    for index, device in devices_of(text, len(infos), lambda i: infos[i].name).items():
+        info = infos[index]
+        info.device = device
         if info.kind == "ndarray":
             raise _bad(f"tensor {info.name!r} is a numpy array but is given device {device!r}")
-    if devices_text([i.device for i in infos]) != text:
+
+
+def devices_of(text: str, count: int, name_of: Callable[[int], str]) -> dict[int, str]:
+    """``{table index: device}`` from ``__metadata__["tensorcanon.devices"]`` of a table of
+    ``count`` rows, accepting only canonical text (``name_of(i)`` names row ``i`` in errors)."""
+    if not text:
+        raise _bad(f"__metadata__[{KEY_DEVICES!r}] is empty (omit it when every tensor is on the CPU)")
+    out: dict[int, str] = {}
+    for item in text.split(","):
+        index, sep, device = item.partition(":")
+        if not sep or not index.isdigit() or not index.isascii() or not 0 <= int(index) < count:
+            raise _bad(f"__metadata__[{KEY_DEVICES!r}] has a malformed entry {item[:80]!r}")
+        i = int(index)
+        if len(device) > 64:
+            raise _bad(f"tensor {name_of(i)!r} has an over-long device name")
+        try:
+            out[i] = str(torch.device(device))
+        except (RuntimeError, ValueError):
+            raise _bad(f"tensor {name_of(i)!r} has invalid device {device!r}") from None
+    if ",".join(f"{i}:{d}" for i, d in sorted(out.items()) if d != "cpu") != text:
         raise _bad(f"__metadata__[{KEY_DEVICES!r}] is not in canonical form (ascending indices, "
                    "canonical device names, no 'cpu' entries)")
+    return out
 
 
 def _bad(message: str) -> FormatError:
@@ -249,15 +259,20 @@ class Decoded:
                         digest=self.digest, algorithm=self.algorithm)
 
 
-def decode(meta: dict) -> Decoded:
-    """Check ``__metadata__``'s keys and decode the manifest it holds: base64 and msgpack, both in
-    canonical form, the top-level keys, version and algorithm, and the recorded file digest."""
+def check_keys(meta: dict) -> None:
+    """Raise unless ``__metadata__`` holds exactly the keys of a tensorcanon file (§9.2 item 1)."""
     if not {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} <= set(meta) <= {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST, KEY_DEVICES} \
             or meta[KEY_FORMAT] != "pt":
         raise _bad(
             f"__metadata__ must hold {sorted([KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST])} (and "
             f"{KEY_DEVICES!r} when a tensor is not on the CPU), with format 'pt'"
         )
+
+
+def decode(meta: dict) -> Decoded:
+    """Check ``__metadata__``'s keys and decode the manifest it holds: base64 and msgpack, both in
+    canonical form, the top-level keys, version and algorithm, and the recorded file digest."""
+    check_keys(meta)
     text = meta[KEY_MANIFEST]
     try:
         raw = base64.b64decode(text, validate=True)

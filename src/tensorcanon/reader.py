@@ -136,18 +136,22 @@ class CheckedFile:
     """
 
     def __init__(self, src: Source, limits: Limits = DEFAULT, *,
-                 closer: contextlib.ExitStack | None = None) -> None:
+                 closer: contextlib.ExitStack | None = None,
+                 checked: tuple[container.Header, manifest.Manifest] | None = None) -> None:
         self.src = src
         self.limits = limits
         self._closer = closer
-        prefix, raw = container.read_raw(src.read, src.size, limits)
-        parsed = fastparse.parse(prefix, raw, src.size, limits)  # a canonical file: one pass
         self.manifest: manifest.Manifest | None
-        if parsed is not None:
-            self.header, self.manifest = parsed
-        else:  # every check in the order of docs/FORMAT.md §9, naming the first that fails
-            self.header = container.parse_raw(prefix, raw, src.size, limits)
-            self.manifest = manifest.parse(self.header, limits) if manifest.is_tensorcanon(self.header) else None
+        if checked is not None:  # header and manifest already checked (see lazy.py)
+            self.header, self.manifest = checked
+        else:
+            prefix, raw = container.read_raw(src.read, src.size, limits)
+            parsed = fastparse.parse(prefix, raw, src.size, limits)  # a canonical file: one pass
+            if parsed is not None:
+                self.header, self.manifest = parsed
+            else:  # every check in the order of docs/FORMAT.md §9, naming the first that fails
+                self.header = container.parse_raw(prefix, raw, src.size, limits)
+                self.manifest = manifest.parse(self.header, limits) if manifest.is_tensorcanon(self.header) else None
         self.rows: list[TensorInfo] = (
             self.manifest.tensors if self.manifest is not None else _plain_rows(self.header))
         self._decoder: Decoder | None = None
@@ -243,7 +247,7 @@ class CheckedFile:
         try:
             return paths.join(self._structure().first_paths[index])
         except (TensorCanonError, RecursionError, IndexError):
-            return f"tensor {self.rows[index].name!r}"
+            return f"tensor {self.rows[index].name!r}" if index < len(self.rows) else f"tensor {index}"
 
     def devices(self) -> dict[str, str]:
         """Path of every tensor use recorded on a device other than the CPU, and that device."""
@@ -369,15 +373,16 @@ class CheckedFile:
         return (0 < info.end - info.begin <= _SMALL and info.kind != "ndarray" and info.device in cpu
                 and info.dtype is not None and info.dtype.torch in tensorbytes.NUMPY_VIEWABLE)
 
-    def _cpu_bound(self, map_location: Any) -> set[str]:
-        """The recorded devices whose tensors ``map_location`` leaves on (or sends to) the CPU
-        without a callable to consult."""
+    def _cpu_bound(self, map_location: Any, devices: set[str] | None = None) -> set[str]:
+        """The recorded devices (of ``devices``, default: every row's) whose tensors
+        ``map_location`` leaves on (or sends to) the CPU without a callable to consult."""
         if map_location is None:
             return {"cpu"}
         if callable(map_location) and not isinstance(map_location, (str, torch.device, dict)):
             return set()
-        return {d for d in {r.device for r in self.rows}
-                if (t := placement.target(d, map_location)) is not None and t.type == "cpu"}
+        if devices is None:
+            devices = {r.device for r in self.rows}
+        return {d for d in devices if (t := placement.target(d, map_location)) is not None and t.type == "cpu"}
 
     def _run(self, rows: list[TensorInfo], i: int, values: Any, verify: bool, cpu: set[str]) -> int:
         """Read the run of small tensors that starts at ``rows[i]`` with one read; the next index.
@@ -446,7 +451,11 @@ class CheckedFile:
         ``share`` (a mapped file only) a CPU tensor views the map instead of
         holding a copy (see :meth:`load`).
         """
-        info = self.rows[index]
+        return self.read_row(self.rows[index], map_location=map_location, verify=verify, share=share)
+
+    def read_row(self, info: TensorInfo, *, map_location: Any = None, verify: bool = True,
+                 share: bool = False) -> Any:
+        """The tensor a checked table row describes (see :meth:`read`)."""
         placement.check_all([info], map_location, self.tensor_path)
         if share:
             if self.src.mapped is None:
@@ -455,11 +464,11 @@ class CheckedFile:
             if value is not None:
                 return value
         self.src.seek(self.data_start + info.begin)
-        cpu = {"cpu"} if map_location is None else self._cpu_bound(map_location)
+        cpu = self._cpu_bound(map_location, {info.device})
         if self._simple(info, cpu):
             values: dict[int, Any] = {}
             self._run([info], 0, values, verify, cpu)
-            return values[index]
+            return values[info.index]
         return self._read_here(info, map_location, verify)
 
     def _file_order(self) -> list[TensorInfo]:
