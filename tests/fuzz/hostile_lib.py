@@ -1,19 +1,25 @@
 """Shared machinery for the hostile-input tests: sample files, mutators, the checker.
 
-``check(data)`` runs every read path (load, verify, read_metadata, from bytes and
-from a non-seekable stream) on one candidate file under a deadline and asserts
-the loader's contract: only tensorcanon exceptions, no hang, and when a file is
-accepted it is complete and canonical (saving the loaded object gives back the
-same bytes), so no partial or altered object can come out.
+``check(data)`` runs every read path (load, verify, read_metadata, from bytes,
+from a non-seekable stream, and from a file: memory-mapped, ``load(mmap=True)``,
+and lazily, ``tensorcanon.open``) on one candidate file under a deadline and
+asserts the loader's contract: only tensorcanon exceptions, no hang, and when a
+file is accepted it is complete and canonical (saving the loaded object gives
+back the same bytes), so no partial or altered object can come out.
 """
 
 from __future__ import annotations
 
+import atexit
 import base64
 import io
+import itertools
 import json
+import os
+import shutil
 import signal
 import struct
+import tempfile
 from contextlib import contextmanager
 
 import msgpack
@@ -177,7 +183,7 @@ def _roundtrips(value, data: bytes, strict: bool) -> None:
         assert same(tensorcanon.loads(again), value)
 
 
-def check(data: bytes, *, stream: bool = True, strict: bool = True) -> str:
+def check(data: bytes, *, stream: bool = True, strict: bool = True, mapped: bool = True) -> str:
     """Run every read path on ``data``; return "ok" or the error class name seen by load.
 
     A non-seekable stream cannot know where the file ends, so it may stop at the
@@ -213,7 +219,86 @@ def check(data: bytes, *, stream: bool = True, strict: bool = True) -> str:
                 pass
             except Exception as e:  # noqa: BLE001
                 raise AssertionError(f"{fn.__name__} raised a non-tensorcanon {type(e).__name__}: {e}") from e
+        if mapped:
+            check_mapped(data, outcome)
     return outcome
+
+
+# ----------------------------------------------------------------- the paths that read a file
+
+_DIR = tempfile.mkdtemp(prefix="tc-hostile-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+atexit.register(shutil.rmtree, _DIR, True)
+_names = itertools.count()
+
+
+@contextmanager
+def as_file(data: bytes):
+    """``data`` in a file of its own (a fresh name each time: a mapped earlier file stays intact)."""
+    path = os.path.join(_DIR, f"f{next(_names)}.safetensors")
+    with open(path, "wb") as fh:
+        fh.write(data)
+    try:
+        yield path
+    finally:
+        os.unlink(path)
+
+
+def header_names(data: bytes) -> list[str]:
+    """Tensor names a header seems to hold (best effort, for trying lookups on hostile files)."""
+    try:
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + n])
+        return sorted(k for k in header if isinstance(k, str) and k != "__metadata__")[:50]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def lazy_read_all(path: str, names: list[str]) -> dict:
+    """Everything ``tensorcanon.open`` gives: lookups by name first (each proven on its own),
+    then every path, which checks the whole file. ``{key: value}``."""
+    out = {}
+    with tensorcanon.open(path) as f:
+        for name in names:
+            try:
+                out[name] = f[name]
+            except KeyError:
+                pass
+        for key in f.keys():
+            out[key] = f[key]
+    return out
+
+
+def check_mapped(data: bytes, outcome: str) -> None:
+    """load(mmap=True) decides exactly as load from bytes; tensorcanon.open refuses what load
+    refuses and, on a file load accepts, gives what the whole-file path gives."""
+    with as_file(data) as path:
+        value = None
+        try:
+            value = tensorcanon.load(path, mmap=True)
+            seen = "ok"
+        except TensorCanonError as e:
+            seen = type(e).__name__
+        except Exception as e:  # noqa: BLE001
+            raise AssertionError(f"load(mmap=True) raised a non-tensorcanon {type(e).__name__}: {e}") from e
+        assert seen == outcome, f"load from bytes: {outcome}, load(mmap=True): {seen}"
+        if seen == "ok":
+            assert same(value, tensorcanon.loads(data)), "load(mmap=True) gave another object"
+        del value
+        try:
+            lazy = lazy_read_all(path, header_names(data))
+            seen = "ok"
+        except TensorCanonError as e:
+            seen = type(e).__name__
+        except KeyError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise AssertionError(f"tensorcanon.open raised a non-tensorcanon {type(e).__name__}: {e}") from e
+        assert (seen == "ok") == (outcome == "ok"), f"load: {outcome}, tensorcanon.open: {seen}"
+        if seen == "ok":
+            with tensorcanon.open(path) as full:
+                full.check()  # every read below takes the whole-file path
+                for key, v in lazy.items():
+                    assert same(v, full[key]), f"tensorcanon.open gave another value at {key}"
 
 
 def _is_tensorcanon(data: bytes) -> bool:
