@@ -15,11 +15,12 @@ docs/FORMAT.md §9 ("Reading") is the normative list of checks.
 from __future__ import annotations
 
 import contextlib
-import queue
+import io
+import os
+import stat
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -37,73 +38,10 @@ _RUN = 1 << 20          # bytes per run of small tensors
 _BIG_PIECE = 16 << 20   # hash a tensor in memory in pieces of this size (each call releases the GIL)
 _THREAD_MIN = 1 << 20           # tensors from this size are hashed on the second thread ...
 _THREADS_FROM = 16 << 20        # ... when this much data is to be hashed (else one thread)
-_PIPE_PIECE = 4 << 20           # verify's read-ahead: bytes per read, and reads in flight
-_PIPE_DEPTH = 3
 
 
 def _begin(info: TensorInfo) -> int:
     return info.begin
-
-
-class _ReadAhead:
-    """The next ``total`` bytes of a Source, read on a second thread into a few rotating buffers.
-
-    Iterating gives ``(buffer, n)`` in order; give each buffer back with
-    :meth:`done` once used. Reading stops early at the end of the file (the
-    caller compares :attr:`total` with what it expected) or at the first
-    error, which iterating raises once the bytes before it are consumed.
-    Reading releases the GIL, so it overlaps the caller's hashing.
-    """
-
-    _END = object()
-
-    def __init__(self, src: Source, total: int) -> None:
-        self._src, self._want, self.total = src, total, 0
-        self._free: queue.Queue = queue.Queue()
-        self._full: queue.Queue = queue.Queue()
-        for _ in range(_PIPE_DEPTH):
-            self._free.put(bytearray(min(_PIPE_PIECE, max(total, 1))))
-        self._stop = False
-        self._thread = threading.Thread(target=self._work, name="tensorcanon-read", daemon=True)
-
-    def _work(self) -> None:
-        left = self._want
-        try:
-            while left and not self._stop:
-                buf = self._free.get()
-                if buf is None or self._stop:
-                    break
-                want = min(left, len(buf))
-                n = self._src.fill(memoryview(buf)[:want])
-                self._full.put((buf, n))
-                left -= n
-                if n < want:
-                    break  # the end of the file
-            self._full.put(self._END)
-        except BaseException as e:  # handed to the reading thread, which raises it
-            self._full.put(e)
-
-    def __enter__(self) -> "_ReadAhead":
-        self._thread.start()
-        return self
-
-    def __iter__(self) -> Iterator[tuple[bytearray, int]]:
-        while True:
-            item = self._full.get()
-            if item is self._END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            self.total += item[1]
-            yield item
-
-    def done(self, buf: bytearray) -> None:
-        self._free.put(buf)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop = True
-        self._free.put(None)  # wakes the reader if it waits for a buffer
-        self._thread.join()
 
 
 def _plain_rows(header: container.Header) -> list[TensorInfo]:
@@ -563,49 +501,66 @@ class CheckedFile:
                 raise self.integrity_error(info, digests[info.index])
 
     def _verify_stream(self, rows: list[TensorInfo]) -> None:
-        """Read and hash every tensor in file order; a second thread reads while this one hashes."""
-        if sum(r.end - r.begin for r in rows) < _THREADS_FROM:
-            buf = memoryview(bytearray(min(_CHUNK, max((r.end - r.begin for r in rows), default=0))))
-            for info in rows:
+        """Read and hash every tensor in file order, a piece at a time through one buffer."""
+        buf = memoryview(bytearray(min(_HASH_CHUNK, max((r.end - r.begin for r in rows), default=0))))
+        for info in rows:
+            h = self._hasher(info, True)
+            left = info.end - info.begin
+            while left:
+                n = min(left, len(buf))
+                self.src.readinto(buf[:n], f"data of tensor {info.name!r}")
+                h.update(buf[:n])
+                left -= n
+            self._check(info, h)
+
+    def _os_file(self) -> int | None:
+        """The descriptor of a regular file this Source reads unbuffered or buffered, else None."""
+        f = self.src.f
+        if type(f) not in (io.FileIO, io.BufferedReader, io.BufferedRandom) or not hasattr(os, "preadv"):
+            return None
+        try:
+            fd = f.fileno()
+            return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        except (OSError, ValueError):
+            return None
+
+    def _verify_file(self, rows: list[TensorInfo], fd: int) -> None:
+        """Hash every tensor of a regular file on two threads, each reading its share of the
+        tensors with positional reads (reading and hashing release the GIL); the first tensor
+        in file order that differs is the one named."""
+        base = self.src.file_base + self.data_start
+        total = sum(r.end - r.begin for r in rows)
+        half, acc, cut = total // 2, 0, len(rows)
+        for k, r in enumerate(rows):
+            if acc >= half:
+                cut = k
+                break
+            acc += r.end - r.begin
+        digests: dict[int, bytes] = {}
+
+        def work(group: list[TensorInfo]) -> None:
+            buf = memoryview(bytearray(min(_HASH_CHUNK, max((r.end - r.begin for r in group), default=0))))
+            for info in group:
                 h = self._hasher(info, True)
-                left = info.end - info.begin
+                at, left = base + info.begin, info.end - info.begin
                 while left:
-                    n = min(left, len(buf))
-                    self._fill(buf[:n], h, f"data of tensor {info.name!r}")
+                    n = os.preadv(fd, [buf[: min(left, len(buf))]], at)
+                    if not n:
+                        raise FormatError(f"file ends inside the data of tensor {info.name!r}: {left} bytes "
+                                          "missing", offset=at - self.src.file_base)
+                    h.update(buf[:n])
+                    at += n
                     left -= n
-                self._check(info, h)
-            return
-        todo = iter(rows)
-        info: TensorInfo | None = None
-        h, left = None, 0
-        start = self.src.pos
-        with _ReadAhead(self.src, sum(r.end - r.begin for r in rows)) as pipe:
-            for buf, n in pipe:
-                view, pos = memoryview(buf), 0
-                while pos < n:
-                    if h is None:
-                        info = next(todo)
-                        h, left = self._hasher(info, True), info.end - info.begin
-                    take = min(left, n - pos)
-                    if take:
-                        h.update(view[pos : pos + take])
-                    pos += take
-                    left -= take
-                    if not left:
-                        self._check(info, h)
-                        h = None
-                view.release()
-                pipe.done(buf)
-            got = pipe.total
-        if h is not None:  # the file ended inside this tensor
-            assert info is not None
-            raise FormatError(f"file ends inside the data of tensor {info.name!r}: {left} bytes missing",
-                              offset=start + got)
-        for info in todo:  # zero-size tensors at the end: nothing to read, a digest to check
-            if info.end - info.begin:
-                raise FormatError(f"file ends inside the data of tensor {info.name!r}: "
-                                  f"{info.end - info.begin} bytes missing", offset=start + got)
-            self._check(info, self._hasher(info, True))
+                digests[info.index] = h.digest()
+
+        with ThreadPoolExecutor(2, thread_name_prefix="tensorcanon-hash") as pool:
+            futures = [pool.submit(work, rows[:cut]), pool.submit(work, rows[cut:])]
+            for fut in futures:
+                fut.result()
+        for info in rows:
+            if digests[info.index] != info.digest:
+                raise self.integrity_error(info, digests[info.index])
+        self.src.seek(self.data_start + total)  # where reading every tensor leaves the file
 
     def verify(self) -> str:
         """Hash every byte, check every tensor digest and the tree; return the file digest."""
@@ -614,8 +569,13 @@ class CheckedFile:
                 "this is a plain safetensors file with no tensorcanon manifest, so it records no "
                 "digests to verify; convert it with tensorcanon.save(tensorcanon.load(path), out)")
         rows = self._file_order()
+        fd = None
+        if self.src.data is None and sum(r.end - r.begin for r in rows) >= _THREADS_FROM:
+            fd = self._os_file()
         if self.src.data is not None:
             self._verify_mapped(rows)
+        elif fd is not None:
+            self._verify_file(rows, fd)
         else:
             if self.src.random_access and self.src.pos != self.data_start:
                 self.src.seek(self.data_start)

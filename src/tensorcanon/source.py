@@ -53,6 +53,11 @@ class Source:
             self.size = None
 
     @property
+    def file_base(self) -> int:
+        """Where this Source's offset 0 is in the underlying file object (its position when made)."""
+        return self._base
+
+    @property
     def random_access(self) -> bool:
         """True when :meth:`seek` works (bytes, a memory map or a seekable file)."""
         return self.size is not None
