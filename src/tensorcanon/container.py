@@ -17,7 +17,7 @@ import json
 import math
 import struct
 from dataclasses import dataclass
-from json.encoder import encode_basestring as _encode_str  # json.dumps' own escaping (ensure_ascii=False)
+from json.encoder import encode_basestring as encode_str  # json.dumps' own escaping (ensure_ascii=False)
 from typing import Callable
 
 from . import dtypes
@@ -57,7 +57,7 @@ def entry_text(name: str, dtype: str, shape, begin: int, end: int) -> str:
     string from the dtype table (plain ASCII, nothing to escape).
     """
     dims = ",".join(map(str, shape))
-    return f'{_encode_str(name)}:{{"data_offsets":[{begin},{end}],"dtype":"{dtype}","shape":[{dims}]}}'
+    return f'{encode_str(name)}:{{"data_offsets":[{begin},{end}],"dtype":"{dtype}","shape":[{dims}]}}'
 
 
 def assemble(members: dict[str, str], metadata: dict[str, str] | None) -> bytes:
@@ -67,7 +67,7 @@ def assemble(members: dict[str, str], metadata: dict[str, str] | None) -> bytes:
     space-padded to a multiple of 8 and prefixed with its length.
     """
     if metadata is not None:
-        members[META] = _encode_str(META) + ":" + json.dumps(
+        members[META] = encode_str(META) + ":" + json.dumps(
             metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     text = ("{" + ",".join([members[k] for k in sorted(members)]) + "}").encode("utf-8")
     pad = -len(text) % ALIGN
@@ -77,10 +77,6 @@ def assemble(members: dict[str, str], metadata: dict[str, str] | None) -> bytes:
 def build(entries: list[Entry], metadata: dict[str, str]) -> bytes:
     """The canonical header bytes: length prefix, JSON, space padding."""
     return assemble({e.name: entry_text(e.name, e.dtype, e.shape, e.begin, e.end) for e in entries}, metadata)
-
-
-def _first(pair: tuple) -> str:
-    return pair[0]
 
 
 class Header:

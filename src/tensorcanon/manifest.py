@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -353,26 +354,38 @@ def table(decoded: Decoded, meta: dict, limits: Limits,
     return infos
 
 
-def _data_key(info: TensorInfo) -> tuple:
-    # container.data_order, with the name as str: the table's names were decoded from valid
-    # UTF-8, and for such strings code point order is UTF-8 byte order.
-    return (-info.dtype.itemsize, info.name)
-
-
 def canonical_header(infos: list[TensorInfo], metadata: dict[str, str] | None) -> tuple[bytes, int]:
     """``(header bytes, data size)`` a writer produces for this table (data order §2.5,
     offsets, §4.1 header dtypes and shapes), giving each row its ``begin`` and ``end``."""
+    # Data order is (larger element size first, then name): sort by name, then stably by size.
+    # Names came from valid UTF-8, and for such strings code point order is UTF-8 byte order.
+    ordered = sorted(infos, key=_name)
+    ordered.sort(key=_neg_itemsize)
     members: dict[str, str] = {}  # name -> member text (a dict, not pairs: no object per row)
+    per_shape: dict = {}  # (dtype, shape) -> (bytes, header dims text): rows often share one
     position = 0
-    entry_text = container.entry_text
-    for info in sorted(infos, key=_data_key):
+    enc = container.encode_str
+    for info in ordered:
         dt = info.dtype
-        shape = info.shape if dt.native else (*info.shape, dt.itemsize)
-        end = position + math.prod(info.shape) * dt.itemsize
+        key = (dt.name, info.shape)
+        known = per_shape.get(key)
+        if known is None:
+            shape = info.shape if dt.native else (*info.shape, dt.itemsize)
+            known = per_shape[key] = (math.prod(info.shape) * dt.itemsize,
+                                                   '","shape":[' + ",".join(map(str, shape)) + "]}")
+        end = position + known[0]
         info.begin, info.end = position, end
-        members[info.name] = entry_text(info.name, dt.st, shape, position, end)
+        # container.entry_text, inline: one f-string per row
+        members[info.name] = f'{enc(info.name)}:{{"data_offsets":[{position},{end}],"dtype":"{dt.st}{known[1]}'
         position = end
     return container.assemble(members, metadata), position
+
+
+_name = operator.attrgetter("name")
+
+
+def _neg_itemsize(info: TensorInfo) -> int:
+    return -info.dtype.itemsize
 
 
 def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> TensorInfo:
