@@ -26,13 +26,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-import torch
 
-from . import container, digest, dtypes
+from . import container, devices, digest, dtypes, paths
 from .errors import FormatError, IntegrityError, LimitError
 from .limits import Limits
 
-VERSION = 1
+VERSION = 2
+"""The format version this library writes (docs/FORMAT.md §1.3)."""
+READABLE_VERSIONS = (1, 2)
+"""The format versions this library reads: version 1 differs only in its tensor-name rule."""
 KEY_MANIFEST = "tensorcanon.manifest"
 KEY_DIGEST = "tensorcanon.digest"
 KEY_FORMAT = "format"
@@ -71,15 +73,17 @@ class Manifest:
     tensors: list[TensorInfo]   # table order (indices used by the tree)
     digest: bytes
     algorithm: str = _DEFAULT_ALGORITHM
+    version: int = VERSION
 
     def text(self, raw: bytes | None = None) -> str:
         """A digest of this file (the file digest if ``raw`` is None) as text."""
         return digest.to_text(self.digest if raw is None else raw, self.algorithm)
 
 
-def pack(root: Any, meta: Any, table: list[dict], algorithm: str = digest.DEFAULT) -> bytes:
+def pack(root: Any, meta: Any, table: list[dict], algorithm: str = digest.DEFAULT,
+         version: int = VERSION) -> bytes:
     """Canonical manifest bytes. ``table`` rows must already have sorted keys."""
-    obj = {"algorithm": digest.check(algorithm), "meta": meta, "root": root, "tensors": table, "version": VERSION}
+    obj = {"algorithm": digest.check(algorithm), "meta": meta, "root": root, "tensors": table, "version": version}
     try:
         return msgpack.packb(obj, use_bin_type=True)
     except (ValueError, TypeError, OverflowError) as e:  # depth beyond msgpack's own limit
@@ -122,17 +126,15 @@ def _parse_devices(text: str, infos: list["TensorInfo"]) -> None:
         if not sep or not index.isdigit() or not index.isascii() or not 0 <= int(index) < len(infos):
             raise _bad(f"__metadata__[{KEY_DEVICES!r}] has a malformed entry {item[:80]!r}")
         info = infos[int(index)]
-        if len(device) > 64:
-            raise _bad(f"tensor {info.name!r} has an over-long device name")
-        try:
-            info.device = str(torch.device(device))
-        except (RuntimeError, ValueError):
-            raise _bad(f"tensor {info.name!r} has invalid device {device!r}") from None
+        problem = devices.of_tensor(device)
+        if problem is not None:
+            raise _bad(f"tensor {info.name!r}: {problem}")
         if info.kind == "ndarray":
             raise _bad(f"tensor {info.name!r} is a numpy array but is given device {device!r}")
+        info.device = device
     if devices_text([i.device for i in infos]) != text:
         raise _bad(f"__metadata__[{KEY_DEVICES!r}] is not in canonical form (ascending indices, "
-                   "canonical device names, no 'cpu' entries)")
+                   "each index once, canonical device names, no 'cpu' entries)")
 
 
 def _bad(message: str) -> FormatError:
@@ -182,15 +184,17 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
         raise _bad("is not in canonical form (non-shortest numbers, repeated keys or float32)")
     if type(obj) is not dict or list(obj) != _TOP_KEYS:
         raise _bad(f"must be a map with exactly the keys {_TOP_KEYS} in that order")
-    if type(obj["version"]) is not int or obj["version"] != VERSION:  # 1.0 and True equal 1
+    version = obj["version"]
+    if type(version) is not int or version not in READABLE_VERSIONS:  # 1.0 and True equal 1
         raise _bad(
-            f"format version {obj['version']!r} is not supported by this tensorcanon "
-            f"(it reads version {VERSION}); upgrade tensorcanon to read this file"
+            f"format version {paths.show(version)} is not supported by this tensorcanon "
+            f"(it reads versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade tensorcanon to "
+            "read this file"
         )
     algorithm = obj["algorithm"]
     if type(algorithm) is not str or algorithm not in digest.ALGORITHMS:
         raise _bad(
-            f"digest algorithm {algorithm!r} is not supported (this tensorcanon knows "
+            f"digest algorithm {paths.show(algorithm)} is not supported (this tensorcanon knows "
             f"{sorted(digest.ALGORITHMS)}); upgrade tensorcanon if the file is newer"
         )
 
@@ -248,7 +252,7 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
             "__metadata__ keys differ from what tensorcanon writes)", offset=container.LENGTH_SIZE,
         )
     return Manifest(raw=raw, root=obj["root"], meta=obj["meta"], tensors=infos, digest=actual,
-                    algorithm=algorithm)
+                    algorithm=algorithm, version=version)
 
 
 def _canonical_entries(infos) -> list[container.Entry]:
@@ -266,16 +270,19 @@ def _row(i: int, row: Any, algorithm: str) -> TensorInfo:
     kind, rg, dg = row["kind"], row["requires_grad"], row["digest"]
     if type(name) is not str:
         raise _bad(f"tensor table row {i}: name must be a str")
-    where = f"tensor {name!r}"
+    where = f"tensor {paths.show(name)}"
     dtype = dtypes.BY_NAME.get(dt) if type(dt) is str else None
     if dtype is None:
-        raise _bad(f"{where} has unknown dtype {dt!r}")
+        raise _bad(f"{where} has unknown dtype {paths.show(dt)}")
     if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
         raise _bad(f"{where} shape must be a list of non-negative ints")
-    if kind not in KINDS:
-        raise _bad(f"{where} has unknown kind {kind!r}")
+    if type(kind) is not str or kind not in KINDS:
+        raise _bad(f"{where} has unknown kind {paths.show(kind)}")
     if type(rg) is not bool or (rg and kind == "ndarray"):
-        raise _bad(f"{where} has an invalid requires_grad {rg!r}")
+        raise _bad(f"{where} has an invalid requires_grad {paths.show(rg)}")
+    if rg and not dtype.differentiable:
+        raise _bad(f"{where} has requires_grad true but dtype {dtype.name}; only floating-point and "
+                   "complex tensors can require gradients (docs/FORMAT.md §5.3)")
     if kind == "ndarray" and dtype.numpy is None:
         raise _bad(f"{where} is a numpy array of dtype {dtype.name}, which numpy lacks")
     want = digest.ALGORITHMS[algorithm]

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hostile_lib as h
+import tensorcanon
 
 FILES = h.sample_files()
 _TOTAL = int(os.environ.get("TENSORCANON_FUZZ_CASES", "0") or 0)
@@ -309,7 +310,9 @@ def test_manifest_raw_bytes(i, how, k):
     elif how == "float32":
         raw = raw + b"\xca\x3f\x80\x00\x00"
     elif how == "long_int":
-        raw = raw.replace(b"\xa7version\x01", b"\xa7version\xcf" + (1).to_bytes(8, "big"), 1)
+        v = tensorcanon.FORMAT_VERSION
+        raw = raw.replace(b"\xa7version" + bytes([v]), b"\xa7version\xcf" + v.to_bytes(8, "big"), 1)
+        assert raw.endswith(b"\xcf" + v.to_bytes(8, "big"))
     elif how == "trailing":
         raw = raw + bytes([k % 256])
     elif how == "truncated":

@@ -37,6 +37,17 @@ def view_key(v):
             v.dtype, type(v) is torch.nn.Parameter, v.requires_grad, v.is_conj(), v.is_neg())
 
 
+def key_id(k):
+    """An exact identity for a key: NaN keys by their bits, -0.0 apart from 0.0, types kept."""
+    if isinstance(k, float):
+        return ("float", struct.pack(">d", k))
+    if isinstance(k, tuple):
+        return ("tuple", tuple(key_id(x) for x in k))
+    if isinstance(k, frozenset):
+        return ("frozenset", tuple(sorted((key_id(x) for x in k), key=repr)))
+    return (type(k).__name__, k)
+
+
 def assert_same(a, b, path="$", aliases=None):
     """Assert ``b`` equals ``a`` exactly: types, float bits, dtypes, shapes, devices, key order of
     OrderedDicts and their ``_metadata``. With ``aliases`` (a dict), also check that values that were
@@ -69,10 +80,10 @@ def assert_same(a, b, path="$", aliases=None):
         if isinstance(a, collections.OrderedDict):
             assert list(a) == list(b), f"{path}: OrderedDict order differs"
             assert getattr(a, "_metadata", None) == getattr(b, "_metadata", None), f"{path}: _metadata"
-        assert set(a) == set(b), f"{path}: keys differ"
+        by_id = {key_id(k): k for k in b}
+        assert sorted(map(key_id, a), key=repr) == sorted(by_id, key=repr), f"{path}: keys differ"
         for k in a:
-            kb = next(x for x in b if x == k and type(x) is type(k))
-            assert_same(a[k], b[kb], f"{path}[{k!r}]", aliases)
+            assert_same(a[k], b[by_id[key_id(k)]], f"{path}[{k!r}]", aliases)
     elif dataclasses.is_dataclass(a):
         for f in dataclasses.fields(a):
             assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}", aliases)

@@ -158,6 +158,20 @@ def registered():
     return {"cfg": GoldenConfig(lr=0.5, steps=7, tags=("a", "b")), "list": [GoldenConfig(0.0, 0, ())]}
 
 
+def names():
+    """Tensors under keys of every key type: locks the name grammar (docs/FORMAT.md §3).
+
+    The same object as v1/names.safetensors, so the two files show the rule change."""
+    payload_nan = _nan_with_payload()
+    return {
+        ("a", 1): torch.zeros(1), ("it's",): torch.ones(1), ("\x00\x85\xa0é\u2028",): torch.zeros(2),
+        b"k\x00'": torch.ones(2), 1.5: torch.zeros(3), float("nan"): torch.ones(3),
+        payload_nan: torch.zeros(4), -0.0: torch.ones(4), 1e16: torch.zeros(5), None: torch.ones(5),
+        True: torch.zeros(6), frozenset({2, "b", (1,)}): torch.ones(6), 2**70: torch.zeros(7),
+        -(2**70): torch.ones(7), 7: torch.zeros(8), "": torch.ones(8), ((),): torch.zeros(9),
+    }
+
+
 def bare_tensor():
     return torch.arange(5, dtype=torch.int64)
 
@@ -180,6 +194,7 @@ VECTORS = {
     "metadata": (with_metadata, {"run": "golden", "step": 3, "lr": 0.25, "tags": ["x", "y"], "nested": {"b": 1, "a": None}}),
     "registered": (registered, None),
     "bare_tensor": (bare_tensor, None),
+    "names": (names, None),
     "empty_dict": (dict, None),
 }
 
