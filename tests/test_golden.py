@@ -117,3 +117,18 @@ def test_v1_and_v2_manifests_differ_only_where_the_changelog_says(name):
     assert renamed == (name == "names")
     if not renamed:  # byte for byte, except the version (the last byte: 0x01 -> 0x02)
         assert old.raw[:-1] == new.raw[:-1] and (old.raw[-1], new.raw[-1]) == (1, 2)
+
+
+def test_the_aliasing_vector_merges_exactly_what_the_spec_says():
+    """docs/FORMAT.md §6.5: one stored tensor per distinct (address, device, shape, strides,
+    dtype, kind, requires_grad, lazy bits); two torch storages over one buffer are one memory."""
+    from tensorcanon import reader
+
+    with reader.open_file((GOLDEN / "aliasing.safetensors").read_bytes()) as cf:
+        groups: dict[int, list] = {}
+        for trail, index in cf.uses():
+            groups.setdefault(index, []).append(trail[0])
+    merged = sorted(sorted(g) for g in groups.values() if len(g) > 1)
+    assert merged == [["array", "array_view"], ["from_numpy_1", "from_numpy_2"],
+                      ["same_slice", "slice"], ["strided", "strided_again"]]
+    assert sum(len(g) == 1 for g in groups.values()) == 9  # everything else stands alone

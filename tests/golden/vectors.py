@@ -107,6 +107,28 @@ def tied():
     return {"a": w, "b": w, "detached": w.detach(), "row": w[1], "row_again": w[1], "other_row": w[2]}
 
 
+def aliasing():
+    """docs/FORMAT.md §6.5: merged by address of the first element, device, shape, strides, dtype,
+    kind, requires_grad and lazy bits; never by storage object identity alone."""
+    arr = np.arange(6, dtype=np.float32)
+    base = torch.arange(8, dtype=torch.float32)
+    param = torch.nn.Parameter(torch.arange(3, dtype=torch.float64), requires_grad=False)
+    return {
+        "param": param, "param_data": param.data,         # same view, other kind: not merged
+        # two torch storages over one numpy buffer: one memory, so one tensor
+        "from_numpy_1": torch.from_numpy(arr), "from_numpy_2": torch.from_numpy(arr),
+        "slice": base[2:6], "same_slice": base[2:6],     # two view objects, one view: merged
+        "overlap": base[3:7],                             # overlapping memory: not merged
+        "as_int32": base.view(torch.int32),               # same memory, another dtype: not merged
+        "as_matrix": base.view(2, 4),                     # same address, another shape: not merged
+        "strided": base[::2], "strided_again": base[::2],
+        "grad": base.detach().requires_grad_(),           # same view, requires_grad differs: not merged
+        "empty_1": base[0:0], "empty_2": base[0:0],       # zero-size: never merged
+        "array": arr, "array_view": arr[:],               # numpy: same pointer, shape, strides, dtype
+        "array_reversed": arr[::-1],                      # other strides: not merged
+    }
+
+
 def parameters():
     p = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))
     q = torch.nn.Parameter(torch.arange(3, dtype=torch.float64), requires_grad=False)
@@ -186,6 +208,7 @@ VECTORS = {
     "shapes": (shapes, None),
     "views": (views, None),
     "tied": (tied, None),
+    "aliasing": (aliasing, None),
     "parameters": (parameters, None),
     "numpy": (numpy_values, None),
     "torch_values": (torch_values, None),
