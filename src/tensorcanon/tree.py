@@ -21,7 +21,7 @@ import msgpack
 import numpy as np
 import torch
 
-from . import devices, dtypes, paths, registry, tensorbytes, walk
+from . import codecs, devices, dtypes, paths, registry, tensorbytes, walk
 from .names import tensor_names  # noqa: F401  (re-exported: the name rule lives in names.py)
 from .errors import FormatError, LimitError, UnsupportedTypeError
 from .ordering import KEY_TYPES, UnorderableKey, sort_key, sorted_keys
@@ -240,6 +240,8 @@ class Encoder:
         if reg is not None:
             try:
                 state = reg.encode(v)
+            except UnsupportedTypeError as e:  # the codec says why (a built-in codec's refusal)
+                raise self.unsupported(str(e)) from None
             except Exception as e:
                 raise self.unsupported(f"the encode function registered for {reg.name!r} failed: {e!r}") from e
             return ["obj", reg.name, self.encode(state, depth)]
@@ -287,6 +289,11 @@ def unsaveable_message(v: Any) -> str:
     if callable(getattr(v, "state_dict", None)) and callable(getattr(v, "load_state_dict", None)):
         return (f"cannot save a {name}: it has state_dict()/load_state_dict(), so save "
                 "obj.state_dict() instead and restore it with load_state_dict() after loading")
+    opt_in = codecs.hint(v)
+    if opt_in is not None:
+        return (f"cannot save a {name}: paths, dates and times and argparse namespaces are saved by "
+                f"built-in codecs that are off by default; call {opt_in} (or "
+                "tensorcanon.register_builtin_codecs() for all of them) before saving and loading")
     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                       functools.partial, types.ModuleType, type)):
         kind = ("module" if isinstance(v, types.ModuleType) else "class" if isinstance(v, type)
@@ -563,10 +570,12 @@ class Decoder:
             self.decode(state, depth)
             return None
         if reg is None:
+            enable = codecs.NAMES.get(name)
+            how = (f"call tensorcanon.codecs.{enable}() (or tensorcanon.register_builtin_codecs()) "
+                   "before loading" if enable else "call tensorcanon.register(<that class>) before loading")
             raise UnsupportedTypeError(
-                f"the file holds a value of the registered type {name!r} at {where}, which is not "
-                "registered in this process; call tensorcanon.register(<that class>) before loading "
-                "(tensorcanon never imports names found in a file)",
+                f"the file holds a value of the registered type {paths.show(name)} at {where}, which is "
+                f"not registered in this process; {how} (tensorcanon never imports names found in a file)",
                 path=where,
             )
         value = self.decode(state, depth)

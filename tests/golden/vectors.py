@@ -9,9 +9,12 @@ change: see regenerate.py.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
+import datetime
 import math
+import pathlib
 import struct
 
 import numpy as np
@@ -194,6 +197,21 @@ def names():
     }
 
 
+def builtin_codecs():
+    """docs/FORMAT.md §6.9: paths, dates and times, argparse namespaces (opt-in codecs)."""
+    tc.register_builtin_codecs()
+    ist = datetime.timezone(datetime.timedelta(hours=5, minutes=30))
+    return {
+        "paths": [pathlib.PurePosixPath("/data/run 1/x.pt"), pathlib.PurePosixPath("rel"),
+                  pathlib.PureWindowsPath("C:/Users/x"), pathlib.PosixPath("/tmp/a")],
+        "dates": [datetime.date(2024, 2, 29), datetime.time(23, 59, 59, 999999, tzinfo=ist, fold=1),
+                  datetime.datetime(2024, 1, 2, 3, 4, 5, 6),
+                  datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc),
+                  datetime.timedelta(days=-1, microseconds=5)],
+        "hparams": argparse.Namespace(lr=0.5, data_dir=pathlib.PurePosixPath("/data"), layers=[4, 2]),
+    }
+
+
 def bare_tensor():
     return torch.arange(5, dtype=torch.int64)
 
@@ -218,6 +236,7 @@ VECTORS = {
     "registered": (registered, None),
     "bare_tensor": (bare_tensor, None),
     "names": (names, None),
+    "builtin_codecs": (builtin_codecs, None),
     "empty_dict": (dict, None),
 }
 
