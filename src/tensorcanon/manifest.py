@@ -42,6 +42,8 @@ KINDS = ("tensor", "parameter", "ndarray")
 _TOP_KEYS = ["algorithm", "meta", "root", "tensors", "version"]
 _ENTRY_KEYS = ["digest", "dtype", "kind", "name", "requires_grad", "shape"]
 KEY_DEVICES = "tensorcanon.devices"
+KEY_MEMORY_FORMATS = "tensorcanon.memory_formats"
+MEMORY_FORMAT_NDIM = {"channels_last": 4, "channels_last_3d": 5}
 _DEFAULT_ALGORITHM = digest.DEFAULT  # (inside Manifest, the name ``digest`` is a field)
 
 
@@ -59,6 +61,7 @@ class TensorInfo:
     device: str = "cpu"
     begin: int = 0
     end: int = 0
+    memory_format: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -105,7 +108,14 @@ def devices_text(devices: list[str]) -> str:
     return ",".join(f"{i}:{d}" for i, d in enumerate(devices) if d != "cpu")
 
 
-def header_metadata(manifest_raw: bytes, devices: list[str], algorithm: str = digest.DEFAULT) -> dict[str, str]:
+def memory_formats_text(formats: list[str | None]) -> str:
+    """``"0:channels_last,4:channels_last_3d"``: table index and memory format of every tensor
+    laid out channels-last (docs/FORMAT.md §5.6)."""
+    return ",".join(f"{i}:{f}" for i, f in enumerate(formats) if f is not None)
+
+
+def header_metadata(manifest_raw: bytes, devices: list[str], algorithm: str = digest.DEFAULT,
+                    memory_formats: list[str | None] | None = None) -> dict[str, str]:
     meta = {
         KEY_FORMAT: "pt",
         KEY_DIGEST: digest.to_text(digest.manifest_digest(manifest_raw, algorithm), algorithm),
@@ -114,7 +124,38 @@ def header_metadata(manifest_raw: bytes, devices: list[str], algorithm: str = di
     text = devices_text(devices)
     if text:
         meta[KEY_DEVICES] = text
+    text = memory_formats_text(memory_formats or [])
+    if text:
+        meta[KEY_MEMORY_FORMATS] = text
     return meta
+
+
+def channels_last_differs(name: str, shape: tuple[int, ...]) -> bool:
+    """True when a tensor of ``shape`` laid out as memory format ``name`` cannot also be
+    C-contiguous: it has elements, more than one channel and more than one spatial position."""
+    return (len(shape) == MEMORY_FORMAT_NDIM[name] and 0 not in shape and shape[1] > 1
+            and any(d > 1 for d in shape[2:]))
+
+
+def _parse_memory_formats(text: str, infos: list["TensorInfo"]) -> None:
+    """Apply ``__metadata__["tensorcanon.memory_formats"]`` to the table, accepting only canonical text."""
+    key = KEY_MEMORY_FORMATS
+    if not text:
+        raise _bad(f"__metadata__[{key!r}] is empty (omit it when no tensor is channels-last)")
+    for item in text.split(","):
+        index, sep, name = item.partition(":")
+        if not sep or not index.isdigit() or not index.isascii() or not 0 <= int(index) < len(infos) \
+                or name not in MEMORY_FORMAT_NDIM:
+            raise _bad(f"__metadata__[{key!r}] has a malformed entry {item[:80]!r}")
+        info = infos[int(index)]
+        if info.kind == "ndarray":
+            raise _bad(f"tensor {info.name!r} is a numpy array but is given memory format {name!r}")
+        if not channels_last_differs(name, info.shape):
+            raise _bad(f"tensor {info.name!r} of shape {list(info.shape)} cannot be {name} without also "
+                       "being contiguous, so no writer records it")
+        info.memory_format = name
+    if memory_formats_text([i.memory_format for i in infos]) != text:
+        raise _bad(f"__metadata__[{key!r}] is not in canonical form (ascending indices, each index once)")
 
 
 def _parse_devices(text: str, infos: list["TensorInfo"]) -> None:
@@ -159,11 +200,13 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
     what a writer would produce, and that the recorded file digest matches.
     """
     meta = header.metadata or {}
-    if not {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} <= set(meta) <= {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST, KEY_DEVICES} \
+    optional = {KEY_DEVICES, KEY_MEMORY_FORMATS}
+    if not {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} <= set(meta) <= {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} | optional \
             or meta[KEY_FORMAT] != "pt":
         raise _bad(
             f"__metadata__ must hold {sorted([KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST])} (and "
-            f"{KEY_DEVICES!r} when a tensor is not on the CPU), with format 'pt'"
+            f"{KEY_DEVICES!r} when a tensor is not on the CPU, {KEY_MEMORY_FORMATS!r} when one is "
+            "channels-last), with format 'pt'"
         )
     text = meta[KEY_MANIFEST]
     try:
@@ -241,6 +284,10 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
         infos.append(info)
     if KEY_DEVICES in meta:
         _parse_devices(meta[KEY_DEVICES], infos)
+    if KEY_MEMORY_FORMATS in meta:
+        if version < 2:
+            raise _bad(f"__metadata__[{KEY_MEMORY_FORMATS!r}] is a format-2 key, in a version-1 file")
+        _parse_memory_formats(meta[KEY_MEMORY_FORMATS], infos)
     if len(seen) != len(by_name):
         extra = sorted(set(by_name) - seen)[:3]
         raise _bad(f"the header holds tensors the manifest does not list: {extra}")

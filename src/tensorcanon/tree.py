@@ -52,6 +52,7 @@ class TensorSource:
     path: tuple                  # first path at which it was found
     name: str = ""
     digest: bytes = b""
+    memory_format: str | None = None  # "channels_last" / "channels_last_3d": layout, not content
 
     @property
     def nbytes(self) -> int:
@@ -216,7 +217,7 @@ class Encoder:
                 raise self.unsupported(f"{problem}; move the tensor to the CPU (t.cpu()) to save it")
         return self._add_tensor(
             v, tensorbytes.alias_key(v, kind), kind=kind, dtype=row, shape=tuple(v.shape),
-            device=device, requires_grad=v.requires_grad,
+            device=device, requires_grad=v.requires_grad, memory_format=tensorbytes.memory_format(v),
         )
 
     def enc_ndarray(self, v, depth):

@@ -56,7 +56,8 @@ class Plan:
         """(header bytes, manifest bytes) for the digests currently recorded."""
         raw = self.manifest_bytes()
         devices = [s.device for s in self.tensors]
-        meta = manifest.header_metadata(raw, devices, self.algorithm)
+        formats = [s.memory_format for s in self.tensors] if self.version >= 2 else None
+        meta = manifest.header_metadata(raw, devices, self.algorithm, formats)
         if self._first is not None:
             spliced = _splice(*self._first, meta)
             if spliced is not None:

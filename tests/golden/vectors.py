@@ -132,6 +132,19 @@ def aliasing():
     }
 
 
+def memory_formats():
+    """docs/FORMAT.md §5.6: channels-last layouts recorded outside the digest, restored on load."""
+    nchw = torch.arange(2 * 3 * 2 * 4, dtype=torch.float32).reshape(2, 3, 2, 4)
+    ncdhw = torch.arange(1 * 2 * 2 * 1 * 3, dtype=torch.float16).reshape(1, 2, 2, 1, 3)
+    return {
+        "nhwc": nchw.contiguous(memory_format=torch.channels_last),
+        "ndhwc": ncdhw.contiguous(memory_format=torch.channels_last_3d),
+        "nchw": nchw,                                            # the same values, contiguous
+        "weight": torch.nn.Parameter(nchw.contiguous(memory_format=torch.channels_last) + 1),
+        "one_channel": torch.zeros(2, 1, 3, 3).contiguous(memory_format=torch.channels_last),  # also contiguous
+    }
+
+
 def parameters():
     p = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))
     q = torch.nn.Parameter(torch.arange(3, dtype=torch.float64), requires_grad=False)
@@ -227,6 +240,7 @@ VECTORS = {
     "views": (views, None),
     "tied": (tied, None),
     "aliasing": (aliasing, None),
+    "memory_formats": (memory_formats, None),
     "parameters": (parameters, None),
     "numpy": (numpy_values, None),
     "torch_values": (torch_values, None),
