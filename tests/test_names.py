@@ -60,13 +60,18 @@ EXAMPLES = [
     ((1,), "(1,)"),
     ((), "()"),
     (("it's",), "(\"it's\",)"),
-    (("\t\x1b\x85\xa0é\u2028\U0001fae8",), "('\\t\\x1b\\x85\xa0é\u2028\U0001fae8',)"),
+    (("\t\x1b\x85é\U0001fae8",), "('\\t\\x1b\\x85é\U0001fae8',)"),
     (frozenset({2, "b", (1,)}), "frozenset({2, 'b', (1,)})"),
     (frozenset(), "frozenset()"),
 ]
 
 
-@pytest.mark.parametrize("key, text", EXAMPLES, ids=[t for _, t in EXAMPLES])
+# Not in the spec's table (the characters are invisible there): U+00A0 and U+2028, which repr()
+# escapes, are written as themselves.
+INVISIBLE = [(("\xa0\u2028",), "('\xa0\u2028',)")]
+
+
+@pytest.mark.parametrize("key, text", EXAMPLES + INVISIBLE, ids=[t for _, t in EXAMPLES + INVISIBLE])
 def test_examples(key, text):
     assert names.key_text(key) == text
 

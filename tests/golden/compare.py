@@ -48,6 +48,13 @@ def key_id(k):
     return (type(k).__name__, k)
 
 
+def _bitgen(bg):
+    """A bit generator's complete state as plain values: its state and its SeedSequence."""
+    ss = getattr(bg, "seed_seq", None)
+    seq = None if ss is None else (repr(ss.entropy), tuple(ss.spawn_key), ss.pool_size, ss.n_children_spawned)
+    return (type(bg).__name__, repr(bg.state), seq)
+
+
 def assert_same(a, b, path="$", aliases=None):
     """Assert ``b`` equals ``a`` exactly: types, float bits, dtypes, shapes, devices, key order of
     OrderedDicts and their ``_metadata``. With ``aliases`` (a dict), also check that values that were
@@ -84,6 +91,16 @@ def assert_same(a, b, path="$", aliases=None):
         assert sorted(map(key_id, a), key=repr) == sorted(by_id, key=repr), f"{path}: keys differ"
         for k in a:
             assert_same(a[k], b[by_id[key_id(k)]], f"{path}[{k!r}]", aliases)
+    elif isinstance(a, torch.Generator):
+        assert a.device == b.device and torch.equal(a.get_state(), b.get_state()), path
+    elif isinstance(a, np.random.Generator):
+        assert_same(_bitgen(a.bit_generator), _bitgen(b.bit_generator), path)
+    elif isinstance(a, np.random.RandomState):
+        sa, sb = a.get_state(legacy=False), b.get_state(legacy=False)
+        assert (sa["has_gauss"], sa["gauss"]) == (sb["has_gauss"], sb["gauss"]), path
+        assert_same(_bitgen(a._bit_generator), _bitgen(b._bit_generator), path)
+    elif type(a).__name__ == "Random" and hasattr(a, "getstate"):
+        assert a.getstate() == b.getstate(), path
     elif dataclasses.is_dataclass(a):
         for f in dataclasses.fields(a):
             assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}", aliases)

@@ -15,6 +15,7 @@ import dataclasses
 import datetime
 import math
 import pathlib
+import random
 import struct
 
 import numpy as np
@@ -225,6 +226,40 @@ def builtin_codecs():
     }
 
 
+def random_state():
+    """docs/FORMAT.md §6.7: every random-state tag, built from fixed seeds (no global state)."""
+    from tensorcanon import rng
+
+    g = torch.Generator().manual_seed(7)
+    torch.rand(5, generator=g)
+    torch.randn(1, generator=g, dtype=torch.float64)  # a cached Gaussian in the state
+    parent = np.random.default_rng([1, 2])
+    child = parent.spawn(2)[1]
+    legacy = np.random.RandomState(5)
+    legacy.standard_normal()  # has_gauss = 1
+    r = random.Random(9)
+    r.gauss(0.0, 1.0)  # gauss_next set
+    np_state = np.random.RandomState(11).get_state(legacy=False)
+    name, fields = rng.bitgen_fields(np_state)
+    state = tc.RngState(
+        python=random.Random(1).getstate(), numpy=(name, fields, 0, 0.0),
+        torch_cpu=bytes(torch.Generator().manual_seed(1).get_state().numpy()),
+        cuda=(struct.pack("<Qq", 5, 8), struct.pack("<Qq", 6, 0)), mps=None, xpu=())
+    settings = tc.DeterminismSettings(
+        deterministic_algorithms=True, deterministic_warn_only=False, cudnn_deterministic=True,
+        cudnn_benchmark=False, cudnn_allow_tf32=True, cuda_matmul_allow_tf32=False,
+        float32_matmul_precision="highest", cublas_workspace_config=":4096:8", pythonhashseed="0",
+        num_threads=4, torch_version="2.13.0", numpy_version="2.4.6", cuda_version="12.8",
+        cudnn_version=91000, machine="x86_64", gpu_names=("NVIDIA H100",), gpu_sm_counts=(132,))
+    return {
+        "torch": g, "numpy": parent, "numpy_child": child, "legacy": legacy,
+        "legacy_pcg64": np.random.RandomState(np.random.PCG64(3)), "random": r,
+        "bit_generators": [np.random.Generator(np.random.PCG64DXSM(1)), np.random.Generator(np.random.MT19937(2)),
+                           np.random.Generator(np.random.Philox(3)), np.random.Generator(np.random.SFC64(4))],
+        "process": state, "settings": settings,
+    }
+
+
 def bare_tensor():
     return torch.arange(5, dtype=torch.int64)
 
@@ -251,6 +286,7 @@ VECTORS = {
     "bare_tensor": (bare_tensor, None),
     "names": (names, None),
     "builtin_codecs": (builtin_codecs, None),
+    "random_state": (random_state, None),
     "empty_dict": (dict, None),
 }
 
