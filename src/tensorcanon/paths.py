@@ -21,7 +21,7 @@ def component(key: Any) -> str:
         return "[" + json.dumps(key, ensure_ascii=False) + "]"
     try:
         return f"[{key_text(key)}]"
-    except TypeError:  # not a key type (a path built by hand)
+    except (TypeError, ValueError):  # not a key type, or members that tie (a path built by hand)
         return f"[<{type(key).__name__}>]"
 
 
