@@ -36,3 +36,17 @@ def torch_dtypes(*names: str) -> list:
     """The named torch dtypes that the running torch has (for random sampling, where a dtype
     missing from an older torch is left out rather than skipping the whole test)."""
     return [d for d in (getattr(torch, n, None) for n in names) if isinstance(d, torch.dtype)]
+
+
+@pytest.fixture(autouse=True)
+def builtin_codecs_left_off():
+    """The built-in codecs are off in a fresh process; a test (or a golden vector) that turns them
+    on must not change what later tests see, so they are turned off again after each test."""
+    from tensorcanon import codecs, registry
+
+    before = {name for name in codecs.NAMES if registry.by_name(name) is not None}
+    yield
+    for name in codecs.NAMES:
+        reg = registry.by_name(name)
+        if reg is not None and name not in before:
+            registry.unregister(reg.cls)

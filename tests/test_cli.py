@@ -143,7 +143,7 @@ def test_lockfile_paths_are_relative_to_the_lockfile_and_may_hold_spaces(tmp_pat
     assert code == 0, err
     text = (locks / "t.lock").read_text()
     lines = text.splitlines()
-    assert lines[0] == "tensorcanon-lock 1"
+    assert lines[0] == "tensorcanon-lock 2"
     assert [line.split(" ", 2)[2] for line in lines[1:]] == ["../data dir/c.safetensors", "../data dir/sub/a b.safetensors"]
     assert run(["check", "locks/t.lock"], tmp_path)[0] == 0
     # A change of one file is one changed line, and check names it.
@@ -155,8 +155,8 @@ def test_lockfile_paths_are_relative_to_the_lockfile_and_may_hold_spaces(tmp_pat
 
 
 def test_lockfile_rejects_other_versions_and_duplicates():
-    with pytest.raises(FormatError, match="version '2' is not supported"):
-        lockfile.parse_lock("tensorcanon-lock 2\n")
+    with pytest.raises(FormatError, match="version '3' is not supported"):
+        lockfile.parse_lock("tensorcanon-lock 3\n")
     line = "xxh3-128:" + "0" * 32 + " 4 a.safetensors"
     with pytest.raises(FormatError, match="line 3: 'a.safetensors' is listed twice"):
         lockfile.parse_lock(f"tensorcanon-lock 1\n{line}\n{line}\n")
@@ -164,7 +164,25 @@ def test_lockfile_rejects_other_versions_and_duplicates():
         lockfile.parse_lock("tensorcanon-lock 1\nxxh3-128:00 4 a\n")
     entries = lockfile.parse_lock(f"tensorcanon-lock 1\r\n{line}\r\n")  # checked out with CRLF
     assert entries == [lockfile.LockEntry("a.safetensors", "xxh3-128:" + "0" * 32, 4)]
-    assert lockfile.format_lock(entries) == f"tensorcanon-lock 1\n{line}\n"
+    assert lockfile.format_lock(entries) == f"tensorcanon-lock 2\n{line}\n"
+
+
+def test_a_version_1_lockfile_keeps_checking_plain_files_with_format_1_digests(tmp_path):
+    """Lockfiles written before format 2 record format-1 fingerprints of non-tensorcanon files;
+    check computes the same, so a CI lockfile survives the upgrade, and a new lock is version 2."""
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.arange(3.0)}, str(tmp_path / "plain.safetensors"))
+    v1 = lockfile.content_digest(tmp_path / "plain.safetensors", format_version=1)[0]
+    v2 = lockfile.content_digest(tmp_path / "plain.safetensors")[0]
+    assert v1 != v2
+    size = (tmp_path / "plain.safetensors").stat().st_size
+    (tmp_path / "old.lock").write_text(f"tensorcanon-lock 1\n{v1} {size} plain.safetensors\n")
+    assert [r.status for r in lockfile.check_lock(tmp_path / "old.lock")] == ["ok"]
+    (tmp_path / "old.lock").write_text(f"tensorcanon-lock 2\n{v1} {size} plain.safetensors\n")
+    assert [r.status for r in lockfile.check_lock(tmp_path / "old.lock")] == ["mismatch"]
+    entries = lockfile.make_lock([str(tmp_path / "plain.safetensors")], tmp_path / "new.lock")
+    assert [e.digest for e in entries] == [v2]
 
 
 def test_check_reports_a_size_change_even_when_content_is_equal(tmp_path):
@@ -211,7 +229,13 @@ def test_convert_keeps_numpy_arrays_and_metadata(inputs):
     a = tensorcanon.load(inputs / "a.safetensors")
     assert isinstance(a["fc.weight"], np.ndarray) and a["fc.weight"].dtype == np.float32
     assert run(["convert", "--to", "tensorcanon", "base.safetensors", "copy.safetensors"], inputs)[0] == 0
-    assert (inputs / "copy.safetensors").read_bytes() == (inputs / "base.safetensors").read_bytes()
+    # base.safetensors is a format-1 file: converting writes the current version, same content.
+    base = (inputs / "base.safetensors").read_bytes()
+    assert (inputs / "copy.safetensors").read_bytes() == tensorcanon.dumps(
+        tensorcanon.loads(base), metadata=tensorcanon.read_metadata(base))
+    # and converting a current-version file changes no byte
+    assert run(["convert", "--to", "tensorcanon", "copy.safetensors", "copy2.safetensors"], inputs)[0] == 0
+    assert (inputs / "copy2.safetensors").read_bytes() == (inputs / "copy.safetensors").read_bytes()
 
 
 # ---------------------------------------------------------------- diff, inspect

@@ -3,6 +3,9 @@
 If this fails, tensorcanon now writes different bytes for the same content.
 That is only allowed as a deliberate format change: bump FORMAT_VERSION,
 update docs/FORMAT.md and run ``python tests/golden/regenerate.py --format-change``.
+
+tests/golden/v1/ holds the version-1 golden files, read-only: every reader must
+still load and verify them, and saving what they hold gives the version-2 file.
 """
 
 import dataclasses
@@ -27,6 +30,8 @@ import hostile_lib as h  # noqa: E402
 
 RECORD = json.loads((GOLDEN / "digests.json").read_text())
 NAMES = sorted(vectors.VECTORS)
+V1 = GOLDEN / "v1"
+V1_RECORD = json.loads((V1 / "digests.json").read_text())
 
 
 def test_every_vector_is_committed():
@@ -104,3 +109,56 @@ def test_a_dtype_this_torch_lacks_is_refused_by_name():
     if lacking:  # on such a torch (2.4 lacks some), the committed file says which one, as TypeError
         with pytest.raises(TypeError, match=r"has dtype (%s), which this torch" % "|".join(lacking)):
             tc.load(GOLDEN / "dtypes_u8.safetensors")
+
+
+# ------------------------------------------------------------------ version 1, read-only
+
+
+def test_v1_record_is_frozen():
+    assert V1_RECORD["format_version"] == 1
+    assert sorted(V1_RECORD["digests"]) == sorted(p.stem for p in V1.glob("*.safetensors"))
+    assert set(V1_RECORD["digests"]) <= set(NAMES), "every v1 file has a v2 counterpart"
+
+
+@pytest.mark.parametrize("name", sorted(V1_RECORD["digests"]))
+def test_v1_files_load_and_verify(name):
+    data = (V1 / f"{name}.safetensors").read_bytes()
+    assert tc.verify(data) == V1_RECORD["digests"][name]
+    obj, meta = vectors.build(name)
+    loaded = tc.loads(data)
+    assert_same(obj, loaded, aliases={})
+    assert tc.read_metadata(data) == meta
+    # Saving what a v1 file holds gives exactly the v2 golden file: same content, new rules.
+    assert tc.dumps(loaded, metadata=meta) == (GOLDEN / f"{name}.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(V1_RECORD["digests"]))
+def test_v1_and_v2_manifests_differ_only_where_the_changelog_says(name):
+    """Between versions only the version field and the names of §3.6's keys change."""
+    from tensorcanon import reader
+
+    manifests = []
+    for folder in (V1, GOLDEN):
+        with reader.open_file((folder / f"{name}.safetensors").read_bytes()) as cf:
+            manifests.append(cf.manifest)
+    old, new = manifests
+    assert (old.version, new.version) == (1, 2)
+    renamed = {r.name for r in old.tensors} != {r.name for r in new.tensors}
+    assert renamed == (name == "names")
+    if not renamed:  # byte for byte, except the version (the last byte: 0x01 -> 0x02)
+        assert old.raw[:-1] == new.raw[:-1] and (old.raw[-1], new.raw[-1]) == (1, 2)
+
+
+def test_the_aliasing_vector_merges_exactly_what_the_spec_says():
+    """docs/FORMAT.md §6.5: one stored tensor per distinct (address, device, shape, strides,
+    dtype, kind, requires_grad, lazy bits); two torch storages over one buffer are one memory."""
+    from tensorcanon import reader
+
+    with reader.open_file((GOLDEN / "aliasing.safetensors").read_bytes()) as cf:
+        groups: dict[int, list] = {}
+        for trail, index in cf.uses():
+            groups.setdefault(index, []).append(trail[0])
+    merged = sorted(sorted(g) for g in groups.values() if len(g) > 1)
+    assert merged == [["array", "array_view"], ["from_numpy_1", "from_numpy_2"],
+                      ["same_slice", "slice"], ["strided", "strided_again"]]
+    assert sum(len(g) == 1 for g in groups.values()) == 9  # everything else stands alone

@@ -237,8 +237,7 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits=DEF
 
 
 def _short_repr(v: Any, limit: int = 60) -> str:
-    text = repr(v)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return paths.show(v, limit)  # never fails, even on an int of a million digits
 
 
 def cmd_inspect(args, out: _Out) -> int:
@@ -246,13 +245,14 @@ def cmd_inspect(args, out: _Out) -> int:
     try:
         fmt = detect_format(path)
         size = os.path.getsize(path)
-        metadata, algorithm = None, digest.DEFAULT
+        metadata, algorithm, version = None, digest.DEFAULT, manifest.VERSION
         if fmt == "tensorcanon":
             with reader.open_file(path, DEFAULT) as cf:
                 cf.check_tree()
                 m = cf.manifest
                 assert m is not None
                 root, table, file_digest, algorithm = m.root, m.tensors, m.text(), m.algorithm
+                version = m.version
                 try:
                     metadata = cf.metadata()
                 except TensorCanonError as e:
@@ -275,7 +275,7 @@ def cmd_inspect(args, out: _Out) -> int:
         "tensor_bytes": sum(r["bytes"] for r in rows if r["dtype"] is not None and r["same_as"] is None),
         "file_bytes": size,
     }
-    fmt_text = f"tensorcanon (format version {manifest.VERSION})" if fmt == "tensorcanon" else \
+    fmt_text = f"tensorcanon (format version {version})" if fmt == "tensorcanon" else \
         f"{fmt} (no tensorcanon manifest: digests are those tensorcanon convert would record)"
     out.json({"file": path, "format": fmt, "digest": file_digest, "metadata": _jsonable(metadata),
               "entries": rows, "totals": totals})

@@ -26,13 +26,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-import torch
 
-from . import container, digest, dtypes
+from . import container, devices, digest, dtypes, paths
 from .errors import FormatError, IntegrityError, LimitError
 from .limits import Limits
 
-VERSION = 1
+VERSION = 2
+"""The format version this library writes (docs/FORMAT.md §1.3)."""
+READABLE_VERSIONS = (1, 2)
+"""The format versions this library reads: version 1 differs only in its tensor-name rule."""
 KEY_MANIFEST = "tensorcanon.manifest"
 KEY_DIGEST = "tensorcanon.digest"
 KEY_FORMAT = "format"
@@ -40,6 +42,8 @@ KINDS = ("tensor", "parameter", "ndarray")
 _TOP_KEYS = ["algorithm", "meta", "root", "tensors", "version"]
 _ENTRY_KEYS = ["digest", "dtype", "kind", "name", "requires_grad", "shape"]
 KEY_DEVICES = "tensorcanon.devices"
+KEY_MEMORY_FORMATS = "tensorcanon.memory_formats"
+MEMORY_FORMAT_NDIM = {"channels_last": 4, "channels_last_3d": 5}
 _DEFAULT_ALGORITHM = digest.DEFAULT  # (inside Manifest, the name ``digest`` is a field)
 
 
@@ -57,6 +61,7 @@ class TensorInfo:
     device: str = "cpu"
     begin: int = 0
     end: int = 0
+    memory_format: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -71,15 +76,17 @@ class Manifest:
     tensors: list[TensorInfo]   # table order (indices used by the tree)
     digest: bytes
     algorithm: str = _DEFAULT_ALGORITHM
+    version: int = VERSION
 
     def text(self, raw: bytes | None = None) -> str:
         """A digest of this file (the file digest if ``raw`` is None) as text."""
         return digest.to_text(self.digest if raw is None else raw, self.algorithm)
 
 
-def pack(root: Any, meta: Any, table: list[dict], algorithm: str = digest.DEFAULT) -> bytes:
+def pack(root: Any, meta: Any, table: list[dict], algorithm: str = digest.DEFAULT,
+         version: int = VERSION) -> bytes:
     """Canonical manifest bytes. ``table`` rows must already have sorted keys."""
-    obj = {"algorithm": digest.check(algorithm), "meta": meta, "root": root, "tensors": table, "version": VERSION}
+    obj = {"algorithm": digest.check(algorithm), "meta": meta, "root": root, "tensors": table, "version": version}
     try:
         return msgpack.packb(obj, use_bin_type=True)
     except (ValueError, TypeError, OverflowError) as e:  # depth beyond msgpack's own limit
@@ -101,7 +108,14 @@ def devices_text(devices: list[str]) -> str:
     return ",".join(f"{i}:{d}" for i, d in enumerate(devices) if d != "cpu")
 
 
-def header_metadata(manifest_raw: bytes, devices: list[str], algorithm: str = digest.DEFAULT) -> dict[str, str]:
+def memory_formats_text(formats: list[str | None]) -> str:
+    """``"0:channels_last,4:channels_last_3d"``: table index and memory format of every tensor
+    laid out channels-last (docs/FORMAT.md §5.6)."""
+    return ",".join(f"{i}:{f}" for i, f in enumerate(formats) if f is not None)
+
+
+def header_metadata(manifest_raw: bytes, devices: list[str], algorithm: str = digest.DEFAULT,
+                    memory_formats: list[str | None] | None = None) -> dict[str, str]:
     meta = {
         KEY_FORMAT: "pt",
         KEY_DIGEST: digest.to_text(digest.manifest_digest(manifest_raw, algorithm), algorithm),
@@ -110,7 +124,38 @@ def header_metadata(manifest_raw: bytes, devices: list[str], algorithm: str = di
     text = devices_text(devices)
     if text:
         meta[KEY_DEVICES] = text
+    text = memory_formats_text(memory_formats or [])
+    if text:
+        meta[KEY_MEMORY_FORMATS] = text
     return meta
+
+
+def channels_last_differs(name: str, shape: tuple[int, ...]) -> bool:
+    """True when a tensor of ``shape`` laid out as memory format ``name`` cannot also be
+    C-contiguous: it has elements, more than one channel and more than one spatial position."""
+    return (len(shape) == MEMORY_FORMAT_NDIM[name] and 0 not in shape and shape[1] > 1
+            and any(d > 1 for d in shape[2:]))
+
+
+def _parse_memory_formats(text: str, infos: list["TensorInfo"]) -> None:
+    """Apply ``__metadata__["tensorcanon.memory_formats"]`` to the table, accepting only canonical text."""
+    key = KEY_MEMORY_FORMATS
+    if not text:
+        raise _bad(f"__metadata__[{key!r}] is empty (omit it when no tensor is channels-last)")
+    for item in text.split(","):
+        index, sep, name = item.partition(":")
+        if not sep or not index.isdigit() or not index.isascii() or not 0 <= int(index) < len(infos) \
+                or name not in MEMORY_FORMAT_NDIM:
+            raise _bad(f"__metadata__[{key!r}] has a malformed entry {item[:80]!r}")
+        info = infos[int(index)]
+        if info.kind == "ndarray":
+            raise _bad(f"tensor {info.name!r} is a numpy array but is given memory format {name!r}")
+        if not channels_last_differs(name, info.shape):
+            raise _bad(f"tensor {info.name!r} of shape {list(info.shape)} cannot be {name} without also "
+                       "being contiguous, so no writer records it")
+        info.memory_format = name
+    if memory_formats_text([i.memory_format for i in infos]) != text:
+        raise _bad(f"__metadata__[{key!r}] is not in canonical form (ascending indices, each index once)")
 
 
 def _parse_devices(text: str, infos: list["TensorInfo"]) -> None:
@@ -122,17 +167,15 @@ def _parse_devices(text: str, infos: list["TensorInfo"]) -> None:
         if not sep or not index.isdigit() or not index.isascii() or not 0 <= int(index) < len(infos):
             raise _bad(f"__metadata__[{KEY_DEVICES!r}] has a malformed entry {item[:80]!r}")
         info = infos[int(index)]
-        if len(device) > 64:
-            raise _bad(f"tensor {info.name!r} has an over-long device name")
-        try:
-            info.device = str(torch.device(device))
-        except (RuntimeError, ValueError):
-            raise _bad(f"tensor {info.name!r} has invalid device {device!r}") from None
+        problem = devices.of_tensor(device)
+        if problem is not None:
+            raise _bad(f"tensor {info.name!r}: {problem}")
         if info.kind == "ndarray":
             raise _bad(f"tensor {info.name!r} is a numpy array but is given device {device!r}")
+        info.device = device
     if devices_text([i.device for i in infos]) != text:
         raise _bad(f"__metadata__[{KEY_DEVICES!r}] is not in canonical form (ascending indices, "
-                   "canonical device names, no 'cpu' entries)")
+                   "each index once, canonical device names, no 'cpu' entries)")
 
 
 def _bad(message: str) -> FormatError:
@@ -157,11 +200,13 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
     what a writer would produce, and that the recorded file digest matches.
     """
     meta = header.metadata or {}
-    if not {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} <= set(meta) <= {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST, KEY_DEVICES} \
+    optional = {KEY_DEVICES, KEY_MEMORY_FORMATS}
+    if not {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} <= set(meta) <= {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} | optional \
             or meta[KEY_FORMAT] != "pt":
         raise _bad(
             f"__metadata__ must hold {sorted([KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST])} (and "
-            f"{KEY_DEVICES!r} when a tensor is not on the CPU), with format 'pt'"
+            f"{KEY_DEVICES!r} when a tensor is not on the CPU, {KEY_MEMORY_FORMATS!r} when one is "
+            "channels-last), with format 'pt'"
         )
     text = meta[KEY_MANIFEST]
     try:
@@ -182,15 +227,17 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
         raise _bad("is not in canonical form (non-shortest numbers, repeated keys or float32)")
     if type(obj) is not dict or list(obj) != _TOP_KEYS:
         raise _bad(f"must be a map with exactly the keys {_TOP_KEYS} in that order")
-    if type(obj["version"]) is not int or obj["version"] != VERSION:  # 1.0 and True equal 1
+    version = obj["version"]
+    if type(version) is not int or version not in READABLE_VERSIONS:  # 1.0 and True equal 1
         raise _bad(
-            f"format version {obj['version']!r} is not supported by this tensorcanon "
-            f"(it reads version {VERSION}); upgrade tensorcanon to read this file"
+            f"format version {paths.show(version)} is not supported by this tensorcanon "
+            f"(it reads versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade tensorcanon to "
+            "read this file"
         )
     algorithm = obj["algorithm"]
     if type(algorithm) is not str or algorithm not in digest.ALGORITHMS:
         raise _bad(
-            f"digest algorithm {algorithm!r} is not supported (this tensorcanon knows "
+            f"digest algorithm {paths.show(algorithm)} is not supported (this tensorcanon knows "
             f"{sorted(digest.ALGORITHMS)}); upgrade tensorcanon if the file is newer"
         )
 
@@ -237,6 +284,10 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
         infos.append(info)
     if KEY_DEVICES in meta:
         _parse_devices(meta[KEY_DEVICES], infos)
+    if KEY_MEMORY_FORMATS in meta:
+        if version < 2:
+            raise _bad(f"__metadata__[{KEY_MEMORY_FORMATS!r}] is a format-2 key, in a version-1 file")
+        _parse_memory_formats(meta[KEY_MEMORY_FORMATS], infos)
     if len(seen) != len(by_name):
         extra = sorted(set(by_name) - seen)[:3]
         raise _bad(f"the header holds tensors the manifest does not list: {extra}")
@@ -248,7 +299,7 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
             "__metadata__ keys differ from what tensorcanon writes)", offset=container.LENGTH_SIZE,
         )
     return Manifest(raw=raw, root=obj["root"], meta=obj["meta"], tensors=infos, digest=actual,
-                    algorithm=algorithm)
+                    algorithm=algorithm, version=version)
 
 
 def _canonical_entries(infos) -> list[container.Entry]:
@@ -266,16 +317,19 @@ def _row(i: int, row: Any, algorithm: str) -> TensorInfo:
     kind, rg, dg = row["kind"], row["requires_grad"], row["digest"]
     if type(name) is not str:
         raise _bad(f"tensor table row {i}: name must be a str")
-    where = f"tensor {name!r}"
+    where = f"tensor {paths.show(name)}"
     dtype = dtypes.BY_NAME.get(dt) if type(dt) is str else None
     if dtype is None:
-        raise _bad(f"{where} has unknown dtype {dt!r}")
+        raise _bad(f"{where} has unknown dtype {paths.show(dt)}")
     if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
         raise _bad(f"{where} shape must be a list of non-negative ints")
-    if kind not in KINDS:
-        raise _bad(f"{where} has unknown kind {kind!r}")
+    if type(kind) is not str or kind not in KINDS:
+        raise _bad(f"{where} has unknown kind {paths.show(kind)}")
     if type(rg) is not bool or (rg and kind == "ndarray"):
-        raise _bad(f"{where} has an invalid requires_grad {rg!r}")
+        raise _bad(f"{where} has an invalid requires_grad {paths.show(rg)}")
+    if rg and not dtype.differentiable:
+        raise _bad(f"{where} has requires_grad true but dtype {dtype.name}; only floating-point and "
+                   "complex tensors can require gradients (docs/FORMAT.md §5.3)")
     if kind == "ndarray" and dtype.numpy is None:
         raise _bad(f"{where} is a numpy array of dtype {dtype.name}, which numpy lacks")
     want = digest.ALGORITHMS[algorithm]

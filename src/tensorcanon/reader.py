@@ -122,7 +122,7 @@ class CheckedFile:
                 "manifest: the object tree is nested deeper than Python's recursion limit "
                 f"({sys.getrecursionlimit()}) allows to decode, although within max_depth="
                 f"{self.limits.max_depth}; files saved with the default limits never are") from None
-        decoder.check_table([info.name for info in m.tensors])
+        decoder.check_table([info.name for info in m.tensors], m.version)
         if m.meta is not None:
             Decoder([], self.limits.max_depth, build_objects=False).decode_metadata(m.meta)
         return root, decoder

@@ -64,6 +64,19 @@ def alias_key(value, kind: str):
             value.requires_grad, value.is_conj(), value.is_neg())
 
 
+_CHANNELS_LAST = {4: ("channels_last", torch.channels_last), 5: ("channels_last_3d", torch.channels_last_3d)}
+MEMORY_FORMATS = {name: fmt for name, fmt in _CHANNELS_LAST.values()}
+
+
+def memory_format(t: torch.Tensor) -> str | None:
+    """``"channels_last"`` (4-d) or ``"channels_last_3d"`` (5-d) when ``t`` is laid out that way and
+    not also C-contiguous, else None: the layout a loader restores (docs/FORMAT.md §5.6)."""
+    entry = _CHANNELS_LAST.get(t.dim())
+    if entry is None or t.is_contiguous() or not t.is_contiguous(memory_format=entry[1]):
+        return None
+    return entry[0]
+
+
 def unsaveable(t: torch.Tensor) -> str | None:
     """Why tensor ``t`` cannot be saved and what to save instead, or None if it can be."""
     name = f"{type(t).__module__}.{type(t).__qualname__}"

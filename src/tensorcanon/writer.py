@@ -35,6 +35,7 @@ class Plan:
     layout: list[container.Entry]     # data order, parallel to `ordered`
     ordered: list[TensorSource]
     algorithm: str = digest.DEFAULT
+    version: int = manifest.VERSION
 
     _rows: list | None = None  # table rows, built once; only their digests change
 
@@ -47,7 +48,7 @@ class Plan:
             ]
         for row, s in zip(self._rows, self.tensors):
             row["digest"] = s.digest or zero
-        return manifest.pack(self.root, self.meta, self._rows, self.algorithm)
+        return manifest.pack(self.root, self.meta, self._rows, self.algorithm, self.version)
 
     _first: tuple[bytes, dict] | None = None  # the first header built, and its __metadata__
 
@@ -55,7 +56,8 @@ class Plan:
         """(header bytes, manifest bytes) for the digests currently recorded."""
         raw = self.manifest_bytes()
         devices = [s.device for s in self.tensors]
-        meta = manifest.header_metadata(raw, devices, self.algorithm)
+        formats = [s.memory_format for s in self.tensors] if self.version >= 2 else None
+        meta = manifest.header_metadata(raw, devices, self.algorithm, formats)
         if self._first is not None:
             spliced = _splice(*self._first, meta)
             if spliced is not None:
@@ -95,8 +97,13 @@ def _splice(header: bytes, old: dict, new: dict) -> bytes | None:
     return out
 
 
-def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: str = digest.DEFAULT) -> Plan:
+def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: str = digest.DEFAULT,
+         *, version: int = manifest.VERSION) -> Plan:
+    """Encode ``obj`` and lay out its file. ``version`` other than the current one is only for
+    computing what an older format recorded (lockfiles of format-1 fingerprints)."""
     algorithm = digest.check(algorithm)  # before any work: an unknown name fails fast
+    if version not in manifest.READABLE_VERSIONS:
+        raise ValueError(f"format version {version} is not one this tensorcanon knows")
     enc = Encoder(limits.max_depth)
     try:
         root = enc.encode(obj)
@@ -123,7 +130,7 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
             f"the object holds {len(enc.tensors)} tensors, more than max_tensors={limits.max_tensors} "
             "that readers accept", limit="max_tensors", path="$", saving=True,
         )
-    enc.assign_names()
+    enc.assign_names(version)
     ordered = sorted(enc.tensors, key=lambda s: container.data_order(s.name, s.dtype.itemsize))
     layout, position = [], 0
     for s in ordered:
@@ -138,7 +145,7 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
             )
         layout.append(container.Entry(s.name, s.dtype.st, shape, position, position + n))
         position += n
-    return Plan(root, meta, enc.tensors, layout, ordered, algorithm)
+    return Plan(root, meta, enc.tensors, layout, ordered, algorithm, version)
 
 
 def _chunks(src: TensorSource):

@@ -346,7 +346,9 @@ def test_manifest_raw_bytes(i, how, k):
     elif how == "float32":
         raw = raw + b"\xca\x3f\x80\x00\x00"
     elif how == "long_int":
-        raw = raw.replace(b"\xa7version\x01", b"\xa7version\xcf" + (1).to_bytes(8, "big"), 1)
+        v = tensorcanon.FORMAT_VERSION
+        raw = raw.replace(b"\xa7version" + bytes([v]), b"\xa7version\xcf" + v.to_bytes(8, "big"), 1)
+        assert raw.endswith(b"\xcf" + v.to_bytes(8, "big"))
     elif how == "trailing":
         raw = raw + bytes([k % 256])
     elif how == "truncated":
