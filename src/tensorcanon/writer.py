@@ -95,9 +95,16 @@ def _splice(header: bytes, old: dict, new: dict) -> bytes | None:
     return out
 
 
-def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: str = digest.DEFAULT) -> Plan:
+def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: str = digest.DEFAULT,
+         *, encoder: Encoder | None = None) -> Plan:
+    """Encode ``obj`` and lay out its file, reading no tensor data.
+
+    ``encoder`` (default: a plain :class:`~tensorcanon.tree.Encoder`) may be a subclass
+    that encodes more types; tensorcanon.dcp passes one that plans each DTensor as the
+    full tensor it stands for, so the plan is that of the unsharded state.
+    """
     algorithm = digest.check(algorithm)  # before any work: an unknown name fails fast
-    enc = Encoder(limits.max_depth)
+    enc = encoder if encoder is not None else Encoder(limits.max_depth)
     try:
         root = enc.encode(obj)
     except RecursionError:
