@@ -19,6 +19,7 @@ reached: no read item is of the BYTE_IO kind.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any
 
@@ -225,6 +226,12 @@ class _Walk:
             raise UsageError(f"{paths.join(path) or 'the state dict'} is a dict but the checkpoint holds "
                              f"{self._describe(node)} there")
         start = 1 if tag == "dict" else 2
+        if tag == "odict" and isinstance(target, collections.OrderedDict):
+            meta = self.materialize(node[1])  # module state dicts' _metadata: a value like any other
+            if meta is not None:
+                target._metadata = meta
+            elif hasattr(target, "_metadata"):
+                del target._metadata
         saved = {}
         for i in range(start, len(node) - 1, 2):
             saved[self.keys.decode(node[i])] = node[i + 1]
