@@ -97,16 +97,16 @@ class LogicalState:
     def names(self) -> list[str]:
         return [s.name for s in self.plan.tensors]
 
-    def skeleton(self) -> bytes:
-        """Everything the ranks must agree on, as bytes: the tree (non-tensor values, containers,
-        ties), the tensor table without digests, and the paths of per-rank values."""
+    def skeleton(self) -> tuple[bytes, str]:
+        """Everything the ranks must agree on: the tree (non-tensor values, containers, ties) and
+        the tensor table without digests, as manifest bytes; the paths of per-rank values."""
         zero = bytes(digest.size(self.plan.algorithm))
         from .. import manifest
 
         rows = [manifest.table_row(s.name, s.dtype.name, s.shape, s.kind, s.requires_grad, zero)
                 for s in self.plan.tensors]
         body = manifest.pack(self.plan.root, None, rows, self.plan.algorithm)
-        return body + b"\0" + "\n".join(paths.join(p) for p, _ in self.per_rank).encode("utf-8", "surrogatepass")
+        return body, ", ".join(paths.join(p) for p, _ in self.per_rank)
 
 
 def plan_state(state: Any, limits: Limits = DEFAULT) -> LogicalState:

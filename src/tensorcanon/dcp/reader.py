@@ -96,6 +96,7 @@ class Reader(StorageReader):
             )
             for c in index.chunks[t]:
                 storage[MetadataIndex(info.name, c.offsets)] = (t, c)
+        _add_dcp_names(index, md, storage, self.limits)
         return Metadata(md, planner_data=index, storage_data=storage)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -152,6 +153,40 @@ class Reader(StorageReader):
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+
+def _add_dcp_names(index: layout.Index, md: dict, storage: dict, limits: Limits) -> None:
+    """Also list every value under the name DCP's own flattening gives it.
+
+    LoadPlanner does not need these entries. They let DCP's DefaultLoadPlanner (which
+    flattens the state its own way) plan its reads and reach ``prepare_local_plan``,
+    where it is refused with a clear message instead of failing on a "missing key".
+    """
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from ..tree import Decoder
+
+    placeholders = [torch.empty(0) for _ in index.logical.tensors]
+    which = {id(p): t for t, p in enumerate(placeholders)}
+    try:
+        decoder = Decoder(placeholders, limits.max_depth)
+        decoder.used = [True] * len(placeholders)
+        flat, _ = flatten_state_dict(decoder.decode(index.logical.root))
+    except Exception:  # noqa: BLE001 - unregistered types, keys DCP cannot flatten: skip the courtesy
+        return
+    for fqn, value in flat.items():
+        if fqn in md:
+            continue
+        t = which.get(id(value))
+        if t is None:
+            md[fqn] = BytesStorageMetadata()
+            continue
+        name = index.logical.tensors[t].name
+        if name in md:
+            md[fqn] = md[name]
+            for c in index.chunks[t]:
+                storage[MetadataIndex(fqn, c.offsets)] = (t, c)
 
 
 def _copy(target: torch.Tensor, source: torch.Tensor) -> None:

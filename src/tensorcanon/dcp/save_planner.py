@@ -37,7 +37,7 @@ from .logical import LogicalState, plan_state
 class LocalInfo:
     """What one rank tells the coordinator about its state (the local plan's planner_data)."""
 
-    skeleton: bytes
+    skeleton: tuple[bytes, str]
     replicas: dict[Any, bytes] = field(default_factory=dict)  # (name, offsets) -> digest of a replicated piece
 
 
@@ -122,7 +122,8 @@ def compare_ranks(infos: list[LocalInfo], mine: LogicalState) -> None:
     base = infos[0]
     for r, info in enumerate(infos[1:], start=1):
         if info.skeleton != base.skeleton:
-            raise ReplicaMismatchError(_skeleton_difference(base.skeleton, info.skeleton, r), path=None)
+            message, where = _skeleton_difference(base.skeleton, info.skeleton, r)
+            raise ReplicaMismatchError(message, path=where)
     holders: dict = {}
     for r, info in enumerate(infos):
         for key, d in info.replicas.items():
@@ -146,27 +147,28 @@ def _path_of(state: LogicalState, name: str) -> str:
     return repr(name)
 
 
-def _skeleton_difference(a: bytes, b: bytes, rank: int) -> str:
-    """Words for the first difference between rank 0's skeleton and ``rank``'s."""
+def _skeleton_difference(a: tuple[bytes, str], b: tuple[bytes, str], rank: int) -> tuple[str, str | None]:
+    """Words for the first difference between rank 0's skeleton and ``rank``'s, and its path."""
     head = f"rank {rank}'s state differs from rank 0's"
     tail = ("; every value not wrapped in tensorcanon.dcp.PerRank is saved once for all ranks and "
             "must be equal on all of them")
-    (ma, _, pa), (mb, _, pb) = a.partition(b"\0"), b.partition(b"\0")
+    (ma, pa), (mb, pb) = a, b
     if ma != mb:
         try:
             ta, tb = msgpack.unpackb(ma), msgpack.unpackb(mb)
         except Exception:
-            return head + tail
+            return head + tail, None
         where, va, vb = _first_difference(ta["root"], tb["root"], ())
         if where is not None:
-            return f"{head} at {paths.join(where)}: rank 0 has {_short(va)}, rank {rank} has {_short(vb)}{tail}"
+            at = paths.join(where)
+            return f"{head} at {at}: rank 0 has {_short(va)}, rank {rank} has {_short(vb)}{tail}", at
         for row_a, row_b in zip(ta["tensors"], tb["tensors"]):
             if row_a != row_b:
                 return (f"{head}: tensor {row_a['name']!r} is {row_a['dtype']}{row_a['shape']} on rank 0 and "
-                        f"{row_b['dtype']}{row_b['shape']} ({row_b['name']!r}) on rank {rank}{tail}")
-        return f"{head} (its tensors, or which of them are tied){tail}"
-    return (f"{head}: per-rank values sit at {pa.decode(errors='replace') or 'no path'} on rank 0 but at "
-            f"{pb.decode(errors='replace') or 'no path'} on rank {rank}; every rank must mark the same keys PerRank")
+                        f"{row_b['dtype']}{row_b['shape']} ({row_b['name']!r}) on rank {rank}{tail}"), None
+        return f"{head} (its tensors, or which of them are tied){tail}", None
+    return (f"{head}: per-rank values sit at {pa or 'no path'} on rank 0 but at {pb or 'no path'} on "
+            f"rank {rank}; every rank must mark the same keys PerRank"), None
 
 
 def _first_difference(a: Any, b: Any, where: tuple):

@@ -222,9 +222,22 @@ class RankFiles:
     def get(self, rank: int) -> RankFile:
         f = self._open.get(rank)
         if f is None:
-            f = RankFile(self.index.file_path(rank), self.index.files[rank], self.limits)
+            try:
+                f = RankFile(self.index.file_path(rank), self.index.files[rank], self.limits)
+            except TensorCanonError as e:
+                raise with_context(e, self._holds(rank)) from None
             self._open[rank] = f
         return f
+
+    def _holds(self, rank: int) -> str:
+        """Words naming what a rank file holds, so an error about the file names its tensors."""
+        index = self.index
+        held = [f"tensor {index.logical.tensors[t].name!r} chunk at offsets {list(c.offsets)}"
+                for t, cs in enumerate(index.chunks) for c in cs if c.rank == rank]
+        if not held:
+            return f"rank {rank}'s file (its per-rank values): "
+        more = f" and {len(held) - 3} more chunks" if len(held) > 3 else ""
+        return f"rank {rank}'s file (holding {', '.join(held[:3])}{more}): "
 
     def close(self) -> None:
         for f in self._open.values():
