@@ -136,10 +136,16 @@ def _materialize_meta(t: Any) -> Any:
     on the process group's device, as DCP's default planner does; other values unchanged."""
     if not isinstance(t, torch.Tensor) or t.device.type != "meta":
         return t
-    if dist.is_available() and dist.is_initialized():
-        device = dist.distributed_c10d._get_pg_default_device()
-        if device.type != "cpu":
-            device = torch.device(device.type, getattr(torch, device.type).current_device())
+    if isinstance(t, DTensor):
+        kind = t.device_mesh.device_type
+        module = getattr(torch, kind, None)
+        device = torch.device(kind, module.current_device()) if kind != "cpu" and module else torch.device(kind)
+    elif dist.is_available() and dist.is_initialized():
+        try:
+            device = dist.distributed_c10d._get_object_coll_device()
+        except (RuntimeError, ValueError):
+            device = torch.device("cpu")
+        device = torch.device(device)
     else:
         device = torch.device("cpu")
     if isinstance(t, DTensor):
