@@ -11,20 +11,14 @@ Real tier (test_spawned.py): separate processes on gloo, see spawn.py.
 
 from __future__ import annotations
 
-import collections
-import os
 import threading
 from typing import Any, Callable
 
 import pytest
 import torch
 
-mtpg = pytest.importorskip("torch.testing._internal.distributed.multi_threaded_pg")
+import torch.distributed as dist
 
-import torch.distributed as dist  # noqa: E402
-from torch.distributed.tensor import DTensor  # noqa: E402
-
-from tensorcanon.dcp import PerRank  # noqa: E402
 
 _lock = threading.Lock()  # one threaded world at a time
 
@@ -36,6 +30,7 @@ def run_ranks(world: int, fn: Callable[[int], Any], timeout: float = 120.0) -> l
     collectives) and is re-raised here, naming the rank. A rank still running after
     ``timeout`` seconds fails the test (a hang is a failure, never a stuck run).
     """
+    mtpg = pytest.importorskip("torch.testing._internal.distributed.multi_threaded_pg")
     with _lock:
         world_obj = mtpg._install_threaded_pg()
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
@@ -76,63 +71,10 @@ def run_ranks(world: int, fn: Callable[[int], Any], timeout: float = 120.0) -> l
         return results
 
 
-def unsharded(state: Any, memo: dict | None = None) -> Any:
-    """The test oracle for the logical state: every DTensor replaced by its full tensor (tied
-    DTensors, which share their local storage, by one full tensor), PerRank keys removed."""
-    memo = {} if memo is None else memo
-    if isinstance(state, DTensor):
-        local = state._local_tensor
-        key = (local.untyped_storage()._cdata, local.storage_offset(), tuple(local.shape), tuple(state.shape))
-        if key not in memo or not state.numel():
-            full = state.full_tensor()
-            memo[key] = torch.nn.Parameter(full, requires_grad=state.requires_grad) \
-                if isinstance(state, torch.nn.Parameter) else full
-        return memo[key]
-    if type(state) in (dict, collections.OrderedDict):
-        out = type(state)((k, unsharded(v, memo)) for k, v in state.items() if type(v) is not PerRank)
-        if hasattr(state, "_metadata"):
-            out._metadata = state._metadata
-        return out
-    if type(state) in (list, tuple):
-        return type(state)(unsharded(v, memo) for v in state)
-    return state
-
-
-def zeros_like_state(state: Any, memo: dict | None = None) -> Any:
-    """A state of the same structure with every tensor zeroed (a DTensor keeps its placements;
-    one object at two paths stays one object) and every non-tensor value replaced by None:
-    what a fresh run would load into."""
-    memo = {} if memo is None else memo
-    if isinstance(state, torch.Tensor):
-        if id(state) not in memo:
-            if isinstance(state, DTensor):
-                memo[id(state)] = DTensor.from_local(torch.zeros_like(state.to_local()), state.device_mesh,
-                                                     state.placements, shape=state.shape, stride=state.stride())
-            else:
-                memo[id(state)] = torch.zeros_like(state.detach())
-        return memo[id(state)]
-    if type(state) is PerRank:
-        return PerRank(None)
-    if type(state) in (dict, collections.OrderedDict):
-        out = type(state)((k, zeros_like_state(v, memo)) for k, v in state.items())
-        if hasattr(state, "_metadata"):
-            out._metadata = None
-        return out
-    if type(state) is list:
-        return [zeros_like_state(v, memo) for v in state]
-    if type(state) is tuple:
-        return tuple(zeros_like_state(v, memo) for v in state)
-    return None
-
-
 @pytest.fixture
 def ckpt_dir(tmp_path):
     """A fresh checkpoint directory path (not created: saving creates it)."""
     return str(tmp_path / "ckpt")
-
-
-def rank_files(folder: str) -> dict[str, bytes]:
-    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder))}
 
 
 def pytest_configure(config):

@@ -11,14 +11,15 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Partial, Replicate
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import tensorcanon
 import tensorcanon.dcp as tcd
 from tensorcanon.sharded import layout
 
-from conftest import run_ranks, unsharded, zeros_like_state
+from conftest import run_ranks
+from helpers import unsharded, zeros_like_state
 from states import logical_digest, logical_state, sharded_state
 
 

@@ -14,7 +14,8 @@ import tensorcanon
 import tensorcanon.dcp as tcd
 from tensorcanon.sharded import layout
 
-from conftest import rank_files, run_ranks, unsharded, zeros_like_state
+from conftest import run_ranks
+from helpers import rank_files, unsharded, zeros_like_state
 from states import logical_digest, sharded_state
 
 
