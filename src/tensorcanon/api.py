@@ -105,6 +105,9 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
     saying so). A malformed ``expect`` raises :class:`FormatError` before the
     file is read. Tensors are streamed, never loaded whole.
 
+    A sharded checkpoint directory (tensorcanon.dcp) is verified whole: its
+    index, every rank file and every chunk; the result is its logical digest.
+
     Example::
 
         tensorcanon.verify("ckpt.safetensors", expect="sha256:…")  # obtained out of band
@@ -113,6 +116,10 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
         from .errors import FormatError
 
         raise FormatError(f"expect={_digest.text_error(expect)}")
+    if isinstance(f, (str, os.PathLike)) and os.path.isdir(f):
+        from .sharded import verify as verify_checkpoint  # a sharded checkpoint (tensorcanon.dcp)
+
+        return verify_checkpoint(f, expect=expect, limits=limits)
     result = reader.open_source(f, lambda src: reader.verify_from(src, limits))
     if expect is not None and result != expect:
         have, want = _digest.algorithm_of(result), _digest.algorithm_of(expect)

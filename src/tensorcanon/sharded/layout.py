@@ -25,13 +25,14 @@ is derived from these fields, so the index names nothing twice.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from .. import digest as _digest
-from .. import manifest, reader
+from .. import container, manifest, reader
 from ..errors import FormatError, TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..ordering import UnorderableKey, sort_key
@@ -203,6 +204,7 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
         infos = manifest.read_table(obj["tensors"], algorithm, limits)
         if obj["meta"] is not None:
             raise FormatError("manifest: 'meta' must be nil in a sharded checkpoint's logical manifest")
+        place(infos)
         logical = manifest.Manifest(raw=raw, root=obj["root"], meta=None, tensors=infos,
                                     digest=_digest.manifest_digest(raw, algorithm), algorithm=algorithm)
         reader.decode_tree(logical, limits)  # the tree's structure, the table's order and names
@@ -249,6 +251,17 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
     if any(not a < b for a, b in zip(keys, keys[1:])):
         raise bad("'per_rank' paths are not in canonical order (or repeat)")
     return Index(folder, own_digest, list(digests), logical, chunks, list(paths), per_rank_keys(list(paths)))
+
+
+def place(infos: list[manifest.TensorInfo]) -> int:
+    """Give each logical tensor its offsets in the consolidated file (data order, docs/FORMAT.md
+    §2.5), so ``info.nbytes`` is its size; return the data section's size."""
+    position = 0
+    for info in sorted(infos, key=lambda i: container.data_order(i.name, i.dtype.itemsize)):
+        n = math.prod(info.shape) * info.dtype.itemsize
+        info.begin, info.end = position, position + n
+        position += n
+    return position
 
 
 def _int_list(v: Any, n: int) -> bool:

@@ -9,7 +9,6 @@ Memory use is one tensor at a time (consolidate: none beyond the page cache).
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Callable
 
@@ -97,7 +96,7 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
 def read_tensor(index: layout.Index, files: RankFiles, t: int, map_location: Any = None) -> Any:
     """Logical tensor ``t`` assembled from its chunks, verified, with its recorded kind."""
     info = index.logical.tensors[t]
-    buf, mv = tensorbytes.empty_buffer(nbytes(info), info.kind)
+    buf, mv = tensorbytes.empty_buffer(info.nbytes, info.kind)
     pos = 0
 
     def copy(piece: memoryview) -> None:
@@ -195,14 +194,11 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
     """
     index = _open(folder, limits)
     infos = index.logical.tensors
-    entries, position = [], 0
-    for info in sorted(infos, key=lambda i: container.data_order(i.name, i.dtype.itemsize)):
-        n = nbytes(info)
-        entries.append(container.Entry(info.name, info.dtype.st, tuple(dtypes.header_shape(info.dtype, info.shape)),
-                                       position, position + n))
-        position += n
-    header = container.build(entries, manifest.header_metadata(index.logical.raw, [], index.algorithm))
     order = sorted(range(len(infos)), key=lambda i: container.data_order(infos[i].name, infos[i].dtype.itemsize))
+    entries = [container.Entry(infos[t].name, infos[t].dtype.st,
+                               tuple(dtypes.header_shape(infos[t].dtype, infos[t].shape)), infos[t].begin,
+                               infos[t].end) for t in order]  # offsets placed by layout.read
+    header = container.build(entries, manifest.header_metadata(index.logical.raw, [], index.algorithm))
 
     def fill(f, tmp) -> str:
         f.write(header)
@@ -217,9 +213,4 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
         raise with_context(e, f"consolidating {os.fspath(folder)}: ") from None
 
 
-def nbytes(info: manifest.TensorInfo) -> int:
-    """Bytes of a logical tensor (a logical table row has no offsets, so ``info.nbytes`` is 0)."""
-    return math.prod(info.shape) * info.dtype.itemsize
-
-
-__all__ = ["stream", "read_tensor", "logical_digest", "load_unsharded", "verify", "consolidate", "nbytes"]
+__all__ = ["stream", "read_tensor", "logical_digest", "load_unsharded", "verify", "consolidate"]
