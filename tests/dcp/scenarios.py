@@ -150,6 +150,32 @@ def state_save_three(rank, world, folder):
     return tcd.save(sharded_state(world, rank), os.path.join(folder, "state-3"))
 
 
+# ------------------------------------------------------------------ NCCL (one GPU per rank)
+
+def nccl_save_load(rank, world, folder):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from states import full_tensors
+
+    full = full_tensors()
+    mesh = init_device_mesh("cuda", (world,))
+    state = {"row": distribute_tensor(full["row"].cuda(), mesh, [Shard(0)]),
+             "col": distribute_tensor(full["col"].cuda(), mesh, [Shard(1)]),
+             "plain": full["plain"].cuda(), "step": 5}
+    expected = tensorcanon.fingerprint({"row": full["row"], "col": full["col"], "plain": full["plain"], "step": 5})
+    target_dir = os.path.join(folder, "nccl")
+    digest = tcd.save(state, target_dir)
+    fut = tcd.async_save(state, target_dir + "-async")
+    async_digest = fut.result(timeout=120)
+    target = zeros_like_state(state)
+    tcd.load(target, target_dir)
+    loaded = {k: v.full_tensor().cpu() if hasattr(v, "full_tensor") else v for k, v in target.items()}
+    loaded["plain"] = target["plain"].cpu()
+    return [digest == expected, async_digest == expected, tensorcanon.fingerprint(loaded) == expected,
+            target["row"].device.type]
+
+
 BATCHES = {
     "two": [
         ("fsdp2_save", fsdp2_save),
@@ -168,6 +194,7 @@ BATCHES = {
         ("per_rank_resize_refused", per_rank_resize_refused),
         ("state_save_three", state_save_three),
     ],
+    "nccl": [("nccl_save_load", nccl_save_load)],
 }
 
 __all__ = ["BATCHES", "logical_digest", "batch"]

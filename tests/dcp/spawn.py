@@ -28,9 +28,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world: int, batch: str, folder: str, timeout: float = 150.0) -> list[dict]:
+def launch(world: int, batch: str, folder: str, timeout: float = 150.0, backend: str = "gloo") -> list[dict]:
     os.makedirs(folder, exist_ok=True)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
+               TENSORCANON_TEST_BACKEND=backend,
                PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
     env.pop("PYTHONHASHSEED", None)  # each process draws its own hash seed: nothing may depend on it
     procs = []
@@ -78,7 +79,12 @@ def main(batch: str, folder: str) -> None:
 
     import scenarios
 
-    dist.init_process_group("gloo")
+    backend = os.environ.get("TENSORCANON_TEST_BACKEND", "gloo")
+    if "nccl" in backend:
+        import torch
+
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend)
     rank = dist.get_rank()
     out: dict = {"_seconds": {}}
     try:
