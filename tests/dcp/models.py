@@ -32,8 +32,13 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
 def build(world: int | None, steps: int = 1):
     """(model, optimizer) after ``steps`` AdamW steps; sharded with fully_shard when ``world``
     is given (every rank uses the same batch, so gradients are exact averages for 1, 2, 4 ranks)."""
-    torch.manual_seed(0)
     model = TiedMLP()
+    # Initialize from a generator of our own: in the threaded tier, ranks are threads that
+    # share torch's global generator, so its draws would interleave between ranks.
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     if world is not None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
