@@ -329,3 +329,23 @@ def test_a_failed_save_leaves_the_previous_checkpoint_complete(tmp_path, monkeyp
     run_ranks(2, lambda r: tcd.save(sharded_state(2, r, seed=8), folder))
     assert len(os.listdir(folder)) == 3                       # the next save cleans up
     assert tcd.verify(folder) == tensorcanon.fingerprint(logical_state(8))
+
+
+def test_a_rank_that_fails_to_write_does_not_leave_the_others_waiting(tmp_path, monkeypatch):
+    """Rank 1's write fails while tensors are split (so ranks exchange file names after
+    writing): every rank raises rank 1's own error, and nobody hangs."""
+    import torch.distributed as dist
+
+    import tensorcanon.dcp.writer as w
+
+    real = w.write_rank_file
+
+    def flaky(folder, rank, world, obj, algorithm, limits):
+        if dist.get_rank() == 1:
+            raise OSError(5, "Input/output error (simulated on rank 1)")
+        return real(folder, rank, world, obj, algorithm, limits)
+
+    monkeypatch.setattr(w, "write_rank_file", flaky)
+    errors = _save_errors(3, lambda r: sharded_state(3, r), str(tmp_path / "flaky"))
+    assert all(isinstance(e, OSError) and "simulated on rank 1" in str(e) for e in errors), errors
+    assert not os.path.exists(os.path.join(str(tmp_path / "flaky"), layout.INDEX_NAME))
