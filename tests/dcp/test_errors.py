@@ -58,10 +58,9 @@ def _chunk(folder, name, rank_file=None):
     t = [i.name for i in index.logical.tensors].index(name)
     c = index.chunks[t][-1] if rank_file is None else next(c for c in index.chunks[t] if c.rank == rank_file)
     path = index.file_path(c.rank)
+    key = layout.chunk_key(name, c.offsets)
     with tensorcanon.open(path) as f:
-        key = layout.chunk_key(name, c.offsets)
-        i = f._by_name[key]  # noqa: SLF001 - the test needs the byte offset
-        info = f.manifest.tensors[i]
+        info = next(i for i in f.manifest.tensors if i.name == key)
         start = f.header.data_start + info.begin
     return path, start, key, c
 

@@ -178,7 +178,7 @@ class Writer(StorageWriter):
                 results.append(WriteResult(item.index, item.tensor_storage_size() or 0, chunk_digests[key]))
         except Exception as e:  # noqa: BLE001 - reported to the others first, then raised
             failure = e
-        names = [None] * job.world_size
+        file_digests: list = [None] * job.world_size
         if job.exchange:
             mine = (file_digest, None if failure is None else f"{type(failure).__name__}: {failure}")
             gathered: list = [None] * job.world_size
@@ -190,12 +190,12 @@ class Writer(StorageWriter):
                     e = CheckpointError(f"rank {r} could not write its rank file: {err}")
                     e.secondary = True  # the rank that failed reports the cause itself
                     raise e
-                names[r] = d
+                file_digests[r] = d
         elif failure is not None:
             raise failure
         tensor_digests = {}
         if job.tasks:
-            tensor_digests = run_hash_tasks(self.path, job, planner, own, names, self.limits)
+            tensor_digests = run_hash_tasks(self.path, job, planner, own, file_digests, self.limits)
         results.append(WriteResult(MetadataIndex(OUTCOME_FQN, [job.rank]), 0,
                                    RankOutcome(job.rank, file_digest, tensor_digests)))
         fut: Future = Future()
