@@ -132,8 +132,7 @@ def worker(args) -> None:
             times[name].append(timed(fn))
         for name, fn in loads.items():
             target = _fresh_like(state)
-            times[name].append(timed(lambda: fn(target)))
-            del target
+            times[name].append(timed(lambda f=fn, t=target: f(t)))
         for name, run in [("async_save blocking: DCP default",
                            lambda: dcp.async_save(state, storage_writer=FileSystemWriter(d_default + "-async"),
                                                   process_group=async_group)),
