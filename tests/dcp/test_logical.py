@@ -190,3 +190,29 @@ def test_dtensor_parameters_and_requires_grad_are_logical_kinds(tmp_path):
     loaded = tcd.load_unsharded(folder)
     assert type(loaded["p"]) is torch.nn.Parameter and loaded["p"].requires_grad
     assert isinstance(DTensor, type)
+
+
+def test_a_process_group_that_is_not_the_default_one(tmp_path):
+    """Two groups of 2 ranks in a world of 4, each saving and loading its own checkpoint."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    full = torch.arange(20.0).reshape(5, 4)
+
+    def run(rank):
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        mine = groups[rank // 2]
+        mesh = DeviceMesh.from_group(mine, "cpu")
+        folder = str(tmp_path / f"group{rank // 2}")
+        state = {"w": distribute_tensor(full * (rank // 2 + 1), mesh, [Shard(0)]), "g": rank // 2,
+                 "own": tcd.PerRank(rank)}
+        digest = tcd.save(state, folder, process_group=mine)
+        target = zeros_like_state(state)
+        tcd.load(target, folder, process_group=mine)
+        return digest, target["g"], target["own"].value, torch.equal(target["w"].full_tensor(), state["w"].full_tensor())
+
+    got = run_ranks(4, run)
+    for rank, (digest, g, own, same) in enumerate(got):
+        assert digest == tensorcanon.fingerprint({"w": full * (rank // 2 + 1), "g": rank // 2})
+        assert (g, own, same) == (rank // 2, rank, True)

@@ -108,6 +108,11 @@ class Writer(StorageWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
+        rank = kwargs.get("rank")
+        if rank is not None and dist.is_available() and dist.is_initialized() \
+                and dist.get_rank(self.process_group) != rank:
+            raise UsageError("tensorcanon.dcp.Writer was given another process group than dcp.save: pass "
+                             "the same process_group to both")
         if not kwargs.get("use_collectives", True):
             raise UsageError("tensorcanon.dcp.Writer needs use_collectives=True: the index that commits "
                              "the checkpoint is written once, by the coordinator, for all ranks")
