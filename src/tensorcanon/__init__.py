@@ -15,9 +15,11 @@ from .api import dumps, fingerprint, load, loads, read_metadata, save, verify
 from .diff import DiffResult, diff
 from .errors import (
     DeviceUnavailableError,
+    FileAccessError,
     FormatError,
     IntegrityError,
     LimitError,
+    MissingFileError,
     TensorCanonError,
     UnsupportedAlgorithmError,
     UnsupportedTypeError,
@@ -29,7 +31,8 @@ from .manifest import VERSION as FORMAT_VERSION
 from .registry import register, unregister
 from .rng import RngRestoreError, RngState  # importing rng registers the generator tags
 from .determinism import DeterminismSettings, seed_everything
-from .data import ResumableSampler, seed_worker
+from .data import ResumableSampler, SamplerStateError, seed_worker
+from .seeded import SeededDataset
 
 __version__ = "0.1.0"
 
@@ -40,6 +43,7 @@ __all__ = [
     "register", "unregister", "Limits", "FORMAT_VERSION",
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
     "UnsupportedTypeError", "DeviceUnavailableError", "UnsupportedAlgorithmError", "UsageError",
+    "FileAccessError", "MissingFileError",
     "RngState", "RngRestoreError", "seed_everything", "DeterminismSettings",
-    "seed_worker", "ResumableSampler",
+    "seed_worker", "ResumableSampler", "SamplerStateError", "SeededDataset",
 ]

@@ -35,7 +35,7 @@ from .. import dtypes, paths
 from ..errors import UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded import layout
-from ..sharded.files import RankFiles
+from ..sharded.files import RankFiles, decode_subtree
 from ..sharded.read import read_tensor
 from ..tree import Decoder
 from .perrank import PerRank
@@ -300,17 +300,8 @@ class _Walk:
 
     def materialize(self, node: Any) -> Any:
         """The checkpoint's value for ``node``, tensors included (read whole and verified)."""
-        probe = Decoder([None] * len(self.infos), self.limits.max_depth, build_objects=False)
-        probe.uses = []
-        probe.used = [True] * len(self.infos)  # a subtree: the whole tree's table order was checked
-        probe.decode(node)
-        values: list[Any] = [None] * len(self.infos)
-        for _, t in probe.uses:
-            if values[t] is None:
-                values[t] = read_tensor(self.index, self.files, t)
-        build = Decoder(values, self.limits.max_depth)
-        build.used = [True] * len(values)
-        return build.decode(node)
+        return decode_subtree(node, len(self.infos), self.limits,
+                              lambda t: read_tensor(self.index, self.files, t))
 
     def _describe(self, node: Any) -> str:
         if type(node) is list and node and type(node[0]) is str:

@@ -334,7 +334,7 @@ def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, d
                 f = opened.get(rank)
                 if f is None:
                     path = os.path.join(folder, layout.rank_file_name(rank, job.world_size, digests[rank]))
-                    f = opened[rank] = RankFile(path, digests[rank], limits)
+                    f = opened[rank] = RankFile.open(path, digests[rank], limits)
                 key = layout.chunk_key(task.name, offsets)
                 views.append(f.raw(f.info(key, lambda: f"chunk {key!r}")))
             h = _digest.tensor_hasher(src.dtype.name, src.shape, job.algorithm)

@@ -6,23 +6,18 @@ built-in, like every tensorcanon error.
 
 from __future__ import annotations
 
-from ..errors import TensorCanonError
+from ..errors import MissingFileError, TensorCanonError
 
 __all__ = ["CheckpointNotFoundError", "ReplicaMismatchError", "CheckpointError"]
 
 
-class CheckpointNotFoundError(TensorCanonError, FileNotFoundError):
+class CheckpointNotFoundError(MissingFileError):
     """A checkpoint directory, its index or one of its rank files does not exist.
 
     A directory without an index is not a checkpoint: the index is written
-    last, so its absence usually means a save was interrupted.
+    last, so its absence usually means a save was interrupted. Also a
+    ``FileNotFoundError`` (through :class:`tensorcanon.errors.MissingFileError`).
     """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-
-    def __str__(self) -> str:  # FileNotFoundError would format (errno, strerror)
-        return str(self.args[0]) if self.args else ""
 
 
 class ReplicaMismatchError(TensorCanonError, ValueError):

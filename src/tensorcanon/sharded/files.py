@@ -1,19 +1,17 @@
-"""Every read of a checkpoint's files goes through this module.
+"""Every read of a checkpoint's files goes through this module, on the library's validated file.
 
-An index or a rank file is first validated by the library's own validated-file
-object (today :func:`tensorcanon.open`: header, manifest and tree, with the
-checks of docs/FORMAT.md §9) before anything in it is used. Tensor bytes are
-then taken from a read-only memory map of the same file, without a copy, and
-hashed against their digest before use (:meth:`RankFile.verified`).
-
-Kept in one place so that the switch to the reader's public validated-file
-object (being factored out of reader.py/lazy.py) is a change here only.
+An index or a rank file is a :class:`tensorcanon.reader.CheckedFile`: its header,
+manifest and tree pass every check of docs/FORMAT.md §9 before anything in it
+is used. A rank file is opened over a read-only memory map and extends
+CheckedFile with what a distributed reader needs: a chunk's bytes in place
+(no copy), hashed against their digest before their first use, and a
+per-rank value decoded on its own.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
+import contextlib
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -21,10 +19,10 @@ import torch
 
 from .. import digest as _digest
 from .. import reader
-from ..errors import FormatError, IntegrityError, TensorCanonError
-from ..lazy import LazyFile
+from ..errors import FormatError, IntegrityError, MissingFileError, TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..manifest import TensorInfo
+from ..source import opened
 from ..tree import Decoder
 from .errors import CheckpointNotFoundError
 
@@ -43,172 +41,140 @@ def with_context(e: TensorCanonError, prefix: str) -> TensorCanonError:
     return out
 
 
-def _validated(path: str, limits: Limits):
-    """``(header, manifest)`` of a tensorcanon file, validated by the library's file object."""
-    lf = LazyFile(path, verify=True, limits=limits)
-    try:
-        if lf.manifest is None:
-            raise FormatError("is a plain safetensors file, not a tensorcanon file")
-        return lf.header, lf.manifest
-    finally:
-        lf.close()
-
-
 def read_index_file(path: str, limits: Limits = DEFAULT) -> tuple[Any, str, str]:
     """``(object, file digest, algorithm)`` of an index file. An index holds no tensors
     (everything is in its manifest), so decoding it reads no data."""
-    header, m = _validated(path, limits)
-    if m.tensors:
-        raise FormatError("an index holds no tensors, but this file holds "
-                          f"{len(m.tensors)} (is it a rank file?)")
-    return reader.decode_tree(m, limits, values=[]), m.text(), m.algorithm
+    with reader.open_file(path, limits) as cf:
+        if not cf.is_tensorcanon:
+            raise FormatError("is a plain safetensors file, not a tensorcanon index")
+        if cf.rows:
+            raise FormatError(f"an index holds no tensors, but this file holds {len(cf.rows)} (is it a rank file?)")
+        return cf.load(), cf.digest, cf.algorithm
 
 
-class RankFile:
-    """A validated rank file whose tensors are read without a copy from a memory map.
+class RankFile(reader.CheckedFile):
+    """A validated rank file whose tensors are used in place, from a memory map.
 
-    ``expected`` is the file digest the index records: a file with another digest
-    (replaced, edited, from another save) is refused before any tensor is used.
-    Chunks are addressed by their key in the file's flat dict.
+    Open with :meth:`open`. ``expected`` is the file digest the index records: a
+    file with another digest (replaced, edited, from another save) is refused
+    before any tensor is used. Chunks are addressed by their key in the file's
+    flat dict.
     """
 
-    def __init__(self, path: str, expected: str | None = None, limits: Limits = DEFAULT) -> None:
-        self.path = path
-        self._mm: mmap.mmap | None = None
-        self._verified: set[int] = set()
+    @classmethod
+    def open(cls, path: str, expected: str | None = None, limits: Limits = DEFAULT) -> "RankFile":
+        stack = contextlib.ExitStack()
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+            f = cls(stack.enter_context(opened(path, use_mmap=True)), limits, closer=stack)
+            if not f.is_tensorcanon:
+                raise FormatError("is a plain safetensors file, not a tensorcanon rank file")
+            f.check_tree()
+        except MissingFileError:
+            stack.close()
             raise CheckpointNotFoundError(
-                f"rank file {path} is missing: the checkpoint is incomplete, or a newer save "
-                "replaced it while it was being read"
-            ) from None
-        try:
-            self.header, self.manifest = _validated(path, limits)
-            size = os.fstat(fd).st_size
-            start = self.header.data_start
-            if size != start + self.header.data_size:
-                raise FormatError(f"{path} changed while it was being opened")
-            if size:
-                # ACCESS_COPY: a private mapping whose pages are shared with the page cache until
-                # written (never, here); torch accepts its writable buffer without a warning.
-                self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
-                if self._mm[: len(self.header.raw)] != self.header.raw:
-                    raise FormatError(f"{path} changed while it was being opened")
+                f"rank file {path} is missing: the checkpoint is incomplete, or a newer save replaced it "
+                "while it was being read", filename=path) from None
         except TensorCanonError as e:
-            self.close()
+            stack.close()
             raise with_context(e, f"rank file {path}: ") from None
-        finally:
-            os.close(fd)
-        self.digest = self.manifest.text()
-        if expected is not None and self.digest != expected:
-            self.close()
+        except BaseException:
+            stack.close()
+            raise
+        f.path = path
+        f._verified = set()
+        if expected is not None and f.digest != expected:
+            f.close()
             raise IntegrityError(
-                f"rank file {path} has digest {self.digest} but the index records {expected}: it "
-                "was replaced or edited after the checkpoint was saved",
-                expected=expected, actual=self.digest,
-            )
-        root = self.manifest.root
-        # The root is a flat dict (validated tree): key -> ["tensor", i] for chunks.
-        self._index: dict[str, Any] = {}
-        if type(root) is list and root and root[0] == "dict":
-            for i in range(1, len(root) - 1, 2):
-                self._index[root[i]] = root[i + 1]
+                f"rank file {path} has digest {f.digest} but the index records {expected}: it was "
+                "replaced or edited after the checkpoint was saved", expected=expected, actual=f.digest)
+        root = f.manifest.root  # a flat dict (the tree was checked): key -> node
+        f._keys = {root[i]: root[i + 1] for i in range(1, len(root) - 1, 2)} if root[0] == "dict" else {}
+        return f
 
     # ------------------------------------------------------------------ contents
     def keys(self) -> list:
         """The keys of the file's flat dict, in canonical order."""
-        return list(self._index)
+        return list(self._keys)
 
     def info(self, key: str, what: Callable[[], str]) -> TensorInfo:
         """The table row of the tensor stored under ``key``; ``what()`` names it in errors."""
-        node = self._index.get(key)
+        node = self._keys.get(key)
         if type(node) is not list or len(node) != 2 or node[0] != "tensor":
             raise FormatError(f"rank file {self.path} holds no tensor {key!r}, needed for {what()}")
-        return self.manifest.tensors[node[1]]
+        return self.rows[node[1]]
 
     def raw(self, info: TensorInfo) -> memoryview:
-        """The stored bytes of a tensor, not verified (see :meth:`verified`)."""
+        """The stored bytes of a tensor, in place and not verified (see :meth:`verified`)."""
         if not info.nbytes:
             return memoryview(b"")
-        start = self.header.data_start + info.begin
-        return memoryview(self._mm)[start : start + info.nbytes]
+        view = self.src.view(self.data_start + info.begin, info.nbytes)
+        if view is None:  # the file shrank under the map: the header check saw its old size
+            raise FormatError(f"rank file {self.path} is shorter than its header says (it changed while open)")
+        return view
 
     def verified(self, info: TensorInfo, what: Callable[[], str]) -> memoryview:
         """The stored bytes of a tensor, hashed against its digest the first time."""
         view = self.raw(info)
         if info.index not in self._verified:
-            h = _digest.tensor_hasher(info.dtype.name, info.shape, self.manifest.algorithm)
+            h = _digest.tensor_hasher(info.dtype.name, info.shape, self.algorithm)
             h.update(view)
             actual = h.digest()
             if actual != info.digest:
-                recorded, computed = self.manifest.text(info.digest), self.manifest.text(actual)
+                recorded, computed = self.digest_text(info.digest), self.digest_text(actual)
                 raise IntegrityError(
                     f"{what()} does not match its digest in rank file {self.path} (stored as "
                     f"{info.name!r}): recorded {recorded}, computed {computed}; the file is damaged",
-                    path=info.name, expected=recorded, actual=computed,
-                )
+                    path=info.name, expected=recorded, actual=computed)
             if info.dtype.name == "bool" and len(view) and np.frombuffer(view, np.uint8).max() > 1:
-                raise FormatError(f"{what()} is bool but holds a byte other than 0 or 1 "
-                                  f"(rank file {self.path})")
+                raise FormatError(f"{what()} is bool but holds a byte other than 0 or 1 (rank file {self.path})")
             self._verified.add(info.index)
         return view
 
     def tensor(self, info: TensorInfo, what: Callable[[], str]) -> torch.Tensor:
         """A verified tensor of the stored dtype and shape that *views* the map (no copy).
 
-        Read from it only; it is valid until :meth:`close`.
+        Read from it only (the map is read-only); it is valid until :meth:`close`.
         """
         view = self.verified(info, what)
         t = info.dtype.torch
         if not len(view):
             return torch.empty(info.shape, dtype=t)
-        return torch.frombuffer(view, dtype=torch.uint8).view(t).reshape(info.shape)
+        with warnings.catch_warnings():  # "not writable": we only ever read from it
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(view, dtype=torch.uint8)
+        return flat.view(t).reshape(info.shape)
 
     def value(self, key: str, limits: Limits = DEFAULT) -> Any:
         """The value stored under ``key`` (any tree, e.g. a per-rank value), copied and verified."""
-        node = self._index.get(key)
-        if node is None:
+        node = self._keys.get(key)
+        if key not in self._keys:
             raise FormatError(f"rank file {self.path} holds no value {key!r}")
-        decoder = Decoder([None] * len(self.manifest.tensors), limits.max_depth, build_objects=False)
-        decoder.uses = []
-        decoder.used = [True] * len(decoder.used)  # a subtree: the whole tree's table order was checked
-        decoder.decode(node)
-        values: list[Any] = [None] * len(self.manifest.tensors)
-        for _, i in decoder.uses:
-            if values[i] is None:
-                info = self.manifest.tensors[i]
-                data = self.verified(info, lambda: f"tensor {info.name!r} of {key!r}")
-                buf, mv = _fresh(info)
-                mv[:] = data
-                from ..tensorbytes import finish
+        return decode_subtree(node, len(self.rows), limits, lambda i: self.read(i))
 
-                value = finish(buf, info.dtype, info.shape, info.kind, info.name)
-                values[i] = reader.as_recorded(value, info, None, lambda: info.name)
-        build = Decoder(values, limits.max_depth)
-        build.used = [True] * len(values)
-        return build.decode(node)
-
-    # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:  # a tensor still views the map: let the GC unmap it later
-                pass
-            self._mm = None
-
-    def __enter__(self) -> "RankFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        try:
+            super().close()
+        except BufferError:  # a tensor still views the map: the map is unmapped when it goes
+            pass
 
 
-def _fresh(info: TensorInfo):
-    from ..tensorbytes import empty_buffer
+def decode_subtree(node: Any, n_tensors: int, limits: Limits, read: Callable[[int], Any]) -> Any:
+    """Decode one node of an already validated tree, reading only the tensors it uses.
 
-    return empty_buffer(info.nbytes, info.kind)
+    (The whole tree's structure and table order were checked when its file was
+    opened; a subtree may use tensors in any order.)
+    """
+    probe = Decoder([None] * n_tensors, limits.max_depth, build_objects=False)
+    probe.uses = []
+    probe.used = [True] * n_tensors
+    probe.decode(node)
+    values: list[Any] = [None] * n_tensors
+    for _, i in probe.uses:
+        if values[i] is None:
+            values[i] = read(i)
+    build = Decoder(values, limits.max_depth)
+    build.used = [True] * n_tensors
+    return build.decode(node)
 
 
 class RankFiles:
@@ -223,7 +189,7 @@ class RankFiles:
         f = self._open.get(rank)
         if f is None:
             try:
-                f = RankFile(self.index.file_path(rank), self.index.files[rank], self.limits)
+                f = RankFile.open(self.index.file_path(rank), self.index.files[rank], self.limits)
             except TensorCanonError as e:
                 raise with_context(e, self._holds(rank)) from None
             self._open[rank] = f

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import digest as _digest
-from .. import container, manifest, reader
+from .. import container, manifest
 from ..errors import FormatError, TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..ordering import UnorderableKey, sort_key
-from ..tree import tensor_names
+from ..tree import Decoder, tensor_names
 from . import files, tiling
 from .errors import CheckpointNotFoundError
 
@@ -155,7 +155,7 @@ def is_checkpoint(folder: str | os.PathLike) -> bool:
 def missing(folder: str) -> TensorCanonError:
     """The error for a directory that is not (or not yet) a checkpoint."""
     if not os.path.exists(folder):
-        return CheckpointNotFoundError(f"checkpoint directory {folder!r} does not exist")
+        return CheckpointNotFoundError(f"checkpoint directory {folder!r} does not exist", filename=folder)
     if not os.path.isdir(folder):
         return FormatError(f"{folder!r} is a file, not a sharded checkpoint directory")
     hint = ""
@@ -164,7 +164,8 @@ def missing(folder: str) -> TensorCanonError:
                 "tensorcanon does not read (its metadata is a pickle).")
     return CheckpointNotFoundError(
         f"{folder!r} holds no {INDEX_NAME}, so it is not a complete tensorcanon checkpoint: the "
-        f"index is written last, after every rank file, so an interrupted save leaves none.{hint}"
+        f"index is written last, after every rank file, so an interrupted save leaves none.{hint}",
+        filename=index_path(folder),
     )
 
 
@@ -207,7 +208,7 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
         place(infos)
         logical = manifest.Manifest(raw=raw, root=obj["root"], meta=None, tensors=infos,
                                     digest=_digest.manifest_digest(raw, algorithm), algorithm=algorithm)
-        reader.decode_tree(logical, limits)  # the tree's structure, the table's order and names
+        _check_tree(logical, limits)  # the tree's structure, the table's order and names
     except TensorCanonError as e:
         raise files.with_context(e, f"{where}: logical manifest: ") from None
     if own_algorithm != algorithm:
@@ -262,6 +263,16 @@ def place(infos: list[manifest.TensorInfo]) -> int:
         info.begin, info.end = position, position + n
         position += n
     return position
+
+
+def _check_tree(m: manifest.Manifest, limits: Limits) -> None:
+    """The checks a reader makes on a file's tree (docs/FORMAT.md §6, §9.2 step 9), building nothing."""
+    decoder = Decoder([None] * len(m.tensors), limits.max_depth, build_objects=False)
+    try:
+        decoder.decode(m.root)
+    except RecursionError:
+        raise FormatError("the object tree is nested deeper than Python's recursion limit allows") from None
+    decoder.check_table([info.name for info in m.tensors])
 
 
 def _int_list(v: Any, n: int) -> bool:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from .. import container, digest, dtypes, manifest, reader, tensorbytes, writer
+from .. import container, digest, dtypes, manifest, placement, tensorbytes, writer
 from ..errors import FormatError, IntegrityError, TensorCanonError
 from ..limits import DEFAULT, Limits
+from ..tree import Decoder
 from . import layout, tiling
 from .files import RankFiles, with_context
 
@@ -106,7 +107,7 @@ def read_tensor(index: layout.Index, files: RankFiles, t: int, map_location: Any
 
     stream(index, files, t, copy)
     value = tensorbytes.finish(buf, info.dtype, info.shape, info.kind, info.name)
-    return reader.as_recorded(value, info, map_location, lambda: info.name)
+    return placement.as_recorded(value, info, map_location, lambda: info.name)
 
 
 def _open(folder, limits: Limits) -> layout.Index:
@@ -132,8 +133,10 @@ def load_unsharded(folder: str | os.PathLike, *, rank: int | None = None, map_lo
 
         raise UsageError(f"rank must be an int in [0, {index.world_size}) for this checkpoint, not {rank!r}")
     with RankFiles(index, limits) as files:
+        if map_location is not None:
+            placement.check_all(index.logical.tensors, map_location, lambda t: index.describe(t))
         values = [read_tensor(index, files, t, map_location) for t in range(len(index.logical.tensors))]
-        root = reader.decode_tree(index.logical, limits, values)
+        root = Decoder(values, limits.max_depth).decode(index.logical.root)
         if rank is not None and index.per_rank:
             f = files.get(rank)
             for path, key in zip(index.per_rank, index.per_rank_keys):
