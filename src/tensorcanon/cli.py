@@ -1,6 +1,8 @@
 """The ``tensorcanon`` command line (also ``python -m tensorcanon``).
 
-Commands: hash, verify, inspect, diff, lock, check, convert, repro. Output is
+Commands: hash, verify, inspect, diff, lock, check, convert, consolidate, repro.
+Every command that reads a file also accepts a sharded checkpoint directory
+(tensorcanon.dcp), which it treats as its logical content. Output is
 for people by default and JSON with ``--json``. Exit codes, for CI:
 
 - 0: everything is as expected;
@@ -151,7 +153,7 @@ def cmd_hash(args, out: _Out) -> int:
         finally:
             out.close_bars()
         results.append({"path": path, "status": "ok", "digest": d, "format": fmt,
-                        "verified": bool(args.verify or fmt != "tensorcanon")})
+                        "verified": bool(args.verify or fmt not in ("tensorcanon", "tensorcanon-sharded"))})
         out.line(f"{d}  {path}")
     out.json({"files": results})
     return code
@@ -163,17 +165,22 @@ def cmd_verify(args, out: _Out) -> int:
     code, results = EXIT_OK, []
     for path in args.files:
         try:
-            fmt = detect_format(path)
-            if fmt != "tensorcanon":
-                raise FormatError(
-                    f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; `tensorcanon hash` "
-                    "gives its content digest, `tensorcanon convert` makes a tensorcanon file of it"
-                )
-            with open_path(path) as fh:
-                wrap = out.wrap("verify")
-                f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
-                with reader.open_file(f, DEFAULT) as cf:
-                    found = cf.verify()
+            if os.path.isdir(path):  # a sharded checkpoint: its index, every file, every chunk
+                from .sharded import verify as verify_checkpoint
+
+                found = verify_checkpoint(path)
+            else:
+                fmt = detect_format(path)
+                if fmt != "tensorcanon":
+                    raise FormatError(
+                        f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; `tensorcanon hash` "
+                        "gives its content digest, `tensorcanon convert` makes a tensorcanon file of it"
+                    )
+                with open_path(path) as fh:
+                    wrap = out.wrap("verify")
+                    f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
+                    with reader.open_file(f, DEFAULT) as cf:
+                        found = cf.verify()
         except IntegrityError as e:
             code = max(code, EXIT_DIFFERENT)
             results.append({"path": path, "status": "corrupt", "tensor": e.path, "error": str(e)})
@@ -242,11 +249,21 @@ def _short_repr(v: Any, limit: int = 60) -> str:
 
 def cmd_inspect(args, out: _Out) -> int:
     path = args.file
+    sharded = None
     try:
-        fmt = detect_format(path)
-        size = os.path.getsize(path)
         metadata, algorithm, version = None, digest.DEFAULT, manifest.VERSION
-        if fmt == "tensorcanon":
+        if os.path.isdir(path):  # a sharded checkpoint: its logical tree, and how it is laid out
+            from .sharded import tools
+
+            sharded = tools.describe(path)
+            fmt, size = tools.FORMAT_NAME, sharded["size"]
+        else:
+            fmt = detect_format(path)
+            size = os.path.getsize(path)
+        if sharded is not None:
+            root, table, file_digest, algorithm = (sharded["root"], sharded["table"], sharded["digest"],
+                                                   sharded["algorithm"])
+        elif fmt == "tensorcanon":
             with reader.open_file(path, DEFAULT) as cf:
                 cf.check_tree()
                 m = cf.manifest
@@ -277,13 +294,23 @@ def cmd_inspect(args, out: _Out) -> int:
     }
     fmt_text = f"tensorcanon (format version {version})" if fmt == "tensorcanon" else \
         f"{fmt} (no tensorcanon manifest: digests are those tensorcanon convert would record)"
+    layout_info = None
+    if sharded is not None:
+        fmt_text = (f"sharded checkpoint, {sharded['world_size']} rank file(s); digest and entries are "
+                    "its logical content (the same for every world size)")
+        layout_info = {"world_size": sharded["world_size"], "files": sharded["files"],
+                       "chunks": sharded["chunks"], "per_rank": sharded["per_rank"]}
     out.json({"file": path, "format": fmt, "digest": file_digest, "metadata": _jsonable(metadata),
-              "entries": rows, "totals": totals})
+              "entries": rows, "totals": totals, **({"layout": layout_info} if layout_info else {})})
     if out.as_json:
         return EXIT_OK
     out.line(f"file:     {path}")
     out.line(f"format:   {fmt_text}")
     out.line(f"digest:   {file_digest}")
+    if layout_info:
+        split = sum(1 for cs in layout_info["chunks"].values() if len(cs) > 1)
+        out.line(f"layout:   {split} of {len(layout_info['chunks'])} tensors split into chunks; "
+                 f"per-rank values at {', '.join(map(str, layout_info['per_rank'])) or 'none'}")
     if metadata is not None:
         out.line(f"metadata: {_short_repr(metadata, 200)}")
     out.line()
@@ -320,6 +347,11 @@ def cmd_diff(args, out: _Out) -> int:
     loaded = []
     for path in (args.a, args.b):
         try:
+            if os.path.isdir(path):  # a sharded checkpoint: compared by its logical content
+                from .sharded import tools
+
+                loaded.append(tools.loaded(path))
+                continue
             loaded.append(load_file(path, wrap=out.wrap("read")))
         except _READ_ERRORS as e:
             out.error(_message(e, path))
@@ -627,6 +659,27 @@ def _report_repro(args, out: _Out, runs, kept) -> int:
     return EXIT_DIFFERENT
 
 
+# --------------------------------------------------------------------------- consolidate
+
+
+def cmd_consolidate(args, out: _Out) -> int:
+    from .sharded import consolidate
+
+    try:
+        found = consolidate(args.dir, args.output)
+    except IntegrityError as e:
+        out.error(_message(e, args.dir))
+        out.json({"dir": args.dir, "output": args.output, "status": "corrupt", "error": str(e)})
+        return EXIT_DIFFERENT
+    except _READ_ERRORS as e:
+        out.error(_message(e, args.dir))
+        out.json({"dir": args.dir, "output": args.output, "status": "error", "error": _message(e)})
+        return EXIT_ERROR
+    out.json({"dir": args.dir, "output": args.output, "status": "ok", "digest": found})
+    out.line(f"wrote {args.output}  {found}")
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -702,6 +755,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="digest algorithm recorded in tensorcanon output (default: a tensorcanon input's own, "
                         f"else {digest.DEFAULT}; sha256 for tamper-evidence); implies --to tensorcanon")
     p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("consolidate", parents=[common],
+                       help="write a sharded checkpoint directory as one tensorcanon file")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("output", metavar="OUT")
+    p.set_defaults(func=cmd_consolidate)
 
     p = sub.add_parser("repro", parents=[common], help="run a command several times and compare what it writes",
                        usage=f"{PROG} repro [-h] [--json] [--runs N] --out PATH [PATH ...] -- CMD ...")

@@ -17,7 +17,9 @@ The digest is the file's content digest: for a tensorcanon file the digest
 it records (re-hashed to be sure); for a plain safetensors, ``.pt``, ``.npz``
 or ``.npy`` file the digest tensorcanon would give its content
 (:func:`tensorcanon.fingerprint` of what it loads), which is also the digest
-of ``tensorcanon convert`` output.
+of ``tensorcanon convert`` output. A sharded checkpoint directory
+(tensorcanon.dcp) is one entry: its logical digest, and the size of its
+consolidated file, both independent of the world size it was saved with.
 
 The lockfile version says which file-format version those computed digests
 use: a version-1 lockfile (written before format version 2) holds format-1
@@ -102,6 +104,10 @@ def content_digest(path: str | os.PathLike, *, verify: bool = True, wrap: Wrap |
     from .source import open_path
 
     path = os.fspath(path)
+    if os.path.isdir(path):  # a sharded checkpoint: its logical digest
+        from .sharded import tools
+
+        return tools.content_digest(path, verify=verify, limits=limits), tools.FORMAT_NAME
     fmt = detect_format(path)
     if fmt == "tensorcanon":
         with open_path(path) as fh:
@@ -127,15 +133,17 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
     skip = os.path.abspath(exclude) if exclude else None
     for pattern in patterns:
         if _has_magic(pattern):
-            matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)]
+            matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m) or _checkpoint(m)]
             if not matches:
                 raise MissingFileError(f"no file matches {pattern!r}", filename=pattern)
         elif os.path.isdir(pattern):
-            matches = [
-                os.path.join(root, name)
-                for root, _, names in os.walk(pattern)
-                for name in names if name.lower().endswith(SUFFIXES)
-            ]
+            matches = []
+            for root, dirs, names in os.walk(pattern):
+                if _checkpoint(root):  # a sharded checkpoint is one entry, not its files
+                    matches.append(root)
+                    dirs[:] = []
+                    continue
+                matches.extend(os.path.join(root, name) for name in names if name.lower().endswith(SUFFIXES))
             if not matches:
                 raise MissingFileError(f"folder {pattern!r} holds no {'/'.join(SUFFIXES)} files", filename=pattern)
         elif os.path.isfile(pattern):
@@ -145,6 +153,22 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
         found.update(os.path.abspath(m) for m in matches)
     found.discard(skip)
     return sorted(found)
+
+
+def _checkpoint(path: str) -> bool:
+    """A sharded checkpoint directory (tensorcanon.dcp): locked as one entry."""
+    from .sharded import tools
+
+    return tools.is_checkpoint(path)
+
+
+def _size(path: str, limits: Limits = DEFAULT) -> int:
+    """A file's size; for a checkpoint directory, the size of its consolidated file."""
+    if os.path.isdir(path):
+        from .sharded import tools
+
+        return tools.consolidated_size(path, limits)
+    return os.path.getsize(path)
 
 
 def _relative(path: str, base: str) -> str:
@@ -166,7 +190,7 @@ def make_lock(patterns: Iterable[str], lock_path: str | os.PathLike, *, wrap: Wr
             d, _ = content_digest(path, wrap=wrap, limits=limits)
         except TensorCanonError as e:  # a file that cannot be locked: say which
             raise FormatError(f"cannot lock {rel}: {e}") from e
-        entries.append(LockEntry(rel, d, os.path.getsize(path)))
+        entries.append(LockEntry(rel, d, _size(path, limits)))
     return sorted(entries, key=lambda e: e.path.encode("utf-8"))
 
 
@@ -245,11 +269,12 @@ def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
     version, entries = _read(lock_path)
     for entry in entries:
         path = os.path.join(base, *entry.path.split("/"))
-        if not os.path.isfile(path):
+        if not (os.path.isfile(path) or os.path.isdir(path)):
             results.append(CheckResult(entry, "missing", message="file not found"))
             continue
-        size = os.path.getsize(path)
+        size = os.path.getsize(path) if os.path.isfile(path) else None
         try:
+            size = _size(path, limits)
             found, _ = content_digest(path, wrap=wrap, limits=limits, format_version=FORMAT_OF[version])
         except (TensorCanonError, OSError) as e:
             status = "corrupt" if isinstance(e, IntegrityError) else "unreadable"

@@ -215,6 +215,68 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
         raise _bad("is not valid base64") from None
     if base64.b64encode(raw).decode("ascii") != text:  # e.g. "AS==" decodes like "AQ=="
         raise _bad("base64 is not in canonical form (non-zero padding bits)")
+    obj, algorithm = unpack(raw)
+    version = obj["version"]
+
+    recorded = meta.get(KEY_DIGEST)
+    if not digest.is_text(recorded):
+        raise _bad(f"__metadata__[{KEY_DIGEST!r}] is missing or malformed")
+    recorded_algorithm, recorded_raw = digest.parse_text(recorded)
+    if recorded_algorithm != algorithm:
+        raise _bad(
+            f"__metadata__[{KEY_DIGEST!r}] is a {recorded_algorithm} digest but the manifest "
+            f"says the file uses {algorithm}"
+        )
+    actual = digest.manifest_digest(raw, algorithm)
+    if recorded_raw != actual:
+        raise IntegrityError(
+            f"the manifest does not match the file digest: recorded {recorded}, "
+            f"computed {digest.to_text(actual, algorithm)}; the file is damaged",
+            expected=recorded, actual=digest.to_text(actual, algorithm),
+        )
+
+    infos = read_table(obj["tensors"], algorithm, limits)
+    by_name = {e.name: e for e in header.entries}
+    for info in infos:
+        entry = by_name.get(info.name)
+        if entry is None:
+            raise _bad(f"tensor {info.name!r} is not in the header")
+        want = dtypes.header_shape(info.dtype, info.shape)
+        if entry.dtype != info.dtype.st or list(entry.shape) != want:
+            raise _bad(
+                f"tensor {info.name!r} is {info.dtype.name}{list(info.shape)} here but the header says "
+                f"{entry.dtype}{list(entry.shape)}"
+            )
+        info.begin, info.end = entry.begin, entry.end
+    if KEY_DEVICES in meta:
+        _parse_devices(meta[KEY_DEVICES], infos)
+    if KEY_MEMORY_FORMATS in meta:
+        if version < 2:
+            raise _bad(f"__metadata__[{KEY_MEMORY_FORMATS!r}] is a format-2 key, in a version-1 file")
+        _parse_memory_formats(meta[KEY_MEMORY_FORMATS], infos)
+    if len(infos) != len(by_name):
+        extra = sorted(set(by_name) - {i.name for i in infos})[:3]
+        raise _bad(f"the header holds tensors the manifest does not list: {extra}")
+
+    expected = container.build(_canonical_entries(infos), header.metadata)
+    if expected != header.raw:
+        raise FormatError(
+            "header is not in canonical form (tensor order, offsets, key order, spacing or "
+            "__metadata__ keys differ from what tensorcanon writes)", offset=container.LENGTH_SIZE,
+        )
+    return Manifest(raw=raw, root=obj["root"], meta=obj["meta"], tensors=infos, digest=actual,
+                    algorithm=algorithm, version=version)
+
+
+def unpack(raw: bytes) -> tuple[dict, str]:
+    """Decode manifest bytes: ``(top-level map, algorithm)``, or raise.
+
+    Checks the canonical msgpack encoding (decode, re-encode, compare), the
+    top-level keys, the version and the digest algorithm: everything about the
+    bytes that does not need a file around them (§9.2 steps 3 and 4). Also used
+    for manifests kept outside a file (the logical manifest of a sharded
+    checkpoint, tensorcanon.sharded).
+    """
     try:
         obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
     except Exception as e:  # msgpack raises many types for bad input
@@ -240,30 +302,15 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
             f"digest algorithm {paths.show(algorithm)} is not supported (this tensorcanon knows "
             f"{sorted(digest.ALGORITHMS)}); upgrade tensorcanon if the file is newer"
         )
+    return obj, algorithm
 
-    recorded = meta.get(KEY_DIGEST)
-    if not digest.is_text(recorded):
-        raise _bad(f"__metadata__[{KEY_DIGEST!r}] is missing or malformed")
-    recorded_algorithm, recorded_raw = digest.parse_text(recorded)
-    if recorded_algorithm != algorithm:
-        raise _bad(
-            f"__metadata__[{KEY_DIGEST!r}] is a {recorded_algorithm} digest but the manifest "
-            f"says the file uses {algorithm}"
-        )
-    actual = digest.manifest_digest(raw, algorithm)
-    if recorded_raw != actual:
-        raise IntegrityError(
-            f"the manifest does not match the file digest: recorded {recorded}, "
-            f"computed {digest.to_text(actual, algorithm)}; the file is damaged",
-            expected=recorded, actual=digest.to_text(actual, algorithm),
-        )
 
-    table = obj["tensors"]
+def read_table(table: Any, algorithm: str, limits: Limits) -> list[TensorInfo]:
+    """Validate a manifest's tensor table (rows, dtypes, kinds, digest sizes, unique names)."""
     if type(table) is not list:
         raise _bad("'tensors' must be a list")
     if len(table) > limits.max_tensors:
         raise LimitError(f"manifest lists {len(table)} tensors, over max_tensors={limits.max_tensors}", limit="max_tensors")
-    by_name = {e.name: e for e in header.entries}
     infos: list[TensorInfo] = []
     seen: set[str] = set()
     for i, row in enumerate(table):
@@ -271,35 +318,8 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
         if info.name in seen:
             raise _bad(f"tensor name {info.name!r} appears twice")
         seen.add(info.name)
-        entry = by_name.get(info.name)
-        if entry is None:
-            raise _bad(f"tensor {info.name!r} is not in the header")
-        want = dtypes.header_shape(info.dtype, info.shape)
-        if entry.dtype != info.dtype.st or list(entry.shape) != want:
-            raise _bad(
-                f"tensor {info.name!r} is {info.dtype.name}{list(info.shape)} here but the header says "
-                f"{entry.dtype}{list(entry.shape)}"
-            )
-        info.begin, info.end = entry.begin, entry.end
         infos.append(info)
-    if KEY_DEVICES in meta:
-        _parse_devices(meta[KEY_DEVICES], infos)
-    if KEY_MEMORY_FORMATS in meta:
-        if version < 2:
-            raise _bad(f"__metadata__[{KEY_MEMORY_FORMATS!r}] is a format-2 key, in a version-1 file")
-        _parse_memory_formats(meta[KEY_MEMORY_FORMATS], infos)
-    if len(seen) != len(by_name):
-        extra = sorted(set(by_name) - seen)[:3]
-        raise _bad(f"the header holds tensors the manifest does not list: {extra}")
-
-    expected = container.build(_canonical_entries(infos), header.metadata)
-    if expected != header.raw:
-        raise FormatError(
-            "header is not in canonical form (tensor order, offsets, key order, spacing or "
-            "__metadata__ keys differ from what tensorcanon writes)", offset=container.LENGTH_SIZE,
-        )
-    return Manifest(raw=raw, root=obj["root"], meta=obj["meta"], tensors=infos, digest=actual,
-                    algorithm=algorithm, version=version)
+    return infos
 
 
 def _canonical_entries(infos) -> list[container.Entry]:

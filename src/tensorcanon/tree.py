@@ -180,6 +180,25 @@ class Encoder:
         return ["np.scalar", row.name, np.asarray(v).astype(row.numpy).tobytes()]
 
     # -- tensors
+    def add_tensor(self, value: Any, *, kind: str, dtype: dtypes.DType, shape: tuple[int, ...],
+                   requires_grad: bool = False, device: str = "cpu", view_key: Any = None) -> list:
+        """Record a tensor described by its metadata alone and return its ``["tensor", i]`` node.
+
+        The hook for subclasses that encode tensor types this module does not know:
+        tensorcanon.dcp plans the unsharded state of a DTensor from its global dtype
+        and shape, without its data. The same object (by ``id``), or one with an equal
+        ``view_key`` (not None), gets the index it got first, as tied tensors do.
+        """
+        idx = self._by_id.get(id(value))
+        if idx is not None:
+            return ["tensor", idx]
+        return self._add_tensor(value, view_key, kind=kind, dtype=dtype, shape=tuple(shape),
+                                device=device, requires_grad=requires_grad)
+
+    def current_path(self) -> tuple:
+        """The path (keys and indices from the root) of the value being encoded."""
+        return tuple(self._path)
+
     def _add_tensor(self, value, view_key, **fields) -> list:
         if view_key is not None:
             idx = self._by_view.get(view_key)

@@ -98,13 +98,19 @@ def _splice(header: bytes, old: dict, new: dict) -> bytes | None:
 
 
 def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: str = digest.DEFAULT,
-         *, version: int = manifest.VERSION) -> Plan:
-    """Encode ``obj`` and lay out its file. ``version`` other than the current one is only for
-    computing what an older format recorded (lockfiles of format-1 fingerprints)."""
+         *, version: int = manifest.VERSION, encoder: Encoder | None = None) -> Plan:
+    """Encode ``obj`` and lay out its file, reading no tensor data.
+
+    ``version`` other than the current one is only for computing what an older
+    format recorded (lockfiles of format-1 fingerprints). ``encoder`` (default: a
+    plain :class:`~tensorcanon.tree.Encoder`) may be a subclass that encodes more
+    types; tensorcanon.dcp passes one that plans each DTensor as the full tensor
+    it stands for, so the plan is that of the unsharded state.
+    """
     algorithm = digest.check(algorithm)  # before any work: an unknown name fails fast
     if version not in manifest.READABLE_VERSIONS:
         raise ValueError(f"format version {version} is not one this tensorcanon knows")
-    enc = Encoder(limits.max_depth)
+    enc = encoder if encoder is not None else Encoder(limits.max_depth)
     try:
         root = enc.encode(obj)
     except RecursionError:
