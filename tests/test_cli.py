@@ -55,11 +55,16 @@ def test_python_dash_m_matches_golden(inputs, name, argv):
     assert proc.stderr.rstrip("\n") == stderr
 
 
+def _console_command() -> list:
+    """The ``tensorcanon`` script installed beside this interpreter (not whichever one PATH finds
+    first), or ``python -m tensorcanon`` where it has none (an install without scripts): both
+    run tensorcanon.cli:main. The built wheel's script is tested by .ci/smoke_wheel.py."""
+    script = os.path.join(os.path.dirname(sys.executable), "tensorcanon")
+    return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "tensorcanon"]
+
+
 def test_console_script_matches_golden(inputs):
-    script = shutil.which("tensorcanon")
-    if script is None:
-        pytest.skip("the tensorcanon script is not installed (pip install -e .)")
-    proc = subprocess.run([script, "check", "bad.lock"], cwd=inputs, capture_output=True, text=True)
+    proc = subprocess.run([*_console_command(), "check", "bad.lock"], cwd=inputs, capture_output=True, text=True)
     code, stdout, stderr = _golden_parts("check_failures")
     assert (proc.returncode, proc.stdout.rstrip("\n"), proc.stderr.rstrip("\n")) == (code, stdout.rstrip("\n"), stderr)
 
@@ -138,7 +143,7 @@ def test_lockfile_paths_are_relative_to_the_lockfile_and_may_hold_spaces(tmp_pat
     assert code == 0, err
     text = (locks / "t.lock").read_text()
     lines = text.splitlines()
-    assert lines[0] == "tensorcanon-lock 1"
+    assert lines[0] == "tensorcanon-lock 2"
     assert [line.split(" ", 2)[2] for line in lines[1:]] == ["../data dir/c.safetensors", "../data dir/sub/a b.safetensors"]
     assert run(["check", "locks/t.lock"], tmp_path)[0] == 0
     # A change of one file is one changed line, and check names it.
@@ -150,8 +155,8 @@ def test_lockfile_paths_are_relative_to_the_lockfile_and_may_hold_spaces(tmp_pat
 
 
 def test_lockfile_rejects_other_versions_and_duplicates():
-    with pytest.raises(FormatError, match="version '2' is not supported"):
-        lockfile.parse_lock("tensorcanon-lock 2\n")
+    with pytest.raises(FormatError, match="version '3' is not supported"):
+        lockfile.parse_lock("tensorcanon-lock 3\n")
     line = "xxh3-128:" + "0" * 32 + " 4 a.safetensors"
     with pytest.raises(FormatError, match="line 3: 'a.safetensors' is listed twice"):
         lockfile.parse_lock(f"tensorcanon-lock 1\n{line}\n{line}\n")
@@ -159,7 +164,25 @@ def test_lockfile_rejects_other_versions_and_duplicates():
         lockfile.parse_lock("tensorcanon-lock 1\nxxh3-128:00 4 a\n")
     entries = lockfile.parse_lock(f"tensorcanon-lock 1\r\n{line}\r\n")  # checked out with CRLF
     assert entries == [lockfile.LockEntry("a.safetensors", "xxh3-128:" + "0" * 32, 4)]
-    assert lockfile.format_lock(entries) == f"tensorcanon-lock 1\n{line}\n"
+    assert lockfile.format_lock(entries) == f"tensorcanon-lock 2\n{line}\n"
+
+
+def test_a_version_1_lockfile_keeps_checking_plain_files_with_format_1_digests(tmp_path):
+    """Lockfiles written before format 2 record format-1 fingerprints of non-tensorcanon files;
+    check computes the same, so a CI lockfile survives the upgrade, and a new lock is version 2."""
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.arange(3.0)}, str(tmp_path / "plain.safetensors"))
+    v1 = lockfile.content_digest(tmp_path / "plain.safetensors", format_version=1)[0]
+    v2 = lockfile.content_digest(tmp_path / "plain.safetensors")[0]
+    assert v1 != v2
+    size = (tmp_path / "plain.safetensors").stat().st_size
+    (tmp_path / "old.lock").write_text(f"tensorcanon-lock 1\n{v1} {size} plain.safetensors\n")
+    assert [r.status for r in lockfile.check_lock(tmp_path / "old.lock")] == ["ok"]
+    (tmp_path / "old.lock").write_text(f"tensorcanon-lock 2\n{v1} {size} plain.safetensors\n")
+    assert [r.status for r in lockfile.check_lock(tmp_path / "old.lock")] == ["mismatch"]
+    entries = lockfile.make_lock([str(tmp_path / "plain.safetensors")], tmp_path / "new.lock")
+    assert [e.digest for e in entries] == [v2]
 
 
 def test_check_reports_a_size_change_even_when_content_is_equal(tmp_path):
@@ -206,7 +229,13 @@ def test_convert_keeps_numpy_arrays_and_metadata(inputs):
     a = tensorcanon.load(inputs / "a.safetensors")
     assert isinstance(a["fc.weight"], np.ndarray) and a["fc.weight"].dtype == np.float32
     assert run(["convert", "--to", "tensorcanon", "base.safetensors", "copy.safetensors"], inputs)[0] == 0
-    assert (inputs / "copy.safetensors").read_bytes() == (inputs / "base.safetensors").read_bytes()
+    # base.safetensors is a format-1 file: converting writes the current version, same content.
+    base = (inputs / "base.safetensors").read_bytes()
+    assert (inputs / "copy.safetensors").read_bytes() == tensorcanon.dumps(
+        tensorcanon.loads(base), metadata=tensorcanon.read_metadata(base))
+    # and converting a current-version file changes no byte
+    assert run(["convert", "--to", "tensorcanon", "copy.safetensors", "copy2.safetensors"], inputs)[0] == 0
+    assert (inputs / "copy2.safetensors").read_bytes() == (inputs / "copy.safetensors").read_bytes()
 
 
 # ---------------------------------------------------------------- diff, inspect
@@ -267,3 +296,41 @@ def test_repro_compares_every_file_of_an_output_folder(tmp_path):
 def test_repro_refuses_an_output_folder_holding_the_current_folder(tmp_path):
     code, _, err = run(["repro", "--out", ".", "--", sys.executable, "-c", "pass"], tmp_path)
     assert code == 2 and "contains the current folder" in err
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_repro_never_touches_what_is_already_at_out(tmp_path, kind):
+    # Whatever the user has at an --out path (an earlier result, a folder of their files) is not
+    # moved, overwritten or deleted: repro refuses before running anything, and says what to do.
+    marker = tmp_path / "ran"
+    if kind == "file":
+        (tmp_path / "model.safetensors").write_bytes(b"the user's earlier result")
+        out_path = "model.safetensors"
+    else:
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "notes.txt").write_text("mine")
+        out_path = "out"
+    before = {str(p.relative_to(tmp_path)): (p.read_bytes(), p.stat().st_mtime_ns)
+              for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    argv = ["repro", "--out", out_path, "fresh.safetensors", "--", sys.executable, "-c",
+            f"open({str(marker)!r}, 'w').close()"]
+    code, out, err = run(argv, tmp_path)
+    assert code == 2 and out == ""
+    assert f"--out {out_path!r} already exists" in err and "never deletes or overwrites" in err
+    assert "move it away" in err
+    after = {str(p.relative_to(tmp_path)): (p.read_bytes(), p.stat().st_mtime_ns)
+             for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    assert after == before and not marker.exists()
+
+
+def test_repro_leaves_the_last_runs_output_and_refuses_to_replace_it(tmp_path):
+    argv = ["repro", "--out", "m.safetensors", "--", sys.executable, WRITE_ARTIFACT, "m.safetensors"]
+    code, out, err = run(argv, tmp_path)
+    assert code == 0, err
+    written = (tmp_path / "m.safetensors").read_bytes()
+    assert "w" in tensorcanon.load(tmp_path / "m.safetensors")  # the last run's output, in place
+    # a second repro would have to remove it first: it refuses, and the file stays
+    code, _, err = run(argv, tmp_path)
+    assert code == 2 and "'m.safetensors' already exists" in err
+    assert (tmp_path / "m.safetensors").read_bytes() == written
+    assert os.listdir(tmp_path) == ["m.safetensors"]

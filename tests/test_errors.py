@@ -327,3 +327,33 @@ def test_weights_only_is_accepted_as_torch_load_takes_it():
         assert torch.equal(tc.loads(data, weights_only=False)["w"], torch.ones(2))
     with pytest.raises(tc.UsageError, match="weights_only"):
         tc.loads(data, weights_only="yes")
+
+
+def test_every_error_survives_pickling_with_its_attributes():
+    """Errors cross process boundaries (torch.distributed.checkpoint pickles a failing rank's
+    exception to the others): each class comes back with its message and attributes."""
+    import pickle
+
+    from tensorcanon import errors
+    from tensorcanon.sharded import errors as sharded_errors
+
+    made = [
+        errors.FormatError("bad header", offset=8),
+        errors.LimitError("too deep", limit="max_depth", path='$["a"]', saving=True),
+        errors.IntegrityError("damaged", path='$["w"]', expected="a", actual="b"),
+        errors.UnsupportedTypeError("no", path="$"),
+        errors.DeviceUnavailableError("no gpu", path='$["w"]', device="cuda:0"),
+        errors.UnsupportedAlgorithmError("md5?", algorithm="md5"),
+        errors.UsageError("bad argument"),
+        errors.FileAccessError("cannot read 'x'", filename="x", errno=13),
+        errors.MissingFileError("cannot read 'y': no such file", filename="y", errno=2),
+        sharded_errors.CheckpointNotFoundError("no index", filename="d"),
+        sharded_errors.ReplicaMismatchError("differs", path='$["step"]'),
+        sharded_errors.CheckpointError("dcp failed"),
+    ]
+    for e in made:
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is type(e) and str(back) == str(e) and back.args == e.args
+        assert back.__dict__ == e.__dict__
+        if isinstance(e, OSError):
+            assert (back.errno, back.filename) == (e.errno, e.filename)

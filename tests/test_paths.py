@@ -15,12 +15,15 @@ import tensorcanon
 from tensorcanon import paths, reader
 
 BIG = 2**70
+HUGE = -(10**5000)  # more digits than Python's int-to-str limit allows
 
 # (the object's key path to the tensor, the expected rendered path)
 CASES = [
     (("a", ("t", 1)), '$["a"][(\'t\', 1)]'),
     (("a", frozenset({2, 1})), '$["a"][frozenset({1, 2})]'),
-    (("a", BIG), f'$["a"][{BIG}]'),
+    (("a", BIG), '$["a"][0x400000000000000000]'),
+    (("a", HUGE), f'$["a"][-0x{-HUGE:x}]'),
+    (("a", (1.5, float("-inf"), None)), '$["a"][(1.5, -inf, None)]'),
     (("a", b"\x00k"), '$["a"][b\'\\x00k\']'),
     (("a", -3, "x", 0), '$["a"][-3]["x"][0]'),
     (("od", "_metadata", "v"), '$["od"]["_metadata"]["v"]'),

@@ -29,6 +29,7 @@ from .lazy import LazyFile, open
 from .limits import Limits
 from .manifest import VERSION as FORMAT_VERSION
 from .registry import register, unregister
+from .codecs import register_all as register_builtin_codecs
 from .rng import RngRestoreError, RngState  # importing rng registers the generator tags
 from .determinism import DeterminismSettings, seed_everything
 from .data import ResumableSampler, SamplerStateError, seed_worker
@@ -40,7 +41,7 @@ __all__ = [
     "save", "load", "dumps", "loads", "fingerprint", "verify", "read_metadata",
     "open", "LazyFile",
     "diff", "DiffResult",
-    "register", "unregister", "Limits", "FORMAT_VERSION",
+    "register", "unregister", "register_builtin_codecs", "Limits", "FORMAT_VERSION",
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
     "UnsupportedTypeError", "DeviceUnavailableError", "UnsupportedAlgorithmError", "UsageError",
     "FileAccessError", "MissingFileError",

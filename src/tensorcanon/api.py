@@ -147,12 +147,19 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
     saying so). A malformed ``expect`` raises :class:`FormatError` before the
     file is read. Tensors are streamed, never loaded whole.
 
+    A sharded checkpoint directory (tensorcanon.dcp) is verified whole: its
+    index, every rank file and every chunk; the result is its logical digest.
+
     Example::
 
         tensorcanon.verify("ckpt.safetensors", expect="sha256:…")  # obtained out of band
     """
     if expect is not None and not _digest.is_text(expect):
         raise FormatError(f"expect={_digest.text_error(expect)}")
+    if isinstance(f, (str, os.PathLike)) and os.path.isdir(f):
+        from .sharded import verify as verify_checkpoint  # a sharded checkpoint (tensorcanon.dcp)
+
+        return verify_checkpoint(f, expect=expect, limits=limits)
     with reader.open_file(f, limits) as cf:
         result = cf.verify()
     if expect is not None and result != expect:

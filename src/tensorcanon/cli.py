@@ -1,6 +1,8 @@
 """The ``tensorcanon`` command line (also ``python -m tensorcanon``).
 
-Commands: hash, verify, inspect, diff, lock, check, convert, repro. Output is
+Commands: hash, verify, inspect, diff, lock, check, convert, consolidate, repro.
+Every command that reads a file also accepts a sharded checkpoint directory
+(tensorcanon.dcp), which it treats as its logical content. Output is
 for people by default and JSON with ``--json``. Exit codes, for CI:
 
 - 0: everything is as expected;
@@ -151,7 +153,7 @@ def cmd_hash(args, out: _Out) -> int:
         finally:
             out.close_bars()
         results.append({"path": path, "status": "ok", "digest": d, "format": fmt,
-                        "verified": bool(args.verify or fmt != "tensorcanon")})
+                        "verified": bool(args.verify or fmt not in ("tensorcanon", "tensorcanon-sharded"))})
         out.line(f"{d}  {path}")
     out.json({"files": results})
     return code
@@ -163,17 +165,22 @@ def cmd_verify(args, out: _Out) -> int:
     code, results = EXIT_OK, []
     for path in args.files:
         try:
-            fmt = detect_format(path)
-            if fmt != "tensorcanon":
-                raise FormatError(
-                    f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; `tensorcanon hash` "
-                    "gives its content digest, `tensorcanon convert` makes a tensorcanon file of it"
-                )
-            with open_path(path) as fh:
-                wrap = out.wrap("verify")
-                f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
-                with reader.open_file(f, DEFAULT) as cf:
-                    found = cf.verify()
+            if os.path.isdir(path):  # a sharded checkpoint: its index, every file, every chunk
+                from .sharded import verify as verify_checkpoint
+
+                found = verify_checkpoint(path)
+            else:
+                fmt = detect_format(path)
+                if fmt != "tensorcanon":
+                    raise FormatError(
+                        f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; `tensorcanon hash` "
+                        "gives its content digest, `tensorcanon convert` makes a tensorcanon file of it"
+                    )
+                with open_path(path) as fh:
+                    wrap = out.wrap("verify")
+                    f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
+                    with reader.open_file(f, DEFAULT) as cf:
+                        found = cf.verify()
         except IntegrityError as e:
             code = max(code, EXIT_DIFFERENT)
             results.append({"path": path, "status": "corrupt", "tensor": e.path, "error": str(e)})
@@ -237,22 +244,32 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits=DEF
 
 
 def _short_repr(v: Any, limit: int = 60) -> str:
-    text = repr(v)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return paths.show(v, limit)  # never fails, even on an int of a million digits
 
 
 def cmd_inspect(args, out: _Out) -> int:
     path = args.file
+    sharded = None
     try:
-        fmt = detect_format(path)
-        size = os.path.getsize(path)
-        metadata, algorithm = None, digest.DEFAULT
-        if fmt == "tensorcanon":
+        metadata, algorithm, version = None, digest.DEFAULT, manifest.VERSION
+        if os.path.isdir(path):  # a sharded checkpoint: its logical tree, and how it is laid out
+            from .sharded import tools
+
+            sharded = tools.describe(path)
+            fmt, size = tools.FORMAT_NAME, sharded["size"]
+        else:
+            fmt = detect_format(path)
+            size = os.path.getsize(path)
+        if sharded is not None:
+            root, table, file_digest, algorithm = (sharded["root"], sharded["table"], sharded["digest"],
+                                                   sharded["algorithm"])
+        elif fmt == "tensorcanon":
             with reader.open_file(path, DEFAULT) as cf:
                 cf.check_tree()
                 m = cf.manifest
                 assert m is not None
                 root, table, file_digest, algorithm = m.root, m.tensors, m.text(), m.algorithm
+                version = m.version
                 try:
                     metadata = cf.metadata()
                 except TensorCanonError as e:
@@ -275,15 +292,25 @@ def cmd_inspect(args, out: _Out) -> int:
         "tensor_bytes": sum(r["bytes"] for r in rows if r["dtype"] is not None and r["same_as"] is None),
         "file_bytes": size,
     }
-    fmt_text = f"tensorcanon (format version {manifest.VERSION})" if fmt == "tensorcanon" else \
+    fmt_text = f"tensorcanon (format version {version})" if fmt == "tensorcanon" else \
         f"{fmt} (no tensorcanon manifest: digests are those tensorcanon convert would record)"
+    layout_info = None
+    if sharded is not None:
+        fmt_text = (f"sharded checkpoint, {sharded['world_size']} rank file(s); digest and entries are "
+                    "its logical content (the same for every world size)")
+        layout_info = {"world_size": sharded["world_size"], "files": sharded["files"],
+                       "chunks": sharded["chunks"], "per_rank": sharded["per_rank"]}
     out.json({"file": path, "format": fmt, "digest": file_digest, "metadata": _jsonable(metadata),
-              "entries": rows, "totals": totals})
+              "entries": rows, "totals": totals, **({"layout": layout_info} if layout_info else {})})
     if out.as_json:
         return EXIT_OK
     out.line(f"file:     {path}")
     out.line(f"format:   {fmt_text}")
     out.line(f"digest:   {file_digest}")
+    if layout_info:
+        split = sum(1 for cs in layout_info["chunks"].values() if len(cs) > 1)
+        out.line(f"layout:   {split} of {len(layout_info['chunks'])} tensors split into chunks; "
+                 f"per-rank values at {', '.join(map(str, layout_info['per_rank'])) or 'none'}")
     if metadata is not None:
         out.line(f"metadata: {_short_repr(metadata, 200)}")
     out.line()
@@ -320,6 +347,11 @@ def cmd_diff(args, out: _Out) -> int:
     loaded = []
     for path in (args.a, args.b):
         try:
+            if os.path.isdir(path):  # a sharded checkpoint: compared by its logical content
+                from .sharded import tools
+
+                loaded.append(tools.loaded(path))
+                continue
             loaded.append(load_file(path, wrap=out.wrap("read")))
         except _READ_ERRORS as e:
             out.error(_message(e, path))
@@ -510,11 +542,17 @@ def cmd_repro(args, out: _Out) -> int:
         full = os.path.abspath(p)
         if os.path.isdir(full) and (cwd == full or cwd.startswith(full.rstrip(os.sep) + os.sep)):
             raise CommandLineError(f"--out {p!r} contains the current folder; name the files or a folder the command writes")
+    # Every run must write its own artifacts, and what is there now was not written by these
+    # runs: refuse rather than move, overwrite or delete anything the user has.
+    existing = [p for p in args.out if os.path.lexists(p)]
+    if existing:
+        listed = ", ".join(repr(p) for p in existing)
+        raise CommandLineError(
+            f"--out {listed} already exist{'s' if len(existing) == 1 else ''}; repro needs every run to write "
+            "its artifacts afresh and never deletes or overwrites files it did not write: move "
+            f"{'it' if len(existing) == 1 else 'them'} away (or delete {'it' if len(existing) == 1 else 'them'}) "
+            "yourself, or have the command write to a new path, and run repro again")
     with tempfile.TemporaryDirectory(prefix="tensorcanon-repro-") as keep:
-        # Every run must write its own artifacts: move any left from before out of the way.
-        for i, p in enumerate(args.out):
-            if os.path.lexists(p):
-                shutil.move(p, os.path.join(keep, f"stale-{i}"))
         runs: list[list[dict[str, tuple[str, str]]]] = []   # run -> artifact -> file -> (digest, fmt)
         kept: list[list[str]] = []                          # run -> artifact -> saved location
         for r in range(1, args.runs + 1):
@@ -621,6 +659,27 @@ def _report_repro(args, out: _Out, runs, kept) -> int:
     return EXIT_DIFFERENT
 
 
+# --------------------------------------------------------------------------- consolidate
+
+
+def cmd_consolidate(args, out: _Out) -> int:
+    from .sharded import consolidate
+
+    try:
+        found = consolidate(args.dir, args.output)
+    except IntegrityError as e:
+        out.error(_message(e, args.dir))
+        out.json({"dir": args.dir, "output": args.output, "status": "corrupt", "error": str(e)})
+        return EXIT_DIFFERENT
+    except _READ_ERRORS as e:
+        out.error(_message(e, args.dir))
+        out.json({"dir": args.dir, "output": args.output, "status": "error", "error": _message(e)})
+        return EXIT_ERROR
+    out.json({"dir": args.dir, "output": args.output, "status": "ok", "digest": found})
+    out.line(f"wrote {args.output}  {found}")
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -697,11 +756,17 @@ def build_parser() -> argparse.ArgumentParser:
                         f"else {digest.DEFAULT}; sha256 for tamper-evidence); implies --to tensorcanon")
     p.set_defaults(func=cmd_convert)
 
+    p = sub.add_parser("consolidate", parents=[common],
+                       help="write a sharded checkpoint directory as one tensorcanon file")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("output", metavar="OUT")
+    p.set_defaults(func=cmd_consolidate)
+
     p = sub.add_parser("repro", parents=[common], help="run a command several times and compare what it writes",
                        usage=f"{PROG} repro [-h] [--json] [--runs N] --out PATH [PATH ...] -- CMD ...")
     p.add_argument("--runs", type=int, default=2, metavar="N", help="number of runs (default 2)")
     p.add_argument("--out", nargs="+", required=True, metavar="PATH",
-                   help="files (or folders) each run writes")
+                   help="files (or folders) each run writes; none may exist before the first run")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command, after '--'")
     p.set_defaults(func=cmd_repro)
     return parser

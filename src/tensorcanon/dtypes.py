@@ -24,6 +24,12 @@ class DType:
     numpy: np.dtype | None      # little-endian numpy dtype, None if numpy lacks it
 
     @property
+    def differentiable(self) -> bool:
+        """True for floating-point and complex types: the only ones whose tensors torch lets
+        require gradients, so the only rows whose ``requires_grad`` may be true."""
+        return self.name in DIFFERENTIABLE
+
+    @property
     def native(self) -> bool:
         """True when safetensors stores the type directly (not as U8 bytes)."""
         return self.st != "U8" or self.name == "uint8"
@@ -77,10 +83,23 @@ for _name, _size, _st, _code in _ROWS:
     if _row.numpy is not None:
         BY_NUMPY[_row.numpy] = _row
 
-# Every torch.dtype by its canonical name, for torch.dtype values stored in a
-# tree (not only data-holding ones: torch.qint8 is a valid value to save).
+DIFFERENTIABLE = frozenset([
+    "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
+    "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu",
+    "float4_e2m1fn_x2",
+])
+
+# The closed list of names a ``["dtype", name]`` value may hold (docs/FORMAT.md §4.4): every
+# row above plus the torch dtypes that hold no savable data. A name outside it is a format
+# error; a name in it that this torch lacks is an error saying so.
+DTYPE_VALUE_NAMES = tuple(name for name, *_ in _ROWS) + (
+    "qint8", "quint8", "qint32", "quint4x2", "quint2x4",
+    "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16",
+)
+
+# Every torch.dtype of that list which this torch has, by its canonical name.
 TORCH_DTYPES_BY_NAME: dict[str, torch.dtype] = {
-    str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
+    n: getattr(torch, n) for n in DTYPE_VALUE_NAMES if isinstance(getattr(torch, n, None), torch.dtype)
 }
 
 # safetensors header dtype strings a plain safetensors file may use, with their

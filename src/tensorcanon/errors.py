@@ -25,7 +25,28 @@ __all__ = [
 
 
 class TensorCanonError(Exception):
-    """Base class of every error raised by tensorcanon."""
+    """Base class of every error raised by tensorcanon.
+
+    Every error pickles and unpickles intact (message and attributes), so it can
+    cross process boundaries: torch.distributed.checkpoint sends a failing
+    rank's exception to the other ranks that way.
+    """
+
+    def __reduce__(self) -> tuple:
+        # The default reduction calls cls(*args), which fails for the subclasses whose
+        # __init__ takes keyword-only arguments (LimitError's limit=...).
+        state = dict(self.__dict__)
+        if isinstance(self, OSError):  # errno and filename are OSError slots, not in __dict__
+            state["errno"], state["filename"] = self.errno, self.filename
+        return (_rebuild, (type(self), self.args, state))
+
+
+def _rebuild(cls: type, args: tuple, state: dict) -> TensorCanonError:
+    error = cls.__new__(cls)
+    error.args = args
+    for name, value in state.items():
+        setattr(error, name, value)
+    return error
 
 
 class FormatError(TensorCanonError, ValueError):

@@ -41,7 +41,8 @@ def parse(prefix: bytes, raw: bytes, file_size: int | None,
         return None
     try:
         decoded = manifest.decode(metadata)
-        infos = manifest.table(decoded, metadata, limits)
+        infos = manifest.read_table(decoded.obj["tensors"], decoded.algorithm, limits)
+        manifest.apply_metadata(infos, metadata, decoded.version)
         built, data_size = manifest.canonical_header(infos, metadata)
     except (TensorCanonError, RecursionError, MemoryError):
         return None

@@ -44,13 +44,18 @@ class LazyFile(Mapping):
     rename, which leaves an open file's map intact.
     """
 
-    def __init__(self, path: str | os.PathLike, *, map_location: Any = None, verify: bool = True,
+    def __init__(self, path: str | os.PathLike | bytes, *, map_location: Any = None, verify: bool = True,
                  limits: Limits = DEFAULT) -> None:
-        self.path = os.fspath(path)
         self.map_location = map_location
         self.verify = verify
         self._limits = limits
-        self._src: source.Source | None = source.map_file(self.path)
+        self._src: source.Source | None
+        if isinstance(path, (bytes, bytearray, memoryview)):  # a file's bytes, already in memory
+            self.path = "<bytes>"
+            self._src = source.Source(data=path)
+        else:
+            self.path = os.fspath(path)
+            self._src = source.map_file(self.path)
         self._full: reader.CheckedFile | None = None
         self._quick: lazyindex.QuickIndex | None = None
         self._quick_reader: reader.CheckedFile | None = None
@@ -229,9 +234,9 @@ def _stub(q: lazyindex.QuickIndex) -> Any:
     return Manifest(raw=q.manifest, root=None, meta=None, tensors=[], digest=q.digest, algorithm=q.algorithm)
 
 
-def open(path: str | os.PathLike, *, map_location: Any = None, verify: bool = True,  # noqa: A001
+def open(path: str | os.PathLike | bytes, *, map_location: Any = None, verify: bool = True,  # noqa: A001
          limits: Limits = DEFAULT) -> LazyFile:
-    """Open a saved file for lazy, per-tensor access by path (or stored name).
+    """Open a saved file (a path, or its bytes) for lazy, per-tensor access by path (or stored name).
 
     Before returning, checks that the manifest is the one the file's digest
     covers; each tensor read is then proven on its own (its table row, header

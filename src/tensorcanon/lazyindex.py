@@ -65,8 +65,8 @@ class QuickIndex:
         self.data_start = container.LENGTH_SIZE + len(raw)
         self.file_size = src.size
         meta = fastparse.find_metadata(raw)
-        if meta is None or not manifest.claims(meta):
-            raise NotQuick
+        if meta is None or not manifest.claims(meta) or manifest.KEY_MEMORY_FORMATS in meta:
+            raise NotQuick  # (channels-last tensors: rare enough to take the full check)
         try:
             manifest.check_keys(meta)
             self.algorithm, recorded = digest.parse_text(meta[manifest.KEY_DIGEST])
@@ -119,7 +119,7 @@ class QuickIndex:
         self._rows = rows
         key("version")
         version = u.unpack()
-        if type(version) is not int or version != manifest.VERSION or u.tell() != len(self.manifest):
+        if type(version) is not int or version not in manifest.READABLE_VERSIONS or u.tell() != len(self.manifest):
             raise NotQuick
 
     # ------------------------------------------------------------------ finding a tensor

@@ -1,9 +1,9 @@
 """Lockfiles: the expected digest of every artifact, in a text file made for review.
 
 A lockfile pins what a pipeline must produce; CI re-hashes the artifacts and
-compares (``tensorcanon lock`` / ``tensorcanon check``). Version 1 is::
+compares (``tensorcanon lock`` / ``tensorcanon check``). Version 2 is::
 
-    tensorcanon-lock 1
+    tensorcanon-lock 2
     xxh3-128:5d0c0e6d0bd3b8c7cf4ee0a6a3c9f1a2 1288 models/base.safetensors
     xxh3-128:9a1f...                          73104 models/head.pt
 
@@ -17,7 +17,14 @@ The digest is the file's content digest: for a tensorcanon file the digest
 it records (re-hashed to be sure); for a plain safetensors, ``.pt``, ``.npz``
 or ``.npy`` file the digest tensorcanon would give its content
 (:func:`tensorcanon.fingerprint` of what it loads), which is also the digest
-of ``tensorcanon convert`` output.
+of ``tensorcanon convert`` output. A sharded checkpoint directory
+(tensorcanon.dcp) is one entry: its logical digest, and the size of its
+consolidated file, both independent of the world size it was saved with.
+
+The lockfile version says which file-format version those computed digests
+use: a version-1 lockfile (written before format version 2) holds format-1
+fingerprints, and :func:`check_lock` computes format-1 fingerprints to check
+it, so existing lockfiles keep passing. New lockfiles are version 2.
 
 Example::
 
@@ -34,15 +41,17 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from . import digest as _digest
-from . import writer
+from . import manifest, writer
 from .errors import FormatError, IntegrityError, MissingFileError, TensorCanonError
 from .limits import DEFAULT, Limits
 
 __all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect",
            "make_lock", "format_lock", "parse_lock", "read_lock", "write_lock", "check_lock"]
 
-VERSION = 1
+VERSION = 2
 HEADER = f"tensorcanon-lock {VERSION}"
+#: Lockfile version -> the file-format version of the fingerprints it records.
+FORMAT_OF = {1: 1, 2: 2}
 #: Suffixes picked up when a folder is given to :func:`collect`.
 SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".npz", ".npy")
 
@@ -82,18 +91,23 @@ class CheckResult:
 
 
 def content_digest(path: str | os.PathLike, *, verify: bool = True, wrap: Wrap | None = None,
-                   limits: Limits = DEFAULT) -> tuple[str, str]:
+                   limits: Limits = DEFAULT, format_version: int = manifest.VERSION) -> tuple[str, str]:
     """``(digest, format)`` of a file; see the module docstring for which digest.
 
     With ``verify=True`` a tensorcanon file is re-hashed completely
     (:func:`tensorcanon.verify`); with ``verify=False`` its recorded digest is
-    read from the manifest. Other formats are always loaded and hashed.
+    read from the manifest. Other formats are always loaded and hashed, as a
+    file of format ``format_version`` would record them.
     """
     from . import reader
     from .diff import detect_format, load_file
     from .source import open_path
 
     path = os.fspath(path)
+    if os.path.isdir(path):  # a sharded checkpoint: its logical digest
+        from .sharded import tools
+
+        return tools.content_digest(path, verify=verify, limits=limits), tools.FORMAT_NAME
     fmt = detect_format(path)
     if fmt == "tensorcanon":
         with open_path(path) as fh:
@@ -101,7 +115,7 @@ def content_digest(path: str | os.PathLike, *, verify: bool = True, wrap: Wrap |
             with reader.open_file(f, limits) as cf:
                 return (cf.verify() if verify else cf.digest), fmt
     loaded = load_file(path, limits=limits, wrap=wrap)
-    return writer.fingerprint(writer.plan(loaded.value, None, limits)), fmt
+    return writer.fingerprint(writer.plan(loaded.value, None, limits, version=format_version)), fmt
 
 
 def _has_magic(pattern: str) -> bool:
@@ -119,15 +133,17 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
     skip = os.path.abspath(exclude) if exclude else None
     for pattern in patterns:
         if _has_magic(pattern):
-            matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)]
+            matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m) or _checkpoint(m)]
             if not matches:
                 raise MissingFileError(f"no file matches {pattern!r}", filename=pattern)
         elif os.path.isdir(pattern):
-            matches = [
-                os.path.join(root, name)
-                for root, _, names in os.walk(pattern)
-                for name in names if name.lower().endswith(SUFFIXES)
-            ]
+            matches = []
+            for root, dirs, names in os.walk(pattern):
+                if _checkpoint(root):  # a sharded checkpoint is one entry, not its files
+                    matches.append(root)
+                    dirs[:] = []
+                    continue
+                matches.extend(os.path.join(root, name) for name in names if name.lower().endswith(SUFFIXES))
             if not matches:
                 raise MissingFileError(f"folder {pattern!r} holds no {'/'.join(SUFFIXES)} files", filename=pattern)
         elif os.path.isfile(pattern):
@@ -137,6 +153,22 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
         found.update(os.path.abspath(m) for m in matches)
     found.discard(skip)
     return sorted(found)
+
+
+def _checkpoint(path: str) -> bool:
+    """A sharded checkpoint directory (tensorcanon.dcp): locked as one entry."""
+    from .sharded import tools
+
+    return tools.is_checkpoint(path)
+
+
+def _size(path: str, limits: Limits = DEFAULT) -> int:
+    """A file's size; for a checkpoint directory, the size of its consolidated file."""
+    if os.path.isdir(path):
+        from .sharded import tools
+
+        return tools.consolidated_size(path, limits)
+    return os.path.getsize(path)
 
 
 def _relative(path: str, base: str) -> str:
@@ -158,7 +190,7 @@ def make_lock(patterns: Iterable[str], lock_path: str | os.PathLike, *, wrap: Wr
             d, _ = content_digest(path, wrap=wrap, limits=limits)
         except TensorCanonError as e:  # a file that cannot be locked: say which
             raise FormatError(f"cannot lock {rel}: {e}") from e
-        entries.append(LockEntry(rel, d, os.path.getsize(path)))
+        entries.append(LockEntry(rel, d, _size(path, limits)))
     return sorted(entries, key=lambda e: e.path.encode("utf-8"))
 
 
@@ -177,16 +209,21 @@ def write_lock(entries: Iterable[LockEntry], lock_path: str | os.PathLike) -> No
 
 def parse_lock(text: str, where: str = "lockfile") -> list[LockEntry]:
     """Parse lockfile text. Raises :class:`FormatError` naming the line that is wrong."""
+    return _parse(text, where)[1]
+
+
+def _parse(text: str, where: str) -> tuple[int, list[LockEntry]]:
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-    if not lines or lines[0] != HEADER:
+    headers = {f"tensorcanon-lock {v}": v for v in FORMAT_OF}
+    if not lines or lines[0] not in headers:
         first = lines[0][:40] if lines else ""
         if first.startswith("tensorcanon-lock "):
             raise FormatError(
                 f"{where}: lockfile version {first.split(' ', 1)[1]!r} is not supported (this "
-                f"tensorcanon reads version {VERSION}); upgrade tensorcanon"
+                f"tensorcanon reads versions {', '.join(map(str, FORMAT_OF))}); upgrade tensorcanon"
             )
         raise FormatError(f"{where}: not a tensorcanon lockfile: line 1 must be {HEADER!r}, found {first!r}")
     entries, seen = [], set()
@@ -202,11 +239,15 @@ def parse_lock(text: str, where: str = "lockfile") -> list[LockEntry]:
             raise FormatError(f"{where}, line {number}: {parts[2]!r} is listed twice")
         seen.add(parts[2])
         entries.append(LockEntry(parts[2], parts[0], int(parts[1])))
-    return entries
+    return headers[lines[0]], entries
 
 
 def read_lock(lock_path: str | os.PathLike) -> list[LockEntry]:
     """Read and parse a lockfile."""
+    return _read(lock_path)[1]
+
+
+def _read(lock_path: str | os.PathLike) -> tuple[int, list[LockEntry]]:
     from .source import open_path
 
     lock_path = os.fspath(lock_path)
@@ -216,7 +257,7 @@ def read_lock(lock_path: str | os.PathLike) -> list[LockEntry]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise FormatError(f"{lock_path}: not UTF-8 text (byte {e.start})") from None
-    return parse_lock(text, lock_path)
+    return _parse(text, lock_path)
 
 
 def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
@@ -225,14 +266,16 @@ def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
     lock_path = os.fspath(lock_path)
     base = os.path.dirname(os.path.abspath(lock_path))
     results = []
-    for entry in read_lock(lock_path):
+    version, entries = _read(lock_path)
+    for entry in entries:
         path = os.path.join(base, *entry.path.split("/"))
-        if not os.path.isfile(path):
+        if not (os.path.isfile(path) or os.path.isdir(path)):
             results.append(CheckResult(entry, "missing", message="file not found"))
             continue
-        size = os.path.getsize(path)
+        size = os.path.getsize(path) if os.path.isfile(path) else None
         try:
-            found, _ = content_digest(path, wrap=wrap, limits=limits)
+            size = _size(path, limits)
+            found, _ = content_digest(path, wrap=wrap, limits=limits, format_version=FORMAT_OF[version])
         except (TensorCanonError, OSError) as e:
             status = "corrupt" if isinstance(e, IntegrityError) else "unreadable"
             results.append(CheckResult(entry, status, None, size, str(e)))

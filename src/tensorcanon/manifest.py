@@ -28,13 +28,15 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import msgpack
-import torch
 
-from . import container, digest, dtypes
+from . import container, devices, digest, dtypes, paths
 from .errors import FormatError, IntegrityError, LimitError
 from .limits import Limits
 
-VERSION = 1
+VERSION = 2
+"""The format version this library writes (docs/FORMAT.md §1.3)."""
+READABLE_VERSIONS = (1, 2)
+"""The format versions this library reads: version 1 differs only in its tensor-name rule."""
 KEY_MANIFEST = "tensorcanon.manifest"
 KEY_DIGEST = "tensorcanon.digest"
 KEY_FORMAT = "format"
@@ -42,6 +44,8 @@ KINDS = ("tensor", "parameter", "ndarray")
 _TOP_KEYS = ["algorithm", "meta", "root", "tensors", "version"]
 _ENTRY_KEYS = ["digest", "dtype", "kind", "name", "requires_grad", "shape"]
 KEY_DEVICES = "tensorcanon.devices"
+KEY_MEMORY_FORMATS = "tensorcanon.memory_formats"
+MEMORY_FORMAT_NDIM = {"channels_last": 4, "channels_last_3d": 5}
 _DEFAULT_ALGORITHM = digest.DEFAULT  # (inside Manifest, the name ``digest`` is a field)
 _BY_NAME = dtypes.BY_NAME
 
@@ -60,6 +64,7 @@ class TensorInfo:
     device: str = "cpu"
     begin: int = 0
     end: int = 0
+    memory_format: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -74,15 +79,17 @@ class Manifest:
     tensors: list[TensorInfo]   # table order (indices used by the tree)
     digest: bytes
     algorithm: str = _DEFAULT_ALGORITHM
+    version: int = VERSION
 
     def text(self, raw: bytes | None = None) -> str:
         """A digest of this file (the file digest if ``raw`` is None) as text."""
         return digest.to_text(self.digest if raw is None else raw, self.algorithm)
 
 
-def pack(root: Any, meta: Any, table: list[dict], algorithm: str = digest.DEFAULT) -> bytes:
+def pack(root: Any, meta: Any, table: list[dict], algorithm: str = digest.DEFAULT,
+         version: int = VERSION) -> bytes:
     """Canonical manifest bytes. ``table`` rows must already have sorted keys."""
-    obj = {"algorithm": digest.check(algorithm), "meta": meta, "root": root, "tensors": table, "version": VERSION}
+    obj = {"algorithm": digest.check(algorithm), "meta": meta, "root": root, "tensors": table, "version": version}
     try:
         return msgpack.packb(obj, use_bin_type=True)
     except (ValueError, TypeError, OverflowError) as e:  # depth beyond msgpack's own limit
@@ -95,15 +102,16 @@ def pack(root: Any, meta: Any, table: list[dict], algorithm: str = digest.DEFAUL
 class Packed:
     """A manifest packed once, whose tensor digests can be filled in later without packing again.
 
-    ``bytes(digests)`` gives exactly ``pack(root, meta, rows, algorithm)`` for
-    the rows with those digests: msgpack encodes a map or an array as its
+    ``packed(digests)`` gives exactly ``pack(root, meta, rows, algorithm, version)``
+    for the rows with those digests: msgpack encodes a map or an array as its
     header followed by its items, so the manifest is a fixed head, each row
     (a fixed start, the digest, the rest of the row) and a fixed tail. Each
     row is kept as bytes, not as a dict: saving many tensors leaves the
     garbage collector fewer objects to track.
     """
 
-    def __init__(self, root: Any, meta: Any, rows: list[tuple], algorithm: str = digest.DEFAULT) -> None:
+    def __init__(self, root: Any, meta: Any, rows: list[tuple], algorithm: str = digest.DEFAULT,
+                 version: int = VERSION) -> None:
         size = digest.size(algorithm)
         zero = bytes(size)
         packer = msgpack.Packer(use_bin_type=True)
@@ -117,7 +125,7 @@ class Packed:
                 f"the object cannot be encoded as msgpack ({e}); it is nested deeper than msgpack allows",
                 limit="max_depth", path="$", hint="keep limits.max_depth at or below 256",
             ) from e
-        self._tail = packer.pack("version") + packer.pack(VERSION)
+        self._tail = packer.pack("version") + packer.pack(version)
         self._start = packer.pack_map_header(len(_ENTRY_KEYS)) + packer.pack("digest") + packer.pack(zero)[:-size]
         self._rests = []
         for row in rows:
@@ -147,7 +155,14 @@ def devices_text(devices: list[str]) -> str:
     return ",".join(f"{i}:{d}" for i, d in enumerate(devices) if d != "cpu")
 
 
-def header_metadata(manifest_raw: bytes, devices: list[str], algorithm: str = digest.DEFAULT) -> dict[str, str]:
+def memory_formats_text(formats: list[str | None]) -> str:
+    """``"0:channels_last,4:channels_last_3d"``: table index and memory format of every tensor
+    laid out channels-last (docs/FORMAT.md §5.6)."""
+    return ",".join(f"{i}:{f}" for i, f in enumerate(formats) if f is not None)
+
+
+def header_metadata(manifest_raw: bytes, devices: list[str], algorithm: str = digest.DEFAULT,
+                    memory_formats: list[str | None] | None = None) -> dict[str, str]:
     meta = {
         KEY_FORMAT: "pt",
         KEY_DIGEST: digest.to_text(digest.manifest_digest(manifest_raw, algorithm), algorithm),
@@ -156,16 +171,47 @@ def header_metadata(manifest_raw: bytes, devices: list[str], algorithm: str = di
     text = devices_text(devices)
     if text:
         meta[KEY_DEVICES] = text
+    text = memory_formats_text(memory_formats or [])
+    if text:
+        meta[KEY_MEMORY_FORMATS] = text
     return meta
+
+
+def channels_last_differs(name: str, shape: tuple[int, ...]) -> bool:
+    """True when a tensor of ``shape`` laid out as memory format ``name`` cannot also be
+    C-contiguous: it has elements, more than one channel and more than one spatial position."""
+    return (len(shape) == MEMORY_FORMAT_NDIM[name] and 0 not in shape and shape[1] > 1
+            and any(d > 1 for d in shape[2:]))
+
+
+def _parse_memory_formats(text: str, infos: list["TensorInfo"]) -> None:
+    """Apply ``__metadata__["tensorcanon.memory_formats"]`` to the table, accepting only canonical text."""
+    key = KEY_MEMORY_FORMATS
+    if not text:
+        raise _bad(f"__metadata__[{key!r}] is empty (omit it when no tensor is channels-last)")
+    for item in text.split(","):
+        index, sep, name = item.partition(":")
+        if not sep or not index.isdigit() or not index.isascii() or not 0 <= int(index) < len(infos) \
+                or name not in MEMORY_FORMAT_NDIM:
+            raise _bad(f"__metadata__[{key!r}] has a malformed entry {item[:80]!r}")
+        info = infos[int(index)]
+        if info.kind == "ndarray":
+            raise _bad(f"tensor {info.name!r} is a numpy array but is given memory format {name!r}")
+        if not channels_last_differs(name, info.shape):
+            raise _bad(f"tensor {info.name!r} of shape {list(info.shape)} cannot be {name} without also "
+                       "being contiguous, so no writer records it")
+        info.memory_format = name
+    if memory_formats_text([i.memory_format for i in infos]) != text:
+        raise _bad(f"__metadata__[{key!r}] is not in canonical form (ascending indices, each index once)")
 
 
 def _parse_devices(text: str, infos: list["TensorInfo"]) -> None:
     """Apply ``__metadata__["tensorcanon.devices"]`` to the table, accepting only canonical text."""
     for index, device in devices_of(text, len(infos), lambda i: infos[i].name).items():
         info = infos[index]
-        info.device = device
         if info.kind == "ndarray":
             raise _bad(f"tensor {info.name!r} is a numpy array but is given device {device!r}")
+        info.device = device
 
 
 def devices_of(text: str, count: int, name_of: Callable[[int], str]) -> dict[int, str]:
@@ -179,15 +225,13 @@ def devices_of(text: str, count: int, name_of: Callable[[int], str]) -> dict[int
         if not sep or not index.isdigit() or not index.isascii() or not 0 <= int(index) < count:
             raise _bad(f"__metadata__[{KEY_DEVICES!r}] has a malformed entry {item[:80]!r}")
         i = int(index)
-        if len(device) > 64:
-            raise _bad(f"tensor {name_of(i)!r} has an over-long device name")
-        try:
-            out[i] = str(torch.device(device))
-        except (RuntimeError, ValueError):
-            raise _bad(f"tensor {name_of(i)!r} has invalid device {device!r}") from None
-    if ",".join(f"{i}:{d}" for i, d in sorted(out.items()) if d != "cpu") != text:
+        problem = devices.of_tensor(device)
+        if problem is not None:
+            raise _bad(f"tensor {name_of(i)!r}: {problem}")
+        out[i] = device
+    if ",".join(f"{i}:{d}" for i, d in sorted(out.items())) != text:
         raise _bad(f"__metadata__[{KEY_DEVICES!r}] is not in canonical form (ascending indices, "
-                   "canonical device names, no 'cpu' entries)")
+                   "each index once, canonical device names, no 'cpu' entries)")
     return out
 
 
@@ -221,9 +265,9 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
     """
     meta = header.metadata or {}
     decoded = decode(meta)
+    infos = read_table(decoded.obj["tensors"], decoded.algorithm, limits)
     by_name = {e.name: e for e in header.entries}
-
-    def cross_check(info: TensorInfo) -> None:
+    for info in infos:
         entry = by_name.get(info.name)
         if entry is None:
             raise _bad(f"tensor {info.name!r} is not in the header")
@@ -233,8 +277,7 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
                 f"tensor {info.name!r} is {info.dtype.name}{list(info.shape)} here but the header says "
                 f"{entry.dtype}{list(entry.shape)}"
             )
-
-    infos = table(decoded, meta, limits, cross_check)
+    apply_metadata(infos, meta, decoded.version)
     if len(infos) != len(by_name):
         extra = sorted(set(by_name) - {i.name for i in infos})[:3]
         raise _bad(f"the header holds tensors the manifest does not list: {extra}")
@@ -254,19 +297,22 @@ class Decoded:
     obj: dict
     algorithm: str
     digest: bytes
+    version: int
 
     def manifest(self, infos: list[TensorInfo]) -> Manifest:
         return Manifest(raw=self.raw, root=self.obj["root"], meta=self.obj["meta"], tensors=infos,
-                        digest=self.digest, algorithm=self.algorithm)
+                        digest=self.digest, algorithm=self.algorithm, version=self.version)
 
 
 def check_keys(meta: dict) -> None:
     """Raise unless ``__metadata__`` holds exactly the keys of a tensorcanon file (§9.2 item 1)."""
-    if not {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} <= set(meta) <= {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST, KEY_DEVICES} \
+    optional = {KEY_DEVICES, KEY_MEMORY_FORMATS}
+    if not {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} <= set(meta) <= {KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST} | optional \
             or meta[KEY_FORMAT] != "pt":
         raise _bad(
             f"__metadata__ must hold {sorted([KEY_FORMAT, KEY_DIGEST, KEY_MANIFEST])} (and "
-            f"{KEY_DEVICES!r} when a tensor is not on the CPU), with format 'pt'"
+            f"{KEY_DEVICES!r} when a tensor is not on the CPU, {KEY_MEMORY_FORMATS!r} when one is "
+            "channels-last), with format 'pt'"
         )
 
 
@@ -281,29 +327,7 @@ def decode(meta: dict) -> Decoded:
         raise _bad("is not valid base64") from None
     if base64.b64encode(raw).decode("ascii") != text:  # e.g. "AS==" decodes like "AQ=="
         raise _bad("base64 is not in canonical form (non-zero padding bits)")
-    try:
-        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
-    except Exception as e:  # msgpack raises many types for bad input
-        raise _bad(f"is not valid msgpack ({type(e).__name__}: {e})") from None
-    try:
-        canonical = msgpack.packb(obj, use_bin_type=True) == raw
-    except Exception:
-        canonical = False
-    if not canonical:
-        raise _bad("is not in canonical form (non-shortest numbers, repeated keys or float32)")
-    if type(obj) is not dict or list(obj) != _TOP_KEYS:
-        raise _bad(f"must be a map with exactly the keys {_TOP_KEYS} in that order")
-    if type(obj["version"]) is not int or obj["version"] != VERSION:  # 1.0 and True equal 1
-        raise _bad(
-            f"format version {obj['version']!r} is not supported by this tensorcanon "
-            f"(it reads version {VERSION}); upgrade tensorcanon to read this file"
-        )
-    algorithm = obj["algorithm"]
-    if type(algorithm) is not str or algorithm not in digest.ALGORITHMS:
-        raise _bad(
-            f"digest algorithm {algorithm!r} is not supported (this tensorcanon knows "
-            f"{sorted(digest.ALGORITHMS)}); upgrade tensorcanon if the file is newer"
-        )
+    obj, algorithm = unpack(raw)
 
     recorded = meta.get(KEY_DIGEST)
     if not digest.is_text(recorded):
@@ -321,37 +345,17 @@ def decode(meta: dict) -> Decoded:
             f"computed {digest.to_text(actual, algorithm)}; the file is damaged",
             expected=recorded, actual=digest.to_text(actual, algorithm),
         )
-    return Decoded(raw, obj, algorithm, actual)
+    return Decoded(raw, obj, algorithm, actual, obj["version"])
 
 
-def table(decoded: Decoded, meta: dict, limits: Limits,
-          each: Callable[[TensorInfo], None] | None = None) -> list[TensorInfo]:
-    """The validated tensor table (§9.2 items 6-7): rows, unique names, devices.
-
-    ``each(info)`` is called on every row as soon as it is valid (the full
-    parse cross-checks it with the header there).
-    """
-    rows = decoded.obj["tensors"]
-    if type(rows) is not list:
-        raise _bad("'tensors' must be a list")
-    if len(rows) > limits.max_tensors:
-        raise LimitError(f"manifest lists {len(rows)} tensors, over max_tensors={limits.max_tensors}", limit="max_tensors")
-    algorithm = decoded.algorithm
-    size = digest.ALGORITHMS[algorithm]
-    infos: list[TensorInfo] = []
-    seen: set[str] = set()
-    shapes: dict = {}
-    for i, row in enumerate(rows):
-        info = _row(i, row, algorithm, size, shapes)
-        if info.name in seen:
-            raise _bad(f"tensor name {info.name!r} appears twice")
-        seen.add(info.name)
-        if each is not None:
-            each(info)
-        infos.append(info)
+def apply_metadata(infos: list[TensorInfo], meta: dict, version: int) -> None:
+    """Apply the devices and memory formats of ``__metadata__`` to a validated table (§9.2 item 7)."""
     if KEY_DEVICES in meta:
         _parse_devices(meta[KEY_DEVICES], infos)
-    return infos
+    if KEY_MEMORY_FORMATS in meta:
+        if version < 2:
+            raise _bad(f"__metadata__[{KEY_MEMORY_FORMATS!r}] is a format-2 key, in a version-1 file")
+        _parse_memory_formats(meta[KEY_MEMORY_FORMATS], infos)
 
 
 def canonical_header(infos: list[TensorInfo], metadata: dict[str, str] | None) -> tuple[bytes, int]:
@@ -372,7 +376,7 @@ def canonical_header(infos: list[TensorInfo], metadata: dict[str, str] | None) -
         if known is None:
             shape = info.shape if dt.native else (*info.shape, dt.itemsize)
             known = per_shape[key] = (math.prod(info.shape) * dt.itemsize,
-                                                   '","shape":[' + ",".join(map(str, shape)) + "]}")
+                                      '","shape":[' + ",".join(map(str, shape)) + "]}")
         end = position + known[0]
         info.begin, info.end = position, end
         # container.entry_text, inline: one f-string per row
@@ -388,6 +392,62 @@ def _neg_itemsize(info: TensorInfo) -> int:
     return -info.dtype.itemsize
 
 
+def unpack(raw: bytes) -> tuple[dict, str]:
+    """Decode manifest bytes: ``(top-level map, algorithm)``, or raise.
+
+    Checks the canonical msgpack encoding (decode, re-encode, compare), the
+    top-level keys, the version and the digest algorithm: everything about the
+    bytes that does not need a file around them (§9.2 steps 3 and 4). Also used
+    for manifests kept outside a file (the logical manifest of a sharded
+    checkpoint, tensorcanon.sharded).
+    """
+    try:
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+    except Exception as e:  # msgpack raises many types for bad input
+        raise _bad(f"is not valid msgpack ({type(e).__name__}: {e})") from None
+    try:
+        canonical = msgpack.packb(obj, use_bin_type=True) == raw
+    except Exception:
+        canonical = False
+    if not canonical:
+        raise _bad("is not in canonical form (non-shortest numbers, repeated keys or float32)")
+    if type(obj) is not dict or list(obj) != _TOP_KEYS:
+        raise _bad(f"must be a map with exactly the keys {_TOP_KEYS} in that order")
+    version = obj["version"]
+    if type(version) is not int or version not in READABLE_VERSIONS:  # 1.0 and True equal 1
+        raise _bad(
+            f"format version {paths.show(version)} is not supported by this tensorcanon "
+            f"(it reads versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade tensorcanon to "
+            "read this file"
+        )
+    algorithm = obj["algorithm"]
+    if type(algorithm) is not str or algorithm not in digest.ALGORITHMS:
+        raise _bad(
+            f"digest algorithm {paths.show(algorithm)} is not supported (this tensorcanon knows "
+            f"{sorted(digest.ALGORITHMS)}); upgrade tensorcanon if the file is newer"
+        )
+    return obj, algorithm
+
+
+def read_table(table: Any, algorithm: str, limits: Limits) -> list[TensorInfo]:
+    """Validate a manifest's tensor table (rows, dtypes, kinds, digest sizes, unique names)."""
+    if type(table) is not list:
+        raise _bad("'tensors' must be a list")
+    if len(table) > limits.max_tensors:
+        raise LimitError(f"manifest lists {len(table)} tensors, over max_tensors={limits.max_tensors}", limit="max_tensors")
+    infos: list[TensorInfo] = []
+    seen: set[str] = set()
+    size = digest.ALGORITHMS[algorithm]
+    shapes: dict = {}
+    for i, row in enumerate(table):
+        info = _row(i, row, algorithm, size, shapes)
+        if info.name in seen:
+            raise _bad(f"tensor name {info.name!r} appears twice")
+        seen.add(info.name)
+        infos.append(info)
+    return infos
+
+
 def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> TensorInfo:
     """Row ``i`` of the table, validated (``size``: the algorithm's digest size).
 
@@ -400,8 +460,9 @@ def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> TensorInf
         name, dt, shape = row["name"], row["dtype"], row["shape"]
         kind, rg, dg = row["kind"], row["requires_grad"], row["digest"]
         dtype = _BY_NAME.get(dt) if type(dt) is str else None
-        if (type(name) is str and dtype is not None and type(shape) is list
-                and type(rg) is bool and type(dg) is bytes and len(dg) == size
+        if (type(name) is str and dtype is not None and type(shape) is list and type(kind) is str
+                and type(rg) is bool and (not rg or dtype.differentiable)
+                and type(dg) is bytes and len(dg) == size
                 and (kind == "tensor" or kind == "parameter"
                      or (kind == "ndarray" and not rg and dtype.numpy is not None))):
             for d in shape:
@@ -410,29 +471,34 @@ def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> TensorInf
             else:
                 dims = tuple(shape)  # exact ints (checked): equal tuples are the same shape
                 return TensorInfo(i, name, dtype, shapes.setdefault(dims, dims), kind, rg, dg)
-    raise _row_error(i, row, algorithm)
+    _row_error(i, row, algorithm)
+    raise AssertionError("internal error: _row refused a row _row_error accepts")  # never reached
 
 
-def _row_error(i: int, row: Any, algorithm: str) -> FormatError:
-    """What is wrong with row ``i``, which :func:`_row` refused."""
+def _row_error(i: int, row: Any, algorithm: str) -> None:
+    """Raise what is wrong with row ``i``, which :func:`_row` refused (the first problem found)."""
     if type(row) is not dict or list(row) != _ENTRY_KEYS:
-        return _bad(f"tensor table row {i} must have exactly the keys {_ENTRY_KEYS} in that order")
+        raise _bad(f"tensor table row {i} must have exactly the keys {_ENTRY_KEYS} in that order")
     name, dt, shape = row["name"], row["dtype"], row["shape"]
     kind, rg, dg = row["kind"], row["requires_grad"], row["digest"]
     if type(name) is not str:
-        return _bad(f"tensor table row {i}: name must be a str")
-    where = f"tensor {name!r}"
+        raise _bad(f"tensor table row {i}: name must be a str")
+    where = f"tensor {paths.show(name)}"
     dtype = dtypes.BY_NAME.get(dt) if type(dt) is str else None
     if dtype is None:
-        return _bad(f"{where} has unknown dtype {dt!r}")
+        raise _bad(f"{where} has unknown dtype {paths.show(dt)}")
     if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
-        return _bad(f"{where} shape must be a list of non-negative ints")
-    if kind not in KINDS:
-        return _bad(f"{where} has unknown kind {kind!r}")
+        raise _bad(f"{where} shape must be a list of non-negative ints")
+    if type(kind) is not str or kind not in KINDS:
+        raise _bad(f"{where} has unknown kind {paths.show(kind)}")
     if type(rg) is not bool or (rg and kind == "ndarray"):
-        return _bad(f"{where} has an invalid requires_grad {rg!r}")
+        raise _bad(f"{where} has an invalid requires_grad {paths.show(rg)}")
+    if rg and not dtype.differentiable:
+        raise _bad(f"{where} has requires_grad true but dtype {dtype.name}; only floating-point and "
+                   "complex tensors can require gradients (docs/FORMAT.md §5.3)")
     if kind == "ndarray" and dtype.numpy is None:
-        return _bad(f"{where} is a numpy array of dtype {dtype.name}, which numpy lacks")
+        raise _bad(f"{where} is a numpy array of dtype {dtype.name}, which numpy lacks")
     want = digest.ALGORITHMS[algorithm]
-    got = f"{len(dg)} bytes" if type(dg) is bytes else f"a {type(dg).__name__}"
-    return _bad(f"{where} digest must be {want} bytes for algorithm {algorithm!r}, not {got}")
+    if type(dg) is not bytes or len(dg) != want:
+        got = f"{len(dg)} bytes" if type(dg) is bytes else f"a {type(dg).__name__}"
+        raise _bad(f"{where} digest must be {want} bytes for algorithm {algorithm!r}, not {got}")

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from .errors import DeviceUnavailableError, UsageError
+from .tensorbytes import MEMORY_FORMATS
 
 
 def stays_on_cpu(kind: str, recorded: str, map_location: Any) -> bool:
@@ -101,11 +102,15 @@ def place(t: torch.Tensor, recorded: str, map_location: Any, where: Callable[[],
 
 def as_recorded(value: Any, row: Any, map_location: Any, where: Callable[[], str]) -> Any:
     """A freshly read tensor or array, placed and typed as its table row says: on its device
-    (or where ``map_location`` sends it), a Parameter or not, with its requires_grad."""
+    (or where ``map_location`` sends it), in its memory format, a Parameter or not, with its
+    requires_grad."""
     if row.kind == "ndarray":
         return value
     if not stays_on_cpu(row.kind, row.device, map_location):
         value = place(value, row.device, map_location, where)
+    fmt = getattr(row, "memory_format", None)
+    if fmt is not None:
+        value = value.contiguous(memory_format=MEMORY_FORMATS[fmt])
     if row.kind == "parameter":
         return torch.nn.Parameter(value, requires_grad=row.requires_grad)
     if row.requires_grad:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import paths, tree
+from . import devices, paths, tree
 from .errors import DeviceUnavailableError, TensorCanonError
 
 __all__ = ["RngState", "RngRestoreError", "RngRestoreWarning"]
@@ -127,7 +128,7 @@ def bitgen_fields(state: dict) -> tuple[str, tuple]:
 def check_bitgen_fields(name: Any, fields: tuple | list) -> str | None:
     """None when ``fields`` are a valid state for bit generator ``name``, else what is wrong."""
     if type(name) is not str or name not in BIT_GENERATORS:
-        return f"bit generator {name!r} is not one of {sorted(BIT_GENERATORS)}"
+        return f"bit generator {paths.show(name)} is not one of {sorted(BIT_GENERATORS)}"
     layout = BIT_GENERATORS[name][1]
     if len(fields) != len(layout):
         return f"{name} state takes {len(layout)} fields, found {len(fields)}"
@@ -155,7 +156,7 @@ def _mt_bytes(words) -> bytes:
 
 def _check_random_state(version, key, pos, gauss) -> str | None:
     if version != 3 or type(version) is not int:
-        return f"random.Random state version must be 3, found {version!r}"
+        return f"random.Random state version must be 3, found {paths.show(version)}"
     if type(key) is not bytes or len(key) != MT_WORDS * 4:
         return f"random.Random key must be {MT_WORDS * 4} bytes ({MT_WORDS} little-endian uint32)"
     if type(pos) is not int or not 0 <= pos <= MT_WORDS:
@@ -170,21 +171,69 @@ def _random_state_from(version, key, pos, gauss) -> tuple:
     return (version, tuple(words) + (pos,), gauss)
 
 
-def _check_torch_state(device: Any, state: Any) -> str | None:
-    if type(device) is not str or len(device) > 64:
-        return "the device must be a short str"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        return f"invalid device {device!r}"
-    if (str(dev) != device or dev.type not in TORCH_STATE_SIZES
-            or (dev.type in ("cuda", "xpu") and dev.index is None)):
-        return (f"device {device!r} must be canonical (cuda and xpu with an index) and of a type in "
-                f"{sorted(TORCH_STATE_SIZES)}")
-    size = TORCH_STATE_SIZES[dev.type]
-    if type(state) is not bytes or len(state) != size:
-        return f"a {dev.type} generator state must be {size} bytes"
+_MT_LEFT_NEXT = 625  # after the first twist, torch's MT19937 keeps left + next == 625
+
+
+def check_cpu_state(state: Any) -> str | None:
+    """None when ``state`` is a torch CPU generator state ``get_state()`` can return, else why not.
+
+    The 5056 bytes are torch's ``CPUGeneratorImplState`` (docs/FORMAT.md §6.7.1, all
+    little-endian): u64 initial seed; i32 ``left``; i32 ``seeded``; u64 ``next``; 624
+    u64 Mersenne Twister words; f64 ``normal_x``, ``normal_y``, ``normal_rho``; i32
+    ``normal_is_valid``; 4 zero bytes; f32 ``next_float_normal_sample``; u8 its valid
+    flag; 3 zero bytes. torch itself checks only ``left`` and ``next`` ranges, and a
+    state whose ``left + next`` is not 625 makes it read past its word array; this
+    accepts exactly the states torch writes.
+    """
+    if type(state) is not bytes or len(state) != TORCH_STATE_SIZES["cpu"]:
+        return f"a cpu generator state must be {TORCH_STATE_SIZES['cpu']} bytes"
+    left, seeded, nxt = struct.unpack_from("<iiQ", state, 8)
+    if seeded != 1:
+        return "a cpu generator state must have seeded = 1"
+    if not ((left, nxt) == (1, 0) or (1 <= nxt <= MT_WORDS and left + nxt == _MT_LEFT_NEXT)):
+        return (f"a cpu generator state has left={left}, next={nxt}: it must be left=1, next=0 (just "
+                f"seeded) or 1 <= next <= {MT_WORDS} with left + next = {_MT_LEFT_NEXT}")
+    words = np.frombuffer(state, dtype="<u8", count=MT_WORDS, offset=24)
+    if int(words.max()) > U32:
+        return "a cpu generator state holds a Mersenne Twister word of more than 32 bits"
+    normal_x, normal_y, normal_rho, normal_valid = struct.unpack_from("<QQQi", state, 5016)
+    float_sample, float_valid = struct.unpack_from("<IB", state, 5048)
+    if normal_x or normal_rho or state[5044:5048] != bytes(4) or state[5053:] != bytes(3):
+        return "a cpu generator state has non-zero unused fields or padding"
+    if normal_valid not in (0, 1) or (normal_valid == 0 and normal_y):
+        return "a cpu generator state's cached double normal must be flagged 0 (with value 0.0) or 1"
+    if float_valid not in (0, 1) or (float_valid == 0 and float_sample):
+        return "a cpu generator state's cached float normal must be flagged 0 (with value 0.0) or 1"
     return None
+
+
+def check_philox_state(kind: str, state: Any) -> str | None:
+    """None for a valid cuda/xpu state (u64 seed, i64 Philox offset, a multiple of 4), else why."""
+    if type(state) is not bytes or len(state) != TORCH_STATE_SIZES[kind]:
+        return f"a {kind} generator state must be {TORCH_STATE_SIZES[kind]} bytes"
+    (offset,) = struct.unpack_from("<q", state, 8)
+    if offset % 4:
+        return f"a {kind} generator state's Philox offset must be a multiple of 4"
+    return None
+
+
+def check_torch_state(kind: str, state: Any) -> str | None:
+    """None when ``state`` is a valid ``get_state()`` of a ``kind`` generator, else why not."""
+    if kind == "cpu":
+        return check_cpu_state(state)
+    if kind in ("cuda", "xpu"):
+        return check_philox_state(kind, state)
+    if type(state) is not bytes or len(state) != TORCH_STATE_SIZES[kind]:  # mps: any 36 bytes
+        return f"a {kind} generator state must be {TORCH_STATE_SIZES[kind]} bytes"
+    return None
+
+
+def _check_torch_state(device: Any, state: Any) -> str | None:
+    parsed = devices.parse(device)
+    if parsed is None or parsed[0] not in TORCH_STATE_SIZES or (parsed[0] in ("cuda", "xpu") and parsed[1] is None):
+        return (f"device {paths.show(device)} must be canonical (cuda and xpu with an index) and of a type in "
+                f"{sorted(TORCH_STATE_SIZES)}")
+    return check_torch_state(parsed[0], state)
 
 
 def _u8(data: bytes) -> torch.Tensor:
@@ -206,7 +255,10 @@ def _device_available(dev: torch.device) -> bool:
 
 
 def _enc_seed_seq(enc: tree.Encoder, bg: Any, depth: int) -> Any:
-    ss = getattr(bg, "seed_seq", None)
+    # numpy >= 1.25 exposes the seed sequence as ``seed_seq``; numpy 1.24 holds the same object
+    # as ``_seed_seq`` only. Reading just the public name would save a SeedSequence-seeded
+    # MT19937 as legacy-seeded (other bytes) and refuse the other bit generators on 1.24.
+    ss = bg.seed_seq if hasattr(bg, "seed_seq") else getattr(bg, "_seed_seq", None)
     if type(ss) is not np.random.SeedSequence:
         if ss is None and type(bg) is np.random.MT19937:
             return None  # legacy-seeded (RandomState(seed)): nothing to spawn from
@@ -231,7 +283,7 @@ def _enc_generator(enc: tree.Encoder, g: np.random.Generator, depth: int) -> lis
     if type(bg) not in _BITGEN_NAME_BY_TYPE:
         raise enc.unsupported(f"numpy Generator with bit generator {type(bg).__qualname__} is not supported "
                               f"(supported: {sorted(BIT_GENERATORS)})")
-    return ["rng.numpy", _enc_bitgen(enc, bg, depth)]
+    return ["rng.numpy", enc.encode(bg, depth)]  # encode() checks the bit generator's depth
 
 
 def _enc_randomstate(enc: tree.Encoder, rs: np.random.RandomState, depth: int) -> list:
@@ -239,7 +291,7 @@ def _enc_randomstate(enc: tree.Encoder, rs: np.random.RandomState, depth: int) -
     bg = rs._bit_generator
     if type(bg) not in _BITGEN_NAME_BY_TYPE:
         raise enc.unsupported(f"RandomState with bit generator {type(bg).__qualname__} is not supported")
-    return ["rng.legacy", int(st["has_gauss"]), float(st["gauss"]), _enc_bitgen(enc, bg, depth)]
+    return ["rng.legacy", int(st["has_gauss"]), float(st["gauss"]), enc.encode(bg, depth)]
 
 
 def _enc_random(enc: tree.Encoder, r: random.Random, depth: int) -> list:
@@ -259,8 +311,18 @@ def _enc_torch(enc: tree.Encoder, g: torch.Generator, depth: int) -> list:
 
 
 def _enc_rngstate(enc: tree.Encoder, s: "RngState", depth: int) -> list:
+    enc.check_depth(depth + 1)  # its parts are at ``depth``, numpy's bit generator one deeper
     version, key, pos, gauss = s._python_fields()
     np_name, np_fields, has_gauss, gauss_np = s.numpy
+    problem = (_check_random_state(version, key, pos, gauss) or check_bitgen_fields(np_name, np_fields)
+               or check_torch_state("cpu", s.torch_cpu)
+               or next((p for kind, states in (("cuda", s.cuda), ("xpu", s.xpu)) for st in states
+                        if (p := check_torch_state(kind, st)) is not None), None)
+               or (None if s.mps is None else check_torch_state("mps", s.mps)))
+    if problem is None and (len(s.cuda) > _MAX_DEVICES or len(s.xpu) > _MAX_DEVICES):
+        problem = f"at most {_MAX_DEVICES} cuda and {_MAX_DEVICES} xpu states"
+    if problem is not None:
+        raise enc.unsupported(f"RngState cannot be saved: {problem}")
     return [
         "rng.state",
         ["rng.random", version, key, pos, gauss],
@@ -277,11 +339,13 @@ def _enc_rngstate(enc: tree.Encoder, s: "RngState", depth: int) -> list:
 
 
 def _nested(dec: tree.Decoder, node: Any, tag: str, depth: int, where: Any) -> Any:
+    """Decode the ``tag`` node that sits at ``depth`` inside another random-state node."""
     if type(node) is not list or not node or node[0] != tag:
         raise dec.error(f"expected a {tag!r} node")
     dec._path.append(where)
     try:
-        return DECODE[tag](dec, node, depth)
+        dec.check_depth(depth)
+        return DECODE[tag](dec, node, depth + 1)
     finally:
         dec._path.pop()
 
@@ -411,18 +475,26 @@ def _dec_torch(dec: tree.Decoder, node: list, depth: int):
     return g
 
 
-def _bytes_list(dec: tree.Decoder, node: Any, size: int, what: str) -> tuple:
+_MAX_DEVICES = 4096
+
+
+def _bytes_list(dec: tree.Decoder, node: Any, kind: str, what: str) -> tuple:
     if type(node) is not list or not node or node[0] != "list":
         raise dec.error(f"{what} must be a 'list' node")
     items = node[1:]
-    if len(items) > 4096 or not all(type(b) is bytes and len(b) == size for b in items):
-        raise dec.error(f"{what} must hold at most 4096 states of {size} bytes each")
+    if len(items) > _MAX_DEVICES:
+        raise dec.error(f"{what} must hold at most {_MAX_DEVICES} states")
+    for item in items:
+        problem = check_torch_state(kind, item)
+        if problem is not None:
+            raise dec.error(f"{what}: {problem}")
     return tuple(items)
 
 
 def _dec_rngstate(dec: tree.Decoder, node: list, depth: int):
     if len(node) != 7:
         raise dec.error(f"'rng.state' takes 6 values, found {len(node) - 1}")
+    dec.check_depth(depth + 1)  # its parts are at ``depth``, numpy's bit generator one deeper
     _, py, leg, cpu, cuda, mps, xpu = node
     if type(py) is not list or len(py) != 5 or py[0] != "rng.random":
         raise dec.error("'rng.state' python part must be an 'rng.random' node")
@@ -439,12 +511,13 @@ def _dec_rngstate(dec: tree.Decoder, node: list, depth: int):
     problem = check_bitgen_fields(bg[1], fields)
     if problem is not None:
         raise dec.error(problem)
-    if type(cpu) is not bytes or len(cpu) != TORCH_STATE_SIZES["cpu"]:
-        raise dec.error(f"'rng.state' torch CPU state must be {TORCH_STATE_SIZES['cpu']} bytes")
-    cuda_t = _bytes_list(dec, cuda, TORCH_STATE_SIZES["cuda"], "'rng.state' CUDA states")
+    problem = check_torch_state("cpu", cpu)
+    if problem is not None:
+        raise dec.error(f"'rng.state' torch CPU state: {problem}")
+    cuda_t = _bytes_list(dec, cuda, "cuda", "'rng.state' CUDA states")
     if mps is not None and (type(mps) is not bytes or len(mps) != TORCH_STATE_SIZES["mps"]):
         raise dec.error(f"'rng.state' MPS state must be nil or {TORCH_STATE_SIZES['mps']} bytes")
-    xpu_t = _bytes_list(dec, xpu, TORCH_STATE_SIZES["xpu"], "'rng.state' XPU states")
+    xpu_t = _bytes_list(dec, xpu, "xpu", "'rng.state' XPU states")
     return RngState(
         python=_random_state_from(*py[1:]),
         numpy=(bg[1], tuple(fields), leg[1], leg[2]),

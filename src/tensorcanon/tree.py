@@ -21,7 +21,8 @@ import msgpack
 import numpy as np
 import torch
 
-from . import dtypes, paths, registry, tensorbytes, walk
+from . import codecs, devices, dtypes, paths, registry, tensorbytes, walk
+from .names import tensor_names  # noqa: F401  (re-exported: the name rule lives in names.py)
 from .errors import FormatError, LimitError, UnsupportedTypeError
 from .ordering import KEY_TYPES, UnorderableKey, sort_key, sorted_keys
 
@@ -51,6 +52,7 @@ class TensorSource:
     path: tuple                  # first path at which it was found
     name: str = ""
     digest: bytes = b""
+    memory_format: str | None = None  # "channels_last" / "channels_last_3d": layout, not content
 
     @property
     def nbytes(self) -> int:
@@ -78,6 +80,18 @@ class Encoder:
     def unsupported(self, message: str) -> UnsupportedTypeError:
         return UnsupportedTypeError(f"{message} (at {self.path()})", path=self.path())
 
+    def check_depth(self, depth: int) -> None:
+        """Refuse a tagged array at ``depth`` (the root is at 0) unless ``depth < max_depth``.
+
+        :meth:`encode` checks every node it dispatches; an encoder that builds nested tagged
+        arrays itself (the random-state tags) calls this for each level it adds.
+        """
+        if depth >= self.max_depth:
+            where = self.path()
+            raise LimitError(
+                f"the object is nested deeper than max_depth={self.max_depth} at {where} (a reference "
+                "cycle?)", limit="max_depth", path=where, saving=True)
+
     def encode(self, value: Any, depth: int = 0) -> Any:
         t = type(value)
         if t is str:
@@ -93,11 +107,7 @@ class Encoder:
             if INT_MIN <= value <= INT_MAX:
                 return value
             return msgpack.ExtType(EXT_BIGINT, bigint_bytes(value))
-        if depth >= self.max_depth:
-            where = self.path()
-            raise LimitError(
-                f"the object is nested deeper than max_depth={self.max_depth} at {where} (a reference "
-                "cycle?)", limit="max_depth", path=where, saving=True)
+        self.check_depth(depth)
         enc = ENCODERS.get(t)
         if enc is not None:
             return enc(self, value, depth + 1)
@@ -150,10 +160,18 @@ class Encoder:
         return ["size", *v]
 
     def enc_dtype(self, v, depth):
-        return ["dtype", str(v).removeprefix("torch.")]
+        name = str(v).removeprefix("torch.")
+        if name not in dtypes.TORCH_DTYPES_BY_NAME:
+            raise self.unsupported(f"torch.{name} is not a dtype the format names (docs/FORMAT.md §4.4)")
+        return ["dtype", name]
 
     def enc_device(self, v, depth):
-        return ["device", str(v)]
+        text = str(v)
+        if not devices.is_canonical(text):
+            raise self.unsupported(
+                f"torch.device({text!r}) cannot be saved: device types are {', '.join(devices.DEVICE_TYPES)} "
+                f"with an index of at most {devices.MAX_INDEX} (docs/FORMAT.md §4.3)")
+        return ["device", text]
 
     def enc_numpy_scalar(self, v, depth):
         row = dtypes.BY_NUMPY.get(v.dtype.newbyteorder("<"))
@@ -162,6 +180,25 @@ class Encoder:
         return ["np.scalar", row.name, np.asarray(v).astype(row.numpy).tobytes()]
 
     # -- tensors
+    def add_tensor(self, value: Any, *, kind: str, dtype: dtypes.DType, shape: tuple[int, ...],
+                   requires_grad: bool = False, device: str = "cpu", view_key: Any = None) -> list:
+        """Record a tensor described by its metadata alone and return its ``["tensor", i]`` node.
+
+        The hook for subclasses that encode tensor types this module does not know:
+        tensorcanon.dcp plans the unsharded state of a DTensor from its global dtype
+        and shape, without its data. The same object (by ``id``), or one with an equal
+        ``view_key`` (not None), gets the index it got first, as tied tensors do.
+        """
+        idx = self._by_id.get(id(value))
+        if idx is not None:
+            return ["tensor", idx]
+        return self._add_tensor(value, view_key, kind=kind, dtype=dtype, shape=tuple(shape),
+                                device=device, requires_grad=requires_grad)
+
+    def current_path(self) -> tuple:
+        """The path (keys and indices from the root) of the value being encoded."""
+        return tuple(self._path)
+
     def _add_tensor(self, value, view_key, **fields) -> list:
         if view_key is not None:
             idx = self._by_view.get(view_key)
@@ -191,9 +228,15 @@ class Encoder:
                 f"tensors of dtype {v.dtype} are not supported (docs/FORMAT.md §4.1 lists the dtypes "
                 "that are); convert it, e.g. t.to(torch.float32)")
         kind = "parameter" if type(v) is _Parameter else "tensor"
+        device = "cpu"
+        if not v.is_cpu:
+            device = str(v.device)
+            problem = devices.of_tensor(device)
+            if problem is not None:
+                raise self.unsupported(f"{problem}; move the tensor to the CPU (t.cpu()) to save it")
         return self._add_tensor(
             v, tensorbytes.alias_key(v, kind), kind=kind, dtype=row, shape=tuple(v.shape),
-            device="cpu" if v.is_cpu else str(v.device), requires_grad=v.requires_grad,
+            device=device, requires_grad=v.requires_grad, memory_format=tensorbytes.memory_format(v),
         )
 
     def enc_ndarray(self, v, depth):
@@ -217,6 +260,8 @@ class Encoder:
         if reg is not None:
             try:
                 state = reg.encode(v)
+            except UnsupportedTypeError as e:  # the codec says why (a built-in codec's refusal)
+                raise self.unsupported(str(e)) from None
             except Exception as e:
                 raise self.unsupported(f"the encode function registered for {reg.name!r} failed: {e!r}") from e
             return ["obj", reg.name, self.encode(state, depth)]
@@ -225,42 +270,10 @@ class Encoder:
         raise self.unsupported(unsaveable_message(v))
 
     # -- naming
-    def assign_names(self) -> None:
-        """Give each tensor a readable, unique safetensors name from its path."""
-        for src, name in zip(self.tensors, tensor_names([s.path for s in self.tensors])):
+    def assign_names(self, version: int = 2) -> None:
+        """Give each tensor a readable, unique safetensors name from its path (docs/FORMAT.md §3)."""
+        for src, name in zip(self.tensors, tensor_names([s.path for s in self.tensors], version)):
             src.name = name
-
-
-def tensor_names(first_paths: list[tuple]) -> list[str]:
-    """The canonical safetensors names of tensors first found at ``first_paths`` (in table
-    order): path components joined with dots, ``~1``, ``~2``... added to make them unique."""
-    used: set[str] = {"__metadata__"}
-    out = []
-    for path in first_paths:
-        base = ".".join(
-            p if type(p) is str else str(p) if type(p) is int else _key_repr(p) for p in path
-        ) or "_"
-        name, n = base, 0
-        while name in used:
-            n += 1
-            name = f"{base}~{n}"
-        used.add(name)
-        out.append(name)
-    return out
-
-
-def _key_repr(key: Any) -> str:
-    """``repr(key)``, but with frozenset members in canonical key order (recursively, also
-    inside tuples), so a tensor's name never depends on hash order (docs/FORMAT.md §3)."""
-    t = type(key)
-    if t is tuple:
-        inner = ", ".join(_key_repr(k) for k in key)
-        return f"({inner},)" if len(key) == 1 else f"({inner})"
-    if t is frozenset:
-        if not key:
-            return "frozenset()"
-        return "frozenset({" + ", ".join(_key_repr(k) for k in sorted_keys(key)) + "})"
-    return repr(key)
 
 
 ENCODERS: dict[type, Callable[[Encoder, Any, int], Any]] = {
@@ -296,6 +309,11 @@ def unsaveable_message(v: Any) -> str:
     if callable(getattr(v, "state_dict", None)) and callable(getattr(v, "load_state_dict", None)):
         return (f"cannot save a {name}: it has state_dict()/load_state_dict(), so save "
                 "obj.state_dict() instead and restore it with load_state_dict() after loading")
+    opt_in = codecs.hint(v)
+    if opt_in is not None:
+        return (f"cannot save a {name}: paths, dates and times and argparse namespaces are saved by "
+                f"built-in codecs that are off by default; call {opt_in} (or "
+                "tensorcanon.register_builtin_codecs() for all of them) before saving and loading")
     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                       functools.partial, types.ModuleType, type)):
         kind = ("module" if isinstance(v, types.ModuleType) else "class" if isinstance(v, type)
@@ -353,6 +371,18 @@ class Decoder:
     def error(self, message: str) -> FormatError:
         return FormatError(f"manifest: {message} at {paths.join(tuple(self._path))}")
 
+    def check_depth(self, depth: int) -> None:
+        """Reject a tagged array at ``depth`` (the root is at 0) unless ``depth < max_depth``.
+
+        :meth:`decode` checks every node it dispatches; a decoder that walks nested tagged
+        arrays itself (the random-state tags) calls this for each level it enters.
+        """
+        if depth >= self.max_depth:
+            raise LimitError(
+                f"manifest: object nested deeper than max_depth={self.max_depth} at "
+                f"{paths.join(tuple(self._path))}", limit="max_depth",
+            )
+
     def decode(self, node: Any, depth: int = 0) -> Any:
         t = type(node)
         if t is str or t is float or t is int or t is bool or node is None or t is bytes:
@@ -361,11 +391,7 @@ class Decoder:
             return self._ext(node)
         if t is not list:
             raise self.error(f"unexpected {t.__name__} node")
-        if depth >= self.max_depth:
-            raise LimitError(
-                f"manifest: object nested deeper than max_depth={self.max_depth} at "
-                f"{paths.join(tuple(self._path))}", limit="max_depth",
-            )
+        self.check_depth(depth)
         if not node or type(node[0]) is not str:
             raise self.error("a tagged array must start with a str tag")
         dec = DECODERS.get(node[0])
@@ -428,7 +454,7 @@ class Decoder:
                     raise self.error("dict keys are not in canonical order (or repeat)")
                 prev = sk
             elif sk in seen:
-                raise self.error(f"OrderedDict key {k!r} repeats")
+                raise self.error(f"OrderedDict key {paths.show(k)} repeats")
             else:
                 seen.add(sk)
             path.append(k)
@@ -489,28 +515,28 @@ class Decoder:
 
     def dec_dtype(self, node, depth):
         (name,) = self._args(node, 1)
-        d = dtypes.TORCH_DTYPES_BY_NAME.get(name) if type(name) is str else None
+        if type(name) is not str or name not in dtypes.DTYPE_VALUE_NAMES:
+            raise self.error(f"unknown torch dtype {paths.show(name)} (docs/FORMAT.md §4.4 lists the names)")
+        d = dtypes.TORCH_DTYPES_BY_NAME.get(name)
         if d is None:
-            raise self.error(f"unknown torch dtype {name!r}")
+            raise self.error(f"the file holds torch.{name}, which this torch ({torch.__version__}) lacks; "
+                             "load it with a newer torch")
         return d
 
     def dec_device(self, node, depth):
         (spec,) = self._args(node, 1)
-        if type(spec) is not str or len(spec) > 64:
-            raise self.error("'device' takes a short str")
+        if not devices.is_canonical(spec):
+            raise self.error(f"device {paths.show(spec)} is not canonical device text (docs/FORMAT.md §4.3)")
         try:
-            dev = torch.device(spec)
-        except (RuntimeError, ValueError):
-            raise self.error(f"invalid device {spec!r}") from None
-        if str(dev) != spec:
-            raise self.error(f"device {spec!r} is not in canonical form {str(dev)!r}")
-        return dev
+            return torch.device(spec)
+        except (RuntimeError, ValueError) as e:  # a type this torch does not know
+            raise self.error(f"this torch ({torch.__version__}) cannot make device {spec!r}: {e}") from None
 
     def dec_numpy_scalar(self, node, depth):
         name, data = self._args(node, 2)
         row = dtypes.BY_NAME.get(name) if type(name) is str else None
         if row is None or row.numpy is None or type(data) is not bytes or len(data) != row.itemsize:
-            raise self.error(f"invalid numpy scalar of dtype {name!r}")
+            raise self.error(f"invalid numpy scalar of dtype {paths.show(name)}")
         value = np.frombuffer(data, dtype=row.numpy)[0]
         if row.name == "bool" and data not in (b"\x00", b"\x01"):
             raise self.error("numpy bool scalar holds a byte other than 0 or 1")
@@ -519,7 +545,7 @@ class Decoder:
     def dec_tensor(self, node, depth):
         (idx,) = self._args(node, 1)
         if type(idx) is not int or not 0 <= idx < len(self.tensors):
-            raise self.error(f"tensor index {idx!r} is out of range")
+            raise self.error(f"tensor index {paths.show(idx)} is out of range")
         if not self.used[idx]:
             if idx != len(self.first_paths):
                 raise self.error(
@@ -532,16 +558,17 @@ class Decoder:
             self.uses.append((tuple(self._path), idx))
         return self.tensors[idx]
 
-    def check_table(self, names: list[str]) -> None:
-        """After decoding the root: every tensor is used, and each has its canonical name."""
+    def check_table(self, names: list[str], version: int = 2) -> None:
+        """After decoding the root: every tensor is used, and each has its canonical name
+        (by the name rule of format ``version``: docs/FORMAT.md §3)."""
         if not all(self.used):
             unused = [names[i] for i, u in enumerate(self.used) if not u][:3]
             raise FormatError(f"manifest: tensors {unused} are listed but never used in the object")
-        for i, (name, want) in enumerate(zip(names, tensor_names(self.first_paths))):
+        for i, (name, want) in enumerate(zip(names, tensor_names(self.first_paths, version))):
             if name != want:
                 raise FormatError(
-                    f"manifest: tensor {i} at {paths.join(self.first_paths[i])} is named {name!r}, "
-                    f"but its canonical name is {want!r}; the file was not written by a conforming "
+                    f"manifest: tensor {i} at {paths.join(self.first_paths[i])} is named {paths.show(name)}, "
+                    f"but its canonical name is {paths.show(want)}; the file was not written by a conforming "
                     "writer (re-save it with tensorcanon.save)"
                 )
 
@@ -563,10 +590,12 @@ class Decoder:
             self.decode(state, depth)
             return None
         if reg is None:
+            enable = codecs.NAMES.get(name)
+            how = (f"call tensorcanon.codecs.{enable}() (or tensorcanon.register_builtin_codecs()) "
+                   "before loading" if enable else "call tensorcanon.register(<that class>) before loading")
             raise UnsupportedTypeError(
-                f"the file holds a value of the registered type {name!r} at {where}, which is not "
-                "registered in this process; call tensorcanon.register(<that class>) before loading "
-                "(tensorcanon never imports names found in a file)",
+                f"the file holds a value of the registered type {paths.show(name)} at {where}, which is "
+                f"not registered in this process; {how} (tensorcanon never imports names found in a file)",
                 path=where,
             )
         value = self.decode(state, depth)

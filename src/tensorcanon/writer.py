@@ -36,6 +36,7 @@ class Plan:
     starts: list[int]                 # where each of ``ordered`` starts in the data section
     data_size: int
     algorithm: str = digest.DEFAULT
+    version: int = manifest.VERSION
 
     _packed: manifest.Packed | None = None  # the manifest, packed once; only digests change
     _prefixes: dict | None = None           # digest prefix of each (dtype, shape) seen
@@ -50,7 +51,8 @@ class Plan:
         if self._packed is None:
             self._packed = manifest.Packed(
                 self.root, self.meta,
-                [(s.name, s.dtype.name, s.shape, s.kind, s.requires_grad) for s in self.tensors], self.algorithm)
+                [(s.name, s.dtype.name, s.shape, s.kind, s.requires_grad) for s in self.tensors],
+                self.algorithm, self.version)
         zero = bytes(digest.size(self.algorithm))
         return self._packed([s.digest or zero for s in self.tensors])
 
@@ -60,7 +62,8 @@ class Plan:
         """(header bytes, manifest bytes) for the digests currently recorded."""
         raw = self.manifest_bytes()
         devices = [s.device for s in self.tensors]
-        meta = manifest.header_metadata(raw, devices, self.algorithm)
+        formats = [s.memory_format for s in self.tensors] if self.version >= 2 else None
+        meta = manifest.header_metadata(raw, devices, self.algorithm, formats)
         if self._first is not None:
             spliced = _splice(*self._first, meta)
             if spliced is not None:
@@ -112,9 +115,20 @@ def _splice(header: bytes, old: dict, new: dict) -> bytes | None:
     return out
 
 
-def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: str = digest.DEFAULT) -> Plan:
+def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: str = digest.DEFAULT,
+         *, version: int = manifest.VERSION, encoder: Encoder | None = None) -> Plan:
+    """Encode ``obj`` and lay out its file, reading no tensor data.
+
+    ``version`` other than the current one is only for computing what an older
+    format recorded (lockfiles of format-1 fingerprints). ``encoder`` (default: a
+    plain :class:`~tensorcanon.tree.Encoder`) may be a subclass that encodes more
+    types; tensorcanon.dcp passes one that plans each DTensor as the full tensor
+    it stands for, so the plan is that of the unsharded state.
+    """
     algorithm = digest.check(algorithm)  # before any work: an unknown name fails fast
-    enc = Encoder(limits.max_depth)
+    if version not in manifest.READABLE_VERSIONS:
+        raise ValueError(f"format version {version} is not one this tensorcanon knows")
+    enc = encoder if encoder is not None else Encoder(limits.max_depth)
     try:
         root = enc.encode(obj)
     except RecursionError:
@@ -140,7 +154,7 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
             f"the object holds {len(enc.tensors)} tensors, more than max_tensors={limits.max_tensors} "
             "that readers accept", limit="max_tensors", path="$", saving=True,
         )
-    enc.assign_names()
+    enc.assign_names(version)
     ordered = sorted(enc.tensors, key=lambda s: container.data_order(s.name, s.dtype.itemsize))
     starts, position = [], 0
     for s in ordered:
@@ -154,7 +168,7 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
             )
         starts.append(position)
         position += s.nbytes
-    return Plan(root, meta, enc.tensors, ordered, starts, position, algorithm)
+    return Plan(root, meta, enc.tensors, ordered, starts, position, algorithm, version)
 
 
 def _chunks(src: TensorSource):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import random
 import struct
 
 import numpy as np
@@ -35,6 +36,24 @@ def view_key(v):
         return ("id", id(v))
     return (v.untyped_storage().data_ptr(), str(v.device), v.storage_offset(), tuple(v.shape), v.stride(),
             v.dtype, type(v) is torch.nn.Parameter, v.requires_grad, v.is_conj(), v.is_neg())
+
+
+def key_id(k):
+    """An exact identity for a key: NaN keys by their bits, -0.0 apart from 0.0, types kept."""
+    if isinstance(k, float):
+        return ("float", struct.pack(">d", k))
+    if isinstance(k, tuple):
+        return ("tuple", tuple(key_id(x) for x in k))
+    if isinstance(k, frozenset):
+        return ("frozenset", tuple(sorted((key_id(x) for x in k), key=repr)))
+    return (type(k).__name__, k)
+
+
+def _bitgen(bg):
+    """A bit generator's complete state as plain values: its state and its SeedSequence."""
+    ss = getattr(bg, "seed_seq", None)
+    seq = None if ss is None else (repr(ss.entropy), tuple(ss.spawn_key), ss.pool_size, ss.n_children_spawned)
+    return (type(bg).__name__, repr(bg.state), seq)
 
 
 def assert_same(a, b, path="$", aliases=None):
@@ -69,10 +88,22 @@ def assert_same(a, b, path="$", aliases=None):
         if isinstance(a, collections.OrderedDict):
             assert list(a) == list(b), f"{path}: OrderedDict order differs"
             assert getattr(a, "_metadata", None) == getattr(b, "_metadata", None), f"{path}: _metadata"
-        assert set(a) == set(b), f"{path}: keys differ"
+        by_id = {key_id(k): k for k in b}
+        assert sorted(map(key_id, a), key=repr) == sorted(by_id, key=repr), f"{path}: keys differ"
         for k in a:
-            kb = next(x for x in b if x == k and type(x) is type(k))
-            assert_same(a[k], b[kb], f"{path}[{k!r}]", aliases)
+            assert_same(a[k], b[by_id[key_id(k)]], f"{path}[{k!r}]", aliases)
+    elif isinstance(a, torch.Generator):
+        assert a.device == b.device and torch.equal(a.get_state(), b.get_state()), path
+    elif isinstance(a, np.random.Generator):
+        assert_same(_bitgen(a.bit_generator), _bitgen(b.bit_generator), path)
+    elif isinstance(a, np.random.RandomState):
+        sa, sb = a.get_state(legacy=False), b.get_state(legacy=False)
+        assert (sa["has_gauss"], sa["gauss"]) == (sb["has_gauss"], sb["gauss"]), path
+        assert_same(_bitgen(a._bit_generator), _bitgen(b._bit_generator), path)
+    elif isinstance(a, np.random.BitGenerator):
+        assert_same(_bitgen(a), _bitgen(b), path)
+    elif type(a).__name__ == "Random" and hasattr(a, "getstate"):
+        assert a.getstate() == b.getstate(), path
     elif dataclasses.is_dataclass(a):
         for f in dataclasses.fields(a):
             assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}", aliases)

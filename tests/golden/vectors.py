@@ -9,9 +9,13 @@ change: see regenerate.py.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
+import datetime
 import math
+import pathlib
+import random
 import struct
 
 import numpy as np
@@ -107,6 +111,41 @@ def tied():
     return {"a": w, "b": w, "detached": w.detach(), "row": w[1], "row_again": w[1], "other_row": w[2]}
 
 
+def aliasing():
+    """docs/FORMAT.md §6.5: merged by address of the first element, device, shape, strides, dtype,
+    kind, requires_grad and lazy bits; never by storage object identity alone."""
+    arr = np.arange(6, dtype=np.float32)
+    base = torch.arange(8, dtype=torch.float32)
+    param = torch.nn.Parameter(torch.arange(3, dtype=torch.float64), requires_grad=False)
+    return {
+        "param": param, "param_data": param.data,         # same view, other kind: not merged
+        # two torch storages over one numpy buffer: one memory, so one tensor
+        "from_numpy_1": torch.from_numpy(arr), "from_numpy_2": torch.from_numpy(arr),
+        "slice": base[2:6], "same_slice": base[2:6],     # two view objects, one view: merged
+        "overlap": base[3:7],                             # overlapping memory: not merged
+        "as_int32": base.view(torch.int32),               # same memory, another dtype: not merged
+        "as_matrix": base.view(2, 4),                     # same address, another shape: not merged
+        "strided": base[::2], "strided_again": base[::2],
+        "grad": base.detach().requires_grad_(),           # same view, requires_grad differs: not merged
+        "empty_1": base[0:0], "empty_2": base[0:0],       # zero-size: never merged
+        "array": arr, "array_view": arr[:],               # numpy: same pointer, shape, strides, dtype
+        "array_reversed": arr[::-1],                      # other strides: not merged
+    }
+
+
+def memory_formats():
+    """docs/FORMAT.md §5.6: channels-last layouts recorded outside the digest, restored on load."""
+    nchw = torch.arange(2 * 3 * 2 * 4, dtype=torch.float32).reshape(2, 3, 2, 4)
+    ncdhw = torch.arange(1 * 2 * 2 * 1 * 3, dtype=torch.float16).reshape(1, 2, 2, 1, 3)
+    return {
+        "nhwc": nchw.contiguous(memory_format=torch.channels_last),
+        "ndhwc": ncdhw.contiguous(memory_format=torch.channels_last_3d),
+        "nchw": nchw,                                            # the same values, contiguous
+        "weight": torch.nn.Parameter(nchw.contiguous(memory_format=torch.channels_last) + 1),
+        "one_channel": torch.zeros(2, 1, 3, 3).contiguous(memory_format=torch.channels_last),  # also contiguous
+    }
+
+
 def parameters():
     p = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))
     q = torch.nn.Parameter(torch.arange(3, dtype=torch.float64), requires_grad=False)
@@ -158,8 +197,97 @@ def registered():
     return {"cfg": GoldenConfig(lr=0.5, steps=7, tags=("a", "b")), "list": [GoldenConfig(0.0, 0, ())]}
 
 
+def names():
+    """Tensors under keys of every key type: locks the name grammar (docs/FORMAT.md §3).
+
+    The same object as v1/names.safetensors, so the two files show the rule change."""
+    payload_nan = _nan_with_payload()
+    return {
+        ("a", 1): torch.zeros(1), ("it's",): torch.ones(1), ("\x00\x85\xa0é\u2028",): torch.zeros(2),
+        b"k\x00'": torch.ones(2), 1.5: torch.zeros(3), float("nan"): torch.ones(3),
+        payload_nan: torch.zeros(4), -0.0: torch.ones(4), 1e16: torch.zeros(5), None: torch.ones(5),
+        True: torch.zeros(6), frozenset({2, "b", (1,)}): torch.ones(6), 2**70: torch.zeros(7),
+        -(2**70): torch.ones(7), 7: torch.zeros(8), "": torch.ones(8), ((),): torch.zeros(9),
+    }
+
+
+def builtin_codecs():
+    """docs/FORMAT.md §6.9: paths, dates and times, argparse namespaces (opt-in codecs)."""
+    tc.register_builtin_codecs()
+    ist = datetime.timezone(datetime.timedelta(hours=5, minutes=30))
+    return {
+        "paths": [pathlib.PurePosixPath("/data/run 1/x.pt"), pathlib.PurePosixPath("rel"),
+                  pathlib.PureWindowsPath("C:/Users/x"), pathlib.PosixPath("/tmp/a")],
+        "dates": [datetime.date(2024, 2, 29), datetime.time(23, 59, 59, 999999, tzinfo=ist, fold=1),
+                  datetime.datetime(2024, 1, 2, 3, 4, 5, 6),
+                  datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc),
+                  datetime.timedelta(days=-1, microseconds=5)],
+        "hparams": argparse.Namespace(lr=0.5, data_dir=pathlib.PurePosixPath("/data"), layers=[4, 2]),
+    }
+
+
+def random_state():
+    """docs/FORMAT.md §6.7: every random-state tag, built from fixed seeds (no global state)."""
+    from tensorcanon import rng
+
+    g = torch.Generator().manual_seed(7)
+    torch.rand(5, generator=g)
+    torch.randn(1, generator=g, dtype=torch.float64)  # a cached Gaussian in the state
+    parent = np.random.default_rng([1, 2])
+    child = parent.spawn(2)[1]
+    legacy = np.random.RandomState(5)
+    legacy.standard_normal()  # has_gauss = 1
+    r = random.Random(9)
+    r.gauss(0.0, 1.0)  # gauss_next set
+    np_state = np.random.RandomState(11).get_state(legacy=False)
+    name, fields = rng.bitgen_fields(np_state)
+    state = tc.RngState(
+        python=random.Random(1).getstate(), numpy=(name, fields, 0, 0.0),
+        torch_cpu=bytes(torch.Generator().manual_seed(1).get_state().numpy()),
+        cuda=(struct.pack("<Qq", 5, 8), struct.pack("<Qq", 6, 0)), mps=None, xpu=())
+    settings = tc.DeterminismSettings(
+        deterministic_algorithms=True, deterministic_warn_only=False, cudnn_deterministic=True,
+        cudnn_benchmark=False, cudnn_allow_tf32=True, cuda_matmul_allow_tf32=False,
+        float32_matmul_precision="highest", cublas_workspace_config=":4096:8", pythonhashseed="0",
+        num_threads=4, torch_version="2.13.0", numpy_version="2.4.6", cuda_version="12.8",
+        cudnn_version=91000, machine="x86_64", gpu_names=("NVIDIA H100",), gpu_sm_counts=(132,))
+    return {
+        "torch": g, "numpy": parent, "numpy_child": child, "legacy": legacy,
+        "legacy_pcg64": np.random.RandomState(np.random.PCG64(3)), "random": r,
+        "bit_generators": [np.random.Generator(np.random.PCG64DXSM(1)), np.random.Generator(np.random.MT19937(2)),
+                           np.random.Generator(np.random.Philox(3)), np.random.Generator(np.random.SFC64(4))],
+        "process": state, "settings": settings,
+    }
+
+
 def bare_tensor():
     return torch.arange(5, dtype=torch.int64)
+
+
+def generators():
+    """Random state of every kind, seeded and advanced by fixed draws: locks the state layouts
+    (and the SeedSequence each numpy bit generator carries) across numpy and torch versions."""
+    from tensorcanon.rng import BIT_GENERATORS, bitgen_fields
+
+    out = {"torch": torch.Generator().manual_seed(11), "random": random.Random(3),
+           "legacy": np.random.RandomState(5), "legacy_pcg": np.random.RandomState(np.random.PCG64(6))}
+    for name, (cls, _) in sorted(BIT_GENERATORS.items()):
+        out[f"gen_{name}"] = np.random.Generator(cls(np.random.SeedSequence([7, 8], spawn_key=(1,))))
+        out[f"bare_{name}"] = cls(9)
+    torch.rand(3, generator=out["torch"])
+    out["random"].gauss(0, 1)
+    for g in out.values():
+        if isinstance(g, np.random.Generator):
+            g.random(3)
+            g.integers(0, 10, dtype=np.uint32)  # leaves a cached uint32 half
+        elif isinstance(g, np.random.RandomState):
+            g.standard_normal()  # leaves a cached gauss
+    legacy = np.random.RandomState(12).get_state(legacy=False)
+    out["state"] = tc.RngState(
+        python=random.Random(13).getstate(),
+        numpy=(*bitgen_fields(legacy), int(legacy["has_gauss"]), float(legacy["gauss"])),
+        torch_cpu=bytes(torch.Generator().manual_seed(14).get_state().numpy().tobytes()))
+    return out
 
 
 #: name -> (build object, metadata or None)
@@ -172,6 +300,8 @@ VECTORS = {
     "shapes": (shapes, None),
     "views": (views, None),
     "tied": (tied, None),
+    "aliasing": (aliasing, None),
+    "memory_formats": (memory_formats, None),
     "parameters": (parameters, None),
     "numpy": (numpy_values, None),
     "torch_values": (torch_values, None),
@@ -180,7 +310,11 @@ VECTORS = {
     "metadata": (with_metadata, {"run": "golden", "step": 3, "lr": 0.25, "tags": ["x", "y"], "nested": {"b": 1, "a": None}}),
     "registered": (registered, None),
     "bare_tensor": (bare_tensor, None),
+    "names": (names, None),
+    "builtin_codecs": (builtin_codecs, None),
+    "random_state": (random_state, None),
     "empty_dict": (dict, None),
+    "generators": (generators, None),
 }
 
 

@@ -1,0 +1,301 @@
+"""Built-in codecs for standard-library values that checkpoints often hold, enabled on request.
+
+Training configurations (Lightning's ``hparams``, argparse results) hold
+``pathlib`` paths, ``argparse.Namespace`` objects and dates; tensorcanon saves
+only values it has been told how to store, so these are opt-in registrations
+(:func:`tensorcanon.register` with a codec the format specifies,
+docs/FORMAT.md §6.9):
+
+=======================  ===========================  =================================
+call                     values                       recorded as ``["obj", name, ...]``
+=======================  ===========================  =================================
+:func:`register_paths`   ``PurePath`` and subclasses  ``pathlib.PurePath``: [kind, text]
+:func:`register_datetime` ``date``, ``time``,         ``datetime.date`` / ``.time`` /
+                         ``datetime``, ``timedelta``  ``.datetime`` / ``.timedelta``: ints
+:func:`register_namespace` ``argparse.Namespace``     ``argparse.Namespace``: a dict
+:func:`register_all`     all of the above
+=======================  ===========================  =================================
+
+Why opt-in: each codec fixes a choice a program may not want made silently. A
+path is stored as text and comes back as the same kind of path (a
+``WindowsPath`` cannot be built on Linux); a datetime's time zone must be a
+fixed offset (zone rules live in a tz database that changes, so ``ZoneInfo``
+values are refused); a namespace comes back with its attributes in sorted
+order. The process that loads a file must enable the same codecs, as for any
+registered type.
+
+Example::
+
+    tensorcanon.register_builtin_codecs()
+    tensorcanon.save({"hparams": {"data_dir": pathlib.Path("/data")}}, "ckpt.safetensors")
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import pathlib
+from typing import Any, Callable
+
+from . import registry
+from .errors import UnsupportedTypeError, UsageError
+
+__all__ = ["register_paths", "register_datetime", "register_namespace", "register_all", "NAMES"]
+
+PATH = "pathlib.PurePath"
+DATE, TIME, DATETIME, TIMEDELTA = "datetime.date", "datetime.time", "datetime.datetime", "datetime.timedelta"
+NAMESPACE = "argparse.Namespace"
+
+#: Registration name -> the call that enables it (for error messages).
+NAMES = {PATH: "register_paths", DATE: "register_datetime", TIME: "register_datetime",
+         DATETIME: "register_datetime", TIMEDELTA: "register_datetime", NAMESPACE: "register_namespace"}
+
+
+# ------------------------------------------------------------------ paths
+
+_PATH_KINDS = {
+    "PurePosixPath": pathlib.PurePosixPath, "PureWindowsPath": pathlib.PureWindowsPath,
+    "PosixPath": pathlib.PosixPath, "WindowsPath": pathlib.WindowsPath,
+}
+_PURE = {"PurePosixPath": pathlib.PurePosixPath, "PosixPath": pathlib.PurePosixPath,
+         "PureWindowsPath": pathlib.PureWindowsPath, "WindowsPath": pathlib.PureWindowsPath}
+
+
+def _path_kind(p: pathlib.PurePath) -> str:
+    """Which of the four standard path classes ``p`` is, or derives from."""
+    if isinstance(p, pathlib.Path):
+        return type(pathlib.Path(p)).__name__  # PosixPath or WindowsPath (3.12+ subclasses of Path too)
+    for name in ("PurePosixPath", "PureWindowsPath"):
+        if isinstance(p, _PATH_KINDS[name]):
+            return name
+    return type(pathlib.PurePath(p)).__name__
+
+
+def posix_text_is_canonical(text: str) -> bool:
+    """docs/FORMAT.md §6.9.1: ``.``, or an optional root ``/`` or ``//`` followed by non-empty
+    components other than ``.``, separated by single ``/``, with no trailing ``/``."""
+    if text == ".":
+        return True
+    if text.startswith("//") and not text.startswith("///"):
+        root, body = "//", text[2:]
+    elif text.startswith("/"):
+        root, body = "/", text[1:]
+    else:
+        root, body = "", text
+    if body.startswith("/"):
+        return False
+    if not body:
+        return root != ""
+    return all(part not in ("", ".") for part in body.split("/"))
+
+
+def _encode_path(p: pathlib.PurePath) -> list:
+    kind = _path_kind(p)
+    return [kind, str(p)]
+
+
+def _decode_path(state: Any) -> pathlib.PurePath:
+    if type(state) is not list or len(state) != 2 or state[0] not in _PATH_KINDS or type(state[1]) is not str:
+        raise ValueError(f"a path is [kind, text] with kind one of {sorted(_PATH_KINDS)}")
+    kind, text = state
+    pure = _PURE[kind]
+    canonical = posix_text_is_canonical(text) if pure is pathlib.PurePosixPath else str(pure(text)) == text
+    if not canonical or "\x00" in text:
+        raise ValueError(f"path text {text[:80]!r} is not in canonical form")
+    try:
+        return _PATH_KINDS[kind](text)
+    except NotImplementedError:  # (Python < 3.13) or UnsupportedOperation, a NotImplementedError subclass
+        raise ValueError(f"a {kind} cannot be created on this system; load the file where it was "
+                         f"saved, or save pathlib.Pure{kind.removesuffix('Path').removeprefix('Pure')}Path "
+                         "values instead") from None
+
+
+# ------------------------------------------------------------------ dates and times
+
+_US_PER_DAY = 86_400_000_000
+
+
+def _offset_us(tz: Any, what: str) -> int | None:
+    """The fixed UTC offset of ``tz`` in microseconds, None for naive; refuses anything else."""
+    if tz is None:
+        return None
+    if type(tz) is not _dt.timezone:
+        raise UnsupportedTypeError(
+            f"a {what} with tzinfo {tz!r} cannot be saved canonically: only fixed offsets "
+            "(datetime.timezone) are; zone rules come from a tz database that changes. Convert it "
+            "(value.astimezone(datetime.timezone.utc)) and save the zone's name as a str")
+    offset = tz.utcoffset(None)
+    if tz.tzname(None) != _dt.timezone(offset).tzname(None):
+        raise UnsupportedTypeError(
+            f"a {what} with the named time zone {tz!r} cannot be saved: the name would be lost; "
+            f"use datetime.timezone({offset!r}) without a name")
+    return (offset.days * 86_400 + offset.seconds) * 1_000_000 + offset.microseconds
+
+
+def _tz(offset: Any) -> _dt.timezone | None:
+    if offset is None:
+        return None
+    if type(offset) is not int or not -_US_PER_DAY < offset < _US_PER_DAY:
+        raise ValueError("a UTC offset is nil or an int of microseconds strictly within one day")
+    return _dt.timezone(_dt.timedelta(microseconds=offset))
+
+
+def _exact(value: Any, cls: type, what: str) -> None:
+    if type(value) is not cls:
+        t = type(value)
+        raise UnsupportedTypeError(
+            f"{t.__module__}.{t.__qualname__} is a subclass of {what} and may hold more than the "
+            f"{what} codec stores (pandas.Timestamp has nanoseconds): convert it to a plain {what} "
+            f"(for pandas: .to_pydatetime()) or register {t.__qualname__} itself")
+
+
+def _ints(state: Any, n: int, what: str) -> list:
+    if type(state) is not list or len(state) != n:
+        raise ValueError(f"{what} takes a list of {n} values")
+    return state
+
+
+def _check_ints(values, what: str) -> None:
+    if not all(type(v) is int for v in values):
+        raise ValueError(f"{what} fields must be ints")
+
+
+def _encode_date(d: _dt.date) -> list:
+    _exact(d, _dt.date, "datetime.date")
+    return [d.year, d.month, d.day]
+
+
+def _decode_date(state: Any) -> _dt.date:
+    y, m, d = _ints(state, 3, DATE)
+    _check_ints((y, m, d), DATE)
+    return _dt.date(y, m, d)
+
+
+def _encode_time(t: _dt.time) -> list:
+    _exact(t, _dt.time, "datetime.time")
+    return [t.hour, t.minute, t.second, t.microsecond, _offset_us(t.tzinfo, "time"), t.fold]
+
+
+def _decode_time(state: Any) -> _dt.time:
+    h, mi, s, us, offset, fold = _ints(state, 6, TIME)
+    _check_ints((h, mi, s, us, fold), TIME)
+    return _dt.time(h, mi, s, us, tzinfo=_tz(offset), fold=fold)
+
+
+def _encode_datetime(v: _dt.datetime) -> list:
+    _exact(v, _dt.datetime, "datetime.datetime")
+    return [v.year, v.month, v.day, v.hour, v.minute, v.second, v.microsecond,
+            _offset_us(v.tzinfo, "datetime"), v.fold]
+
+
+def _decode_datetime(state: Any) -> _dt.datetime:
+    y, mo, d, h, mi, s, us, offset, fold = _ints(state, 9, DATETIME)
+    _check_ints((y, mo, d, h, mi, s, us, fold), DATETIME)
+    return _dt.datetime(y, mo, d, h, mi, s, us, tzinfo=_tz(offset), fold=fold)
+
+
+def _encode_timedelta(v: _dt.timedelta) -> list:
+    _exact(v, _dt.timedelta, "datetime.timedelta")
+    return [v.days, v.seconds, v.microseconds]
+
+
+def _decode_timedelta(state: Any) -> _dt.timedelta:
+    days, seconds, us = _ints(state, 3, TIMEDELTA)
+    _check_ints((days, seconds, us), TIMEDELTA)
+    if not (-999_999_999 <= days <= 999_999_999 and 0 <= seconds < 86_400 and 0 <= us < 1_000_000):
+        raise ValueError("a timedelta is [days, seconds, microseconds] as Python normalizes them")
+    return _dt.timedelta(days=days, seconds=seconds, microseconds=us)
+
+
+# ------------------------------------------------------------------ argparse
+
+
+def _encode_namespace(ns: argparse.Namespace) -> dict:
+    return dict(vars(ns))
+
+
+def _decode_namespace(state: Any) -> argparse.Namespace:
+    if type(state) is not dict or not all(type(k) is str for k in state):
+        raise ValueError("an argparse.Namespace is a dict with str keys")
+    return argparse.Namespace(**state)
+
+
+# ------------------------------------------------------------------ registration
+
+
+def _install(cls: type, name: str, encode: Callable, decode: Callable) -> None:
+    existing = registry.by_name(name)
+    if existing is not None and existing.cls is cls and existing.encode is encode:
+        return  # already enabled
+    try:
+        registry.register(cls, name=name, encode=encode, decode=decode)
+    except UsageError as e:
+        raise UsageError(f"cannot enable the built-in codec {name!r}: {e}") from None
+
+
+def register_paths() -> None:
+    """Save ``pathlib`` paths (``PurePath`` and every subclass) as their kind and text.
+
+    A path loads as the standard class it is or derives from: ``PurePosixPath``,
+    ``PureWindowsPath``, ``PosixPath`` or ``WindowsPath`` (a concrete path of the
+    other operating system cannot be created, and loading one fails saying so).
+
+    Example::
+
+        tensorcanon.codecs.register_paths()
+        tensorcanon.loads(tensorcanon.dumps(pathlib.Path("/data")))  # PosixPath('/data')
+    """
+    _install(pathlib.PurePath, PATH, _encode_path, _decode_path)
+
+
+def register_datetime() -> None:
+    """Save ``datetime.date``, ``time``, ``datetime`` and ``timedelta`` as lists of ints.
+
+    Naive values and fixed UTC offsets (``datetime.timezone``, without a custom
+    name) are saved; other ``tzinfo`` (``zoneinfo.ZoneInfo``, pytz) and
+    subclasses (``pandas.Timestamp``) are refused with an error saying how to
+    convert them. ``fold`` is kept.
+
+    Example::
+
+        tensorcanon.codecs.register_datetime()
+        tensorcanon.save({"started": datetime.datetime.now(datetime.timezone.utc)}, path)
+    """
+    _install(_dt.date, DATE, _encode_date, _decode_date)
+    _install(_dt.time, TIME, _encode_time, _decode_time)
+    _install(_dt.datetime, DATETIME, _encode_datetime, _decode_datetime)
+    _install(_dt.timedelta, TIMEDELTA, _encode_timedelta, _decode_timedelta)
+
+
+def register_namespace() -> None:
+    """Save ``argparse.Namespace`` objects as the dict of their attributes.
+
+    Example::
+
+        tensorcanon.codecs.register_namespace()
+        tensorcanon.save({"args": parser.parse_args()}, path)
+    """
+    _install(argparse.Namespace, NAMESPACE, _encode_namespace, _decode_namespace)
+
+
+def register_all() -> None:
+    """Enable every built-in codec (paths, dates and times, argparse namespaces).
+
+    Also available as ``tensorcanon.register_builtin_codecs()``. Calling it again
+    does nothing; a class you registered yourself is not replaced (that raises
+    :class:`~tensorcanon.UsageError`).
+    """
+    register_paths()
+    register_datetime()
+    register_namespace()
+
+
+def hint(value: Any) -> str | None:
+    """The call that would make ``value`` saveable, if a built-in codec covers its type."""
+    if isinstance(value, pathlib.PurePath):
+        return "tensorcanon.codecs.register_paths()"
+    if isinstance(value, (_dt.date, _dt.time, _dt.timedelta)):
+        return "tensorcanon.codecs.register_datetime()"
+    if isinstance(value, argparse.Namespace):
+        return "tensorcanon.codecs.register_namespace()"
+    return None

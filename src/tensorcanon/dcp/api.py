@@ -1,0 +1,176 @@
+"""save, load, async_save: DCP's own functions with tensorcanon's storage and planners.
+
+DCP reports a failure on any rank to every rank as a ``CheckpointException`` (a
+``BaseException``, so ``except Exception`` misses it), holding each failing
+rank's exception. These functions turn it back into the library's own error:
+the first failing rank's tensorcanon error (or OSError) itself, else a
+:class:`CheckpointError` carrying DCP's message. Every rank gets the same
+failures, so every rank raises the same error.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import warnings
+from typing import Callable, TypeVar
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
+
+from .. import digest as _digest
+from ..errors import LimitError, TensorCanonError, UsageError
+from ..limits import DEFAULT, Limits
+from ..sharded.errors import CheckpointError
+from .load_planner import LoadPlanner
+from .reader import Reader
+from .save_planner import SavePlanner
+from .writer import LOGICAL_DIGEST, Writer
+
+_T = TypeVar("_T")
+
+
+def _distributed(process_group) -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The library's error for a DCP failure (see the module docstring)."""
+    if not isinstance(exc, CheckpointException):
+        if isinstance(exc, (TensorCanonError, OSError)):
+            return exc
+        return CheckpointError(f"torch.distributed.checkpoint failed: {type(exc).__name__}: {exc}")
+    failures = sorted(exc.failures.items())
+    primary = [(r, e) for r, (e, _) in failures if not getattr(e, "secondary", False)] or \
+              [(r, e) for r, (e, _) in failures]
+    rank, first = primary[0]
+    if isinstance(first, CheckpointException):
+        return unwrap(first)
+    if isinstance(first, (TensorCanonError, OSError)):
+        return first
+    return CheckpointError(
+        f"torch.distributed.checkpoint failed on rank {rank}: {type(first).__name__}: {first}"
+    )
+
+
+def _run(fn: Callable[[], _T]) -> _T:
+    try:
+        return fn()
+    except CheckpointException as ce:
+        raise unwrap(ce) from ce
+    except (TensorCanonError, OSError):
+        raise
+    except Exception as e:  # DCP's own checks outside its collectives (arguments, backends)
+        raise unwrap(e) from e
+
+
+@contextlib.contextmanager
+def _quiet(single_process: bool):
+    """Silence DCP's warning that it runs in one process (that is the caller's intent)."""
+    with warnings.catch_warnings():
+        if single_process:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            warnings.filterwarnings("ignore", message="torch.distributed is unavailable")
+        yield
+
+
+def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: dist.ProcessGroup | None = None,
+         algorithm: str = _digest.DEFAULT, limits: Limits = DEFAULT) -> str:
+    """Save a (sharded) state dict as a canonical checkpoint directory; return its logical digest.
+
+    Collective: every rank of ``process_group`` calls it with its own state dict
+    (DTensors, FSDP2 state dicts, plain tensors, non-tensor values,
+    :class:`PerRank` values). Without an initialized process group it saves in
+    one process. The returned logical digest is the same string on every rank,
+    for every world size and sharding of the same state, and equals
+    ``tensorcanon.fingerprint`` of the state held unsharded (per-rank values
+    excluded). Same world size and same state give byte-identical files.
+
+    Example::
+
+        model_sd, optim_sd = get_state_dict(model, optim)
+        digest = tensorcanon.dcp.save({"model": model_sd, "optim": optim_sd, "step": 100},
+                                      "ckpt/step100")
+    """
+    single = not _distributed(process_group)
+    writer = Writer(checkpoint_dir, process_group=process_group, algorithm=algorithm, limits=limits)
+    with _quiet(single):
+        md = _run(lambda: dcp.save(state_dict, storage_writer=writer, planner=SavePlanner(limits=limits),
+                                   process_group=process_group, no_dist=single))
+    return md.storage_data[LOGICAL_DIGEST]
+
+
+def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
+               process_group: dist.ProcessGroup | None = None, executor: str = "thread",
+               algorithm: str = _digest.DEFAULT, limits: Limits = DEFAULT) -> concurrent.futures.Future:
+    """:func:`save` in the background (``dcp.async_save``); the future's result is the logical digest.
+
+    The state is first copied to CPU memory (DCP's staging), so tensors may be
+    changed as soon as this returns. ``executor`` is ``"thread"`` or
+    ``"process"`` (a background process with its own gloo group; DCP starts it on
+    first use). A failure is raised by ``future.result()`` as the library's own error.
+
+    Example::
+
+        fut = tensorcanon.dcp.async_save(state, "ckpt/step100")
+        ...  # train on
+        digest = fut.result()
+    """
+    kinds = {"thread": AsyncCheckpointerType.THREAD, "process": AsyncCheckpointerType.PROCESS}
+    kind = kinds.get(executor) if isinstance(executor, str) else executor
+    if not isinstance(kind, AsyncCheckpointerType):
+        raise UsageError(f"executor must be 'thread' or 'process', not {executor!r}")
+    single = not _distributed(process_group)
+    writer = Writer(checkpoint_dir, process_group=process_group, algorithm=algorithm, limits=limits)
+    with _quiet(single):
+        started = _run(lambda: dcp.async_save(
+            state_dict, storage_writer=writer, planner=SavePlanner(limits=limits), process_group=process_group,
+            async_checkpointer_type=kind, no_dist=single,
+        ))
+    upload = started.upload_completion if isinstance(started, AsyncSaveResponse) else started
+    out: concurrent.futures.Future = concurrent.futures.Future()
+
+    def done(f) -> None:
+        try:
+            md = f.result()
+        except BaseException as e:  # CheckpointException is a BaseException
+            out.set_exception(unwrap(e))
+        else:
+            out.set_result(md.storage_data[LOGICAL_DIGEST])
+
+    upload.add_done_callback(done)
+    return out
+
+
+def load(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
+         process_group: dist.ProcessGroup | None = None, keep_per_rank_on_resize: bool = False,
+         limits: Limits = DEFAULT) -> None:
+    """Load a checkpoint into ``state_dict`` in place, verifying every chunk it reads.
+
+    Collective, like ``dcp.load``: each rank passes its state dict, whose tensors
+    (DTensors included) are filled in place and may be sharded differently, over
+    another world size, than at save time. Non-tensor values are replaced by the
+    saved ones, decoded by tensorcanon (no pickle). :class:`PerRank` entries get
+    this rank's own value; with another world size that is an error naming the
+    key, unless ``keep_per_rank_on_resize=True``.
+
+    Example::
+
+        model_sd, optim_sd = get_state_dict(model, optim)
+        state = {"model": model_sd, "optim": optim_sd, "step": 0}
+        tensorcanon.dcp.load(state, "ckpt/step100")
+        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    """
+    single = not _distributed(process_group)
+    reader = Reader(checkpoint_dir, limits=limits)
+    planner = LoadPlanner(process_group=process_group, keep_per_rank_on_resize=keep_per_rank_on_resize,
+                          limits=limits)
+    with _quiet(single):
+        _run(lambda: dcp.load(state_dict, storage_reader=reader, planner=planner,
+                              process_group=process_group, no_dist=single))
+
+
+__all__ = ["save", "async_save", "load", "unwrap"]

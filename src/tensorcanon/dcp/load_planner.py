@@ -1,0 +1,312 @@
+"""LoadPlanner: load a canonical checkpoint into a state dict, in place, without pickle.
+
+The target state dict is walked side by side with the checkpoint's logical tree
+(never flattened by DCP's rules, so int keys, tuples and OrderedDicts keep
+their meaning):
+
+- a tensor, DTensor, Parameter or numpy array in the target is filled in place
+  by DCP (resharding as its placements require) from the tensor at the same path;
+  its dtype and global shape must match exactly (no silent conversion);
+- a :class:`PerRank` entry gets this rank's own value from this rank's file;
+- any other value is replaced by the checkpoint's value at that path, decoded by
+  tensorcanon from the index (tensors inside it, if any, are read whole);
+- a target key the checkpoint lacks is an error; checkpoint keys the target
+  lacks are not loaded (as in DCP).
+
+DCP's ``load_bytes`` (which ends in ``torch.load(weights_only=False)``) is never
+reached: no read item is of the BYTE_IO kind.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.planner import LoadPlan
+from torch.distributed.tensor import DTensor
+
+from .. import dtypes, paths
+from ..errors import UsageError
+from ..limits import DEFAULT, Limits
+from ..sharded import layout
+from ..sharded.files import RankFiles, decode_subtree
+from ..sharded.read import read_tensor
+from ..tree import Decoder
+from .perrank import PerRank
+
+
+@dataclasses.dataclass
+class LoadMark:
+    """Put in every local load plan by :class:`LoadPlanner`, so the Reader knows its planner."""
+
+
+@dataclasses.dataclass
+class FailedIndex:
+    """What Reader.read_metadata returns when the index cannot be read: the error is raised by
+    the next step, inside DCP's exception handling, so every rank gets it and none waits."""
+
+    error: BaseException
+
+
+class LoadPlanner(DefaultLoadPlanner):
+    """Plans a verified, pickle-free load; use it with :class:`tensorcanon.dcp.Reader`.
+
+    ``process_group`` must be the group passed to ``dcp.load`` (None: the default
+    group); it gives this rank's number for per-rank values. With
+    ``keep_per_rank_on_resize=True`` a load with another world size than the save
+    keeps the target's per-rank values instead of raising.
+
+    Example::
+
+        dcp.load(state, storage_reader=tensorcanon.dcp.Reader(path),
+                 planner=tensorcanon.dcp.LoadPlanner())
+    """
+
+    def __init__(self, *, process_group: dist.ProcessGroup | None = None,
+                 keep_per_rank_on_resize: bool = False, limits: Limits = DEFAULT) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False, allow_partial_load=False)
+        self.process_group = process_group
+        self.keep_per_rank_on_resize = keep_per_rank_on_resize
+        self.limits = limits
+
+    def set_up_planner(self, state_dict: dict, metadata: Metadata | None = None,
+                       is_coordinator: bool = False) -> None:
+        index = getattr(metadata, "planner_data", None)
+        if isinstance(index, FailedIndex):
+            raise index.error
+        if not isinstance(index, layout.Index):
+            raise UsageError("tensorcanon.dcp.LoadPlanner reads checkpoints through tensorcanon.dcp.Reader "
+                             "(pass storage_reader=tensorcanon.dcp.Reader(path) to dcp.load)")
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(self.process_group), dist.get_world_size(self.process_group)
+        else:
+            rank, world = 0, 1
+        walk = _Walk(index, rank, world, self.keep_per_rank_on_resize, self.limits)
+        try:
+            walk.mapping(state_dict, index.logical.root, ())
+            self.state_dict = walk.flat
+            for alias, fqn in walk.aliases.items():
+                metadata.state_dict_metadata[alias] = metadata.state_dict_metadata[fqn]
+                for c in metadata.state_dict_metadata[fqn].chunks:
+                    loc = metadata.storage_data[MetadataIndex(fqn, c.offsets)]
+                    metadata.storage_data[MetadataIndex(alias, c.offsets)] = loc
+        finally:
+            walk.close()
+        self.original_state_dict = state_dict
+        self.metadata = metadata
+        self.is_coordinator = is_coordinator
+
+    def create_local_plan(self) -> LoadPlan:
+        plan = create_default_local_load_plan(self.state_dict, self.metadata, True)
+        return dataclasses.replace(plan, planner_data=LoadMark())
+
+    def load_bytes(self, read_item, value) -> None:
+        raise UsageError("tensorcanon checkpoints hold no pickled values: there is nothing to load_bytes")
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["process_group"] = None
+        return state
+
+
+def _is_tensorlike(v: Any) -> bool:
+    return isinstance(v, (torch.Tensor, np.ndarray))
+
+
+def _holds_tensors(v: Any, depth: int = 0) -> bool:
+    if _is_tensorlike(v):
+        return True
+    if depth > 256:
+        return False
+    if isinstance(v, dict):
+        return any(_holds_tensors(x, depth + 1) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return any(_holds_tensors(x, depth + 1) for x in v)
+    return False
+
+
+def _materialize_meta(t: Any) -> Any:
+    """A meta tensor (a model built on the meta device) replaced by an empty one to load into,
+    on the process group's device, as DCP's default planner does; other values unchanged."""
+    if not isinstance(t, torch.Tensor) or t.device.type != "meta":
+        return t
+    if isinstance(t, DTensor):
+        kind = t.device_mesh.device_type
+        module = getattr(torch, kind, None)
+        device = torch.device(kind, module.current_device()) if kind != "cpu" and module else torch.device(kind)
+    elif dist.is_available() and dist.is_initialized():
+        try:
+            device = dist.distributed_c10d._get_object_coll_device()
+        except (RuntimeError, ValueError):
+            device = torch.device("cpu")
+        device = torch.device(device)
+    else:
+        device = torch.device("cpu")
+    if isinstance(t, DTensor):
+        local = torch.empty_like(t.to_local(), device=device)
+        return DTensor.from_local(local, device_mesh=t.device_mesh, placements=t.placements,
+                                  shape=t.size(), stride=t.stride())
+    out = torch.empty_like(t, device=device)
+    return torch.nn.Parameter(out, requires_grad=t.requires_grad) if type(t) is torch.nn.Parameter else out
+
+
+def _memory(t: Any):
+    """What makes two target tensors one piece of memory (reading into one fills the other)."""
+    if isinstance(t, np.ndarray):
+        return ("ndarray", t.__array_interface__["data"][0], t.shape, t.strides, t.dtype.str)
+    if isinstance(t, DTensor):
+        t = t._local_tensor
+    if t.numel() == 0:
+        return ("id", id(t))
+    return (t.untyped_storage()._cdata, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, str(t.device))
+
+
+class _Walk:
+    """Matches a target state dict with the checkpoint's logical tree (see the module docstring)."""
+
+    def __init__(self, index: layout.Index, rank: int, world: int, keep_per_rank: bool, limits: Limits):
+        self.index = index
+        self.rank, self.world = rank, world
+        self.keep_per_rank = keep_per_rank
+        self.limits = limits
+        self.infos = index.logical.tensors
+        self.flat: dict[str, Any] = {}
+        self.aliases: dict[str, str] = {}
+        self._memory: dict[str, Any] = {}
+        self.per_rank = dict(zip(index.per_rank, index.per_rank_keys))
+        self.keys = Decoder([], limits.max_depth)
+        self._files: RankFiles | None = None
+
+    @property
+    def files(self) -> RankFiles:
+        if self._files is None:
+            self._files = RankFiles(self.index, self.limits)
+        return self._files
+
+    def close(self) -> None:
+        if self._files is not None:
+            self._files.close()
+
+    # -------------------------------------------------------------- values
+    def value(self, target: Any, node: Any, path: tuple) -> tuple[Any, bool]:
+        """(the value to put at ``path``, whether it replaces ``target``)."""
+        tag = node[0] if type(node) is list and node and type(node[0]) is str else None
+        if type(target) is PerRank:
+            raise UsageError(f"{paths.join(path)} was saved for all ranks, not per rank (PerRank): load it "
+                             "without the PerRank wrapper")
+        if _is_tensorlike(target):
+            if tag != "tensor":
+                raise UsageError(f"{paths.join(path)} is a tensor in the state dict but the checkpoint holds "
+                                 f"{self._describe(node)} there")
+            real = _materialize_meta(target)
+            self.tensor(real, node[1], path)
+            return real, real is not target
+        if isinstance(target, dict) and tag in ("dict", "odict"):
+            self.mapping(target, node, path)
+            return target, False
+        if type(target) in (list, tuple) and tag == type(target).__name__ and len(node) - 1 == len(target):
+            items, changed = [], False
+            for i, (t, n) in enumerate(zip(target, node[1:])):
+                v, c = self.value(t, n, path + (i,))
+                items.append(v)
+                changed |= c
+                if c and type(target) is list:
+                    target[i] = v
+            if type(target) is tuple and changed:
+                return tuple(items), True
+            return target, False
+        if _holds_tensors(target):
+            raise UsageError(f"{paths.join(path)} holds tensors in the state dict but the checkpoint holds "
+                             f"{self._describe(node)} there: the structures differ")
+        return self.materialize(node), True
+
+    def mapping(self, target: dict, node: Any, path: tuple) -> None:
+        tag = node[0] if type(node) is list and node else None
+        if tag not in ("dict", "odict"):
+            raise UsageError(f"{paths.join(path) or 'the state dict'} is a dict but the checkpoint holds "
+                             f"{self._describe(node)} there")
+        start = 1 if tag == "dict" else 2
+        if tag == "odict" and isinstance(target, collections.OrderedDict):
+            meta = self.materialize(node[1])  # module state dicts' _metadata: a value like any other
+            if meta is not None:
+                target._metadata = meta
+            elif hasattr(target, "_metadata"):
+                del target._metadata
+        saved = {}
+        for i in range(start, len(node) - 1, 2):
+            saved[self.keys.decode(node[i])] = node[i + 1]
+        for k in list(target.keys()):
+            where = path + (k,)
+            if where in self.per_rank:
+                self.per_rank_value(target, k, where)
+            elif k in saved:
+                v, changed = self.value(target[k], saved[k], where)
+                if changed:
+                    target[k] = v
+            else:
+                raise UsageError(
+                    f"{paths.join(where)} is in the state dict but not in the checkpoint (which holds "
+                    f"{sorted(map(repr, saved))[:8]} there); remove it from the state dict to load the rest"
+                )
+
+    def per_rank_value(self, target: dict, k: Any, where: tuple) -> None:
+        if self.world != self.index.world_size:
+            if self.keep_per_rank:
+                return
+            raise UsageError(
+                f"{paths.join(where)} holds per-rank state saved by {self.index.world_size} ranks, but this "
+                f"load runs on {self.world}: no rank's value is this rank's. Pass "
+                "keep_per_rank_on_resize=True to keep the values already in the state dict"
+            )
+        f = self.files.get(self.rank)
+        value = f.value(self.per_rank[where], self.limits)
+        if type(target[k]) is PerRank:
+            target[k].value = value
+        else:
+            target[k] = value
+
+    def tensor(self, target: Any, t: int, path: tuple) -> None:
+        info = self.infos[t]
+        if isinstance(target, np.ndarray):
+            row = dtypes.BY_NUMPY.get(target.dtype.newbyteorder("<")) if target.dtype.fields is None else None
+            if target.dtype.byteorder == ">" or not target.flags.writeable:
+                raise UsageError(f"{paths.join(path)}: cannot load into a read-only or big-endian numpy array")
+            dest = torch.from_numpy(target)
+        else:
+            row = dtypes.BY_TORCH.get(target.dtype)
+            dest = target
+        if row is not info.dtype or tuple(target.shape) != tuple(info.shape):
+            have = f"{row.name if row else target.dtype}{list(target.shape)}"
+            raise UsageError(f"{paths.join(path)} is {have} in the state dict but "
+                             f"{info.dtype.name}{list(info.shape)} in the checkpoint; load into a tensor of "
+                             "the saved dtype and shape (tensorcanon never converts silently)")
+        fqn = info.name
+        memory = _memory(target)
+        if fqn not in self.flat:
+            self.flat[fqn] = dest
+            self._memory[fqn] = memory
+            return
+        if memory == self._memory[fqn]:
+            return  # the same memory as the first target of this tensor (tied weights): filled once
+        alias = f"{fqn}@tie{len(self.aliases)}"
+        self.aliases[alias] = fqn
+        self.flat[alias] = dest
+
+    def materialize(self, node: Any) -> Any:
+        """The checkpoint's value for ``node``, tensors included (read whole and verified)."""
+        return decode_subtree(node, len(self.infos), self.limits,
+                              lambda t: read_tensor(self.index, self.files, t))
+
+    def _describe(self, node: Any) -> str:
+        if type(node) is list and node and type(node[0]) is str:
+            if node[0] == "tensor":
+                info = self.infos[node[1]]
+                return f"a tensor {info.dtype.name}{list(info.shape)}"
+            return f"a {node[0]}"
+        return f"the value {node!r}"[:100]

@@ -1,0 +1,369 @@
+"""Writer: DCP's StorageWriter for canonical sharded checkpoints (docs/FORMAT.md §14).
+
+What each step of ``dcp.save`` does here:
+
+1. ``prepare_global_plan`` (coordinator): for every tensor stored in more than
+   one chunk, picks the rank that will compute its logical digest (the largest
+   first, each to the least loaded rank).
+2. ``write_data`` (every rank): writes the rank's chunks and per-rank values as
+   one ordinary tensorcanon file under a temporary name, then renames it to
+   ``rank-<r>-of-<w>.<its digest>.safetensors``. If some tensor is split into
+   several chunks, the ranks then exchange their file names (one small
+   ``all_gather_object``, which every rank reaches even when its own write
+   failed, so nobody waits forever) and each hashes the tensors assigned to it
+   in C order across the chunks: its own from memory, the others' from the
+   files just written. A tensor held whole in one chunk needs no second pass:
+   its chunk digest is its tensor digest.
+3. ``finish`` (coordinator): fills the digests into the logical manifest,
+   writes the index atomically (the commit marker), then removes rank files no
+   index references any more (an older save's, a bigger world's).
+
+The checkpoint directory must be visible to every rank (a shared file system),
+as it must be for loading with another world size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner as _DCPSavePlanner
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from .. import digest as _digest
+from .. import tensorbytes, writer
+from ..errors import TensorCanonError, UsageError
+from ..limits import DEFAULT, Limits
+from ..sharded import layout, tiling
+from ..sharded.errors import CheckpointError
+from ..sharded.files import RankFile
+from .save_planner import LocalInfo, SavePlanner
+
+OUTCOME_FQN = "@tensorcanon.rank"  # the WriteResult that carries a rank's file digest
+LOGICAL_DIGEST = "tensorcanon.logical_digest"  # key in the Metadata.storage_data every rank gets back
+_PARTIAL_RE = re.compile(r"\.rank-\d{5,}-of-\d{5,}\.partial\Z")
+
+
+@dataclass
+class HashTask:
+    """A tensor split into several chunks whose digest one rank computes."""
+
+    name: str
+    chunks: list[tuple[int, tuple, tuple]]  # (writer rank, offsets, sizes)
+
+
+@dataclass
+class RankJob:
+    """The coordinator's instructions to one rank (its plan's storage_data)."""
+
+    rank: int
+    world_size: int
+    algorithm: str
+    tasks: list[HashTask] = field(default_factory=list)
+    exchange: bool = False  # True when any rank has tasks: every rank takes part in the exchange
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    file_digest: str
+    tensor_digests: dict[str, bytes]
+
+
+class Writer(StorageWriter):
+    """Writes a canonical, pickle-free checkpoint directory; use it with :class:`SavePlanner`.
+
+    ``process_group`` must be the group passed to ``dcp.save`` (None: the default
+    group). ``algorithm`` is the digest algorithm of every file (``"xxh3-128"`` or
+    ``"sha256"``).
+
+    Example::
+
+        dcp.save(state, storage_writer=tensorcanon.dcp.Writer("ckpt/step100"),
+                 planner=tensorcanon.dcp.SavePlanner())
+    """
+
+    def __init__(self, path: str | os.PathLike, *, process_group: dist.ProcessGroup | None = None,
+                 algorithm: str = _digest.DEFAULT, limits: Limits = DEFAULT) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.process_group = process_group
+        self.algorithm = _digest.check(algorithm)
+        self.limits = limits
+        self.is_coordinator = False
+        self._planner: SavePlanner | None = None
+
+    # -------------------------------------------------------------- set-up
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        if checkpoint_id:
+            self.path = os.fspath(checkpoint_id)
+        self._planner = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        rank = kwargs.get("rank")
+        if rank is not None and dist.is_available() and dist.is_initialized() \
+                and dist.get_rank(self.process_group) != rank:
+            raise UsageError("tensorcanon.dcp.Writer was given another process group than dcp.save: pass "
+                             "the same process_group to both")
+        if not kwargs.get("use_collectives", True):
+            raise UsageError("tensorcanon.dcp.Writer needs use_collectives=True: the index that commits "
+                             "the checkpoint is written once, by the coordinator, for all ranks")
+
+    def storage_meta(self) -> None:
+        return None  # DCP's holds a fresh uuid and the path: neither belongs in a canonical file
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.path
+
+    def __getstate__(self) -> dict:
+        # async_save's process executor pickles the writer into a child process, whose
+        # default group plays the part of this one's process group.
+        state = dict(self.__dict__)
+        state["process_group"] = None
+        state["_planner"] = None
+        return state
+
+    # -------------------------------------------------------------- planning
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        if not isinstance(plan.planner_data, LocalInfo):
+            raise UsageError("tensorcanon.dcp.Writer needs tensorcanon.dcp.SavePlanner (pass "
+                             "planner=tensorcanon.dcp.SavePlanner() to dcp.save)")
+        os.makedirs(self.path, exist_ok=True)
+        return dataclasses.replace(plan, storage_data=self.algorithm)
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        algorithms = sorted({p.storage_data for p in plans}, key=str)
+        if len(algorithms) != 1:
+            raise UsageError(f"ranks use different digest algorithms {algorithms}; give every rank's "
+                             "Writer the same algorithm")
+        jobs = assign_hashing(plans, algorithms[0])
+        return [dataclasses.replace(p, storage_data=job) for p, job in zip(plans, jobs)]
+
+    # -------------------------------------------------------------- writing
+    def write_data(self, plan: SavePlan, planner: _DCPSavePlanner) -> Future[list[WriteResult]]:
+        job: RankJob = plan.storage_data
+        results: list[WriteResult] = []
+        own: dict[tuple, torch.Tensor] = {}
+        file_digest = None
+        failure: Exception | None = None
+        try:
+            if not isinstance(planner, SavePlanner):
+                raise UsageError("tensorcanon.dcp.Writer needs tensorcanon.dcp.SavePlanner")
+            self._planner = planner
+            obj: dict[str, Any] = {}
+            for item in plan.items:
+                t = planner.resolve_data(item)
+                if not isinstance(t, torch.Tensor):
+                    raise UsageError(f"{item.index.fqn}: expected a tensor from the planner, got {type(t).__name__}")
+                t = t.detach()
+                offsets = tuple(item.index.offset or ())
+                own[(item.index.fqn, offsets)] = t
+                obj[layout.chunk_key(item.index.fqn, offsets)] = t
+            per_rank = planner.logical.per_rank
+            for (path, value), key in zip(per_rank, layout.per_rank_keys([p for p, _ in per_rank])):
+                obj[key] = value
+            file_digest, chunk_digests = write_rank_file(self.path, job.rank, job.world_size, obj,
+                                                         job.algorithm, self.limits)
+            for item in plan.items:
+                offsets = tuple(item.index.offset or ())
+                key = layout.chunk_key(item.index.fqn, offsets)
+                results.append(WriteResult(item.index, item.tensor_storage_size() or 0, chunk_digests[key]))
+        except Exception as e:  # noqa: BLE001 - reported to the others first, then raised
+            failure = e
+        file_digests: list = [None] * job.world_size
+        if job.exchange:
+            mine = (file_digest, None if failure is None else f"{type(failure).__name__}: {failure}")
+            gathered: list = [None] * job.world_size
+            dist.all_gather_object(gathered, mine, group=self.process_group)
+            if failure is not None:
+                raise failure
+            for r, (d, err) in enumerate(gathered):
+                if err is not None:
+                    e = CheckpointError(f"rank {r} could not write its rank file: {err}")
+                    e.secondary = True  # the rank that failed reports the cause itself
+                    raise e
+                file_digests[r] = d
+        elif failure is not None:
+            raise failure
+        tensor_digests = {}
+        if job.tasks:
+            tensor_digests = run_hash_tasks(self.path, job, planner, own, file_digests, self.limits)
+        results.append(WriteResult(MetadataIndex(OUTCOME_FQN, [job.rank]), 0,
+                                   RankOutcome(job.rank, file_digest, tensor_digests)))
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    # -------------------------------------------------------------- committing
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        planner = self._planner
+        if planner is None or planner.logical is None:
+            raise UsageError("tensorcanon.dcp.Writer.finish called without a planned save")
+        logical = planner.logical
+        files: dict[int, str] = {}
+        chunk_digest: dict[tuple, bytes] = {}
+        chunks: dict[str, list[layout.Chunk]] = {name: [] for name in logical.names}
+        tensor_digests: dict[str, bytes] = {}
+        algorithm = None
+        sizes_of = {(fqn, tuple(c.offsets)): tuple(c.sizes)
+                    for fqn, md in metadata.state_dict_metadata.items() for c in getattr(md, "chunks", ())}
+        for rank_results in results:
+            outcome = next(wr.storage_data for wr in rank_results if wr.index.fqn == OUTCOME_FQN)
+            files[outcome.rank] = outcome.file_digest
+            tensor_digests.update(outcome.tensor_digests)
+            algorithm = _digest.algorithm_of(outcome.file_digest)
+            for wr in rank_results:
+                if wr.index.fqn == OUTCOME_FQN:
+                    continue
+                offsets = tuple(wr.index.offset or ())
+                chunk_digest[(wr.index.fqn, offsets)] = wr.storage_data
+                sizes = sizes_of.get((wr.index.fqn, offsets))
+                if sizes is None:
+                    raise CheckpointError(f"DCP's metadata has no chunk of {wr.index.fqn!r} at offsets {list(offsets)}")
+                chunks[wr.index.fqn].append(layout.Chunk(outcome.rank, tiling.Box(offsets, sizes)))
+        world = len(results)
+        if sorted(files) != list(range(world)):
+            raise CheckpointError(f"rank outcomes are missing: got ranks {sorted(files)} of {world}")
+        plan = logical.plan
+        plan.algorithm = algorithm
+        table_chunks = []
+        for src in plan.tensors:
+            cs = sorted(chunks[src.name], key=lambda c: (c.offsets, c.sizes))
+            tiling.check(src.shape, [c.box for c in cs], f"tensor {src.name!r}")
+            if len(cs) == 1 and cs[0].sizes == tuple(src.shape):
+                src.digest = chunk_digest[(src.name, cs[0].offsets)]
+            else:
+                src.digest = tensor_digests[src.name]
+            table_chunks.append(cs)
+        logical_raw = plan.manifest_bytes()
+        file_list = [files[r] for r in range(world)]
+        index_obj = layout.build(logical_raw, file_list, table_chunks, [p for p, _ in logical.per_rank])
+        writer.write_atomic(writer.plan(index_obj, None, self.limits, algorithm), layout.index_path(self.path))
+        remove_unreferenced(self.path, {layout.rank_file_name(r, world, d) for r, d in enumerate(file_list)})
+        metadata.storage_data = {LOGICAL_DIGEST: plan.file_digest(logical_raw)}
+        metadata.planner_data = None
+        metadata.storage_meta = None
+
+
+def assign_hashing(plans: list[SavePlan], algorithm: str) -> list[RankJob]:
+    """One job per rank: which split tensors it hashes (largest first, to the least loaded rank)."""
+    world = len(plans)
+    found: dict[str, list] = {}
+    sizes: dict[str, tuple] = {}
+    nbytes: dict[str, int] = {}
+    for r, p in enumerate(plans):
+        for item in p.items:
+            td = item.tensor_data
+            found.setdefault(item.index.fqn, []).append((r, tuple(td.chunk.offsets), tuple(td.chunk.sizes)))
+            sizes[item.index.fqn] = tuple(td.size)
+            nbytes[item.index.fqn] = item.tensor_storage_size() or 0
+    split = [name for name, cs in found.items() if not (len(cs) == 1 and cs[0][2] == sizes[name])]
+    jobs = [RankJob(r, world, algorithm) for r in range(world)]
+    load = [0] * world
+    for name in sorted(split, key=lambda n: (-nbytes[n], n)):
+        r = min(range(world), key=lambda k: (load[k], k))
+        load[r] += nbytes[name]
+        jobs[r].tasks.append(HashTask(name, sorted(found[name], key=lambda c: (c[1], c[2]))))
+    for job in jobs:
+        job.exchange = bool(split)
+    return jobs
+
+
+def write_rank_file(folder: str, rank: int, world: int, obj: dict, algorithm: str,
+                    limits: Limits) -> tuple[str, dict[str, bytes]]:
+    """Write one rank's file; return its digest and each top-level tensor's digest by key.
+
+    Written whole under a temporary name first (writer.write_atomic), then renamed to its
+    content name, so a crash never leaves a partial file under a name an index could use.
+    """
+    p = writer.plan(obj, None, limits, algorithm)
+    partial = os.path.join(folder, f".rank-{rank:05d}-of-{world:05d}.partial")
+    file_digest = writer.write_atomic(p, partial)
+    os.replace(partial, os.path.join(folder, layout.rank_file_name(rank, world, file_digest)))
+    _fsync_dir(folder)
+    digests = {}
+    root = p.root  # ["dict", key, node, key, node, ...]
+    for i in range(1, len(root) - 1, 2):
+        node = root[i + 1]
+        if type(node) is list and node and node[0] == "tensor":
+            digests[root[i]] = p.tensors[node[1]].digest
+    return file_digest, digests
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, digests: list,
+                   limits: Limits) -> dict[str, bytes]:
+    """Digest each assigned tensor: its bytes in C order across its chunks, read once."""
+    by_name = {s.name: s for s in planner.logical.plan.tensors}
+    opened: dict[int, RankFile] = {}
+    out = {}
+    try:
+        for task in job.tasks:
+            src = by_name[task.name]
+            itemsize = src.dtype.itemsize
+            views = []
+            for rank, offsets, sizes in task.chunks:
+                if rank == job.rank:
+                    views.append(tensorbytes.host_bytes(own[(task.name, offsets)], "tensor"))
+                    continue
+                f = opened.get(rank)
+                if f is None:
+                    path = os.path.join(folder, layout.rank_file_name(rank, job.world_size, digests[rank]))
+                    f = opened[rank] = RankFile.open(path, digests[rank], limits)
+                key = layout.chunk_key(task.name, offsets)
+                views.append(f.raw(f.info(key, lambda: f"chunk {key!r}")))
+            h = _digest.tensor_hasher(src.dtype.name, src.shape, job.algorithm)
+            boxes = [tiling.Box(o, s) for _, o, s in task.chunks]
+            for j, start, count in tiling.runs(src.shape, boxes):
+                h.update(views[j][start * itemsize : (start + count) * itemsize])
+            out[task.name] = h.digest()
+            del views
+    finally:
+        for f in opened.values():
+            f.close()
+    return out
+
+
+def remove_unreferenced(folder: str, keep: set[str]) -> list[str]:
+    """After an index is committed: delete rank files it does not name, and partial files."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        if (layout.RANK_FILE_RE.fullmatch(name) and name not in keep) or _PARTIAL_RE.fullmatch(name):
+            try:
+                os.unlink(os.path.join(folder, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
+
+
+__all__ = ["Writer", "LOGICAL_DIGEST", "TensorCanonError"]

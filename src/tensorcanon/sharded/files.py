@@ -1,0 +1,217 @@
+"""Every read of a checkpoint's files goes through this module, on the library's validated file.
+
+An index or a rank file is a :class:`tensorcanon.reader.CheckedFile`: its header,
+manifest and tree pass every check of docs/FORMAT.md §9 before anything in it
+is used. A rank file is opened over a read-only memory map and extends
+CheckedFile with what a distributed reader needs: a chunk's bytes in place
+(no copy), hashed against their digest before their first use, and a
+per-rank value decoded on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .. import digest as _digest
+from .. import reader
+from ..errors import FormatError, IntegrityError, MissingFileError, TensorCanonError
+from ..limits import DEFAULT, Limits
+from ..manifest import TensorInfo
+from ..source import opened
+from ..tree import Decoder
+from .errors import CheckpointNotFoundError
+
+
+def with_context(e: TensorCanonError, prefix: str) -> TensorCanonError:
+    """A copy of ``e`` (same class, same attributes) whose message starts with ``prefix``.
+
+    Built without calling the class's ``__init__`` (whose signatures differ), so it
+    works for every tensorcanon error.
+    """
+    cls = type(e)
+    out = cls.__new__(cls)
+    out.__dict__.update(e.__dict__)
+    message = str(e)
+    out.args = (message if message.startswith(prefix) else prefix + message,)
+    return out
+
+
+def read_index_file(path: str, limits: Limits = DEFAULT) -> tuple[Any, str, str]:
+    """``(object, file digest, algorithm)`` of an index file. An index holds no tensors
+    (everything is in its manifest), so decoding it reads no data."""
+    with reader.open_file(path, limits) as cf:
+        if not cf.is_tensorcanon:
+            raise FormatError("is a plain safetensors file, not a tensorcanon index")
+        if cf.rows:
+            raise FormatError(f"an index holds no tensors, but this file holds {len(cf.rows)} (is it a rank file?)")
+        return cf.load(), cf.digest, cf.algorithm
+
+
+class RankFile(reader.CheckedFile):
+    """A validated rank file whose tensors are used in place, from a memory map.
+
+    Open with :meth:`open`. ``expected`` is the file digest the index records: a
+    file with another digest (replaced, edited, from another save) is refused
+    before any tensor is used. Chunks are addressed by their key in the file's
+    flat dict.
+    """
+
+    @classmethod
+    def open(cls, path: str, expected: str | None = None, limits: Limits = DEFAULT) -> "RankFile":
+        stack = contextlib.ExitStack()
+        try:
+            f = cls(stack.enter_context(opened(path, use_mmap=True)), limits, closer=stack)
+            if not f.is_tensorcanon:
+                raise FormatError("is a plain safetensors file, not a tensorcanon rank file")
+            f.check_tree()
+        except MissingFileError:
+            stack.close()
+            raise CheckpointNotFoundError(
+                f"rank file {path} is missing: the checkpoint is incomplete, or a newer save replaced it "
+                "while it was being read", filename=path) from None
+        except TensorCanonError as e:
+            stack.close()
+            raise with_context(e, f"rank file {path}: ") from None
+        except BaseException:
+            stack.close()
+            raise
+        f.path = path
+        f._verified = set()
+        if expected is not None and f.digest != expected:
+            f.close()
+            raise IntegrityError(
+                f"rank file {path} has digest {f.digest} but the index records {expected}: it was "
+                "replaced or edited after the checkpoint was saved", expected=expected, actual=f.digest)
+        root = f.manifest.root  # a flat dict (the tree was checked): key -> node
+        f._keys = {root[i]: root[i + 1] for i in range(1, len(root) - 1, 2)} if root[0] == "dict" else {}
+        return f
+
+    # ------------------------------------------------------------------ contents
+    def keys(self) -> list:
+        """The keys of the file's flat dict, in canonical order."""
+        return list(self._keys)
+
+    def info(self, key: str, what: Callable[[], str]) -> TensorInfo:
+        """The table row of the tensor stored under ``key``; ``what()`` names it in errors."""
+        node = self._keys.get(key)
+        if type(node) is not list or len(node) != 2 or node[0] != "tensor":
+            raise FormatError(f"rank file {self.path} holds no tensor {key!r}, needed for {what()}")
+        return self.rows[node[1]]
+
+    def raw(self, info: TensorInfo) -> memoryview:
+        """The stored bytes of a tensor, in place and not verified (see :meth:`verified`)."""
+        if not info.nbytes:
+            return memoryview(b"")
+        view = self.src.view(self.data_start + info.begin, info.nbytes)
+        if view is None:  # the file shrank under the map: the header check saw its old size
+            raise FormatError(f"rank file {self.path} is shorter than its header says (it changed while open)")
+        return view
+
+    def verified(self, info: TensorInfo, what: Callable[[], str]) -> memoryview:
+        """The stored bytes of a tensor, hashed against its digest the first time."""
+        view = self.raw(info)
+        if info.index not in self._verified:
+            h = _digest.tensor_hasher(info.dtype.name, info.shape, self.algorithm)
+            h.update(view)
+            actual = h.digest()
+            if actual != info.digest:
+                recorded, computed = self.digest_text(info.digest), self.digest_text(actual)
+                raise IntegrityError(
+                    f"{what()} does not match its digest in rank file {self.path} (stored as "
+                    f"{info.name!r}): recorded {recorded}, computed {computed}; the file is damaged",
+                    path=info.name, expected=recorded, actual=computed)
+            if info.dtype.name == "bool" and len(view) and np.frombuffer(view, np.uint8).max() > 1:
+                raise FormatError(f"{what()} is bool but holds a byte other than 0 or 1 (rank file {self.path})")
+            self._verified.add(info.index)
+        return view
+
+    def tensor(self, info: TensorInfo, what: Callable[[], str]) -> torch.Tensor:
+        """A verified tensor of the stored dtype and shape that *views* the map (no copy).
+
+        Read from it only (the map is read-only); it is valid until :meth:`close`.
+        """
+        view = self.verified(info, what)
+        t = info.dtype.torch
+        if not len(view):
+            return torch.empty(info.shape, dtype=t)
+        with warnings.catch_warnings():  # "not writable": we only ever read from it
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(view, dtype=torch.uint8)
+        return flat.view(t).reshape(info.shape)
+
+    def value(self, key: str, limits: Limits = DEFAULT) -> Any:
+        """The value stored under ``key`` (any tree, e.g. a per-rank value), copied and verified."""
+        node = self._keys.get(key)
+        if key not in self._keys:
+            raise FormatError(f"rank file {self.path} holds no value {key!r}")
+        return decode_subtree(node, len(self.rows), limits, lambda i: self.read(i))
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except BufferError:  # a tensor still views the map: the map is unmapped when it goes
+            pass
+
+
+def decode_subtree(node: Any, n_tensors: int, limits: Limits, read: Callable[[int], Any]) -> Any:
+    """Decode one node of an already validated tree, reading only the tensors it uses.
+
+    (The whole tree's structure and table order were checked when its file was
+    opened; a subtree may use tensors in any order.)
+    """
+    probe = Decoder([None] * n_tensors, limits.max_depth, build_objects=False)
+    probe.uses = []
+    probe.used = [True] * n_tensors
+    probe.decode(node)
+    values: list[Any] = [None] * n_tensors
+    for _, i in probe.uses:
+        if values[i] is None:
+            values[i] = read(i)
+    build = Decoder(values, limits.max_depth)
+    build.used = [True] * n_tensors
+    return build.decode(node)
+
+
+class RankFiles:
+    """The rank files of one checkpoint, each opened (and checked against the index) once."""
+
+    def __init__(self, folder_index, limits: Limits = DEFAULT) -> None:
+        self.index = folder_index
+        self.limits = limits
+        self._open: dict[int, RankFile] = {}
+
+    def get(self, rank: int) -> RankFile:
+        f = self._open.get(rank)
+        if f is None:
+            try:
+                f = RankFile.open(self.index.file_path(rank), self.index.files[rank], self.limits)
+            except TensorCanonError as e:
+                raise with_context(e, self._holds(rank)) from None
+            self._open[rank] = f
+        return f
+
+    def _holds(self, rank: int) -> str:
+        """Words naming what a rank file holds, so an error about the file names its tensors."""
+        index = self.index
+        held = [f"tensor {index.logical.tensors[t].name!r} chunk at offsets {list(c.offsets)}"
+                for t, cs in enumerate(index.chunks) for c in cs if c.rank == rank]
+        if not held:
+            return f"rank {rank}'s file (its per-rank values): "
+        more = f" and {len(held) - 3} more chunks" if len(held) > 3 else ""
+        return f"rank {rank}'s file (holding {', '.join(held[:3])}{more}): "
+
+    def close(self) -> None:
+        for f in self._open.values():
+            f.close()
+        self._open.clear()
+
+    def __enter__(self) -> "RankFiles":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

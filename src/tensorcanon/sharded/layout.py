@@ -1,0 +1,279 @@
+"""The on-disk layout of a sharded checkpoint (docs/FORMAT.md §14): names, the index, its checks.
+
+A checkpoint is a directory holding
+
+- one ordinary tensorcanon file per rank, ``rank-<r>-of-<w>.<digest hex>.safetensors``:
+  a flat dict whose keys are chunk keys ``<tensor name>@<global offsets>``
+  (the chunks that rank wrote) and per-rank keys ``<path>@rank`` (the rank's
+  own values, :class:`tensorcanon.dcp.PerRank`);
+- ``index.safetensors``, a tensorcanon file written last (the commit marker)
+  whose object is::
+
+      {"chunks": [[[rank, offsets, sizes], ...], ...],  # per logical tensor, sorted
+       "files": [<rank file digest>, ...],             # one per rank, in rank order
+       "format": "tensorcanon-sharded",
+       "layout": 1,
+       "logical": <bytes>,                             # the logical manifest
+       "per_rank": [<path tuple>, ...]}                # sorted, canonical key order
+
+The *logical manifest* is the manifest (§5) of the file ``tensorcanon.dumps``
+would write for the whole state held in one process, without its per-rank
+values; its digest is the checkpoint's *logical digest*, equal to
+``tensorcanon.fingerprint`` of that state whatever the world size. Every name
+is derived from these fields, so the index names nothing twice.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .. import digest as _digest
+from .. import container, manifest
+from ..errors import FormatError, TensorCanonError
+from ..limits import DEFAULT, Limits
+from ..ordering import UnorderableKey, sort_key
+from ..tree import Decoder, tensor_names
+from . import files, tiling
+from .errors import CheckpointNotFoundError
+
+FORMAT = "tensorcanon-sharded"
+LAYOUT_VERSION = 1
+INDEX_NAME = "index.safetensors"
+#: Upper bound on the world size an index may declare (a hostile index cannot make
+#: a reader allocate per-rank state for more ranks than this).
+MAX_WORLD_SIZE = 1 << 20
+_INDEX_KEYS = ["chunks", "files", "format", "layout", "logical", "per_rank"]
+RANK_FILE_RE = re.compile(r"rank-(\d{5,})-of-(\d{5,})\.([0-9a-f]{32}|[0-9a-f]{64})\.safetensors\Z")
+PER_RANK_SUFFIX = "@rank"
+
+
+def rank_file_name(rank: int, world_size: int, file_digest: str) -> str:
+    """``rank-00001-of-00004.<hex>.safetensors``: named by its own digest, so a new save
+    never overwrites a file an older index references (an equal name means equal bytes)."""
+    return f"rank-{rank:05d}-of-{world_size:05d}.{_digest.from_text(file_digest).hex()}.safetensors"
+
+
+def chunk_key(name: str, offsets) -> str:
+    """The key of a chunk in its rank file: ``model.w@128,0`` (a 0-d tensor: ``step@``)."""
+    return f"{name}@{','.join(str(int(o)) for o in offsets)}"
+
+
+def per_rank_keys(paths: list[tuple]) -> list[str]:
+    """The keys of per-rank values in every rank file, from their paths in the state
+    (tensor naming rules, docs/FORMAT.md §3, then ``@rank``)."""
+    return [n + PER_RANK_SUFFIX for n in tensor_names(paths)]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One stored piece of a logical tensor: the rank file holding it and its box."""
+
+    rank: int
+    box: tiling.Box
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        return self.box.offsets
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self.box.sizes
+
+
+@dataclass
+class Index:
+    """A validated index, with the logical manifest decoded (not its tree)."""
+
+    folder: str
+    digest: str                       # the index file's own digest
+    files: list[str]                  # rank file digests, by rank
+    logical: manifest.Manifest        # the logical manifest (tensors: the logical table)
+    chunks: list[list[Chunk]]         # per logical tensor, in table order
+    per_rank: list[tuple]             # paths of per-rank values in the state
+    per_rank_keys: list[str]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.files)
+
+    @property
+    def algorithm(self) -> str:
+        return self.logical.algorithm
+
+    @property
+    def logical_digest(self) -> str:
+        return self.logical.text()
+
+    def file_path(self, rank: int) -> str:
+        return os.path.join(self.folder, rank_file_name(rank, self.world_size, self.files[rank]))
+
+    def key(self, tensor: int, chunk: Chunk) -> str:
+        return chunk_key(self.logical.tensors[tensor].name, chunk.offsets)
+
+    def describe(self, tensor: int, chunk: Chunk | None = None) -> str:
+        """Words naming a tensor (and a chunk of it) for error messages."""
+        text = f"tensor {self.logical.tensors[tensor].name!r}"
+        if chunk is not None:
+            text += (f" chunk at offsets {list(chunk.offsets)} (sizes {list(chunk.sizes)}, "
+                     f"rank file {os.path.basename(self.file_path(chunk.rank))})")
+        return text
+
+
+def build(logical_raw: bytes, file_digests: list[str], chunks: list[list[Chunk]],
+          per_rank: list[tuple]) -> dict:
+    """The index object, ready for ``tensorcanon.save`` (field by field as :func:`read` checks)."""
+    return {
+        "chunks": [
+            [[c.rank, list(c.offsets), list(c.sizes)] for c in sorted(cs, key=_chunk_order)]
+            for cs in chunks
+        ],
+        "files": list(file_digests),
+        "format": FORMAT,
+        "layout": LAYOUT_VERSION,
+        "logical": logical_raw,
+        "per_rank": sorted(per_rank, key=sort_key),
+    }
+
+
+def _chunk_order(c: Chunk):
+    return (c.offsets, c.sizes)
+
+
+def index_path(folder: str | os.PathLike) -> str:
+    return os.path.join(os.fspath(folder), INDEX_NAME)
+
+
+def is_checkpoint(folder: str | os.PathLike) -> bool:
+    """True if ``folder`` is a directory that holds an index (it may still be damaged)."""
+    return os.path.isdir(folder) and os.path.isfile(index_path(folder))
+
+
+def missing(folder: str) -> TensorCanonError:
+    """The error for a directory that is not (or not yet) a checkpoint."""
+    if not os.path.exists(folder):
+        return CheckpointNotFoundError(f"checkpoint directory {folder!r} does not exist", filename=folder)
+    if not os.path.isdir(folder):
+        return FormatError(f"{folder!r} is a file, not a sharded checkpoint directory")
+    hint = ""
+    if os.path.isfile(os.path.join(folder, ".metadata")):
+        hint = (" It holds a '.metadata' file: a checkpoint in DCP's default format, which "
+                "tensorcanon does not read (its metadata is a pickle).")
+    return CheckpointNotFoundError(
+        f"{folder!r} holds no {INDEX_NAME}, so it is not a complete tensorcanon checkpoint: the "
+        f"index is written last, after every rank file, so an interrupted save leaves none.{hint}",
+        filename=index_path(folder),
+    )
+
+
+def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
+    """Read and validate a checkpoint's index; raise a tensorcanon error naming what is wrong.
+
+    Validates the index file like any tensorcanon file, then every field: the
+    logical manifest (canonical, with a well-formed tree), one digest per rank
+    in the logical manifest's algorithm, chunks that tile each tensor exactly,
+    and canonical order everywhere. Rank files are not opened here.
+    """
+    folder = os.fspath(folder)
+    path = index_path(folder)
+    if not os.path.isfile(path):
+        raise missing(folder)
+    try:
+        root, own_digest, own_algorithm = files.read_index_file(path, limits)
+    except TensorCanonError as e:
+        raise files.with_context(e, f"index {path}: ") from None
+    where = f"index {path}"
+
+    def bad(message: str) -> FormatError:
+        return FormatError(f"{where}: {message}")
+
+    if type(root) is not dict or sorted(root) != _INDEX_KEYS or not all(type(k) is str for k in root):
+        raise bad(f"must be a dict with exactly the keys {_INDEX_KEYS}")
+    if root["format"] != FORMAT:
+        raise bad(f"'format' is {root['format']!r}, not {FORMAT!r}: not a sharded checkpoint index")
+    if type(root["layout"]) is not int or root["layout"] != LAYOUT_VERSION:
+        raise bad(f"layout version {root['layout']!r} is not supported (this tensorcanon reads "
+                  f"version {LAYOUT_VERSION}); upgrade tensorcanon to read it")
+    raw = root["logical"]
+    if type(raw) is not bytes:
+        raise bad("'logical' must be bytes (the logical manifest)")
+    try:
+        obj, algorithm = manifest.unpack(raw)
+        infos = manifest.read_table(obj["tensors"], algorithm, limits)
+        if obj["meta"] is not None:
+            raise FormatError("manifest: 'meta' must be nil in a sharded checkpoint's logical manifest")
+        place(infos)
+        logical = manifest.Manifest(raw=raw, root=obj["root"], meta=None, tensors=infos,
+                                    digest=_digest.manifest_digest(raw, algorithm), algorithm=algorithm)
+        _check_tree(logical, limits)  # the tree's structure, the table's order and names
+    except TensorCanonError as e:
+        raise files.with_context(e, f"{where}: logical manifest: ") from None
+    if own_algorithm != algorithm:
+        raise bad(f"the index file uses {own_algorithm} digests but its logical manifest uses {algorithm}")
+
+    digests = root["files"]
+    if type(digests) is not list or not 1 <= len(digests) <= MAX_WORLD_SIZE:
+        raise bad(f"'files' must list one digest per rank (1 to {MAX_WORLD_SIZE})")
+    for r, d in enumerate(digests):
+        if not _digest.is_text(d) or _digest.algorithm_of(d) != algorithm:
+            raise bad(f"'files'[{r}] must be a {algorithm} digest text, found {str(d)[:80]!r}")
+    world = len(digests)
+
+    table = root["chunks"]
+    if type(table) is not list or len(table) != len(infos):
+        raise bad(f"'chunks' must hold one list per logical tensor ({len(infos)})")
+    chunks: list[list[Chunk]] = []
+    for i, (info, entries) in enumerate(zip(infos, table)):
+        what = f"{where}: tensor {info.name!r}"
+        if type(entries) is not list or not entries:
+            raise FormatError(f"{what}: its chunk list must be a non-empty list")
+        out = []
+        for e in entries:
+            if (type(e) is not list or len(e) != 3 or type(e[0]) is not int or not 0 <= e[0] < world
+                    or not _int_list(e[1], len(info.shape)) or not _int_list(e[2], len(info.shape))):
+                raise FormatError(f"{what}: malformed chunk {str(e)[:80]}: expected [rank < {world}, "
+                                  f"offsets, sizes] with {len(info.shape)} non-negative ints each")
+            out.append(Chunk(e[0], tiling.Box(tuple(e[1]), tuple(e[2]))))
+        if [_chunk_order(c) for c in out] != sorted({_chunk_order(c) for c in out}):
+            raise FormatError(f"{what}: chunks are not in canonical order (by offsets, no repeats)")
+        tiling.check(info.shape, [c.box for c in out], what)
+        chunks.append(out)
+
+    paths = root["per_rank"]
+    if type(paths) is not list or not all(type(p) is tuple and p for p in paths):
+        raise bad("'per_rank' must be a list of non-empty key tuples")
+    try:
+        keys = [sort_key(p) for p in paths]
+    except (UnorderableKey, UnicodeEncodeError):
+        raise bad("'per_rank' holds a path with a key that is not a key value") from None
+    if any(not a < b for a, b in zip(keys, keys[1:])):
+        raise bad("'per_rank' paths are not in canonical order (or repeat)")
+    return Index(folder, own_digest, list(digests), logical, chunks, list(paths), per_rank_keys(list(paths)))
+
+
+def place(infos: list[manifest.TensorInfo]) -> int:
+    """Give each logical tensor its offsets in the consolidated file (data order, docs/FORMAT.md
+    §2.5), so ``info.nbytes`` is its size; return the data section's size."""
+    position = 0
+    for info in sorted(infos, key=lambda i: container.data_order(i.name, i.dtype.itemsize)):
+        n = math.prod(info.shape) * info.dtype.itemsize
+        info.begin, info.end = position, position + n
+        position += n
+    return position
+
+
+def _check_tree(m: manifest.Manifest, limits: Limits) -> None:
+    """The checks a reader makes on a file's tree (docs/FORMAT.md §6, §9.2 step 9), building nothing."""
+    decoder = Decoder([None] * len(m.tensors), limits.max_depth, build_objects=False)
+    try:
+        decoder.decode(m.root)
+    except RecursionError:
+        raise FormatError("the object tree is nested deeper than Python's recursion limit allows") from None
+    decoder.check_table([info.name for info in m.tensors])
+
+
+def _int_list(v: Any, n: int) -> bool:
+    return type(v) is list and len(v) == n and all(type(x) is int and 0 <= x < 2**63 for x in v)

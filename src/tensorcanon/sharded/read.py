@@ -1,0 +1,219 @@
+"""Reading a sharded checkpoint in one process: verify it, consolidate it, load it whole.
+
+None of this needs torch.distributed or a process group. Each logical tensor
+is streamed once from its chunks in C order (tiling.runs) and every byte is
+hashed twice in that one pass: into its chunk's digest (recorded in the rank
+file) and into the tensor's logical digest (recorded in the logical manifest).
+Memory use is one tensor at a time (consolidate: none beyond the page cache).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from .. import container, digest, dtypes, manifest, placement, tensorbytes, writer
+from ..errors import FormatError, IntegrityError, TensorCanonError
+from ..limits import DEFAULT, Limits
+from ..tree import Decoder
+from . import layout, tiling
+from .files import RankFiles, with_context
+
+_PIECE = 1 << 20  # hash and copy in pieces that stay in the CPU cache
+
+
+def _chunk_info(files: RankFiles, index: layout.Index, t: int, c: layout.Chunk):
+    """The rank-file row of a chunk, checked against what the index says it holds."""
+    info = index.logical.tensors[t]
+    what = lambda: index.describe(t, c)  # noqa: E731
+    f = files.get(c.rank)
+    row = f.info(index.key(t, c), what)
+    if row.dtype is not info.dtype or row.shape != tuple(c.sizes) or row.kind != "tensor" or row.requires_grad:
+        raise FormatError(
+            f"{what()}: the rank file stores it as {row.kind} {row.dtype.name}{list(row.shape)}"
+            f"{' requiring grad' if row.requires_grad else ''}, but the index expects tensor "
+            f"{info.dtype.name}{list(c.sizes)}"
+        )
+    return f, row
+
+
+def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memoryview], None] | None = None,
+           *, check_chunks: bool = True) -> bytes:
+    """Feed logical tensor ``t``'s bytes in C order to ``sink`` and return its digest.
+
+    Raises :class:`IntegrityError` naming the tensor when the digest differs from the
+    logical manifest's, and (``check_chunks``) naming the chunk when a chunk's bytes
+    differ from its rank file's digest. Nothing is verified before it is given to
+    ``sink``: callers that keep the bytes discard them when this raises.
+    """
+    info = index.logical.tensors[t]
+    chunks = index.chunks[t]
+    algorithm = index.algorithm
+    itemsize = info.dtype.itemsize
+    rows = [_chunk_info(files, index, t, c) for c in chunks]
+    whole = len(chunks) == 1 and tuple(chunks[0].sizes) == tuple(info.shape)
+    h = digest.tensor_hasher(info.dtype.name, info.shape, algorithm)
+    per_chunk = [digest.tensor_hasher(info.dtype.name, c.sizes, algorithm) if check_chunks and not whole else None
+                 for c in chunks]
+    views: dict[int, memoryview] = {}
+    for j, start, count in tiling.runs(info.shape, [c.box for c in chunks]):
+        view = views.get(j)
+        if view is None:
+            f, row = rows[j]
+            view = views[j] = f.raw(row)
+        lo, hi = start * itemsize, (start + count) * itemsize
+        for p in range(lo, hi, _PIECE):
+            piece = view[p : min(p + _PIECE, hi)]
+            h.update(piece)
+            if per_chunk[j] is not None:
+                per_chunk[j].update(piece)
+            if sink is not None:
+                sink(piece)
+    actual = h.digest()
+    for j, (c, (f, row)) in enumerate(zip(chunks, rows)):
+        chunk_actual = actual if whole else per_chunk[j].digest() if per_chunk[j] is not None else None
+        if not c.box.numel and check_chunks:
+            f.verified(row, lambda: index.describe(t, c))  # an empty chunk: its digest covers its shape
+        elif chunk_actual is not None and chunk_actual != row.digest:
+            raise IntegrityError(
+                f"{index.describe(t, c)} does not match its digest in the rank file: recorded "
+                f"{index.logical.text(row.digest)}, computed {index.logical.text(chunk_actual)}; "
+                "the file is damaged", path=info.name,
+                expected=index.logical.text(row.digest), actual=index.logical.text(chunk_actual),
+            )
+    if actual != info.digest:
+        raise IntegrityError(
+            f"{index.describe(t)} assembled from its {len(chunks)} chunk(s) does not match its logical "
+            f"digest: recorded {index.logical.text(info.digest)}, computed {index.logical.text(actual)}; "
+            "the checkpoint is damaged or its index does not belong to these files",
+            path=info.name, expected=index.logical.text(info.digest), actual=index.logical.text(actual),
+        )
+    if info.dtype.name == "bool" and check_chunks:
+        for f, row in rows:
+            f.verified(row, lambda: index.describe(t))  # also checks bytes are 0 or 1
+    return actual
+
+
+def read_tensor(index: layout.Index, files: RankFiles, t: int, map_location: Any = None) -> Any:
+    """Logical tensor ``t`` assembled from its chunks, verified, with its recorded kind."""
+    info = index.logical.tensors[t]
+    buf, mv = tensorbytes.empty_buffer(info.nbytes, info.kind)
+    pos = 0
+
+    def copy(piece: memoryview) -> None:
+        nonlocal pos
+        mv[pos : pos + len(piece)] = piece
+        pos += len(piece)
+
+    stream(index, files, t, copy)
+    value = tensorbytes.finish(buf, info.dtype, info.shape, info.kind, info.name)
+    return placement.as_recorded(value, info, map_location, lambda: info.name)
+
+
+def _open(folder, limits: Limits) -> layout.Index:
+    return layout.read(folder, limits)
+
+
+def logical_digest(folder: str | os.PathLike, *, limits: Limits = DEFAULT) -> str:
+    """The checkpoint's logical digest, read from its (validated) index without reading data."""
+    return _open(folder, limits).logical_digest
+
+
+def load_unsharded(folder: str | os.PathLike, *, rank: int | None = None, map_location: Any = None,
+                   limits: Limits = DEFAULT) -> Any:
+    """The whole state of a checkpoint in one process: full tensors, original containers, verified.
+
+    ``rank=None`` (the default) gives the logical state, whose
+    ``tensorcanon.fingerprint`` is the checkpoint's logical digest; per-rank values
+    are left out. ``rank=r`` adds rank ``r``'s per-rank values at their paths.
+    """
+    index = _open(folder, limits)
+    if rank is not None and (type(rank) is not int or not 0 <= rank < index.world_size):
+        from ..errors import UsageError
+
+        raise UsageError(f"rank must be an int in [0, {index.world_size}) for this checkpoint, not {rank!r}")
+    with RankFiles(index, limits) as files:
+        if map_location is not None:
+            placement.check_all(index.logical.tensors, map_location, lambda t: index.describe(t))
+        values = [read_tensor(index, files, t, map_location) for t in range(len(index.logical.tensors))]
+        root = Decoder(values, limits.max_depth).decode(index.logical.root)
+        if rank is not None and index.per_rank:
+            f = files.get(rank)
+            for path, key in zip(index.per_rank, index.per_rank_keys):
+                _insert(root, path, f.value(key, limits))
+    return root
+
+
+def _insert(root: Any, path: tuple, value: Any) -> None:
+    """Put a per-rank value back at its path (its parent is a dict in the logical state)."""
+    parent = root
+    for k in path[:-1]:
+        parent = parent[k]
+    parent[path[-1]] = value
+
+
+def verify(folder: str | os.PathLike, *, expect: str | None = None, limits: Limits = DEFAULT) -> str:
+    """Check every byte of a checkpoint and return its logical digest.
+
+    Validates the index, opens every rank file (checking its digest against the
+    index and that it holds exactly the chunks and per-rank values the index
+    assigns to it), re-hashes every chunk and recomputes every logical tensor
+    digest, hence the logical digest. ``expect`` must then equal the logical digest.
+    """
+    if expect is not None and not digest.is_text(expect):
+        raise FormatError(f"expect={digest.text_error(expect)}")
+    index = _open(folder, limits)
+    with RankFiles(index, limits) as files:
+        wanted: list[set] = [set(index.per_rank_keys) for _ in range(index.world_size)]
+        for t, chunks in enumerate(index.chunks):
+            for c in chunks:
+                wanted[c.rank].add(index.key(t, c))
+        for r in range(index.world_size):
+            f = files.get(r)
+            have = set(f.keys())
+            if have != wanted[r]:
+                extra, lost = sorted(map(str, have - wanted[r]))[:3], sorted(wanted[r] - have)[:3]
+                raise FormatError(
+                    f"rank file {f.path} does not hold what the index assigns to rank {r}"
+                    + (f"; unexpected {extra}" if extra else "") + (f"; missing {lost}" if lost else "")
+                )
+            for key in index.per_rank_keys:
+                f.value(key, limits)  # decodes and verifies every tensor in it
+        for t in range(len(index.logical.tensors)):
+            stream(index, files, t)
+    found = index.logical_digest
+    if expect is not None and found != expect:
+        raise IntegrityError(f"logical digest is {found}, expected {expect}", expected=expect, actual=found)
+    return found
+
+
+def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Limits = DEFAULT) -> str:
+    """Write the checkpoint as one ordinary tensorcanon file; return its digest (the logical digest).
+
+    The file's bytes are those of ``tensorcanon.dumps(state)`` for the logical state
+    held in one process (tensors on the CPU). Tensors are streamed from the rank
+    files into the output one piece at a time, each verified as it passes; the
+    output is written atomically and removed if anything fails to verify.
+    """
+    index = _open(folder, limits)
+    infos = index.logical.tensors
+    order = sorted(range(len(infos)), key=lambda i: container.data_order(infos[i].name, infos[i].dtype.itemsize))
+    entries = [container.Entry(infos[t].name, infos[t].dtype.st,
+                               tuple(dtypes.header_shape(infos[t].dtype, infos[t].shape)), infos[t].begin,
+                               infos[t].end) for t in order]  # offsets placed by layout.read
+    header = container.build(entries, manifest.header_metadata(index.logical.raw, [], index.algorithm))
+
+    def fill(f, tmp) -> str:
+        f.write(header)
+        with RankFiles(index, limits) as files:
+            for t in order:
+                stream(index, files, t, f.write)
+        return index.logical_digest
+
+    try:
+        return writer.replace_atomically(out, fill)
+    except TensorCanonError as e:
+        raise with_context(e, f"consolidating {os.fspath(folder)}: ") from None
+
+
+__all__ = ["stream", "read_tensor", "logical_digest", "load_unsharded", "verify", "consolidate"]

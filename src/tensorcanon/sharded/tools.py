@@ -1,0 +1,85 @@
+"""What the API, the command line and lockfiles do with a checkpoint directory.
+
+Kept here so that those modules only ask "is this a checkpoint directory?" and
+call one function. A checkpoint's identity is its logical digest: hashing,
+verifying, locking and diffing all work on the logical content, so a 2-rank
+and a 3-rank checkpoint of one state hash, lock and diff as the same thing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .. import container, dtypes, manifest
+from ..limits import DEFAULT, Limits
+from . import layout, read
+
+#: The format name reported for a checkpoint directory (``tensorcanon hash --json``, lockfiles).
+FORMAT_NAME = "tensorcanon-sharded"
+
+
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    """True for a directory that holds an index (complete or damaged: reading it will tell)."""
+    return layout.is_checkpoint(path)
+
+
+def is_directory(path: str | os.PathLike) -> bool:
+    return os.path.isdir(path)
+
+
+def content_digest(path: str | os.PathLike, *, verify: bool = True, limits: Limits = DEFAULT) -> str:
+    """The logical digest: recomputed from every byte (``verify``) or read from the index."""
+    if verify:
+        return read.verify(path, limits=limits)
+    return read.logical_digest(path, limits=limits)
+
+
+def consolidated_size(path: str | os.PathLike, limits: Limits = DEFAULT) -> int:
+    """The size in bytes of the file ``consolidate`` writes: the checkpoint's size as one file,
+    the same for every world size (lockfiles record it)."""
+    index = layout.read(path, limits)
+    infos = index.logical.tensors
+    entries = [container.Entry(i.name, i.dtype.st, tuple(dtypes.header_shape(i.dtype, i.shape)), i.begin, i.end)
+               for i in sorted(infos, key=lambda i: container.data_order(i.name, i.dtype.itemsize))]
+    header = container.build(entries, manifest.header_metadata(index.logical.raw, [], index.algorithm))
+    return len(header) + sum(i.nbytes for i in infos)
+
+
+def loaded(path: str | os.PathLike, limits: Limits = DEFAULT):
+    """The checkpoint's logical state, as ``tensorcanon.diff`` compares files (diff.Loaded)."""
+    from ..diff import Loaded
+
+    path = os.fspath(path)
+    return Loaded(read.load_unsharded(path, map_location="cpu", limits=limits), FORMAT_NAME, path,
+                  algorithm=layout.read(path, limits).algorithm)
+
+
+def describe(path: str | os.PathLike, limits: Limits = DEFAULT) -> dict[str, Any]:
+    """What ``tensorcanon inspect DIR`` shows: the logical tree and table, and the layout."""
+    index = layout.read(path, limits)
+    return {
+        "index": index,
+        "root": index.logical.root,
+        "table": index.logical.tensors,
+        "digest": index.logical_digest,
+        "algorithm": index.algorithm,
+        "world_size": index.world_size,
+        "files": [os.path.basename(index.file_path(r)) for r in range(index.world_size)],
+        "chunks": {info.name: [{"rank": c.rank, "offsets": list(c.offsets), "sizes": list(c.sizes)}
+                               for c in index.chunks[t]] for t, info in enumerate(index.logical.tensors)},
+        "per_rank": [list(map(repr, p)) for p in index.per_rank],
+        "size": sum(os.path.getsize(os.path.join(index.folder, n)) for n in
+                    [layout.INDEX_NAME] + [os.path.basename(index.file_path(r)) for r in range(index.world_size)]),
+    }
+
+
+def checkpoints_under(folder: str | os.PathLike) -> list[str]:
+    """Checkpoint directories at or below ``folder`` (a checkpoint's own files are not listed
+    separately: it is one entry)."""
+    out = []
+    for root, dirs, _ in os.walk(folder):
+        if is_checkpoint(root):
+            out.append(root)
+            dirs[:] = []
+    return out

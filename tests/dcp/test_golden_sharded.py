@@ -1,0 +1,49 @@
+"""The sharded layout's golden vector (docs/FORMAT.md §14.9): committed bytes are the contract."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import torch
+
+import tensorcanon
+import tensorcanon.dcp as tcd
+
+from helpers import rank_files
+
+GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "golden" / "sharded"
+sys.path.insert(0, str(GOLDEN))
+
+import regenerate  # noqa: E402
+
+LOGICAL = "xxh3-128:6f70ab9f3b260274852c32b4ff9f9097"
+INDEX = "xxh3-128:2ad52f54f88d2ad203f2701dfad33834"
+
+
+def test_saving_the_example_gives_the_committed_bytes(tmp_path):
+    folder = str(tmp_path / "again")
+    assert regenerate.write(folder) == LOGICAL
+    committed = rank_files(str(GOLDEN / "two_ranks"))
+    assert sorted(committed) == ["index.safetensors",
+                                 "rank-00000-of-00002.ec05d32c6792220e66b9f611e0751108.safetensors",
+                                 "rank-00001-of-00002.84444a9688bdcdc1a1175da37e888de2.safetensors"]
+    assert rank_files(folder) == committed, (
+        "the bytes of a sharded checkpoint changed: a layout change must bump LAYOUT_VERSION, update "
+        "docs/FORMAT.md §14 and run tests/golden/sharded/regenerate.py --layout-change")
+
+
+def test_the_committed_checkpoint_reads_back(tmp_path):
+    folder = str(GOLDEN / "two_ranks")
+    full = {"step": 1, "w": torch.arange(6, dtype=torch.float32).reshape(3, 2)}
+    assert tensorcanon.fingerprint(full) == LOGICAL == tcd.verify(folder)
+    assert tensorcanon.verify(str(GOLDEN / "two_ranks" / "index.safetensors")) == INDEX
+    assert not tensorcanon.diff(full, tcd.load_unsharded(folder))
+    assert tcd.load_unsharded(folder, rank=1)["rng"] == 1
+    index = tensorcanon.load(str(GOLDEN / "two_ranks" / "index.safetensors"))
+    assert index["chunks"] == [[[0, [0, 0], [2, 2]], [1, [2, 0], [1, 2]]]]
+    assert index["per_rank"] == [("rng",)] and index["layout"] == 1 and index["format"] == "tensorcanon-sharded"
+    one = tmp_path / "full.safetensors"
+    one.write_bytes(tensorcanon.dumps(full))
+    with tensorcanon.open(str(one)) as f:
+        assert index["logical"] == f.manifest.raw      # the logical manifest is dumps(full)'s manifest

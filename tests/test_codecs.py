@@ -1,0 +1,181 @@
+"""Built-in codecs (docs/FORMAT.md §6.9): off by default, exact when on, strict when loading."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import pathlib
+import sys
+
+import pytest
+
+import tensorcanon
+from tensorcanon import codecs, registry
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
+
+import hostile_lib as h  # noqa: E402
+
+_CLASSES = [pathlib.PurePath, dt.date, dt.time, dt.datetime, dt.timedelta, argparse.Namespace]
+
+
+@pytest.fixture
+def off():
+    """The codecs disabled for one test, as in a fresh process; restored afterwards."""
+    was_on = registry.by_name(codecs.PATH) is not None
+    for cls in _CLASSES:
+        registry.unregister(cls)
+    yield
+    if was_on:
+        codecs.register_all()
+
+
+@pytest.fixture
+def on(off):
+    codecs.register_all()
+    yield
+
+
+UTC530 = dt.timezone(dt.timedelta(hours=5, minutes=30))
+VALUES = [
+    pathlib.PurePosixPath("/data/run 1/ckpt.pt"), pathlib.PurePosixPath("rel/x"), pathlib.PurePosixPath("//net/x"),
+    pathlib.PurePosixPath(), pathlib.PureWindowsPath("C:/Users/x"), pathlib.PureWindowsPath("//server/share/d"),
+    pathlib.Path("/tmp/a"), pathlib.Path("a/b"),
+    dt.date(2024, 2, 29), dt.date(1, 1, 1), dt.date(9999, 12, 31),
+    dt.time(), dt.time(23, 59, 59, 999999, tzinfo=UTC530, fold=1), dt.time(1, tzinfo=dt.timezone.utc),
+    dt.datetime(2024, 1, 2, 3, 4, 5, 6), dt.datetime(2024, 11, 3, 1, 30, fold=1),
+    dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
+    dt.datetime(2000, 6, 1, tzinfo=dt.timezone(-dt.timedelta(hours=23, minutes=59, seconds=59, microseconds=1))),
+    dt.timedelta(), dt.timedelta(days=-1, microseconds=5), dt.timedelta(days=999999999, hours=23),
+    argparse.Namespace(lr=0.1, data=pathlib.PurePosixPath("/d"), layers=[1, 2], **{"odd-name": None}),
+]
+
+
+def _same(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (dt.time, dt.datetime)):
+        return a == b and a.fold == b.fold and a.utcoffset() == b.utcoffset() and (a.tzinfo is None) == (b.tzinfo is None)
+    return a == b
+
+
+@pytest.mark.parametrize("value", VALUES, ids=[repr(v)[:50] for v in VALUES])
+def test_values_round_trip_exactly(on, value):
+    back = tensorcanon.loads(tensorcanon.dumps({"v": value}))["v"]
+    assert _same(value, back), (value, back)
+
+
+@pytest.mark.parametrize("value", [pathlib.Path("/x"), dt.date(2020, 1, 1), dt.timedelta(1),
+                                   argparse.Namespace(a=1)])
+def test_off_by_default_and_the_error_says_how_to_enable(off, value):
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match=r"tensorcanon\.codecs\.register_\w+\(\)") as info:
+        tensorcanon.dumps({"hparams": {"v": value}})
+    assert info.value.path == '$["hparams"]["v"]'
+    assert "register_builtin_codecs()" in str(info.value)
+
+
+def test_loading_needs_the_codec_and_says_which(off):
+    codecs.register_paths()
+    data = tensorcanon.dumps({"p": pathlib.PurePosixPath("/x")})
+    registry.unregister(pathlib.PurePath)
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match=r"register_paths\(\)") as info:
+        tensorcanon.loads(data)
+    assert info.value.path == '$["p"]'
+
+
+def test_enabling_twice_is_fine_and_a_users_own_registration_is_kept(off):
+    codecs.register_all()
+    tensorcanon.register_builtin_codecs()
+    for cls in _CLASSES:
+        registry.unregister(cls)
+    tensorcanon.register(dt.timedelta, name="mine.td", encode=lambda v: v.days, decode=lambda d: dt.timedelta(d))
+    try:
+        with pytest.raises(tensorcanon.UsageError, match="built-in codec 'datetime.timedelta'"):
+            codecs.register_datetime()
+    finally:
+        registry.unregister(dt.timedelta)
+
+
+def test_subclasses_of_paths_load_as_the_standard_class(on):
+    class MyPath(type(pathlib.Path())):
+        pass
+
+    back = tensorcanon.loads(tensorcanon.dumps(MyPath("/a")))
+    assert type(back) is type(pathlib.Path()) and back == pathlib.Path("/a")
+
+
+def test_refused_values(on):
+    try:
+        import zoneinfo
+
+        zone = zoneinfo.ZoneInfo("UTC")
+    except Exception:  # no tz database on this machine
+        zone = None
+
+    class Stamp(dt.datetime):  # like pandas.Timestamp, which adds nanoseconds
+        pass
+
+    cases = [
+        (dt.datetime(2024, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=1), "CET")), "named time zone"),
+        (Stamp(2024, 1, 1), "subclass of datetime.datetime"),
+    ]
+    if zone is not None:
+        cases.append((dt.datetime(2024, 1, 1, tzinfo=zone), "only fixed offsets"))
+    for value, match in cases:
+        with pytest.raises(tensorcanon.UnsupportedTypeError, match=match):
+            tensorcanon.dumps({"v": value})
+
+
+def _with_state(name, state_node) -> bytes:
+    data = tensorcanon.dumps({"v": None})
+    m, header, body = h.manifest_of(data)
+    m["root"] = ["dict", "v", ["obj", name, state_node]]
+    return h.rebuild(data, h.repack(m), header, body)
+
+
+@pytest.mark.parametrize("name, state", [
+    (codecs.PATH, ["list", "PurePosixPath", "a//b"]),
+    (codecs.PATH, ["list", "PurePosixPath", "a/"]),
+    (codecs.PATH, ["list", "PurePosixPath", ""]),
+    (codecs.PATH, ["list", "PureWindowsPath", "c:/a"]),
+    (codecs.PATH, ["list", "Path", "a"]),
+    (codecs.PATH, ["list", "PurePosixPath", "a\x00b"]),
+    (codecs.DATE, ["list", 2023, 2, 29]),
+    (codecs.DATE, ["list", 2023, 2]),
+    (codecs.DATE, ["list", 2023, True, 1]),
+    (codecs.TIME, ["list", 24, 0, 0, 0, None, 0]),
+    (codecs.TIME, ["list", 1, 0, 0, 0, None, 2]),
+    (codecs.DATETIME, ["list", 2024, 1, 1, 0, 0, 0, 0, 86_400_000_000, 0]),
+    (codecs.DATETIME, ["list", 2024, 1, 1, 0, 0, 0, 0, 1.5, 0]),
+    (codecs.TIMEDELTA, ["list", 0, 90_000, 0]),
+    (codecs.TIMEDELTA, ["list", 0, -1, 0]),
+    (codecs.TIMEDELTA, ["list", 0, 0, 1_000_000]),
+    (codecs.NAMESPACE, ["list", 1]),
+])
+def test_non_canonical_states_are_rejected(on, name, state):
+    with pytest.raises(tensorcanon.FormatError, match="could not rebuild"):
+        tensorcanon.loads(_with_state(name, state))
+
+
+def test_a_concrete_path_of_the_other_system_fails_clearly(on):
+    other = "WindowsPath" if os.name == "posix" else "PosixPath"
+    with pytest.raises(tensorcanon.FormatError, match=f"a {other} cannot be created on this system"):
+        tensorcanon.loads(_with_state(codecs.PATH, ["list", other, "a"]))
+
+
+def test_states_are_what_the_spec_says(on):
+    """docs/FORMAT.md §6.9: the exact nodes each codec writes."""
+    from tensorcanon import writer
+
+    cases = [
+        (pathlib.PurePosixPath("/a/b"), ["obj", "pathlib.PurePath", ["list", "PurePosixPath", "/a/b"]]),
+        (pathlib.PureWindowsPath("c:/a"), ["obj", "pathlib.PurePath", ["list", "PureWindowsPath", "c:\\a"]]),
+        (dt.date(2024, 2, 29), ["obj", "datetime.date", ["list", 2024, 2, 29]]),
+        (dt.time(1, 2, 3, 4, tzinfo=UTC530, fold=1), ["obj", "datetime.time", ["list", 1, 2, 3, 4, 19_800_000_000, 1]]),
+        (dt.datetime(2024, 1, 2, 3, 4, 5, 6), ["obj", "datetime.datetime", ["list", 2024, 1, 2, 3, 4, 5, 6, None, 0]]),
+        (dt.timedelta(days=-1, microseconds=5), ["obj", "datetime.timedelta", ["list", -1, 0, 5]]),
+        (argparse.Namespace(b=1, a=2), ["obj", "argparse.Namespace", ["dict", "a", 2, "b", 1]]),
+    ]
+    for value, node in cases:
+        assert writer.plan(value).root == node

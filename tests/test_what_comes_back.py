@@ -1,0 +1,205 @@
+"""The README's "What comes back" table, row by row.
+
+Each row of the table is a key of :data:`ROWS`, mapped to the test that shows
+it; :func:`test_every_readme_row_has_a_test` keeps the two in step. Where a row
+contrasts with ``torch.load``, the test shows torch's behaviour too (with
+``weights_only=True``, on data this test wrote).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import io
+import math
+import pathlib
+import pickle
+import re
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+import tensorcanon
+from tensorcanon import dtypes
+
+README = (pathlib.Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+
+ROWS = {
+    "Dict key order": "test_dict_key_order",
+    "Tied tensors": "test_tied_tensors",
+    "Other views": "test_other_views",
+    "Strides and memory format": "test_strides_and_memory_format",
+    "Lazy conjugate / negative views": "test_lazy_views",
+    "`requires_grad`": "test_requires_grad",
+    "`nn.Parameter`": "test_parameters",
+    "Devices": "test_devices",
+    "Dtypes": "test_dtypes",
+    "numpy": "test_numpy",
+    "Registered types": "test_registered_types",
+    "Python values": "test_python_values",
+}
+
+
+def _torch_round_trip(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def test_every_readme_row_has_a_test():
+    section = README.split("### What comes back", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| ([^|]+?) \| ", section, flags=re.M)
+    rows = [r for r in rows if r not in ("Saved", "---")]
+    assert rows == list(ROWS)
+    for test in ROWS.values():
+        assert callable(globals().get(test)), test
+
+
+def test_dict_key_order():
+    obj = {"b": 1, "a": 2, 10: 3, 2: 4}
+    assert list(tensorcanon.loads(tensorcanon.dumps(obj))) == [2, 10, "a", "b"]
+    assert list(_torch_round_trip(obj)) == ["b", "a", 10, 2]  # torch keeps insertion order
+    sd = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)).state_dict()
+    back = tensorcanon.loads(tensorcanon.dumps(sd))
+    assert type(back) is collections.OrderedDict and list(back) == list(sd)
+    assert back._metadata == sd._metadata
+
+
+def test_tied_tensors():
+    w = torch.arange(6.0).reshape(2, 3)
+    arr = np.arange(4.0)
+    obj = {"emb": w, "head": w, "row": w[1], "row_again": w[1], "a": torch.from_numpy(arr), "b": torch.from_numpy(arr)}
+    back = tensorcanon.loads(tensorcanon.dumps(obj))
+    assert back["emb"] is back["head"] and back["row"] is back["row_again"] and back["a"] is back["b"]
+    assert back["row"] is not back["emb"]
+
+
+def test_other_views():
+    base = torch.arange(6.0)
+    obj = {"a": base[:3], "b": base[1:4]}
+    back = tensorcanon.loads(tensorcanon.dumps(obj))
+    back["a"][1] = 99.0
+    assert back["b"][0] == 1.0  # no longer shared
+    assert back["a"].untyped_storage().nbytes() == 3 * 4  # only the viewed elements
+    theirs = _torch_round_trip(obj)
+    theirs["a"][1] = 99.0
+    assert theirs["b"][0] == 99.0  # torch.load restores the sharing
+
+
+def test_strides_and_memory_format():
+    x = torch.arange(2 * 3 * 2 * 2.0).reshape(2, 3, 2, 2)
+    t = torch.arange(6.0).reshape(2, 3).t()
+    obj = {"nhwc": x.contiguous(memory_format=torch.channels_last),
+           "ndhwc": x.unsqueeze(2).contiguous(memory_format=torch.channels_last_3d), "t": t}
+    back = tensorcanon.loads(tensorcanon.dumps(obj))
+    assert back["nhwc"].is_contiguous(memory_format=torch.channels_last) and not back["nhwc"].is_contiguous()
+    assert back["ndhwc"].is_contiguous(memory_format=torch.channels_last_3d)
+    assert back["t"].is_contiguous() and torch.equal(back["t"], t)
+    assert _torch_round_trip(obj)["t"].stride() == t.stride()  # torch keeps the strides
+
+
+def test_lazy_views():
+    z = torch.complex(torch.arange(3.0), torch.ones(3))
+    obj = {"conj": z.conj(), "neg": z.conj().imag}
+    assert obj["conj"].is_conj() and obj["neg"].is_neg()
+    back = tensorcanon.loads(tensorcanon.dumps(obj))
+    assert not back["conj"].is_conj() and torch.equal(back["conj"], z.conj().resolve_conj())
+    assert not back["neg"].is_neg() and torch.equal(back["neg"], -torch.ones(3))
+
+
+def test_requires_grad():
+    leaf = torch.ones(2, requires_grad=True)
+    obj = {"leaf": leaf, "computed": leaf * 2, "frozen": torch.ones(2)}
+    back = tensorcanon.loads(tensorcanon.dumps(obj))
+    assert back["leaf"].requires_grad and back["computed"].requires_grad and not back["frozen"].requires_grad
+    assert back["computed"].grad_fn is None and back["computed"].is_leaf
+    assert _torch_round_trip({"leaf": leaf})["leaf"].requires_grad
+
+
+def test_parameters():
+    obj = {"p": torch.nn.Parameter(torch.ones(2)), "q": torch.nn.Parameter(torch.ones(2), requires_grad=False)}
+    back = tensorcanon.loads(tensorcanon.dumps(obj))
+    assert type(back["p"]) is torch.nn.Parameter and back["p"].requires_grad
+    assert type(back["q"]) is torch.nn.Parameter and not back["q"].requires_grad
+
+    class Special(torch.Tensor):
+        pass
+
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match="subclass"):
+        tensorcanon.dumps(torch.ones(1).as_subclass(Special))
+
+
+def test_devices():
+    from tensorcanon import writer
+
+    obj = {"w": torch.arange(3.0)}
+    assert tensorcanon.loads(tensorcanon.dumps(obj))["w"].device.type == "cpu"
+    if torch.cuda.is_available():  # pragma: no cover - exercised on GPU machines
+        back = tensorcanon.loads(tensorcanon.dumps({"w": obj["w"].cuda()}))
+        assert back["w"].device == torch.device("cuda:0")
+        return
+    # a file recorded on cuda:0 (devices are outside the digest: only the header changes)
+    p = writer.plan(obj)
+    buf = io.BytesIO()
+    writer.write(p, buf)
+    old, _ = p.header()
+    p.tensors[0].device = "cuda:0"
+    data = p.header()[0] + buf.getvalue()[len(old):]
+    with pytest.raises(tensorcanon.DeviceUnavailableError, match=r'tensor \$\["w"\] was saved on cuda:0'):
+        tensorcanon.loads(data)
+    assert tensorcanon.loads(data, map_location="cpu")["w"].device.type == "cpu"
+    assert tensorcanon.loads(data, map_location={"cuda:0": "cpu"})["w"].device.type == "cpu"
+
+
+def test_dtypes():
+    obj = {}
+    for row in dtypes.BY_TORCH.values():
+        raw = (torch.arange(6, dtype=torch.int64) % 2 if row.name == "bool" else torch.arange(6 * row.itemsize) % 251)
+        obj[row.name] = raw.to(torch.uint8).view(row.torch) if row.name != "bool" else raw.bool()
+    neg_zero_nan = torch.tensor([-0.0, struct.unpack(">d", bytes.fromhex("7ff800000000beef"))[0]])
+    obj["bits"] = neg_zero_nan
+    back = tensorcanon.loads(tensorcanon.dumps(obj))
+    for k, v in obj.items():
+        assert back[k].dtype == v.dtype
+        assert bytes(back[k].view(torch.uint8).numpy()) == bytes(v.view(torch.uint8).numpy()), k
+
+
+def test_numpy():
+    obj = {"f": np.arange(6, dtype=np.float32).reshape(2, 3).T, "be": np.arange(3, dtype=">i4"),
+           "s": np.float16(1.5), "u": np.uint64(2**64 - 1)}
+    back = tensorcanon.loads(tensorcanon.dumps(obj))
+    assert type(back["f"]) is np.ndarray and back["f"].flags.c_contiguous and back["f"].flags.writeable
+    assert np.array_equal(back["f"], obj["f"])
+    assert back["be"].dtype == np.dtype("<i4") and back["be"].tolist() == [0, 1, 2]
+    assert type(back["s"]) is np.float16 and back["s"] == 1.5 and type(back["u"]) is np.uint64
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        _torch_round_trip({"f": obj["f"]})  # torch.load's safe mode refuses numpy arrays
+
+
+@dataclasses.dataclass
+class _Config:
+    lr: float
+
+
+def test_registered_types():
+    tensorcanon.register(_Config, name="what_comes_back.Config")
+    try:
+        data = tensorcanon.dumps({"cfg": _Config(0.5)})
+        assert tensorcanon.loads(data) == {"cfg": _Config(0.5)}
+    finally:
+        tensorcanon.unregister(_Config)
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match="not registered in this process"):
+        tensorcanon.loads(data)
+
+
+def test_python_values():
+    nan = struct.unpack(">d", bytes.fromhex("7ff800000000beef"))[0]
+    obj = [None, True, 10**5000, -0.0, nan, math.inf, 1 - 2j, "é", b"\x00", [1], (1,), {1}, frozenset({2})]
+    back = tensorcanon.loads(tensorcanon.dumps(obj))
+    assert [type(v) for v in back] == [type(v) for v in obj]
+    assert back[2] == 10**5000 and math.copysign(1, back[3]) < 0
+    assert struct.pack(">d", back[4]) == struct.pack(">d", nan)
+    assert back[5:] == obj[5:]
