@@ -1,12 +1,17 @@
 """Bit-exact training resumption with tensorcanon.
 
-Trains a small MLP (dropout, shuffled DataLoader with 2 workers, random noise
-augmentation, AdamW, a learning-rate schedule) three ways:
+Trains a small MLP (dropout, a shuffled DataLoader with 2 persistent workers,
+random augmentation drawn inside Dataset.__getitem__ with numpy, torch and
+random, AdamW, a learning-rate schedule) three ways:
 
 1. N steps without stopping;
 2. k steps, then a tensorcanon checkpoint (model, optimizer, scheduler, the
-   complete random state, the sampler position, a numpy Generator, settings);
+   complete random state, the sampler position, settings);
 3. a FRESH Python process loads that checkpoint and trains on to N.
+
+tensorcanon.SeededDataset seeds each sample's random draws from
+(seed, epoch, index), so the augmentation does not depend on which worker
+loads a sample or on where the run was interrupted.
 
 It prints both final weight digests, verifies the checkpoint from its file,
 and exits with status 1 unless the digests are identical.
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -27,11 +33,28 @@ import warnings
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 import tensorcanon
 
 SAMPLES, FEATURES, CLASSES, BATCH = 512, 16, 4, 32  # 16 batches per epoch
+
+
+class NoisyData(Dataset):
+    """Synthetic samples, augmented in __getitem__ the ordinary way (global generators)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        level = np.random.uniform(0.0, 0.3)                     # numpy's global generator
+        x = self.x[i] + level * torch.randn(FEATURES)           # torch's global generator
+        if random.random() < 0.25:                              # Python's random
+            x[random.randrange(FEATURES)] = 0.0
+        return x, self.y[i]
 
 
 class Trainer:
@@ -43,7 +66,7 @@ class Trainer:
         data = torch.Generator().manual_seed(42)
         x = torch.randn(SAMPLES, FEATURES, generator=data)
         y = (x @ torch.randn(FEATURES, CLASSES, generator=data)).argmax(1)
-        dataset = TensorDataset(x, y)
+        data = NoisyData(x, y)
         self.model = torch.nn.Sequential(
             torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2),
             torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2),
@@ -52,19 +75,19 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=20, gamma=0.5)
         # The sampler's order and the workers' base seed depend only on (seed, epoch);
         # its generator keeps the DataLoader away from the global torch RNG.
-        self.sampler = tensorcanon.ResumableSampler(dataset, seed=1)
-        self.loader = DataLoader(dataset, batch_size=BATCH, sampler=self.sampler, num_workers=workers,
-                                 generator=self.sampler.generator, worker_init_fn=tensorcanon.seed_worker)
-        self.aug_rng = np.random.default_rng(7)  # draws each batch's noise level
+        self.sampler = tensorcanon.ResumableSampler(data, seed=1)
+        # Each sample's augmentation is drawn from (seed, epoch, index), in whichever process
+        # loads it; the loading process's own random streams are left as they were.
+        seeded = tensorcanon.SeededDataset(data, self.sampler)
+        self.loader = DataLoader(seeded, batch_size=BATCH, sampler=self.sampler, num_workers=workers,
+                                 persistent_workers=workers > 0, generator=self.sampler.generator,
+                                 worker_init_fn=tensorcanon.seed_worker)
         self.step = 0
 
     def train(self, until: int) -> None:
         while self.step < until:
-            if self.sampler.position >= self.sampler.num_samples:
-                self.sampler.set_epoch(self.sampler.epoch + 1)
+            # track() yields the rest of the current epoch, then moves the sampler to the next
             for x, y in self.sampler.track(self.loader):
-                noise = float(self.aug_rng.uniform(0.0, 0.3))
-                x = x + noise * torch.randn_like(x)  # augmentation: global torch RNG
                 self.opt.zero_grad()
                 torch.nn.functional.cross_entropy(self.model(x), y).backward()
                 self.opt.step()
@@ -78,8 +101,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "aug_rng": self.aug_rng,                         # a numpy Generator, saved as a value
+            "sampler": self.sampler.state_dict(),            # seed, epoch, position (+ sharding)
             "rng": tensorcanon.RngState.capture(),           # python, numpy, torch CPU (+ CUDA/MPS/XPU)
             "settings": tensorcanon.DeterminismSettings.capture(),
             "step": self.step,
@@ -90,7 +112,6 @@ class Trainer:
         self.opt.load_state_dict(ckpt["optimizer"])
         self.sched.load_state_dict(ckpt["scheduler"])
         self.sampler.load_state_dict(ckpt["sampler"])
-        self.aug_rng = ckpt["aug_rng"]
         self.step = ckpt["step"]
         ckpt["rng"].restore()  # last: nothing after it may draw before training continues
         return [str(d) for d in ckpt["settings"].compare()]
@@ -124,7 +145,7 @@ def main() -> int:
     t0 = time.perf_counter()
     print(f"tensorcanon {tensorcanon.__version__}: bit-exact resume demo (torch {torch.__version__})")
     print(f"MLP with dropout, {SAMPLES} synthetic samples, shuffled DataLoader with {args.workers} workers,")
-    print("noise augmentation, AdamW + StepLR\n")
+    print("augmentation in Dataset.__getitem__ (SeededDataset), AdamW + StepLR\n")
 
     full = Trainer(args.workers)
     for note in full.notes:

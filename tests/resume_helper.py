@@ -8,43 +8,62 @@ line ``{ckpt: final weight digest}``.
 from __future__ import annotations
 
 import json
+import random
 import sys
 import warnings
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 import tensorcanon
 
 N_SAMPLES, BATCH = 40, 8  # 5 batches per epoch
 
 
+class NoisyData(Dataset):
+    """Augments in __getitem__ with numpy's, torch's and Python's global generators."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        x = self.x[i] + float(np.random.uniform(0.05, 0.2)) * torch.randn(self.x.shape[1])
+        if random.random() < 0.3:
+            x[random.randrange(len(x))] = 0.0
+        return x, self.y[i]
+
+
 class Run:
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, seeded: bool = True) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # the PYTHONHASHSEED note
             tensorcanon.seed_everything(0)
         g = torch.Generator().manual_seed(123)
         x = torch.randn(N_SAMPLES, 6, generator=g)
         y = (x[:, :2] * 2).sin()
-        self.ds = TensorDataset(x, y)
+        data = NoisyData(x, y)
         self.model = torch.nn.Sequential(
             torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 2))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
         self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=4, gamma=0.5)
-        self.sampler = tensorcanon.ResumableSampler(self.ds, seed=7)
+        self.sampler = tensorcanon.ResumableSampler(data, seed=7)
+        # seeded=False is the control: the same augmentation without per-sample seeding
+        self.ds = tensorcanon.SeededDataset(data, self.sampler) if seeded else data
         self.loader = DataLoader(
             self.ds, batch_size=BATCH, sampler=self.sampler, num_workers=workers,
-            generator=self.sampler.generator, worker_init_fn=tensorcanon.seed_worker)
-        self.aug = np.random.default_rng(5)  # a numpy Generator saved as an object
+            persistent_workers=workers > 0, generator=self.sampler.generator,
+            worker_init_fn=tensorcanon.seed_worker)
         self.step = 0
 
     def checkpoint(self) -> dict:
         return {
             "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(), "rng": tensorcanon.RngState.capture(),
-            "sampler": self.sampler.state_dict(), "aug": self.aug, "step": self.step,
+            "sampler": self.sampler.state_dict(), "step": self.step,
             "settings": tensorcanon.DeterminismSettings.capture(),
         }
 
@@ -53,17 +72,12 @@ class Run:
         self.opt.load_state_dict(ckpt["optimizer"])
         self.sched.load_state_dict(ckpt["scheduler"])
         self.sampler.load_state_dict(ckpt["sampler"])
-        self.aug = ckpt["aug"]
         self.step = ckpt["step"]
         ckpt["rng"].restore()  # last, after everything that might draw
 
     def train(self, until: int) -> None:
         while self.step < until:
-            if self.sampler.position >= self.sampler.num_samples:
-                self.sampler.set_epoch(self.sampler.epoch + 1)
-            for xb, yb in self.sampler.track(self.loader):
-                scale = float(self.aug.uniform(0.05, 0.2))
-                xb = xb + scale * torch.randn_like(xb)  # augmentation from the global torch RNG
+            for xb, yb in self.sampler.track(self.loader):  # the rest of the epoch; then the next
                 self.opt.zero_grad()
                 torch.nn.functional.mse_loss(self.model(xb), yb).backward()
                 self.opt.step()

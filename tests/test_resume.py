@@ -63,7 +63,21 @@ def test_resume_without_rng_state_differs(tmp_path):
     fresh.opt.load_state_dict(ckpt["optimizer"])
     fresh.sched.load_state_dict(ckpt["scheduler"])
     fresh.sampler.load_state_dict(ckpt["sampler"])
-    fresh.aug, fresh.step = ckpt["aug"], ckpt["step"]
+    fresh.step = ckpt["step"]
+    fresh.train(TOTAL)
+    assert fresh.digest() != full.digest()
+
+
+def test_unseeded_augmentation_in_workers_does_not_resume_mid_epoch():
+    """Control: the same augmentation without SeededDataset, drawn in 2 workers, resumed
+    mid-epoch, ends elsewhere; the fresh-process test above would notice a seeding that failed."""
+    full = resume_helper.Run(2, seeded=False)
+    full.train(TOTAL)
+    run = resume_helper.Run(2, seeded=False)
+    run.train(3)
+    ckpt = tensorcanon.loads(tensorcanon.dumps(run.checkpoint()))
+    fresh = resume_helper.Run(2, seeded=False)
+    fresh.resume(ckpt)
     fresh.train(TOTAL)
     assert fresh.digest() != full.digest()
 

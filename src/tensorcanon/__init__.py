@@ -29,7 +29,8 @@ from .manifest import VERSION as FORMAT_VERSION
 from .registry import register, unregister
 from .rng import RngRestoreError, RngState  # importing rng registers the generator tags
 from .determinism import DeterminismSettings, seed_everything
-from .data import ResumableSampler, seed_worker
+from .data import ResumableSampler, SamplerStateError, seed_worker
+from .seeded import SeededDataset
 
 __version__ = "0.1.0"
 
@@ -41,5 +42,5 @@ __all__ = [
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
     "UnsupportedTypeError", "DeviceUnavailableError", "UnsupportedAlgorithmError", "UsageError",
     "RngState", "RngRestoreError", "seed_everything", "DeterminismSettings",
-    "seed_worker", "ResumableSampler",
+    "seed_worker", "ResumableSampler", "SamplerStateError", "SeededDataset",
 ]

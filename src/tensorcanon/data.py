@@ -1,10 +1,10 @@
-"""Data order that resumes exactly: a resumable sampler and a worker seeding function.
+"""Data order that resumes exactly: a resumable, shardable sampler and a worker seeding function.
 
 The sampler's order for an epoch, and the seed the DataLoader gives its
-workers, are pure functions of ``(seed, epoch)``. Its state is three numbers
-(seed, epoch, position), so nothing saved mid-epoch is ever "past the shuffle",
-and resuming never fetches and discards batches. docs/RNG.md explains the traps
-this avoids.
+workers, are pure functions of ``(seed, epoch)`` (and the rank). Its state is a
+few numbers (seed, epoch, position, and the sharding it was saved with), so
+nothing saved mid-epoch is ever "past the shuffle", and resuming never fetches
+and discards batches. docs/RNG.md explains the traps this avoids.
 """
 
 from __future__ import annotations
@@ -18,13 +18,21 @@ from torch.utils.data import Sampler
 
 from .errors import TensorCanonError, UsageError
 
-__all__ = ["seed_worker", "ResumableSampler", "SamplerStateError"]
+__all__ = ["seed_worker", "ResumableSampler", "SamplerStateError", "SampleIndex"]
 
 U64 = 2**64 - 1
 
+_V1_KEYS = frozenset({"seed", "epoch", "position", "shuffle", "num_samples"})
+_V2_KEYS = _V1_KEYS | {"num_replicas", "rank", "drop_last"}
+
 
 class SamplerStateError(TensorCanonError, ValueError):
-    """A sampler state does not fit this sampler (other dataset size, bad field)."""
+    """A sampler state does not fit this sampler (other dataset size, other sharding
+    mid-epoch, a malformed field). ``field`` names the state key at fault, when one is."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(message)
 
 
 def seed_worker(worker_id: int) -> None:
@@ -47,24 +55,77 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(np.random.SeedSequence(seed).generate_state(4))
 
 
-def _derive(seed: int, epoch: int, stream: int) -> int:
-    """A 64-bit seed for one (seed, epoch, stream), through numpy's SeedSequence."""
-    return int(np.random.SeedSequence([seed, epoch, stream]).generate_state(1, np.uint64)[0])
+def _derive(seed: int, epoch: int, *stream: int) -> int:
+    """A 64-bit seed for one (seed, epoch, stream...), through numpy's SeedSequence.
+
+    Stream 0 orders the epoch; stream 1 (plus the rank, for ranks above 0) seeds
+    :attr:`ResumableSampler.generator`. Fixed since version 0.1: changing it would
+    change the data order of every saved run.
+    """
+    return int(np.random.SeedSequence([seed, epoch, *stream]).generate_state(1, np.uint64)[0])
+
+
+def _shard_size(n: int, replicas: int, drop_last: bool) -> int:
+    """Samples per rank in a full epoch, as torch's DistributedSampler computes ``num_samples``."""
+    if drop_last:
+        return n // replicas  # the tail that does not fill every rank is dropped
+    return -(-n // replicas)  # ceil: the order is padded by repeating its start
+
+
+class SampleIndex(int):
+    """A dataset index that carries the sampler's ``seed`` and the ``epoch`` it belongs to.
+
+    A :class:`ResumableSampler` wrapped by :class:`tensorcanon.SeededDataset`
+    yields these instead of plain ints, so the epoch reaches ``__getitem__``
+    even in a persistent worker whose copy of the sampler is stale. It is an
+    ``int`` (equal to, and hashing like, the plain index), so any other dataset
+    indexed with it behaves as with the plain index.
+    """
+
+    seed: int
+    epoch: int
+
+    def __new__(cls, index: int, epoch: int, seed: int) -> SampleIndex:
+        self = super().__new__(cls, index)
+        self.epoch = epoch
+        self.seed = seed
+        return self
+
+    def __reduce__(self) -> tuple:
+        return (SampleIndex, (int(self), self.epoch, self.seed))
+
+    def __repr__(self) -> str:
+        return f"SampleIndex({int(self)}, epoch={self.epoch}, seed={self.seed})"
 
 
 class ResumableSampler(Sampler[int]):
-    """A (shuffled) sampler whose position can be saved and resumed mid-epoch.
+    """A (shuffled, optionally sharded) sampler whose position can be saved and resumed mid-epoch.
 
     The order of epoch ``e`` is a permutation drawn from a generator seeded
-    with ``(seed, e)``; :attr:`generator`, which you pass to the DataLoader as
-    ``generator=``, is re-seeded from ``(seed, e)`` whenever an epoch is
+    with ``(seed, e)``. With ``num_replicas=R`` and ``rank=r`` it is sharded as
+    torch's ``DistributedSampler`` shards: the order is padded by repeating its
+    start to a multiple of ``R`` (or truncated, with ``drop_last=True``) and
+    rank ``r`` takes every ``R``-th index from ``r``. Every rank must use the
+    same ``seed``. ``num_replicas`` and ``rank`` are never read from
+    ``torch.distributed``: pass ``dist.get_world_size()`` and ``dist.get_rank()``.
+
+    ``len(sampler)`` is the samples this rank yields in a full epoch (so
+    ``len(DataLoader)`` is the full epoch's batch count, as training frameworks
+    expect); :attr:`remaining` is what is left of the current epoch, and
+    iterating yields only that, from :attr:`position`.
+
+    :attr:`generator`, which you pass to the DataLoader as ``generator=``, is
+    re-seeded from ``(seed, epoch, rank)`` whenever an epoch starts or is
     iterated, so the DataLoader's worker base seed is a function of the epoch
-    too and the global torch RNG is never touched by creating an iterator.
+    too and creating an iterator never touches the global torch RNG.
 
     :meth:`track` wraps the loader and counts the batches your loop has
     received (with workers, the DataLoader reads the sampler ahead of the
-    loop, so the sampler cannot count them itself). :meth:`state_dict`
-    returns ``{"seed", "epoch", "position", "shuffle", "num_samples"}``.
+    loop, so the sampler cannot count them itself); :meth:`advance` counts by
+    hand. When the last sample of an epoch is counted the epoch is finished
+    and the sampler moves to the next one at position 0. Without ``track`` or
+    ``advance`` the position stays 0 and every iteration yields the whole
+    epoch, as ``DistributedSampler`` does.
 
     Example::
 
@@ -77,55 +138,109 @@ class ResumableSampler(Sampler[int]):
                 ...                             # train; checkpoint sampler.state_dict() any time
     """
 
-    def __init__(self, data_source: Sized, *, shuffle: bool = True, seed: int = 0) -> None:
+    def __init__(self, data_source: Sized, *, shuffle: bool = True, seed: int = 0,
+                 num_replicas: int | None = None, rank: int | None = None,
+                 drop_last: bool = False) -> None:
         if type(seed) is not int or not 0 <= seed <= U64:
             raise UsageError(f"seed must be an int in [0, 2**64-1], got {seed!r}")
-        self.num_samples = len(data_source)
+        replicas = 1 if num_replicas is None else num_replicas
+        if type(replicas) is not int or replicas < 1:
+            raise UsageError(f"num_replicas must be a positive int, got {num_replicas!r}")
+        rank = 0 if rank is None else rank
+        if type(rank) is not int or not 0 <= rank < replicas:
+            raise UsageError(f"rank must be an int in [0, num_replicas={replicas}), got {rank!r}")
+        self.num_samples = len(data_source)  # the dataset's length (the state's "num_samples")
+        self.num_replicas = replicas
+        self.rank = rank
+        self.drop_last = bool(drop_last)
         self.shuffle = bool(shuffle)
         self.seed = seed
         self.epoch = 0
         self.position = 0
         self.generator = torch.Generator()
+        self._sample_indices = False  # set by SeededDataset: yield SampleIndex values
         self._reseed()
 
+    # ------------------------------------------------------------------ order and length
+
     def _reseed(self) -> None:
-        self.generator.manual_seed(_derive(self.seed, self.epoch, 1))
+        stream = (1,) if self.rank == 0 else (1, self.rank)
+        self.generator.manual_seed(_derive(self.seed, self.epoch, *stream))
+
+    def __len__(self) -> int:
+        """Samples this rank yields in a full epoch (``DistributedSampler.num_samples``)."""
+        return _shard_size(self.num_samples, self.num_replicas, self.drop_last)
+
+    @property
+    def remaining(self) -> int:
+        """Samples this rank has left in the current epoch: ``len(self) - self.position``."""
+        return len(self) - self.position
 
     def order(self, epoch: int | None = None) -> list[int]:
-        """The full index order of ``epoch`` (default: the current one)."""
+        """This rank's full index order for ``epoch`` (default: the current one)."""
         e = self.epoch if epoch is None else epoch
-        if not self.shuffle:
-            return list(range(self.num_samples))
-        g = torch.Generator()
-        g.manual_seed(_derive(self.seed, e, 0))
-        return torch.randperm(self.num_samples, generator=g).tolist()
+        n = self.num_samples
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(_derive(self.seed, e, 0))
+            indices = torch.randperm(n, generator=g).tolist()
+        else:
+            indices = list(range(n))
+        per_rank = len(self)
+        total = per_rank * self.num_replicas
+        if total > n:  # pad by repeating from the start (possibly several times over)
+            indices = (indices * -(-total // n))[:total]
+        else:
+            indices = indices[:total]
+        return indices[self.rank:total:self.num_replicas]
+
+    def __iter__(self) -> Iterator[int]:
+        # The DataLoader draws its base seed before it first reads the sampler, so re-seeding
+        # here sets up the *next* iterator of this epoch (e.g. after a break) to draw the same.
+        self._reseed()
+        rest = self.order()[self.position:]
+        if self._sample_indices:
+            epoch, seed = self.epoch, self.seed
+            return (SampleIndex(i, epoch, seed) for i in rest)
+        return iter(rest)
+
+    # ------------------------------------------------------------------ position
 
     def set_epoch(self, epoch: int) -> None:
-        """Move to ``epoch`` at position 0; a no-op when already in ``epoch`` (so a resumed
-        run may call it unconditionally)."""
-        if type(epoch) is not int or epoch < 0:
-            raise UsageError(f"epoch must be a non-negative int, got {epoch!r}")
+        """Move to ``epoch`` at position 0; keeps the position when already in ``epoch`` (so a
+        resumed run may call it unconditionally, as Lightning does every epoch)."""
+        if type(epoch) is not int or not 0 <= epoch <= U64:
+            raise UsageError(f"epoch must be an int in [0, 2**64-1], got {epoch!r}")
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
         self._reseed()
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.order()[self.position:])
-
-    def __len__(self) -> int:
-        return self.num_samples - self.position
-
     def advance(self, n: int) -> None:
-        """Count ``n`` more samples as consumed (what :meth:`track` does per batch)."""
-        self.position = min(self.position + n, self.num_samples)
+        """Count ``n`` more samples (of this rank) as consumed; what :meth:`track` does per batch.
+
+        Counting the last sample of the epoch finishes it: the sampler moves to
+        the next epoch at position 0. ``advance(sampler.remaining)`` finishes the
+        epoch by hand (e.g. when a DataLoader with ``drop_last=True`` leaves a
+        partial batch unread).
+        """
+        if type(n) is not int or n < 0:
+            raise UsageError(f"advance(n): n must be a non-negative int, got {n!r}")
+        self.position = min(self.position + n, len(self))
+        if self.position == len(self) and n > 0:
+            self._finish_epoch()
+
+    def _finish_epoch(self) -> None:
+        self.epoch, self.position = min(self.epoch + 1, U64), 0
+        self._reseed()
 
     def track(self, loader: torch.utils.data.DataLoader) -> Iterator[Any]:
         """Iterate ``loader`` (built on this sampler), counting each batch as it is received.
 
-        Raises :class:`ValueError` when the loader does not use this sampler
-        or this sampler's :attr:`generator` (without it the DataLoader draws
-        its worker seed from the global torch RNG, which breaks resumption).
-        When the loader is exhausted the epoch counts as complete.
+        Raises :class:`tensorcanon.UsageError` when the loader does not use this
+        sampler or this sampler's :attr:`generator` (without it the DataLoader
+        draws its worker seed from the global torch RNG, which breaks
+        resumption). When the loader is exhausted the epoch is finished (also
+        with the DataLoader's ``drop_last``) and the sampler moves to the next.
         """
         if loader.sampler is not self:
             raise UsageError("track(loader): the DataLoader must be built with sampler=<this sampler>")
@@ -137,32 +252,81 @@ class ResumableSampler(Sampler[int]):
         bs = loader.batch_size
         if bs is None:
             raise UsageError("track(loader) needs a DataLoader with batch_size set (not a batch_sampler)")
-        self._reseed()  # the iterator's base seed depends on (seed, epoch) only
+        self._reseed()  # the iterator's base seed depends on (seed, epoch, rank) only
+        epoch = self.epoch
         for batch in loader:
-            self.advance(bs)
+            if self.epoch == epoch:
+                self.advance(bs)
             yield batch
-        self.position = self.num_samples
+        if self.epoch == epoch:  # not finished by the last advance (drop_last, or an empty shard)
+            self._finish_epoch()
+
+    # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict:
-        """``{"seed", "epoch", "position", "shuffle", "num_samples"}`` (plain ints and a bool)."""
+        """This rank's state: ``seed, epoch, position, shuffle, num_samples`` (the dataset's
+        length), ``num_replicas, rank, drop_last``. Plain ints and bools."""
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
-                "shuffle": self.shuffle, "num_samples": self.num_samples}
+                "shuffle": self.shuffle, "num_samples": self.num_samples,
+                "num_replicas": self.num_replicas, "rank": self.rank, "drop_last": self.drop_last}
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from :meth:`state_dict`; raises :class:`SamplerStateError` when it does not fit."""
-        keys = {"seed", "epoch", "position", "shuffle", "num_samples"}
-        if type(state) is not dict or set(state) != keys:
-            raise SamplerStateError(f"a ResumableSampler state is a dict with exactly the keys {sorted(keys)}")
-        ints = [state[k] for k in ("seed", "epoch", "position", "num_samples")]
-        if not all(type(v) is int and v >= 0 for v in ints) or type(state["shuffle"]) is not bool:
-            raise SamplerStateError("seed, epoch, position and num_samples must be non-negative ints, "
-                                    "shuffle a bool")
+        """Resume from :meth:`state_dict` (or a version 0.1 state, which has no sharding keys).
+
+        Raises :class:`SamplerStateError` naming the field when the state does
+        not fit. The dataset length must match. A state saved mid-epoch needs
+        the same ``num_replicas`` and ``drop_last`` (the shard boundaries depend
+        on them); a state at an epoch boundary loads under any sharding. The
+        ``rank`` may differ: data-parallel ranks consume the same number of
+        samples, so their states differ only in ``rank``.
+        """
+        if type(state) is not dict:
+            raise SamplerStateError(f"a ResumableSampler state is a dict, got {type(state).__name__}")
+        keys = set(state)
+        if keys != _V1_KEYS and keys != _V2_KEYS:
+            missing, extra = sorted(_V2_KEYS - keys), sorted(keys - _V2_KEYS)
+            raise SamplerStateError(
+                f"a ResumableSampler state has the keys {sorted(_V2_KEYS)} (version 0.1: without "
+                f"num_replicas, rank, drop_last); missing {missing}, unexpected {extra}",
+                field=(missing or extra or [None])[0])
+        for k in ("seed", "epoch", "position", "num_samples", "num_replicas", "rank"):
+            if k in state and (type(state[k]) is not int or not 0 <= state[k] <= U64):
+                raise SamplerStateError(f"sampler state field {k!r} must be an int in [0, 2**64-1], "
+                                        f"got {state[k]!r}", field=k)
+        for k in ("shuffle", "drop_last"):
+            if k in state and type(state[k]) is not bool:
+                raise SamplerStateError(f"sampler state field {k!r} must be a bool, got {state[k]!r}",
+                                        field=k)
+        replicas, rank = state.get("num_replicas", 1), state.get("rank", 0)
+        drop_last = state.get("drop_last", False)
+        if replicas < 1:
+            raise SamplerStateError("sampler state field 'num_replicas' must be at least 1",
+                                    field="num_replicas")
+        if rank >= replicas:
+            raise SamplerStateError(f"sampler state field 'rank' is {rank}, not below num_replicas "
+                                    f"{replicas}", field="rank")
         if state["num_samples"] != self.num_samples:
             raise SamplerStateError(
-                f"the state was saved for {state['num_samples']} samples, this dataset has "
-                f"{self.num_samples}: the order would differ")
-        if state["position"] > self.num_samples or state["seed"] > U64:
-            raise SamplerStateError(f"position {state['position']} is past the end ({self.num_samples})")
-        self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
+                f"sampler state field 'num_samples': the state was saved for a dataset of "
+                f"{state['num_samples']} samples, this one has {self.num_samples}; the order "
+                f"would differ", field="num_samples")
+        full = _shard_size(self.num_samples, replicas, drop_last)
+        epoch, position = state["epoch"], state["position"]
+        if position > full:
+            raise SamplerStateError(
+                f"sampler state field 'position' is {position}, past the end of the epoch "
+                f"({full} samples per rank)", field="position")
+        if position == full and full > 0:  # a finished epoch (as version 0.1 saved it)
+            epoch, position = min(epoch + 1, U64), 0
+        if position > 0:
+            for k, saved, mine in (("num_replicas", replicas, self.num_replicas),
+                                   ("drop_last", drop_last, self.drop_last)):
+                if saved != mine:
+                    raise SamplerStateError(
+                        f"sampler state field {k!r}: saved mid-epoch (position {position} of "
+                        f"{full}) with {k}={saved}, this sampler has {k}={mine}; the shards "
+                        f"would differ. Resume with the saved {k}, or from a checkpoint taken "
+                        f"at an epoch boundary (those load under any sharding)", field=k)
+        self.seed, self.epoch, self.position = state["seed"], epoch, position
         self.shuffle = state["shuffle"]
         self._reseed()
