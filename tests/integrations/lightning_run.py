@@ -4,8 +4,8 @@
 workers 0/2 x reload_dataloaders_every_n_epochs 0/1): a fit that never stops,
 and a fit that writes checkpoints every 5 steps (ModelCheckpoint, through
 CanonicalCheckpointIO) and crashes at step 16. ``python lightning_run.py resume
-OUT`` resumes each configuration from its step-10 (last batch of epoch 0) and
-step-15 (mid epoch 1) checkpoints. Each run writes a JSON record of its final
+OUT`` resumes each configuration, in a fresh process, from the checkpoints
+listed in RESUME_FROM. Each run writes a JSON record of its final
 weights/optimizer digest, its per-step losses and the batches it saw per epoch.
 """
 
@@ -27,7 +27,9 @@ from tensorcanon.integrations.lightning import CanonicalCheckpointIO, ExactResum
 
 N, BATCH, EPOCHS, EVERY, CRASH_AT = 40, 4, 3, 5, 16  # 10 steps per epoch, 30 in all
 CONFIGS = [(w, r) for w in (0, 2) for r in (0, 1)]
-RESUME_FROM = (10, 15)
+# checkpoint file -> the step it resumes at: the last batch of epoch 0 (ModelCheckpoint with
+# every_n_train_steps), mid epoch 1, and the end of epoch 0 after validation (the default ModelCheckpoint)
+RESUME_FROM = {"step=10": 10, "step=15": 15, "epoch=0": 10}
 
 
 class Noisy(Dataset):
@@ -55,8 +57,9 @@ class Data(L.LightningDataModule):
         y = x[:, :3].sum(1, keepdim=True).sin()
         base = TensorDataset(x[:N], y[:N])
         self.sampler = tensorcanon.ResumableSampler(base, seed=7)
-        SD = getattr(tensorcanon, 'SeededDataset', None)  # TEMP until the sampler branch lands
-        self.train_ds = SD(Noisy(base), self.sampler) if SD else (Noisy(base) if self.workers == 0 else base)
+        # Noise drawn in __getitem__ resumes exactly in workers too: SeededDataset makes each
+        # sample's random state a function of (seed, epoch, index).
+        self.train_ds = tensorcanon.SeededDataset(Noisy(base), self.sampler)
         self.val_ds = TensorDataset(x[N:], y[N:])
 
     def train_dataloader(self) -> DataLoader:
@@ -114,8 +117,9 @@ def fit(workers: int, reload: int, ckpt_dir: Path | None, ckpt_path: str | None,
         model, data, record = Model(), Data(workers), Record(crash)
         callbacks = [ExactResume(), record]
         if ckpt_dir is not None:
-            callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=EVERY, save_top_k=-1,
-                                             filename="{step}"))
+            callbacks += [ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=EVERY, save_top_k=-1,
+                                          filename="{step}"),
+                          ModelCheckpoint(dirpath=ckpt_dir, save_top_k=-1, filename="{epoch}")]
         trainer = L.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=1, deterministic=True,
                             logger=False, enable_progress_bar=False, enable_model_summary=False,
                             enable_checkpointing=ckpt_dir is not None,
@@ -140,8 +144,8 @@ def main(mode: str, out: Path) -> None:
             results[name] = {"full": fit(workers, reload, None, None, crash=False),
                              "crashed": fit(workers, reload, out / name, None, crash=True)}
         else:
-            results[name] = {str(s): fit(workers, reload, None, str(out / name / f"step={s}.ckpt"), crash=False)
-                             for s in RESUME_FROM}
+            results[name] = {f: fit(workers, reload, None, str(out / name / f"{f}.ckpt"), crash=False)
+                             for f in RESUME_FROM}
     (out / f"{mode}.json").write_text(json.dumps(results))
 
 

@@ -35,14 +35,15 @@ def runs(tmp_path_factory) -> tuple[dict, dict]:
     return json.loads((out / "first.json").read_text()), json.loads((out / "resume.json").read_text())
 
 
-CASES = [(w, r, s) for w, r in lightning_run.CONFIGS for s in lightning_run.RESUME_FROM]
+CASES = [(w, r, f) for w, r in lightning_run.CONFIGS for f in lightning_run.RESUME_FROM]
 
 
-@pytest.mark.parametrize("workers,reload,step", CASES, ids=[f"workers{w}-reload{r}-from{s}" for w, r, s in CASES])
-def test_fit_resumed_in_a_fresh_process_is_bit_identical(runs, workers, reload, step):
+@pytest.mark.parametrize("workers,reload,ckpt", CASES, ids=[f"workers{w}-reload{r}-{f}" for w, r, f in CASES])
+def test_fit_resumed_in_a_fresh_process_is_bit_identical(runs, workers, reload, ckpt):
     first, resumed = runs
     name = f"w{workers}-r{reload}"
-    full, crashed, res = first[name]["full"], first[name]["crashed"], resumed[name][str(step)]
+    full, crashed, res = first[name]["full"], first[name]["crashed"], resumed[name][ckpt]
+    step = lightning_run.RESUME_FROM[ckpt]
     per_epoch = lightning_run.N // lightning_run.BATCH
     epochs = [str(e) for e in range(lightning_run.EPOCHS)]
     # The uninterrupted fit ran every epoch in full; the crashed one stopped where it was told.

@@ -32,11 +32,6 @@ def batch_size_of(loader: Any) -> int | None:
     return bs if type(bs) is int and bs > 0 else None
 
 
-def finish_epoch(sampler: ResumableSampler) -> None:
-    """Count the rest of the sampler's current epoch as consumed."""
-    sampler.advance(len(sampler))
-
-
 def check_saveable(obj: Any, what: str, hint: str = "", limits: Limits = DEFAULT) -> None:
     """Raise :class:`UnsupportedTypeError` now if ``obj`` could not be saved.
 

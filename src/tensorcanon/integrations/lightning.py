@@ -52,7 +52,7 @@ from ..digest import DEFAULT as _DEFAULT_ALGORITHM
 from ..errors import FormatError, UnsupportedTypeError, UsageError
 from ..limits import DEFAULT, Limits
 from ..rng import RngState
-from ._common import apply_settings, batch_size_of, check_saveable, cpu_when_missing, finish_epoch, sampler_of
+from ._common import apply_settings, batch_size_of, check_saveable, cpu_when_missing, sampler_of
 
 __all__ = ["CanonicalCheckpointIO", "ExactResume", "load_from_checkpoint"]
 
@@ -157,8 +157,7 @@ class ExactResume(pl.Callback):
 
     - the sampler position is restored when the checkpoint is loaded, before
       Lightning builds the training iterator (which reads the sampler ahead
-      when the DataLoader has workers); an epoch that was complete moves on to
-      the next epoch at once;
+      when the DataLoader has workers);
     - the settings are applied then too, with a
       :class:`~tensorcanon.determinism.DeterminismWarning` for each one that still
       differs (versions, hardware);
@@ -166,8 +165,8 @@ class ExactResume(pl.Callback):
       the first batch is fetched.
 
     During training the sampler counts each batch in ``on_train_batch_start``
-    and moves to the next epoch in ``on_train_epoch_end``, so a checkpoint
-    taken at any batch resumes at the next one. At fit start it checks that the
+    (the epoch's last batch moves it to the next epoch), so a checkpoint taken
+    at any batch resumes at the next one. At fit start it checks that the
     Trainer uses :class:`CanonicalCheckpointIO`, that the training DataLoader
     draws from the sampler and its ``generator``, and (``validate=True``) that
     the checkpoint can be saved, so a bad hyper-parameter fails in seconds.
@@ -272,16 +271,22 @@ class ExactResume(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        if self._sampler is None or self._batch_size is None:
+        sampler = self._sampler
+        if sampler is None or self._batch_size is None:
             return
-        self._sampler.advance(self._batch_size)
-        if batch_idx + 1 >= trainer.num_training_batches:  # Lightning ends the epoch after this batch
-            finish_epoch(self._sampler)
+        epoch = sampler.epoch
+        sampler.advance(self._batch_size)  # counting the epoch's last sample moves to the next epoch
+        if sampler.epoch == epoch and batch_idx + 1 >= trainer.num_training_batches:
+            # Lightning ends the epoch after this batch with samples left (drop_last, limit_train_batches)
+            sampler.advance(sampler.remaining)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._sampler is not None:
-            # Move on now: with reload_dataloaders_every_n_epochs, the next loader's iterator
-            # (and its workers, which read the sampler ahead) is made before Lightning's set_epoch.
+            # Normally the last batch has moved the sampler on already; when the fit stops
+            # mid-epoch (max_steps) Lightning counts the epoch as done, and so does the sampler.
+            # Doing it here, not in Lightning's set_epoch at the next epoch start, matters with
+            # reload_dataloaders_every_n_epochs: the next loader's iterator (and its workers, which
+            # read the sampler ahead) is made before that call.
             self._sampler.set_epoch(trainer.current_epoch + 1)
 
     # ------------------------------------------------------------ state
@@ -309,8 +314,6 @@ class ExactResume(pl.Callback):
                     "an attribute of your LightningDataModule or LightningModule (in __init__ or setup), "
                     "or pass ExactResume(sampler=...)")
             sampler.load_state_dict(sampler_state)
-            if _complete(sampler):
-                sampler.set_epoch(sampler.epoch + 1)
             self._sampler = sampler
         self._pending_rng = rng
 
@@ -323,14 +326,6 @@ class ExactResume(pl.Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = None
         self._pending_rng = None
-
-
-def _complete(sampler: ResumableSampler) -> bool:
-    """True when the sampler's current epoch has nothing left."""
-    remaining = getattr(sampler, "remaining", None)
-    if remaining is None:  # tensorcanon 0.1: len() was the remaining count
-        return sampler.position >= sampler.num_samples
-    return remaining == 0
 
 
 def load_from_checkpoint(cls: type[_M], checkpoint_path: str | os.PathLike[str], *,
