@@ -34,3 +34,10 @@ def no_unpickling(monkeypatch):
     monkeypatch.setattr(pickle, "loads", refuse)
     monkeypatch.setattr(pickle, "Unpickler", RefusingUnpickler)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _restore_determinism_settings(keep_determinism_settings):
+    """The runs here seed and switch determinism on (seed_everything, resumed settings): put the
+    process-wide switches back after each test (the fixture is in tests/conftest.py)."""
+    yield
