@@ -56,10 +56,10 @@ from accelerate.utils import DistributedType
 from .. import api
 from ..determinism import DeterminismSettings
 from ..digest import DEFAULT as _DEFAULT_ALGORITHM
-from ..errors import FormatError, TensorCanonError, UsageError
+from ..errors import FormatError, UsageError
 from ..limits import DEFAULT, Limits
 from ..rng import RngState
-from ._common import apply_settings, batch_size_of, sampler_of
+from ._common import CheckpointNotFoundError, apply_settings, batch_size_of, sampler_of
 
 __all__ = ["save_state", "load_state", "track", "CheckpointNotFoundError", "LAYOUT"]
 
@@ -69,10 +69,6 @@ LAYOUT = "tensorcanon.accelerate/1"
 TRAINING = "training_state.safetensors"
 _UNSUPPORTED = {DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM,
                 DistributedType.XLA}
-
-
-class CheckpointNotFoundError(TensorCanonError, FileNotFoundError):
-    """The checkpoint folder, or a file it must hold, does not exist."""
 
 
 def _model_file(i: int) -> str:
