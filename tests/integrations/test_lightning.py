@@ -131,6 +131,17 @@ def test_checkpoint_is_a_canonical_file_and_loads_without_unpickling(tmp_path, q
     trainer2 = _trainer(tmp_path, max_steps=6)
     trainer2.fit(lightning_run.Model(lr=3e-3), datamodule=lightning_run.Data(0), ckpt_path=path)
     assert trainer2.global_step == 6
+    # validate(ckpt_path=...) with ExactResume: nothing to resume, no sampler needed.
+    metrics = _trainer(tmp_path).validate(lightning_run.Model(), datamodule=ValOnlyData(0), ckpt_path=path)
+    assert "val" in metrics[0]
+
+
+class ValOnlyData(lightning_run.Data):
+    """Builds no sampler: the checkpoint's sampler position is only wanted when fitting."""
+
+    def setup(self, stage):
+        super().setup(stage)
+        del self.sampler
 
 
 def test_load_from_checkpoint_refuses_what_is_not_a_lightning_checkpoint(tmp_path):

@@ -44,6 +44,7 @@ from typing import Any, Callable, TypeVar, Union
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
 
 from .. import api
 from ..data import ResumableSampler
@@ -303,10 +304,12 @@ class ExactResume(pl.Callback):
         if not isinstance(rng, RngState) or not isinstance(settings, DeterminismSettings):
             raise FormatError("ExactResume state: 'rng' must be an RngState and 'settings' "
                               "DeterminismSettings")
-        apply_settings(settings, self.apply_settings)
         trainer = self._trainer
+        if trainer is None or trainer.state.fn != TrainerFn.FITTING:
+            return  # validate/test/predict from a checkpoint: nothing to resume
+        apply_settings(settings, self.apply_settings)
         if sampler_state is not None:
-            sampler = self._find(trainer) if trainer is not None else None
+            sampler = self._find(trainer)
             if sampler is None:
                 raise UsageError(
                     "the checkpoint holds a sampler position, but ExactResume cannot find the "
