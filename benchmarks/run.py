@@ -296,13 +296,13 @@ def lazy_open_bench(bench: Bench, count: int) -> dict:
 
 def lazy_bytes_hashed(bench: Bench, count: int) -> int:
     """Bytes hashed when reading one tensor through tensorcanon.open (a counting hasher)."""
-    from tensorcanon import lazy
+    from tensorcanon import digest as digest_module
 
     obj = {f"layer{i:04d}": torch.full((1024,), float(i)) for i in range(count)}
     p = bench.path("lazy_count.st")
     tensorcanon.save(obj, p)
     seen = [0]
-    real = lazy.digest.tensor_hasher
+    real = digest_module.tensor_hasher
 
     class Counting:
         def __init__(self, h):
@@ -315,12 +315,12 @@ def lazy_bytes_hashed(bench: Bench, count: int) -> int:
         def digest(self):
             return self.h.digest()
 
-    lazy.digest.tensor_hasher = lambda *a: Counting(real(*a))
+    digest_module.tensor_hasher = lambda *a: Counting(real(*a))
     try:
         with tensorcanon.open(p) as f:
             f[f"$[\"layer{count // 2:04d}\"]"]
     finally:
-        lazy.digest.tensor_hasher = real
+        digest_module.tensor_hasher = real
         bench.rm("lazy_count.st")
     return seen[0]
 

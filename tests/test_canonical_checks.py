@@ -162,7 +162,7 @@ def test_temporary_views_from_registered_encoders_are_never_confused():
 def test_writer_refuses_what_the_default_reader_would_refuse():
     # complex128 is stored as bytes with one extra header dimension: 64 dims become 65.
     t = torch.zeros([1] * 64, dtype=torch.complex128)
-    with pytest.raises(tensorcanon.UnsupportedTypeError, match=r'\$\["w"\] has 65 header dimensions.*max_ndim=64'):
+    with pytest.raises(tensorcanon.LimitError, match=r'\$\["w"\] has 65 header dimensions.*max_ndim=64'):
         tensorcanon.dumps({"w": t})
     raised = tensorcanon.Limits(max_ndim=65)
     assert torch.equal(tensorcanon.loads(tensorcanon.dumps({"w": t}, limits=raised), limits=raised)["w"], t)
@@ -170,6 +170,6 @@ def test_writer_refuses_what_the_default_reader_would_refuse():
 
 def test_writer_applies_max_tensors():
     small = tensorcanon.Limits(max_tensors=3)
-    with pytest.raises(tensorcanon.UnsupportedTypeError, match="4 tensors, more than max_tensors=3"):
+    with pytest.raises(tensorcanon.LimitError, match="4 tensors, more than max_tensors=3"):
         tensorcanon.dumps([torch.zeros(1) for _ in range(4)], limits=small)
     assert len(tensorcanon.loads(tensorcanon.dumps([torch.zeros(1)] * 4, limits=small), limits=small)) == 4

@@ -219,7 +219,8 @@ def test_diff_reports_recorded_devices(tmp_path):
     # Rewrite the header as a writer would for the same tensor on cuda:0 (devices are not in the digest).
     from tensorcanon import container, manifest, reader
 
-    header, m = reader.open_source(tmp_path / "cpu.safetensors", lambda src: reader._read_header(src, tensorcanon.Limits()))
+    with reader.open_file(tmp_path / "cpu.safetensors") as cf:
+        header, m = cf.header, cf.manifest
     meta = manifest.header_metadata(m.raw, ["cuda:0"])
     new_header = container.build(header.entries, meta)
     (tmp_path / "gpu.safetensors").write_bytes(new_header + data[len(header.raw):])

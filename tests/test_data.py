@@ -70,8 +70,17 @@ def test_advance_to_the_end_moves_to_the_next_epoch():
     assert (s.epoch, s.position, s.remaining) == (1, 0, 10)
     s.advance(0)
     assert (s.epoch, s.position) == (1, 0)
-    with pytest.raises(tensorcanon.UsageError):
-        s.advance(-1)
+    for bad in (-1, 1.0, True, "2", torch.tensor(2.0)):
+        with pytest.raises(tensorcanon.UsageError):
+            s.advance(bad)
+    for bad in (-1, 2.0, None, 2**64):
+        with pytest.raises(tensorcanon.UsageError, match="epoch"):
+            s.set_epoch(bad)
+    s.set_epoch(np.int64(1))  # numpy and torch integers count too; same epoch keeps the position
+    assert (s.epoch, type(s.epoch), s.position) == (1, int, 0)
+    s.advance(np.int64(3))
+    s.advance(torch.tensor(2))
+    assert s.position == 5
 
 
 def test_base_seed_is_the_same_for_every_iterator_of_an_epoch():
@@ -184,6 +193,16 @@ def test_shards_are_distributed_samplers(n, replicas, drop_last):
     assert interleaved == (whole * (len(interleaved) // max(n, 1) + 1))[: len(interleaved)]
 
 
+def test_ranks_give_their_workers_different_base_seeds():
+    seeds = []
+    for rank in range(3):
+        s = tensorcanon.ResumableSampler(_ids(9), seed=1, num_replicas=3, rank=rank)
+        seeds.append(iter(DataLoader(_ids(9), sampler=s, generator=s.generator))._base_seed)
+    assert len(set(seeds)) == 3
+    single = tensorcanon.ResumableSampler(_ids(9), seed=1)  # rank 0 keeps the 0.1 derivation
+    assert iter(DataLoader(_ids(9), sampler=single, generator=single.generator))._base_seed == seeds[0]
+
+
 def test_sharding_arguments_are_checked():
     for kw in (dict(num_replicas=0), dict(num_replicas=2, rank=2), dict(rank=-1),
                dict(num_replicas=2.0), dict(num_replicas=2, rank=True)):
@@ -274,7 +293,9 @@ def test_bad_states_name_the_field():
              ({**st, "shuffle": 1}, "shuffle"), ({**st, "drop_last": None}, "drop_last"),
              ({**st, "num_replicas": 0}, "num_replicas"), ({**st, "rank": 2}, "rank"),
              ({**st, "seed": 2**64}, "seed"), ({k: v for k, v in st.items() if k != "rank"}, "rank"),
-             ({**st, "position": True}, "position")]
+             ({**st, "position": True}, "position"),
+             ({k: v for k, v in st.items() if k not in ("num_replicas", "rank", "drop_last", "seed")},
+              "seed")]
     for bad, field in cases:
         with pytest.raises(tensorcanon.SamplerStateError, match=field) as info:
             s.load_state_dict(bad)
@@ -406,6 +427,20 @@ def test_an_error_in_getitem_still_restores_the_streams():
     with pytest.raises(KeyError):
         tensorcanon.SeededDataset(Failing(), s)[SampleIndex(1, 0, 0)]
     assert _same_states(before, _global_states())
+
+
+def test_another_numpy_bit_generator_is_seeded_and_restored_too():
+    s = tensorcanon.ResumableSampler(range(4))
+    seeded = tensorcanon.SeededDataset(Noisy(4), s)
+    original = np.random.get_bit_generator()
+    try:
+        np.random.set_bit_generator(np.random.PCG64(1))
+        before = np.random.get_state(legacy=False)
+        first = seeded[SampleIndex(1, 0, 0)]
+        assert torch.equal(seeded[SampleIndex(1, 0, 0)], first)
+        assert np.random.get_state(legacy=False) == before
+    finally:
+        np.random.set_bit_generator(original)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -49,7 +49,20 @@ def cycle():
     ({"k": {torch.ones(1): 1}}, '$["k"]', ["Tensor", "key"]),
     ({"s": {Opaque()}}, '$["s"]', ["Opaque"]),
     ({"txt": ["ok", "bad \ud800"]}, '$["txt"][1]', ["surrogate"]),
-    ({"fn": print}, '$["fn"]', ["builtin_function_or_method"]),
+    ({"fn": print}, '$["fn"]', ["function", "builtins.print", "code"]),
+    ({"fn": lambda x: x}, '$["fn"]', ["lambda", "code", "name or settings"]),
+    ({"cls": Opaque}, '$["cls"]', ["class", "Opaque", "code"]),
+    ({"mod": collections}, '$["mod"]', ["module", "collections"]),
+    ({"model": torch.nn.Linear(2, 2)}, '$["model"]', ["Linear", "torch.nn.Module", "state_dict()"]),
+    ({"loss": torch.nn.CrossEntropyLoss()}, '$["loss"]', ["CrossEntropyLoss", "state_dict()"]),
+    ({"opt": torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)}, '$["opt"]',
+     ["SGD", "optimizer", "state_dict()"]),
+    ({"sched": torch.optim.lr_scheduler.StepLR(
+        torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1), 1)}, '$["sched"]',
+     ["StepLR", "scheduler", "state_dict()"]),
+    ({"scaler": torch.amp.GradScaler("cpu")}, '$["scaler"]', ["GradScaler", "state_dict()"]),
+    ({"nt": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, '$["nt"]', ["nested", "unbind"]),
+    ({"csr": torch.eye(3).to_sparse_csr()}, '$["csr"]', ["sparse_csr", "to_dense"]),
     ({"np": np.array(["a"])}, '$["np"]', ["dtype"]),
     ({"np": np.array([1], dtype=object)}, '$["np"]', ["dtype"]),
 ])
@@ -67,12 +80,13 @@ def test_unsupported_values_name_their_path_and_type(value, where, words):
 
 
 def test_cycles_hit_the_depth_limit():
-    with pytest.raises(tc.UnsupportedTypeError) as info:
+    with pytest.raises(tc.LimitError) as info:
         tc.dumps({"a": cycle()})
     assert "max_depth" in str(info.value) and info.value.path.startswith('$["a"][0][0]')
+    assert info.value.limit == "max_depth" and "to save and to every load" in str(info.value)
     d = {}
     d["self"] = d
-    with pytest.raises(tc.UnsupportedTypeError, match="cycle"):
+    with pytest.raises(tc.LimitError, match="cycle"):
         tc.dumps(d)
 
 
@@ -269,3 +283,47 @@ def test_bad_arguments_raise_the_library_usage_error():
             call()
         assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
         assert isinstance(info.value, tc.TensorCanonError)
+
+
+# ---------------------------------------------------------------- files, devices, load arguments
+
+
+def test_a_missing_file_is_a_library_error_and_a_file_not_found_error(tmp_path):
+    missing = tmp_path / "nope.safetensors"
+    for call in (tc.load, tc.verify, tc.read_metadata, tc.open):
+        with pytest.raises(tc.MissingFileError) as info:
+            call(missing)
+        assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, tc.TensorCanonError)
+        assert info.value.filename == str(missing) and "no such file" in str(info.value)
+
+
+def test_saving_into_a_missing_folder_names_the_users_path(tmp_path):
+    target = tmp_path / "runs" / "ckpt.safetensors"
+    with pytest.raises(tc.MissingFileError) as info:
+        tc.save({"w": torch.ones(1)}, target)
+    assert isinstance(info.value, FileNotFoundError)
+    assert str(target) in str(info.value) and "does not exist" in str(info.value)
+    assert "tensorcanon-tmp" not in str(info.value)  # never the temporary file's name
+    with pytest.raises(tc.FileAccessError, match="is a directory"):
+        tc.save({"w": torch.ones(1)}, tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_error_blames_map_location_when_it_chose_the_device():
+    data = tc.dumps({"w": torch.ones(2)})
+    with pytest.raises(tc.DeviceUnavailableError) as info:
+        tc.loads(data, map_location="cuda:0")
+    msg = str(info.value)
+    assert "map_location sends tensor $[\"w\"] (saved on cpu) to cuda:0" in msg
+    assert info.value.device == "cuda:0" and info.value.path == '$["w"]'
+    with pytest.raises(tc.DeviceUnavailableError, match="map_location sends"):
+        tc.loads(data, map_location={"cpu": "cuda:1"})
+
+
+def test_weights_only_is_accepted_as_torch_load_takes_it():
+    data = tc.dumps({"w": torch.ones(2)})
+    assert torch.equal(tc.loads(data, weights_only=True)["w"], torch.ones(2))
+    with pytest.warns(UserWarning, match="never unpickles"):
+        assert torch.equal(tc.loads(data, weights_only=False)["w"], torch.ones(2))
+    with pytest.raises(tc.UsageError, match="weights_only"):
+        tc.loads(data, weights_only="yes")

@@ -65,7 +65,7 @@ def test_max_depth_of_metadata_is_enforced_when_reading_it():
 
 
 def test_saving_beyond_max_depth_says_how_to_raise_it():
-    with pytest.raises(errors.UnsupportedTypeError, match=r"Limits\(max_depth=\.\.\.\)"):
+    with pytest.raises(errors.LimitError, match=r"Limits\(max_depth=\.\.\.\)"):
         tensorcanon.dumps(_nested(30), limits=Limits(max_depth=10))
     assert tensorcanon.loads(tensorcanon.dumps(_nested(30), limits=Limits(max_depth=40)),
                              limits=Limits(max_depth=40)) == _nested(30)
@@ -99,7 +99,7 @@ def test_depth_beyond_python_recursion_is_a_clear_error_both_ways():
     x = 0
     for _ in range(2000):
         x = [x]
-    with pytest.raises(tensorcanon.UnsupportedTypeError, match="recursion limit"):
+    with pytest.raises(tensorcanon.LimitError, match="recursion limit"):
         tensorcanon.dumps(x, limits=deep_limits)
 
     data = tensorcanon.dumps({"x": 0})

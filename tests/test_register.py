@@ -100,7 +100,7 @@ def test_unregistered_type_is_refused_on_save_and_on_load(registered):
 
 
 def test_custom_encode_failure_names_the_path(registered):
-    tc.register(Opaque, name="test.Opaque", encode=lambda o: 1 / 0, decode=lambda s: s)
+    tc.register(Opaque, name="test.Opaque", encode=lambda o: 1 / 0, decode=lambda s: s, replace=True)
     with pytest.raises(tc.UnsupportedTypeError, match="test.Opaque") as info:
         tc.dumps({"x": [Opaque(1, 2)]})
     assert info.value.path == '$["x"][0]'
@@ -138,3 +138,74 @@ def test_loading_never_imports_the_module_named_in_the_file(tmp_path):
         assert "tc_secret_module_xyz" not in sys.modules
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def test_registering_again_needs_replace(registered):
+    tc.register(Config)  # the same class, name and default codec again: allowed, nothing changes
+    with pytest.raises(tc.UsageError, match="already registered.*replace=True"):
+        tc.register(Opaque, name="test.Opaque", encode=lambda o: 1, decode=lambda s: Opaque(s, s))
+    class Other(NamedTuple):
+        a: int
+
+    with pytest.raises(tc.UsageError, match="name 'test.Opaque' is already registered for Opaque"):
+        tc.register(Other, name="test.Opaque")
+    assert tc.loads(tc.dumps(Opaque(1, 2))) == Opaque(1, 2)  # the refused call changed nothing
+    tc.register(Opaque, name="test.Opaque", encode=lambda o: [o.a], decode=lambda s: Opaque(s[0], 0),
+                replace=True)
+    assert tc.loads(tc.dumps(Opaque(1, 2))) == Opaque(1, 0)
+
+
+class Base:
+    def __init__(self, v):
+        self.v = v
+
+
+class Child(Base):
+    pass
+
+
+class GrandChild(Child):
+    pass
+
+
+def test_subclasses_use_the_nearest_registered_base():
+    tc.register(Base, name="test.Base", encode=lambda o: ["base", o.v], decode=lambda s: Base(s[1]))
+    try:
+        out = tc.loads(tc.dumps({"c": GrandChild(3)}))
+        assert type(out["c"]) is Base and out["c"].v == 3  # what Base's decode builds
+        tc.register(Child, name="test.Child", encode=lambda o: ["child", o.v], decode=lambda s: Child(s[1]))
+        out = tc.loads(tc.dumps({"c": GrandChild(3), "b": Base(1)}))
+        assert type(out["c"]) is Child and type(out["b"]) is Base  # most specific registration wins
+    finally:
+        tc.unregister(Base)
+        tc.unregister(Child)
+    with pytest.raises(tc.UnsupportedTypeError, match="GrandChild"):
+        tc.dumps(GrandChild(1))
+
+
+def test_pathlib_paths_are_covered_by_registering_the_base():
+    import pathlib
+
+    tc.register(pathlib.PurePath, name="test.PurePath", encode=str, decode=pathlib.PurePosixPath)
+    try:
+        out = tc.loads(tc.dumps({"p": pathlib.Path("/a/b"), "q": pathlib.PurePosixPath("c")}))
+        assert out == {"p": pathlib.PurePosixPath("/a/b"), "q": pathlib.PurePosixPath("c")}
+    finally:
+        tc.unregister(pathlib.PurePath)
+
+
+@dataclasses.dataclass
+class MoreConfig(Config):
+    extra: int = 0
+
+
+@dataclasses.dataclass
+class SameConfig(Config):
+    def describe(self):
+        return f"{self.lr}"
+
+
+def test_a_subclass_that_adds_fields_must_be_registered_itself(registered):
+    with pytest.raises(tc.UnsupportedTypeError, match="MoreConfig adds fields.*register\\(MoreConfig\\)"):
+        tc.dumps({"c": MoreConfig(0.1, 1, None, 5)})
+    assert tc.loads(tc.dumps(SameConfig(0.1, 1))) == Config(0.1, 1)  # no field lost

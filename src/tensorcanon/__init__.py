@@ -15,9 +15,11 @@ from .api import dumps, fingerprint, load, loads, read_metadata, save, verify
 from .diff import DiffResult, diff
 from .errors import (
     DeviceUnavailableError,
+    FileAccessError,
     FormatError,
     IntegrityError,
     LimitError,
+    MissingFileError,
     TensorCanonError,
     UnsupportedAlgorithmError,
     UnsupportedTypeError,
@@ -41,6 +43,7 @@ __all__ = [
     "register", "unregister", "Limits", "FORMAT_VERSION",
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
     "UnsupportedTypeError", "DeviceUnavailableError", "UnsupportedAlgorithmError", "UsageError",
+    "FileAccessError", "MissingFileError",
     "RngState", "RngRestoreError", "seed_everything", "DeterminismSettings",
     "seed_worker", "ResumableSampler", "SamplerStateError", "SeededDataset",
 ]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from typing import Any, BinaryIO, Union
 
 from . import digest as _digest
 from . import reader, writer
 from .gcpause import paused
-from .errors import IntegrityError
+from .errors import FormatError, IntegrityError, UsageError
 from .limits import DEFAULT, Limits
 
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
@@ -68,7 +69,8 @@ def fingerprint(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFA
 
 
 @paused
-def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits: Limits = DEFAULT) -> Any:
+def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits: Limits = DEFAULT,
+         weights_only: bool | None = None) -> Any:
     """Read an object saved by :func:`save` (or a plain safetensors file).
 
     ``map_location`` works as in ``torch.load``: None restores each tensor to
@@ -76,21 +78,44 @@ def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits
     dict remaps recorded devices (``{"cuda:1": "cuda:0"}``); a callable gets
     ``(cpu_tensor, recorded_device)`` and returns a tensor, or None for the
     default. With ``verify=True`` (the default) every tensor is re-hashed and
-    checked against its digest, with the algorithm the file records. A plain safetensors file loads as a flat dict
-    of CPU tensors (or mapped as above).
+    checked against its digest, with the algorithm the file records. A plain
+    safetensors file loads as a flat dict of CPU tensors (or mapped as above).
+
+    ``weights_only`` is accepted so that ``torch.load(path, weights_only=True)``
+    calls convert by changing the function name: this loader never unpickles, so
+    every load is at least as safe as ``weights_only=True``. ``False`` grants
+    nothing more (a warning says so): types of your own load when registered
+    with :func:`tensorcanon.register`.
 
     Example::
 
         ckpt = tensorcanon.load("ckpt.safetensors", map_location="cpu")
     """
-    return reader.open_source(f, lambda src: reader.load_from(src, map_location, verify, limits))
+    _check_weights_only(weights_only)
+    with reader.open_file(f, limits) as cf:
+        return cf.load(map_location=map_location, verify=verify)
+
+
+def _check_weights_only(weights_only: Any) -> None:
+    if weights_only is None or weights_only is True:
+        return
+    if weights_only is False:
+        warnings.warn(
+            "load(weights_only=False) changes nothing: tensorcanon never unpickles, so it cannot "
+            "load arbitrary objects; types of your own load when registered with "
+            "tensorcanon.register(cls) in the loading process", UserWarning, stacklevel=3)
+        return
+    raise UsageError(f"weights_only must be True, False or None, not {weights_only!r}")
 
 
 @paused
 def loads(data: bytes | bytearray | memoryview, *, map_location: Any = None, verify: bool = True,
-          limits: Limits = DEFAULT) -> Any:
+          limits: Limits = DEFAULT, weights_only: bool | None = None) -> Any:
     """:func:`load` from bytes. The bytes must hold exactly one file."""
-    return reader.load_from(reader.Source(data=data), map_location, verify, limits)
+    _check_weights_only(weights_only)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise UsageError(f"loads() takes bytes, not {type(data).__name__}; use load() for paths and files")
+    return reader.open_file(data, limits).load(map_location=map_location, verify=verify)
 
 
 @paused
@@ -110,10 +135,9 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
         tensorcanon.verify("ckpt.safetensors", expect="sha256:…")  # obtained out of band
     """
     if expect is not None and not _digest.is_text(expect):
-        from .errors import FormatError
-
         raise FormatError(f"expect={_digest.text_error(expect)}")
-    result = reader.open_source(f, lambda src: reader.verify_from(src, limits))
+    with reader.open_file(f, limits) as cf:
+        result = cf.verify()
     if expect is not None and result != expect:
         have, want = _digest.algorithm_of(result), _digest.algorithm_of(expect)
         if have != want:
@@ -129,4 +153,5 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
 
 def read_metadata(f: PathOrFile | bytes, *, limits: Limits = DEFAULT) -> Any:
     """The ``metadata`` dict a file was saved with (None if none), without reading tensors."""
-    return reader.open_source(f, lambda src: reader.read_metadata(src, limits))
+    with reader.open_file(f, limits) as cf:
+        return cf.metadata()

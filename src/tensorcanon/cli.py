@@ -25,11 +25,14 @@ import sys
 import tempfile
 from typing import Any, Callable, TextIO
 
-from . import __version__, digest, lockfile, manifest, paths, reader, writer
-from .diff import DiffResult, describe, detect_format, diff, iter_nodes, load_file
-from .errors import FormatError, IntegrityError, TensorCanonError
+from . import __version__, digest, lockfile, manifest, paths, reader, tree, writer
+from .diff import DiffResult, describe, detect_format, diff, load_file
+from .errors import FileAccessError, FormatError, IntegrityError, TensorCanonError
 from .limits import DEFAULT
 from .progress import Progress, ProgressFile
+from .source import open_path
+from .tensorbytes import resolved
+from .tree import Decoder
 
 EXIT_OK = 0
 EXIT_DIFFERENT = 1
@@ -90,6 +93,8 @@ class _Out:
 
 
 def _message(e: BaseException, path: str | None = None) -> str:
+    if isinstance(e, FileAccessError):
+        return str(e)  # it names the path already
     if isinstance(e, OSError) and e.strerror:
         name = e.filename if e.filename is not None else path
         return f"{name}: {e.strerror}" if name else e.strerror
@@ -164,10 +169,11 @@ def cmd_verify(args, out: _Out) -> int:
                     f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; `tensorcanon hash` "
                     "gives its content digest, `tensorcanon convert` makes a tensorcanon file of it"
                 )
-            with open(path, "rb") as fh:
+            with open_path(path) as fh:
                 wrap = out.wrap("verify")
                 f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
-                found = reader.open_source(f, lambda src: reader.verify_from(src, DEFAULT))
+                with reader.open_file(f, DEFAULT) as cf:
+                    found = cf.verify()
         except IntegrityError as e:
             code = max(code, EXIT_DIFFERENT)
             results.append({"path": path, "status": "corrupt", "tensor": e.path, "error": str(e)})
@@ -201,12 +207,10 @@ _CONTAINERS = {"dict": "dict", "odict": "OrderedDict", "list": "list", "tuple": 
 
 
 def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits=DEFAULT) -> list[dict]:
-    """One row per node of a manifest tree (see diff.iter_nodes)."""
-    from .tree import Decoder
-
+    """One row per value in a manifest tree, in canonical order (see tree.nodes)."""
     values = Decoder([None] * len(table), limits.max_depth, build_objects=False)
     rows, first_path = [], {}
-    for trail, node in iter_nodes(root, limits):
+    for trail, node in tree.nodes(root, len(table), limits.max_depth):
         where = paths.join(trail)
         row = {"path": where, "type": None, "dtype": None, "shape": None, "device": None,
                "bytes": None, "digest": None, "value": None, "same_as": None}
@@ -244,14 +248,13 @@ def cmd_inspect(args, out: _Out) -> int:
         size = os.path.getsize(path)
         metadata, algorithm = None, digest.DEFAULT
         if fmt == "tensorcanon":
-            _, m = reader.open_source(path, lambda src: reader._read_header(src, DEFAULT))
-            from .tree import Decoder
-
-            Decoder([None] * len(m.tensors), DEFAULT.max_depth, build_objects=False).decode(m.root)
-            root, table, file_digest, algorithm = m.root, m.tensors, m.text(), m.algorithm
-            if m.meta is not None:
+            with reader.open_file(path, DEFAULT) as cf:
+                cf.check_tree()
+                m = cf.manifest
+                assert m is not None
+                root, table, file_digest, algorithm = m.root, m.tensors, m.text(), m.algorithm
                 try:
-                    metadata = Decoder([], DEFAULT.max_depth).decode(m.meta)
+                    metadata = cf.metadata()
                 except TensorCanonError as e:
                     metadata = f"<cannot decode: {e}>"
         else:
@@ -323,7 +326,7 @@ def cmd_diff(args, out: _Out) -> int:
             return EXIT_ERROR
         finally:
             out.close_bars()
-    result = diff(loaded[0], loaded[1], atol=args.atol, rtol=args.rtol)
+    result = diff(loaded[0], loaded[1], atol=args.atol, rtol=args.rtol, tensors_only=args.tensors_only)
     data = result.to_dict()
     data["formats"] = [loaded[0].format, loaded[1].format]
     out.json(data)
@@ -331,7 +334,7 @@ def cmd_diff(args, out: _Out) -> int:
     out.line(f"B: {args.b} ({loaded[1].format})")
     _print_diff(result, out)
     tol = f" (atol={args.atol:g}, rtol={args.rtol:g})" if args.atol or args.rtol else " (bit-exact)"
-    out.line(result.summary() + tol)
+    out.line(result.summary() + tol + (", tensors only" if args.tensors_only else ""))
     return EXIT_OK if result.identical else EXIT_DIFFERENT
 
 
@@ -394,14 +397,14 @@ def _to_plain_safetensors(value: Any, out_path: str) -> tuple[int, list[str]]:
                 f"tensor {paths.join(src.path)} has dtype {src.dtype.name}, which plain safetensors "
                 "cannot hold; keep it in tensorcanon format (--to tensorcanon)"
             )
-        t = torch.from_numpy(np.ascontiguousarray(src.value)) if src.kind == "ndarray" else src.value.detach()
-        t = t.resolve_conj().resolve_neg().cpu().contiguous()
+        t = torch.from_numpy(np.ascontiguousarray(src.value)) if src.kind == "ndarray" else resolved(src.value)
+        t = t.cpu().contiguous()
         if t.numel() and t.untyped_storage().data_ptr() in seen:
             t = t.clone()  # safetensors refuses tensors that share memory
         if t.numel():
             seen.add(t.untyped_storage().data_ptr())
         tensors[src.name] = t
-    dropped = [paths.join(trail) for trail, node in iter_nodes(p.root)
+    dropped = [paths.join(trail) for trail, node in tree.nodes(p.root, len(p.tensors), DEFAULT.max_depth)
                if not (type(node) is list and node and node[0] in ("tensor", *_CONTAINERS))]
     writer.replace_atomically(out_path, lambda f, tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     return len(tensors), dropped
@@ -668,6 +671,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b", metavar="B")
     p.add_argument("--atol", type=_nonnegative, default=0.0, help="absolute tolerance (default 0: bit-exact)")
     p.add_argument("--rtol", type=_nonnegative, default=0.0, help="relative tolerance, relative to B (default 0)")
+    p.add_argument("--tensors-only", action="store_true",
+                   help="compare tensors only: ignore container types (dict/OrderedDict), key order, "
+                        "sharing and non-tensor values, e.g. against a file written by transformers")
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("lock", parents=[common], help="write a lockfile of expected digests")

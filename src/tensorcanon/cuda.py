@@ -20,6 +20,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from .tensorbytes import resolved
+
 CHUNK = 16 << 20   # bytes per pinned staging buffer
 DEPTH = 3          # buffers in the ring: copies in flight while one chunk is consumed
 
@@ -54,11 +56,7 @@ def canonical_flat(t: torch.Tensor) -> torch.Tensor:
     Resolves lazy conjugation/negation and non-contiguous layouts on the GPU
     (one device-side copy of that tensor only when needed), and stores bool as 0/1.
     """
-    t = t.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
+    t = resolved(t)
     flat = t.contiguous().reshape(-1)
     if flat.numel() and flat.stride(0) != 1:
         flat = flat.clone(memory_format=torch.contiguous_format)

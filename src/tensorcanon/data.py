@@ -9,6 +9,7 @@ and discards batches. docs/RNG.md explains the traps this avoids.
 
 from __future__ import annotations
 
+import operator
 import random
 from typing import Any, Iterator, Sized
 
@@ -72,6 +73,17 @@ def _shard_size(n: int, replicas: int, drop_last: bool) -> int:
     return -(-n // replicas)  # ceil: the order is padded by repeating its start
 
 
+def _as_count(value: Any, what: str) -> int:
+    """``value`` as an int in [0, 2**64-1] (numpy and torch integers too, bools not)."""
+    try:
+        count = -1 if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        count = -1
+    if not 0 <= count <= U64:
+        raise UsageError(f"{what} must be an int in [0, 2**64-1], got {value!r}")
+    return count
+
+
 class SampleIndex(int):
     """A dataset index that carries the sampler's ``seed`` and the ``epoch`` it belongs to.
 
@@ -80,22 +92,36 @@ class SampleIndex(int):
     even in a persistent worker whose copy of the sampler is stale. It is an
     ``int`` (equal to, and hashing like, the plain index), so any other dataset
     indexed with it behaves as with the plain index.
+
+    Example::
+
+        seeded[SampleIndex(3, epoch=2, seed=1)]     # sample 3 as epoch 2 of a seed-1 run loads it
     """
 
-    seed: int
-    epoch: int
+    _key: tuple[int, int]  # (epoch, seed), shared by the indices of one epoch
 
     def __new__(cls, index: int, epoch: int, seed: int) -> SampleIndex:
-        self = super().__new__(cls, index)
-        self.epoch = epoch
-        self.seed = seed
-        return self
+        return _sample_index(index, (epoch, seed))
+
+    @property
+    def epoch(self) -> int:
+        return self._key[0]
+
+    @property
+    def seed(self) -> int:
+        return self._key[1]
 
     def __reduce__(self) -> tuple:
-        return (SampleIndex, (int(self), self.epoch, self.seed))
+        return (_sample_index, (int(self), self._key))
 
     def __repr__(self) -> str:
         return f"SampleIndex({int(self)}, epoch={self.epoch}, seed={self.seed})"
+
+
+def _sample_index(index: int, key: tuple[int, int]) -> SampleIndex:
+    self = int.__new__(SampleIndex, index)
+    self._key = key
+    return self
 
 
 class ResumableSampler(Sampler[int]):
@@ -200,8 +226,8 @@ class ResumableSampler(Sampler[int]):
         self._reseed()
         rest = self.order()[self.position:]
         if self._sample_indices:
-            epoch, seed = self.epoch, self.seed
-            return (SampleIndex(i, epoch, seed) for i in rest)
+            key = (self.epoch, self.seed)
+            return (_sample_index(i, key) for i in rest)
         return iter(rest)
 
     # ------------------------------------------------------------------ position
@@ -209,8 +235,7 @@ class ResumableSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Move to ``epoch`` at position 0; keeps the position when already in ``epoch`` (so a
         resumed run may call it unconditionally, as Lightning does every epoch)."""
-        if type(epoch) is not int or not 0 <= epoch <= U64:
-            raise UsageError(f"epoch must be an int in [0, 2**64-1], got {epoch!r}")
+        epoch = _as_count(epoch, "set_epoch(epoch): epoch")
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
         self._reseed()
@@ -223,8 +248,7 @@ class ResumableSampler(Sampler[int]):
         epoch by hand (e.g. when a DataLoader with ``drop_last=True`` leaves a
         partial batch unread).
         """
-        if type(n) is not int or n < 0:
-            raise UsageError(f"advance(n): n must be a non-negative int, got {n!r}")
+        n = _as_count(n, "advance(n): n")
         self.position = min(self.position + n, len(self))
         if self.position == len(self) and n > 0:
             self._finish_epoch()
@@ -284,7 +308,8 @@ class ResumableSampler(Sampler[int]):
             raise SamplerStateError(f"a ResumableSampler state is a dict, got {type(state).__name__}")
         keys = set(state)
         if keys != _V1_KEYS and keys != _V2_KEYS:
-            missing, extra = sorted(_V2_KEYS - keys), sorted(keys - _V2_KEYS)
+            ref = _V2_KEYS if keys & (_V2_KEYS - _V1_KEYS) else _V1_KEYS  # the closer version
+            missing, extra = sorted(ref - keys), sorted(keys - ref)
             raise SamplerStateError(
                 f"a ResumableSampler state has the keys {sorted(_V2_KEYS)} (version 0.1: without "
                 f"num_replicas, rank, drop_last); missing {missing}, unexpected {extra}",

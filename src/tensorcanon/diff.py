@@ -30,7 +30,6 @@ Example::
 
 from __future__ import annotations
 
-import collections
 import math
 import os
 import struct
@@ -41,8 +40,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from . import container, dtypes, manifest, paths, reader, registry
-from .errors import FormatError, TensorCanonError, UsageError
+from . import dtypes, paths, reader, registry, tensorbytes, walk
+from .errors import FormatError, LimitError, UsageError
+from .source import open_path
 from .limits import DEFAULT, Limits
 from .ordering import UnorderableKey, sorted_keys
 
@@ -125,6 +125,7 @@ class DiffResult:
     rtol: float = 0.0
     a: str = "A"      # what was compared (a file path, or "A")
     b: str = "B"
+    tensors_only: bool = False  # whether only tensors were compared (see diff())
 
     @property
     def identical(self) -> bool:
@@ -155,13 +156,15 @@ class DiffResult:
             return f"identical: A ({self.a}) and B ({self.b})" if named else "identical"
         lines = [f"A: {self.a}", f"B: {self.b}"] if named else []
         lines += [str(d) for d in self.differences]
-        lines.append(self.summary() + _tolerance_note(self.atol, self.rtol))
+        lines.append(self.summary() + _tolerance_note(self.atol, self.rtol)
+                     + (", tensors only" if self.tensors_only else ""))
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return {
             "a": self.a, "b": self.b, "atol": self.atol, "rtol": self.rtol,
-            "identical": self.identical, "differences": [d.to_dict() for d in self.differences],
+            "identical": self.identical, "tensors_only": self.tensors_only,
+            "differences": [d.to_dict() for d in self.differences],
         }
 
 
@@ -215,7 +218,7 @@ def detect_format(path: str | os.PathLike) -> str:
     path = os.fspath(path)
     if os.path.isdir(path):
         raise FormatError(f"{path!r} is a directory, not a file")
-    with open(path, "rb") as fh:
+    with open_path(path) as fh:
         head = fh.read(9)
     suffix = os.path.splitext(path)[1].lower()
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
@@ -238,8 +241,8 @@ def detect_format(path: str | os.PathLike) -> str:
             f"{path}: not a tensorcanon, safetensors, torch (.pt), .npz or .npy file "
             f"(it starts with {bytes(head[:8])!r})"
         )
-    header = reader.open_source(path, lambda src: container.parse(src.read, src.size, DEFAULT))
-    return "tensorcanon" if manifest.is_tensorcanon(header) else "safetensors"
+    with reader.open_file(path, DEFAULT) as cf:
+        return "tensorcanon" if cf.is_tensorcanon else "safetensors"
 
 
 def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
@@ -258,16 +261,13 @@ def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
     path = os.fspath(path)
     fmt = detect_format(path)
     if fmt in ("tensorcanon", "safetensors"):
-        from . import api
-
-        with open(path, "rb") as fh:
+        with open_path(path) as fh:
             f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
-            value = api.load(f, map_location="cpu", limits=limits)
-        if fmt == "safetensors":
-            return Loaded(value, fmt, path)
-        _, m = reader.open_source(path, lambda src: reader._read_header(src, limits))
-        return Loaded(value, fmt, path, _recorded_devices(m, limits), api.read_metadata(path, limits=limits),
-                      m.algorithm)
+            with reader.open_file(f, limits) as cf:
+                value = cf.load(map_location="cpu")
+                if not cf.is_tensorcanon:
+                    return Loaded(value, fmt, path)
+                return Loaded(value, fmt, path, cf.devices(), cf.metadata(), cf.algorithm)
     if fmt == "torch":
         try:
             value = torch.load(path, map_location="cpu", weights_only=True)
@@ -287,52 +287,6 @@ def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
         raise FormatError(f"{path}: numpy.load(allow_pickle=False) cannot read it: {e}") from None
     return Loaded(value, fmt, path)
-
-
-def _recorded_devices(m: manifest.Manifest, limits: Limits) -> dict[str, str]:
-    """Paths of the tensors a tensorcanon file (its manifest ``m``) records on a device other than the CPU."""
-    if all(info.device == "cpu" for info in m.tensors):
-        return {}
-    out = {}
-    for trail, node in iter_nodes(m.root, limits):
-        if node[0] == "tensor":
-            device = m.tensors[node[1]].device
-            if device != "cpu":
-                out[paths.join(trail)] = device
-    return out
-
-
-def iter_nodes(root: Any, limits: Limits = DEFAULT) -> Iterator[tuple[tuple, Any]]:
-    """Every node of a validated manifest tree with its path, parents first, in file order.
-
-    Leaves that are plain msgpack values are yielded too. The members of
-    sets, the ``_metadata`` of an OrderedDict and the state of a registered
-    object's own node are not separate entries: an object's state's children
-    appear under the object's path.
-    """
-    from .tree import Decoder
-
-    keys = Decoder([], limits.max_depth)
-
-    def walk(node, trail, depth, show=True):
-        if depth > limits.max_depth:
-            raise FormatError(f"manifest: object nested deeper than max_depth={limits.max_depth}")
-        if show:
-            yield trail, node
-        if type(node) is not list or not node:
-            return
-        tag = node[0]
-        if tag in ("list", "tuple"):
-            for i, child in enumerate(node[1:]):
-                yield from walk(child, trail + (i,), depth + 1)
-        elif tag in ("dict", "odict"):
-            start = 1 if tag == "dict" else 2
-            for i in range(start, len(node) - 1, 2):
-                yield from walk(node[i + 1], trail + (keys.decode(node[i]),), depth + 1)
-        elif tag == "obj" and len(node) == 3:
-            yield from walk(node[2], trail, depth + 1, show=False)
-
-    yield from walk(root, (), 0)
 
 
 # --------------------------------------------------------------------------- describing
@@ -384,12 +338,19 @@ def _is_tensorlike(v: Any) -> bool:
 # --------------------------------------------------------------------------- comparing
 
 
-def diff(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, limits: Limits = DEFAULT) -> DiffResult:
+def diff(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, tensors_only: bool = False,
+         limits: Limits = DEFAULT) -> DiffResult:
     """Compare ``a`` with ``b`` (objects, or paths to files) and return every difference.
 
     ``a`` is the reference ("A", "only in A") and ``b`` the candidate ("B",
     "added in B"); relative differences are relative to B. See the module
     docstring for the element rules and the file formats read.
+
+    ``tensors_only=True`` compares the tensors (and arrays) at each path and
+    nothing else: container types (dict or OrderedDict, list or tuple), key
+    order, ``_metadata``, which tensors share memory, and values that are not
+    tensors are ignored, so a tensorcanon file compares cleanly with one that
+    transformers or safetensors wrote for the same weights.
 
     Example::
 
@@ -407,33 +368,46 @@ def diff(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, limits: Limits
             sides.append((value.value, value.devices, value.path))
         else:
             sides.append((value, {}, None))
-    d = _Differ(float(atol), float(rtol), sides[0][1], sides[1][1], limits.max_depth)
+    d = _Differ(float(atol), float(rtol), sides[0][1], sides[1][1], limits.max_depth, bool(tensors_only))
     d.compare(sides[0][0], sides[1][0], (), 0)
-    return DiffResult(d.out, float(atol), float(rtol), sides[0][2] or "A", sides[1][2] or "B")
+    return DiffResult(d.out, float(atol), float(rtol), sides[0][2] or "A", sides[1][2] or "B",
+                      bool(tensors_only))
 
 
-def _alias_key(v: Any):
-    """What makes two tensors one stored tensor (the writer's own rule)."""
+def _alias_key(v: Any) -> Any:
+    """What makes two tensors one stored tensor: the writer's own rule (tensorbytes.alias_key)."""
     if isinstance(v, np.ndarray):
-        if v.size:
-            return ("ndarray", v.__array_interface__["data"][0], v.shape, v.strides, v.dtype.str)
-        return ("id", id(v))
-    if v.numel() == 0 or v.is_meta:
-        return ("id", id(v))
-    return (v.untyped_storage().data_ptr(), str(v.device), v.storage_offset(), tuple(v.shape),
-            v.stride(), v.dtype, type(v) is torch.nn.Parameter, v.requires_grad, v.is_conj(), v.is_neg())
+        key = tensorbytes.alias_key(v, "ndarray")
+    elif v.is_meta:
+        key = None
+    else:
+        key = tensorbytes.alias_key(v, "parameter" if type(v) is torch.nn.Parameter else "tensor")
+    return ("id", id(v)) if key is None else key
 
 
 def _as_torch(v: Any) -> torch.Tensor:
     if isinstance(v, np.ndarray):
         a = v.astype(v.dtype.newbyteorder("<"), copy=False) if v.dtype.byteorder == ">" else v
         return torch.from_numpy(np.ascontiguousarray(a))
-    t = v.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
+    t = tensorbytes.resolved(v)
     return t.cpu() if t.device.type != "cpu" else t
+
+
+def _lenient_order(keys: Any) -> list:
+    """Keys in canonical order, or as given when some have none (diff compares any object)."""
+    keys = list(keys)
+    try:
+        return sorted_keys(keys)
+    except (UnorderableKey, ValueError, TypeError):
+        return keys
+
+
+def _container(v: Any) -> walk.Container | None:
+    """The children of ``v`` as the encoder sees them; dict subclasses count as dicts here."""
+    c = walk.container(v, _lenient_order)
+    if c is None and isinstance(v, dict):
+        c = walk.container(dict(v), _lenient_order)
+    return c
 
 
 def _numeric(dtype: torch.dtype) -> torch.dtype | None:
@@ -511,46 +485,76 @@ def tensor_stats(a: torch.Tensor, b: torch.Tensor, atol: float = 0.0, rtol: floa
     )
 
 
+_SEQUENCES = ("list", "tuple")
+# Differences that say how values are held, not what they are: ignored with tensors_only.
+_STRUCTURE_KINDS = frozenset({"type", "order", "metadata", "alias"})
+
+
+def _has_tensor(*values: Any) -> bool:
+    """True if any of ``values`` is or holds a tensor or array (at any depth)."""
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if _is_tensorlike(v):
+            return True
+        c = _container(v)
+        if c is not None:
+            stack.extend(x for item in c.items for x in (item if c.is_mapping else (item,)))
+        else:
+            reg = registry.by_type(type(v))
+            if reg is not None:
+                stack.append(reg.encode(v))
+    return False
+
+
 def _float_bits(x: float) -> bytes:
     return struct.pack("<d", x)
 
 
 class _Differ:
-    def __init__(self, atol: float, rtol: float, devices_a: dict, devices_b: dict, max_depth: int) -> None:
+    def __init__(self, atol: float, rtol: float, devices_a: dict, devices_b: dict, max_depth: int,
+                 tensors_only: bool = False) -> None:
         self.atol, self.rtol = atol, rtol
         self.tolerant = atol > 0 or rtol > 0
         self.devices_a, self.devices_b = devices_a, devices_b
         self.max_depth = max_depth
+        self.tensors_only = tensors_only
         self.out: list[Difference] = []
         self.seen_a: dict = {}
         self.seen_b: dict = {}
 
     def add(self, trail: tuple, kind: str, a: str | None, b: str | None, stats: TensorStats | None = None) -> None:
+        if self.tensors_only and kind in _STRUCTURE_KINDS:
+            return
         self.out.append(Difference(paths.join(trail), kind, a, b, stats))
 
     def compare(self, a: Any, b: Any, trail: tuple, depth: int) -> None:
         if depth > self.max_depth:
-            raise TensorCanonError(
+            raise LimitError(
                 f"objects nested deeper than max_depth={self.max_depth} at {paths.join(trail)} "
-                "(a reference cycle?); pass limits=tensorcanon.Limits(max_depth=...)"
+                "(a reference cycle?)", limit="max_depth", path=paths.join(trail),
+                hint="pass diff(..., limits=tensorcanon.Limits(max_depth=...)) to compare deeper objects",
             )
-        ta, tb = type(a), type(b)
         if _is_tensorlike(a) and _is_tensorlike(b):
             self.tensors(a, b, trail)
             return
-        if isinstance(a, dict) and isinstance(b, dict):
-            if ta is not tb:
+        ca, cb = _container(a), _container(b)
+        if ca is not None and cb is not None and ca.is_mapping and cb.is_mapping:
+            if type(a) is not type(b):
                 self.add(trail, "type", _type_name(a), _type_name(b))
-            self.mappings(a, b, trail, depth)
+            self.mappings(ca, cb, trail, depth)
             return
-        if ta in (list, tuple) and tb in (list, tuple):
-            if ta is not tb:
-                self.add(trail, "type", ta.__name__, tb.__name__)
-            for i, (x, y) in enumerate(zip(a, b)):
+        if ca is not None and cb is not None and ca.tag in _SEQUENCES and cb.tag in _SEQUENCES:
+            if ca.tag != cb.tag:
+                self.add(trail, "type", ca.tag, cb.tag)
+            for i, (x, y) in enumerate(zip(ca.items, cb.items)):
                 self.compare(x, y, trail + (i,), depth + 1)
-            if len(a) != len(b):
-                self.add(trail, "length", f"{len(a)} items", f"{len(b)} items")
+            if len(ca.items) != len(cb.items):
+                self.add(trail, "length", f"{len(ca.items)} items", f"{len(cb.items)} items")
             return
+        if self.tensors_only and not (_has_tensor(a) or _has_tensor(b)):
+            return
+        ta, tb = type(a), type(b)
         if ta is not tb:
             self.add(trail, "type", describe(a), describe(b))
             return
@@ -604,34 +608,34 @@ class _Differ:
         except OverflowError:
             return False
 
-    def mappings(self, a: dict, b: dict, trail: tuple, depth: int) -> None:
-        keys = list(a) + [k for k in b if k not in a]
-        try:
-            keys = sorted_keys(keys)
-        except (UnorderableKey, ValueError, TypeError):
-            pass  # keys outside the canonical order: keep A's order, then B's new keys
+    def mappings(self, ca: walk.Container, cb: walk.Container, trail: tuple, depth: int) -> None:
+        a, b = dict(ca.items), dict(cb.items)
+        keys = _lenient_order(list(a) + [k for k in b if k not in a])
         for k in keys:
             if k in a and k in b:
                 self.compare(a[k], b[k], trail + (k,), depth + 1)
+            elif self.tensors_only and not _has_tensor(a.get(k), b.get(k)):
+                continue
             elif k in a:
                 self.add(trail + (k,), "removed", describe(a[k]), None)
             else:
                 self.add(trail + (k,), "added", None, describe(b[k]))
-        if isinstance(a, collections.OrderedDict) and isinstance(b, collections.OrderedDict):
+        if ca.tag == "odict" and cb.tag == "odict":
             # Order is content for OrderedDicts (it is saved), not for dicts.
-            common_a = [k for k in a if k in b]
-            common_b = [k for k in b if k in a]
+            common_a = [k for k, _ in ca.items if k in b]
+            common_b = [k for k, _ in cb.items if k in a]
             if common_a != common_b:
                 self.add(trail, "order", _short(common_a), _short(common_b))
-            ma, mb = getattr(a, "_metadata", None), getattr(b, "_metadata", None)
-            if not self.equal_scalars(ma, mb):
-                self.add(trail, "metadata", "_metadata " + _short(ma), "_metadata " + _short(mb))
+            if ca.metadata is not None and cb.metadata is not None:
+                self.compare(ca.metadata, cb.metadata, trail + (walk.METADATA,), depth + 1)
+            elif ca.metadata is not None or cb.metadata is not None:
+                self.add(trail, "metadata", "_metadata " + _short(ca.metadata), "_metadata " + _short(cb.metadata))
 
     def tensors(self, a: Any, b: Any, trail: tuple) -> None:
         where = paths.join(trail)
         first_a = self.seen_a.setdefault(_alias_key(a), where)
         first_b = self.seen_b.setdefault(_alias_key(b), where)
-        if first_a != first_b:
+        if first_a != first_b and not self.tensors_only:
             self.add(trail, "alias",
                      f"same tensor as {first_a}" if first_a != where else "a separate tensor",
                      f"same tensor as {first_b}" if first_b != where else "a separate tensor")

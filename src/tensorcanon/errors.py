@@ -1,8 +1,9 @@
 """The library's exceptions.
 
-Every failure raises a subclass of :class:`TensorCanonError`. The classes that
-describe a bad argument or a bad file also derive from the matching built-in
-(``ValueError``, ``TypeError``), so callers may catch either.
+Every failure raises a subclass of :class:`TensorCanonError`, and each class
+also derives from the built-in that the same mistake raises elsewhere
+(``ValueError``, ``TypeError``, ``FileNotFoundError``, ``OSError``...), so code
+written for the built-ins keeps catching them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ __all__ = [
     "DeviceUnavailableError",
     "UnsupportedAlgorithmError",
     "UsageError",
+    "FileAccessError",
+    "MissingFileError",
 ]
 
 
@@ -40,18 +43,25 @@ class FormatError(TensorCanonError, ValueError):
 
 
 class LimitError(FormatError):
-    """A file exceeds a configured safety limit (see :class:`tensorcanon.Limits`).
+    """A file, or an object being saved, exceeds a safety limit (see :class:`tensorcanon.Limits`).
 
-    ``limit`` names the :class:`~tensorcanon.Limits` field that was hit.
+    ``limit`` names the :class:`~tensorcanon.Limits` field that was hit and
+    ``path`` where in the object, when known. When reading, the message says
+    how to raise the limit for a trusted file; when saving (``saving=True``), how
+    to raise it for the save and every later load, since a file saved past a
+    default limit needs the same raised limit to load. ``hint`` replaces both.
     """
 
-    def __init__(self, message: str, *, limit: str, offset: int | None = None) -> None:
+    def __init__(self, message: str, *, limit: str, offset: int | None = None,
+                 path: str | None = None, saving: bool = False, hint: str | None = None) -> None:
         self.limit = limit
-        super().__init__(
-            f"{message}; raise it with load(..., limits=tensorcanon.Limits({limit}=...)) "
-            "if the file is trusted",
-            offset=offset,
-        )
+        self.path = path
+        if hint is None and saving:
+            hint = (f"pass limits=tensorcanon.Limits({limit}=...) to save and to every load of the "
+                    "file, or change the object")
+        elif hint is None:
+            hint = f"raise it with load(..., limits=tensorcanon.Limits({limit}=...)) if the file is trusted"
+        super().__init__(f"{message}; {hint}", offset=offset)
 
 
 class IntegrityError(TensorCanonError):
@@ -111,3 +121,23 @@ class UsageError(TensorCanonError, ValueError, TypeError):
     a negative tolerance, a seed out of range...). The message names the argument
     and what it accepts. Also a ``ValueError`` and a ``TypeError``, the built-ins
     such mistakes raise elsewhere, so existing ``except`` clauses keep working."""
+
+
+class FileAccessError(TensorCanonError, OSError):
+    """A path cannot be opened, read or written (permissions, a missing folder...).
+
+    ``filename`` is the path as the caller gave it. The message says what was
+    being done and how to fix it. Also an ``OSError``.
+    """
+
+    def __init__(self, message: str, *, filename: str | None = None, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.filename = filename
+        self.errno = errno
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingFileError(FileAccessError, FileNotFoundError):
+    """A file (or the folder a file is saved into) does not exist. Also a ``FileNotFoundError``."""

@@ -10,15 +10,11 @@ the file's manifest names.
 
 from __future__ import annotations
 
-import builtins
-import mmap
 import os
 from typing import Any, Iterator
 
-import torch
-
-from . import digest, paths, reader, tensorbytes
-from .errors import FormatError, TensorCanonError
+from . import paths, reader
+from .errors import TensorCanonError
 from .gcpause import paused
 from .limits import DEFAULT, Limits
 
@@ -36,31 +32,15 @@ class LazyFile:
         self.path = os.fspath(path)
         self.map_location = map_location
         self.verify = verify
+        self._file: reader.CheckedFile | None = reader.open_file(self.path, limits, use_mmap=True)
         try:
-            self._fh = builtins.open(self.path, "rb", buffering=0)
-        except IsADirectoryError:
-            raise FormatError(f"{self.path!r} is a directory, not a tensorcanon file") from None
-        self._mm: mmap.mmap | None = None
-        try:
-            src = reader.Source(self._fh)
-            self.header, self.manifest = reader._read_header(src, limits)
-            m = self.manifest
+            f = self._file
+            self.header, self.manifest = f.header, f.manifest
             self._paths: dict[str, int] = {}
-            if m is not None:
-                uses: list = []
-                reader.decode_tree(m, limits, uses=uses)  # the checks load makes, building nothing
-                for trail, index in uses:  # paths rendered from decoded keys, as in every error
-                    self._paths.setdefault(paths.join(trail), index)
-                self._infos = m.tensors
-            else:
-                self._infos = None
-                self._paths = {paths.join((e.name,)): i for i, e in enumerate(self.header.entries)}
-            self._by_name = {
-                e.name: i for i, e in enumerate(m.tensors if m is not None else self.header.entries)
-            }
-            self._verified = [False] * len(self._by_name)
-            if self.header.data_size:
-                self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ)
+            for trail, index in f.uses():  # checks the whole tree, as load does, building nothing
+                self._paths.setdefault(paths.join(trail), index)
+            self._by_name = {r.name: r.index for r in f.rows}
+            self._verified = [False] * len(f.rows)
         except BaseException:
             self.close()
             raise
@@ -103,55 +83,21 @@ class LazyFile:
         raise KeyError(f"{key!r} is neither a tensor path (see .keys()) nor a stored tensor name in {self.path!r}")
 
     def __getitem__(self, key: str) -> Any:
-        if self._fh is None:
+        if self._file is None:
             raise TensorCanonError(f"{self.path!r} is closed")
         idx = self._index(key)
-        if self._infos is None:
-            return self._plain(idx)
-        info = self._infos[idx]
-        buf, mv = tensorbytes.empty_buffer(info.nbytes, info.kind)
-        start = self.header.data_start + info.begin
-        if info.nbytes:
-            with memoryview(self._mm) as whole:
-                piece = whole[start : start + info.nbytes]
-                mv[:] = piece
-                piece.release()
-        if self.verify and not self._verified[idx]:
-            h = digest.tensor_hasher(info.dtype.name, info.shape, self.manifest.algorithm)
-            h.update(mv)
-            actual = h.digest()
-            if actual != info.digest:
-                raise reader._integrity_error(self.manifest, info, actual, self.header.data_start)
+        check = self.verify and not self._verified[idx]
+        value = self._file.read(idx, map_location=self.map_location, verify=check)
+        if check:
             self._verified[idx] = True
-        value = tensorbytes.finish(buf, info.dtype, info.shape, info.kind, info.name)
-        return reader.as_recorded(value, info, self.map_location,
-                                  lambda: reader._tensor_path(self.manifest, info))
-
-    def _plain(self, idx: int) -> torch.Tensor:
-        from .dtypes import from_safetensors
-
-        e = self.header.entries[idx]
-        row = from_safetensors(e.dtype)
-        if row is None or row.torch is None:
-            raise FormatError(f"tensor {e.name!r} has dtype {e.dtype}, which torch cannot hold")
-        buf, mv = tensorbytes.empty_buffer(e.end - e.begin, "tensor")
-        start = self.header.data_start + e.begin
-        if len(mv):
-            with memoryview(self._mm) as whole:
-                piece = whole[start : start + len(mv)]
-                mv[:] = piece
-                piece.release()
-        t = tensorbytes.finish(buf, row, e.shape, "tensor", e.name)
-        return reader._place(t, "cpu", self.map_location, lambda: paths.join((e.name,)))
+        return value
 
     # ------------------------------------------------------------- lifetime
     def close(self) -> None:
-        if self._mm is not None:
-            self._mm.close()
-            self._mm = None
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        """Release the file and its memory map; tensors already read stay valid (they are copies)."""
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
 
     def __enter__(self) -> "LazyFile":
         return self

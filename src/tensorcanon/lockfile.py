@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable
 
 from . import digest as _digest
 from . import writer
-from .errors import FormatError, IntegrityError, TensorCanonError
+from .errors import FormatError, IntegrityError, MissingFileError, TensorCanonError
 from .limits import DEFAULT, Limits
 
 __all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect",
@@ -89,17 +89,17 @@ def content_digest(path: str | os.PathLike, *, verify: bool = True, wrap: Wrap |
     (:func:`tensorcanon.verify`); with ``verify=False`` its recorded digest is
     read from the manifest. Other formats are always loaded and hashed.
     """
-    from . import api, reader
+    from . import reader
     from .diff import detect_format, load_file
+    from .source import open_path
 
     path = os.fspath(path)
     fmt = detect_format(path)
     if fmt == "tensorcanon":
-        with open(path, "rb") as fh:
-            if not verify:
-                return reader.read_digest(reader.Source(fh), limits), fmt
-            f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
-            return api.verify(f, limits=limits), fmt
+        with open_path(path) as fh:
+            f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap and verify else fh
+            with reader.open_file(f, limits) as cf:
+                return (cf.verify() if verify else cf.digest), fmt
     loaded = load_file(path, limits=limits, wrap=wrap)
     return writer.fingerprint(writer.plan(loaded.value, None, limits)), fmt
 
@@ -112,7 +112,7 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
     """The files named by paths, globs (``**`` recurses) and folders, sorted, without repeats.
 
     A folder contributes every file under it with a suffix in :data:`SUFFIXES`.
-    Raises ``FileNotFoundError`` for a path that does not exist or a glob that
+    Raises :class:`~tensorcanon.MissingFileError` (a ``FileNotFoundError``) for a path that does not exist or a glob that
     matches nothing, so a typo never produces an empty lockfile.
     """
     found: set[str] = set()
@@ -121,7 +121,7 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
         if _has_magic(pattern):
             matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)]
             if not matches:
-                raise FileNotFoundError(f"no file matches {pattern!r}")
+                raise MissingFileError(f"no file matches {pattern!r}", filename=pattern)
         elif os.path.isdir(pattern):
             matches = [
                 os.path.join(root, name)
@@ -129,11 +129,11 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
                 for name in names if name.lower().endswith(SUFFIXES)
             ]
             if not matches:
-                raise FileNotFoundError(f"folder {pattern!r} holds no {'/'.join(SUFFIXES)} files")
+                raise MissingFileError(f"folder {pattern!r} holds no {'/'.join(SUFFIXES)} files", filename=pattern)
         elif os.path.isfile(pattern):
             matches = [pattern]
         else:
-            raise FileNotFoundError(f"{pattern!r} does not exist")
+            raise MissingFileError(f"{pattern!r} does not exist", filename=pattern)
         found.update(os.path.abspath(m) for m in matches)
     found.discard(skip)
     return sorted(found)
@@ -207,8 +207,10 @@ def parse_lock(text: str, where: str = "lockfile") -> list[LockEntry]:
 
 def read_lock(lock_path: str | os.PathLike) -> list[LockEntry]:
     """Read and parse a lockfile."""
+    from .source import open_path
+
     lock_path = os.fspath(lock_path)
-    with open(lock_path, "rb") as fh:
+    with open_path(lock_path, what="a lockfile") as fh:
         raw = fh.read()
     try:
         text = raw.decode("utf-8")

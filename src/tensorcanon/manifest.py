@@ -29,7 +29,7 @@ import msgpack
 import torch
 
 from . import container, digest, dtypes
-from .errors import FormatError, IntegrityError, LimitError, UnsupportedTypeError
+from .errors import FormatError, IntegrityError, LimitError
 from .limits import Limits
 
 VERSION = 1
@@ -83,9 +83,9 @@ def pack(root: Any, meta: Any, table: list[dict], algorithm: str = digest.DEFAUL
     try:
         return msgpack.packb(obj, use_bin_type=True)
     except (ValueError, TypeError, OverflowError) as e:  # depth beyond msgpack's own limit
-        raise UnsupportedTypeError(
-            f"the object cannot be encoded as msgpack ({e}); it is probably nested deeper than "
-            "msgpack allows: keep limits.max_depth at or below 256", path="$",
+        raise LimitError(
+            f"the object cannot be encoded as msgpack ({e}); it is nested deeper than msgpack allows",
+            limit="max_depth", path="$", hint="keep limits.max_depth at or below 256",
         ) from e
 
 

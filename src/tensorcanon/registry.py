@@ -22,7 +22,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import UsageError
+from .errors import UnsupportedTypeError, UsageError
 
 __all__ = ["register", "unregister"]
 
@@ -33,10 +33,12 @@ class Registration:
     name: str
     encode: Callable[[Any], Any]
     decode: Callable[[Any], Any]
+    automatic: bool = False  # the codec is the built-in one for a dataclass, NamedTuple or Enum
 
 
 _BY_TYPE: dict[type, Registration] = {}
 _BY_NAME: dict[str, Registration] = {}
+_BY_MRO: dict[type, Registration | None] = {}  # subclass lookups, cleared on every change
 
 
 def _dataclass_codec(cls: type):
@@ -86,15 +88,25 @@ def register(
     name: str | None = None,
     encode: Callable[[Any], Any] | None = None,
     decode: Callable[[Any], Any] | None = None,
+    replace: bool = False,
 ) -> type:
-    """Allow instances of ``cls`` to be saved and loaded.
+    """Allow instances of ``cls`` (and of its subclasses) to be saved and loaded.
 
     Dataclasses, NamedTuples and Enums need no codec: their fields (or value)
     are saved. Any other class needs ``encode`` (instance to a saveable value)
     and ``decode`` (that value back to an instance). ``name`` is what the file
     records; it defaults to ``"module.QualName"`` and must be the same in the
     process that loads the file. Returns ``cls``, so it can be a decorator.
-    Registering a name again replaces the earlier registration of that name.
+
+    Subclasses: a value whose own class is not registered uses the registration
+    of its nearest registered base class (in method resolution order), and
+    loads as what that registration's ``decode`` builds. A subclass of a
+    registered dataclass or NamedTuple that adds fields must be registered
+    itself (its extra fields would otherwise be lost): saving one raises.
+
+    Registering a class or a name that is already registered raises
+    :class:`~tensorcanon.UsageError` unless ``replace=True``; registering the
+    same class under the same name with the default codec again is allowed.
     """
     if not isinstance(cls, type):
         raise UsageError(f"register() takes a class, not {type(cls).__name__}")
@@ -104,6 +116,7 @@ def register(
         raise UsageError("register(name=...) must be a non-empty str")
     if (encode is None) != (decode is None):
         raise UsageError("register() needs both encode and decode, or neither")
+    automatic = encode is None
     if encode is None:
         if dataclasses.is_dataclass(cls):
             encode, decode = _dataclass_codec(cls)
@@ -116,13 +129,22 @@ def register(
                 f"{cls.__qualname__} is not a dataclass, NamedTuple or Enum: "
                 "pass encode= and decode= to register()"
             )
+    old_cls, old_name = _BY_TYPE.get(cls), _BY_NAME.get(name)
+    if not replace:
+        same = old_cls is not None and old_cls is old_name and old_cls.automatic and automatic
+        if not same and (old_cls is not None or old_name is not None):
+            taken = (f"{cls.__qualname__} is already registered as {old_cls.name!r}" if old_cls is not None
+                     else f"the name {name!r} is already registered for {old_name.cls.__qualname__}")  # type: ignore[union-attr]
+            raise UsageError(f"{taken}; pass replace=True to replace that registration")
     unregister(cls)
     old = _BY_NAME.pop(name, None)
     if old is not None:
         _BY_TYPE.pop(old.cls, None)
-    reg = Registration(cls, name, encode, decode)
+    assert decode is not None
+    reg = Registration(cls, name, encode, decode, automatic)
     _BY_TYPE[cls] = reg
     _BY_NAME[name] = reg
+    _BY_MRO.clear()
     return cls
 
 
@@ -131,10 +153,32 @@ def unregister(cls: type) -> None:
     reg = _BY_TYPE.pop(cls, None)
     if reg is not None:
         _BY_NAME.pop(reg.name, None)
+    _BY_MRO.clear()
 
 
 def by_type(cls: type) -> Registration | None:
-    return _BY_TYPE.get(cls)
+    """The registration for values of type ``cls``: its own, or its nearest registered base's.
+
+    Raises :class:`~tensorcanon.UnsupportedTypeError` for a subclass of a
+    registered dataclass or NamedTuple that adds fields (see :func:`register`).
+    """
+    reg = _BY_TYPE.get(cls)
+    if reg is not None or not _BY_TYPE:
+        return reg
+    if cls not in _BY_MRO:
+        _BY_MRO[cls] = next((_BY_TYPE[base] for base in cls.__mro__[1:] if base in _BY_TYPE), None)
+    reg = _BY_MRO[cls]
+    if reg is not None and reg.automatic and _fields_of(cls) != _fields_of(reg.cls):
+        raise UnsupportedTypeError(
+            f"{cls.__module__}.{cls.__qualname__} adds fields to the registered {reg.cls.__qualname__}, "
+            f"which would be lost: call tensorcanon.register({cls.__qualname__}) too")
+    return reg
+
+
+def _fields_of(cls: type) -> tuple:
+    if dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+    return tuple(getattr(cls, "_fields", ()))
 
 
 def by_name(name: str) -> Registration | None:

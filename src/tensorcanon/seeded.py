@@ -80,9 +80,10 @@ class SeededDataset(Dataset):
         if not isinstance(sampler, ResumableSampler):
             raise UsageError(f"SeededDataset(dataset, sampler): sampler must be a "
                              f"tensorcanon.ResumableSampler, got {type(sampler).__name__}")
-        if len(dataset) != sampler.num_samples:  # type: ignore[arg-type]
-            raise UsageError(f"SeededDataset(dataset, sampler): the dataset has {len(dataset)} "  # type: ignore[arg-type]
-                             f"samples, the sampler was built for {sampler.num_samples}")
+        n = len(dataset)  # type: ignore[arg-type]
+        if n != sampler.num_samples:
+            raise UsageError(f"SeededDataset(dataset, sampler): the dataset has {n} samples, "
+                             f"the sampler was built for {sampler.num_samples}")
         self.dataset = dataset
         self.sampler = sampler
         sampler._sample_indices = True
@@ -98,7 +99,9 @@ class SeededDataset(Dataset):
         saved once and restored once, each sample is seeded on its own."""
         keys = [_check(i) for i in indices]
         torch_gen = torch.default_generator
-        saved = random.getstate(), np.random.get_state(), torch_gen.get_state()
+        # legacy=True is the faster form, but only MT19937 (numpy's default) has it
+        legacy = isinstance(np.random.mtrand._rand._bit_generator, np.random.MT19937)
+        saved = random.getstate(), np.random.get_state(legacy=legacy), torch_gen.get_state()
         try:
             out = []
             for index, (python_seed, numpy_words, torch_seed) in keys:

@@ -30,6 +30,62 @@ _NUMPY_VIEWABLE = frozenset(
 )
 
 
+def resolved(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, with lazy conjugation and negation applied: the values its bytes must hold.
+
+    The one place that decides what a tensor's logical values are, for saving on
+    the CPU (:func:`host_bytes`), staging from a GPU (cuda.py) and comparing (diff).
+    """
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t
+
+
+def alias_key(value, kind: str):
+    """What makes two tensors (or two arrays) one stored tensor, or None if they never merge.
+
+    docs/FORMAT.md §6.5: the same view of the same memory, i.e. the same address
+    of the first element (``data_ptr()``, which is the storage's address plus the
+    view's offset, so two storages sharing memory count as the same memory),
+    device, shape, strides, dtype, kind, requires_grad and lazy conjugate/negative
+    bits. Zero-size tensors own no memory and never merge.
+    """
+    if kind == "ndarray":
+        if not value.size:
+            return None
+        return ("ndarray", value.__array_interface__["data"][0], value.shape, value.strides, value.dtype.str)
+    if value.numel() == 0:
+        return None
+    device = "cpu" if value.is_cpu else str(value.device)
+    return (value.data_ptr(), device, tuple(value.shape), value.stride(), value.dtype, kind,
+            value.requires_grad, value.is_conj(), value.is_neg())
+
+
+def unsaveable(t: torch.Tensor) -> str | None:
+    """Why tensor ``t`` cannot be saved and what to save instead, or None if it can be."""
+    name = f"{type(t).__module__}.{type(t).__qualname__}"
+    if getattr(t, "is_nested", False):
+        return ("nested tensors are not supported; save t.unbind() (a list of tensors) or "
+                "t.to_padded_tensor(0) with the lengths")
+    if t.layout is not torch.strided:
+        return f"{t.layout} tensors are not supported; save t.to_dense() (or the tensors it is made of)"
+    if t.is_quantized:
+        return "quantized tensors are not supported; save t.dequantize() or t.int_repr() with its scales"
+    if t.is_meta:
+        return ("meta tensors hold no data and cannot be saved; materialize them first "
+                "(e.g. module.to_empty(device='cpu') and initialize)")
+    if type(t) not in (torch.Tensor, torch.nn.Parameter):
+        if "FakeTensor" in type(t).__name__:
+            return f"fake tensors ({name}) hold no data and cannot be saved"
+        hint = "t.full_tensor() for a DTensor, " if type(t).__name__ == "DTensor" else ""
+        return (f"tensor subclass {name} is not supported; save a plain tensor ({hint}"
+                "t.as_subclass(torch.Tensor)), or use tensorcanon.dcp for distributed tensors")
+    return None
+
+
 def host_bytes(value, kind: str) -> memoryview:
     """A flat uint8 view of ``value``'s canonical bytes, copying only when needed.
 
@@ -49,11 +105,7 @@ def host_bytes(value, kind: str) -> memoryview:
             and not value.is_conj() and not value.is_neg() and value.numel()):
         # The common case, kept cheap for checkpoints of many small tensors: no copy, no reshape.
         return memoryview((value.detach() if value.requires_grad else value).numpy()).cast("B")
-    t = value.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
+    t = resolved(value)
     if t.device.type != "cpu":
         t = t.cpu()
     if t.dtype.itemsize in _SAME_SIZE_INT:

@@ -137,7 +137,7 @@ def assert_deterministic(fn: Callable[..., Any], *args: Any, runs: int = 2, seed
         _seed(seed)
         first = fn(*args, **kwargs)
         data = api.dumps(first)  # a snapshot: later runs cannot change it in place
-        expected = reader.read_digest(reader.Source(data=data))
+        expected = reader.open_file(data).digest
         for run in range(2, runs + 1):
             _seed(seed)
             out = fn(*args, **kwargs)

@@ -11,7 +11,9 @@ the normative description.
 from __future__ import annotations
 
 import collections
+import functools
 import math
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,7 +21,7 @@ import msgpack
 import numpy as np
 import torch
 
-from . import dtypes, paths, registry
+from . import dtypes, paths, registry, tensorbytes, walk
 from .errors import FormatError, LimitError, UnsupportedTypeError
 from .ordering import KEY_TYPES, UnorderableKey, sort_key, sorted_keys
 
@@ -92,23 +94,14 @@ class Encoder:
                 return value
             return msgpack.ExtType(EXT_BIGINT, bigint_bytes(value))
         if depth >= self.max_depth:
-            raise self.unsupported(
-                f"object nested deeper than max_depth={self.max_depth} (a reference cycle?); "
-                "raise it with limits=tensorcanon.Limits(max_depth=...)"
-            )
+            where = self.path()
+            raise LimitError(
+                f"the object is nested deeper than max_depth={self.max_depth} at {where} (a reference "
+                "cycle?)", limit="max_depth", path=where, saving=True)
         enc = ENCODERS.get(t)
         if enc is not None:
             return enc(self, value, depth + 1)
         return self._fallback(value, depth + 1)
-
-    def _items(self, tag: str, values, depth: int) -> list:
-        out = [tag]
-        path = self._path
-        for i, v in enumerate(values):
-            path.append(i)
-            out.append(self.encode(v, depth))
-            path.pop()
-        return out
 
     def _ordered(self, keys) -> list:
         try:
@@ -121,38 +114,33 @@ class Encoder:
         except ValueError as e:
             raise self.unsupported(str(e)) from None
 
-    def _mapping(self, tag: str, d: dict, keys, depth: int, head: list) -> list:
-        out = [tag, *head]
+    def enc_container(self, v, depth):
+        """list, tuple, dict, OrderedDict, set, frozenset: children in the order walk.container gives."""
+        c = walk.container(v, self._ordered)
         path = self._path
-        for k in keys:
+        out = [c.tag]
+        if c.tag in ("list", "tuple"):
+            for i, item in enumerate(c.items):
+                path.append(i)
+                out.append(self.encode(item, depth))
+                path.pop()
+            return out
+        if c.tag in ("set", "frozenset"):
+            out.extend(self.encode(m, depth) for m in c.items)
+            return out
+        if c.tag == "odict":
+            for k, _ in c.items:  # keys keep their order, but must still be of a key type
+                if type(k) is not str:
+                    self._ordered([k])
+            path.append(walk.METADATA)
+            out.append(None if c.metadata is None else self.encode(c.metadata, depth))
+            path.pop()
+        for k, item in c.items:
             out.append(self.encode(k, depth))
             path.append(k)
-            out.append(self.encode(d[k], depth))
+            out.append(self.encode(item, depth))
             path.pop()
         return out
-
-    # -- containers
-    def enc_list(self, v, depth):
-        return self._items("list", v, depth)
-
-    def enc_tuple(self, v, depth):
-        return self._items("tuple", v, depth)
-
-    def enc_dict(self, v, depth):
-        return self._mapping("dict", v, self._ordered(v.keys()), depth, [])
-
-    def enc_odict(self, v, depth):
-        for k in v:  # keys keep their order, but must still be of a key type
-            if type(k) is not str:
-                self._ordered([k])
-        meta = getattr(v, "_metadata", None)
-        self._path.append("_metadata")
-        head = [None if meta is None else self.encode(meta, depth)]
-        self._path.pop()
-        return self._mapping("odict", v, v.keys(), depth, head)
-
-    def enc_set(self, v, depth):
-        return self._items("set" if type(v) is set else "frozenset", self._ordered(v), depth)
 
     # -- scalars and torch values
     def enc_complex(self, v, depth):
@@ -194,30 +182,18 @@ class Encoder:
         idx = self._by_id.get(id(v))
         if idx is not None:
             return ["tensor", idx]
-        if v.layout is not torch.strided:
-            raise self.unsupported(f"{v.layout} tensors are not supported; save t.to_dense() instead")
-        if v.is_quantized:
-            raise self.unsupported("quantized tensors are not supported; save t.dequantize() or t.int_repr()")
-        if v.is_meta:
-            raise self.unsupported("meta tensors hold no data and cannot be saved")
+        refusal = tensorbytes.unsaveable(v)
+        if refusal is not None:
+            raise self.unsupported(refusal)
         row = dtypes.BY_TORCH.get(v.dtype)
         if row is None:
-            raise self.unsupported(f"tensors of dtype {v.dtype} are not supported")
+            raise self.unsupported(
+                f"tensors of dtype {v.dtype} are not supported (docs/FORMAT.md §4.1 lists the dtypes "
+                "that are); convert it, e.g. t.to(torch.float32)")
         kind = "parameter" if type(v) is _Parameter else "tensor"
-        shape = tuple(v.shape)
-        device = "cpu" if v.is_cpu else str(v.device)
-        if v.numel() == 0:
-            view_key = None  # zero-size tensors share no bytes: keep them distinct
-        else:
-            # data_ptr() is the storage's address plus the view's offset: equal keys mean the
-            # same elements of the same memory, seen the same way.
-            view_key = (
-                v.data_ptr(), device, shape, v.stride(), v.dtype, kind, v.requires_grad,
-                v.is_conj(), v.is_neg(),
-            )
         return self._add_tensor(
-            v, view_key, kind=kind, dtype=row, shape=shape, device=device,
-            requires_grad=v.requires_grad,
+            v, tensorbytes.alias_key(v, kind), kind=kind, dtype=row, shape=tuple(v.shape),
+            device="cpu" if v.is_cpu else str(v.device), requires_grad=v.requires_grad,
         )
 
     def enc_ndarray(self, v, depth):
@@ -230,12 +206,9 @@ class Encoder:
                 f"numpy arrays of dtype {v.dtype} are not supported (only bool, int, uint, "
                 "float16/32/64 and complex64/128)"
             )
-        shape = tuple(v.shape)
-        view_key = None
-        if v.size:
-            view_key = ("ndarray", v.__array_interface__["data"][0], shape, v.strides, v.dtype.str)
         return self._add_tensor(
-            v, view_key, kind="ndarray", dtype=row, shape=shape, device="cpu", requires_grad=False,
+            v, tensorbytes.alias_key(v, "ndarray"), kind="ndarray", dtype=row, shape=tuple(v.shape),
+            device="cpu", requires_grad=False,
         )
 
     def _fallback(self, v, depth):
@@ -249,19 +222,7 @@ class Encoder:
             return ["obj", reg.name, self.encode(state, depth)]
         if isinstance(v, np.generic):
             return self.enc_numpy_scalar(v, depth)
-        if isinstance(v, torch.Tensor):
-            raise self.unsupported(
-                f"tensor subclass {t.__module__}.{t.__qualname__} is not supported; "
-                "save a plain tensor (t.as_subclass(torch.Tensor), or t.full_tensor() for a DTensor)"
-            )
-        name = f"{t.__module__}.{t.__qualname__}"
-        raise self.unsupported(
-            f"cannot save a value of type {name}: tensorcanon saves None, bool, int, float, complex, "
-            "str, bytes, list, tuple, dict, OrderedDict, set, frozenset, tensors, numpy arrays and "
-            f"scalars, torch.Size/dtype/device; to save {t.__qualname__}, call "
-            f"tensorcanon.register({t.__qualname__}) first (dataclasses, NamedTuples and Enums need "
-            "nothing more; other classes pass encode= and decode=)"
-        )
+        raise self.unsupported(unsaveable_message(v))
 
     # -- naming
     def assign_names(self) -> None:
@@ -303,12 +264,12 @@ def _key_repr(key: Any) -> str:
 
 
 ENCODERS: dict[type, Callable[[Encoder, Any, int], Any]] = {
-    list: Encoder.enc_list,
-    tuple: Encoder.enc_tuple,
-    dict: Encoder.enc_dict,
-    _OrderedDict: Encoder.enc_odict,
-    set: Encoder.enc_set,
-    frozenset: Encoder.enc_set,
+    list: Encoder.enc_container,
+    tuple: Encoder.enc_container,
+    dict: Encoder.enc_container,
+    _OrderedDict: Encoder.enc_container,
+    set: Encoder.enc_container,
+    frozenset: Encoder.enc_container,
     complex: Encoder.enc_complex,
     torch.Size: Encoder.enc_size,
     torch.dtype: Encoder.enc_dtype,
@@ -317,6 +278,51 @@ ENCODERS: dict[type, Callable[[Encoder, Any, int], Any]] = {
     _Parameter: Encoder.enc_tensor,
     np.ndarray: Encoder.enc_ndarray,
 }
+
+
+def unsaveable_message(v: Any) -> str:
+    """Why ``v`` (of a type nothing encodes) cannot be saved, and what to save instead."""
+    t = type(v)
+    name = f"{t.__module__}.{t.__qualname__}"
+    if isinstance(v, torch.Tensor):
+        return tensorbytes.unsaveable(v) or f"tensor subclass {name} is not supported"
+    if isinstance(v, torch.nn.Module):
+        return (f"cannot save a {name} (a torch.nn.Module): save its state_dict() instead "
+                "(model.state_dict()) and rebuild the module in code before load_state_dict()")
+    for what, base in _STATEFUL:
+        if base is not None and isinstance(v, base):
+            return (f"cannot save a {name} ({what}): save its state_dict() instead and call "
+                    "load_state_dict() on a freshly built one after loading")
+    if callable(getattr(v, "state_dict", None)) and callable(getattr(v, "load_state_dict", None)):
+        return (f"cannot save a {name}: it has state_dict()/load_state_dict(), so save "
+                "obj.state_dict() instead and restore it with load_state_dict() after loading")
+    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                      functools.partial, types.ModuleType, type)):
+        kind = ("module" if isinstance(v, types.ModuleType) else "class" if isinstance(v, type)
+                else "lambda" if getattr(v, "__name__", "") == "<lambda>" else "function")
+        return (f"cannot save a {kind} ({_qualname(v)}): functions, lambdas, classes and modules are "
+                "code, and tensorcanon files hold only data so that loading one can never run code; "
+                "save the name or settings that select it (e.g. a str) and look it up when loading")
+    return (
+        f"cannot save a value of type {name}: tensorcanon saves None, bool, int, float, complex, "
+        "str, bytes, list, tuple, dict, OrderedDict, set, frozenset, tensors, numpy arrays and "
+        f"scalars, torch.Size/dtype/device; to save {t.__qualname__}, call "
+        f"tensorcanon.register({t.__qualname__}) first (dataclasses, NamedTuples and Enums need "
+        "nothing more; other classes pass encode= and decode=)"
+    )
+
+
+def _qualname(v: Any) -> str:
+    module = getattr(v, "__module__", None)
+    qual = getattr(v, "__qualname__", None) or getattr(v, "__name__", None) or type(v).__qualname__
+    return f"{module}.{qual}" if module else str(qual)
+
+
+_STATEFUL = [
+    ("an optimizer", torch.optim.Optimizer),
+    ("a learning-rate scheduler", getattr(torch.optim.lr_scheduler, "LRScheduler", None)),
+    ("a learning-rate scheduler", getattr(torch.optim.lr_scheduler, "ReduceLROnPlateau", None)),
+]
 
 
 # --------------------------------------------------------------------------- decode
@@ -331,8 +337,18 @@ class Decoder:
         self.used = [False] * len(tensors)
         self.first_paths: list[tuple] = []  # path of each tensor's first use, in table order
         self.uses: list[tuple[tuple, int]] | None = None  # set to a list to record every use
+        # Called as visit(path, node) for the root and every value in it (list and tuple
+        # items, dict and OrderedDict values; not keys, set members or _metadata slots;
+        # a registered object's state is not visited itself, its children are).
+        self.visit: Callable[[tuple, Any], None] | None = None
         self.max_depth = max_depth
         self._path: list = []
+
+    def walk(self, node: Any) -> Any:
+        """Decode ``node`` as the root, calling :attr:`visit` on the way."""
+        if self.visit is not None:
+            self.visit((), node)
+        return self.decode(node)
 
     def error(self, message: str) -> FormatError:
         return FormatError(f"manifest: {message} at {paths.join(tuple(self._path))}")
@@ -374,8 +390,11 @@ class Decoder:
     def _items(self, node, depth) -> list:
         out = []
         path = self._path
+        visit = self.visit
         for i in range(1, len(node)):
             path.append(i - 1)
+            if visit is not None:  # inline, not a helper: one Python frame per level of nesting
+                visit(tuple(path), node[i])
             out.append(self.decode(node[i], depth))
             path.pop()
         return out
@@ -413,6 +432,8 @@ class Decoder:
             else:
                 seen.add(sk)
             path.append(k)
+            if self.visit is not None:
+                self.visit(tuple(path), node[i + 1])
             out.append((k, self.decode(node[i + 1], depth)))
             path.pop()
         return out
@@ -437,7 +458,7 @@ class Decoder:
     def dec_odict(self, node, depth):
         if len(node) < 2:
             raise self.error("'odict' needs its metadata slot")
-        self._path.append("_metadata")
+        self._path.append(walk.METADATA)
         meta = self.decode(node[1], depth)
         self._path.pop()
         pairs = self._pairs(node, 2, depth, ordered=False)
@@ -572,28 +593,15 @@ DECODERS: dict[str, Callable[[Decoder, list, int], Any]] = {
 }
 
 
-def find_tensor_path(node: Any, index: int, trail: tuple = ()) -> tuple | None:
-    """The first path (in canonical order) at which ``["tensor", index]`` occurs.
+def nodes(root: Any, tensor_count: int, max_depth: int) -> list[tuple[tuple, Any]]:
+    """Every value node of a valid tree with its path, parents first, in canonical order.
 
-    Used only to name a tensor in an error message, so it is a plain search.
+    The decoder's own walk (:attr:`Decoder.visit`): list and tuple items and dict
+    values are entries; keys, set members and ``_metadata`` slots are not, and a
+    registered object's state's children appear under the object's path.
     """
-    if type(node) is not list or not node or type(node[0]) is not str:
-        return None
-    tag = node[0]
-    if tag == "tensor":
-        return trail if node[1:] == [index] else None
-    if tag in ("list", "tuple"):
-        for i, child in enumerate(node[1:]):
-            found = find_tensor_path(child, index, trail + (i,))
-            if found is not None:
-                return found
-    elif tag in ("dict", "odict"):
-        start = 1 if tag == "dict" else 2
-        for i in range(start, len(node) - 1, 2):
-            key = node[i] if type(node[i]) is not list else repr(node[i])
-            found = find_tensor_path(node[i + 1], index, trail + (key,))
-            if found is not None:
-                return found
-    elif tag == "obj" and len(node) == 3:
-        return find_tensor_path(node[2], index, trail)
-    return None
+    decoder = Decoder([None] * tensor_count, max_depth, build_objects=False)
+    out: list[tuple[tuple, Any]] = []
+    decoder.visit = lambda trail, node: out.append((trail, node))
+    decoder.walk(root)
+    return out

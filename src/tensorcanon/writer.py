@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, TypeVar
 
 from . import container, digest, dtypes, manifest, paths
-from .errors import TensorCanonError, UnsupportedTypeError
+from .errors import FileAccessError, LimitError, MissingFileError, TensorCanonError, UnsupportedTypeError
 from .limits import DEFAULT, Limits
 from .tensorbytes import host_bytes
 from .tree import Encoder, TensorSource
@@ -101,10 +101,10 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
     try:
         root = enc.encode(obj)
     except RecursionError:
-        raise UnsupportedTypeError(
-            "the object is nested deeper than Python's recursion limit allows to encode; lower "
-            f"limits.max_depth (now {limits.max_depth}; the default is 256) or flatten the object",
-            path="$",
+        raise LimitError(
+            "the object is nested deeper than Python's recursion limit allows to encode",
+            limit="max_depth", path="$",
+            hint=f"lower limits.max_depth (now {limits.max_depth}; the default is 256) or flatten the object",
         ) from None
     meta = None
     if metadata is not None:
@@ -119,10 +119,9 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
                 path="metadata",
             )
     if len(enc.tensors) > limits.max_tensors:
-        raise UnsupportedTypeError(
+        raise LimitError(
             f"the object holds {len(enc.tensors)} tensors, more than max_tensors={limits.max_tensors} "
-            "that readers accept by default; pass limits=tensorcanon.Limits(max_tensors=...) to save "
-            "and to every load of the file", path="$",
+            "that readers accept", limit="max_tensors", path="$", saving=True,
         )
     enc.assign_names()
     ordered = sorted(enc.tensors, key=lambda s: container.data_order(s.name, s.dtype.itemsize))
@@ -132,11 +131,10 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
         shape = tuple(dtypes.header_shape(s.dtype, s.shape))
         if len(shape) > limits.max_ndim:
             where = paths.join(s.path)
-            raise UnsupportedTypeError(
+            raise LimitError(
                 f"the tensor at {where} has {len(shape)} header dimensions (its {len(s.shape)} plus "
                 f"one for a dtype stored as bytes, if any), more than max_ndim={limits.max_ndim} that "
-                "readers accept by default; pass limits=tensorcanon.Limits(max_ndim=...) to save and "
-                "to every load of the file", path=where,
+                "readers accept", limit="max_ndim", path=where, saving=True,
             )
         layout.append(container.Entry(s.name, s.dtype.st, shape, position, position + n))
         position += n
@@ -309,8 +307,20 @@ def replace_atomically(path: str | os.PathLike, fill: Callable[[BinaryIO, str], 
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
+    if os.path.isdir(path):
+        raise FileAccessError(f"cannot save to {path!r}: it is a directory; give a file path inside it",
+                              filename=path)
+    if not os.path.isdir(folder):
+        raise MissingFileError(
+            f"cannot save to {path!r}: the folder {folder!r} does not exist; create it first "
+            "(os.makedirs(folder, exist_ok=True))", filename=path)
     remove_stale_temps(folder, base)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=folder)
+    except OSError as e:
+        raise FileAccessError(f"cannot save to {path!r}: cannot create a file in {folder!r} "
+                              f"({e.strerror or e}); check the folder's permissions",
+                              filename=path, errno=e.errno) from None
     try:
         with os.fdopen(fd, "wb") as f:
             result = fill(f, tmp)
@@ -318,11 +328,14 @@ def replace_atomically(path: str | os.PathLike, fill: Callable[[BinaryIO, str], 
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and not isinstance(e, TensorCanonError):
+            raise FileAccessError(f"cannot save to {path!r}: {e.strerror or e}; the previous file "
+                                  "there, if any, is unchanged", filename=path, errno=e.errno) from e
         raise
     try:
         dir_fd = os.open(folder, os.O_RDONLY)
