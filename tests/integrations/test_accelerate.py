@@ -80,7 +80,7 @@ def test_damaged_random_state_is_an_error_not_a_silent_skip(run, tmp_path):
     with pytest.raises(tensorcanon.IntegrityError):
         tca.load_state(run.acc, tmp_path)
     path.unlink()
-    with pytest.raises(tca.CheckpointNotFoundError, match="process_0.safetensors") as info:
+    with pytest.raises(tensorcanon.MissingFileError, match="process_0.safetensors") as info:
         tca.load_state(run.acc, tmp_path)
     assert isinstance(info.value, FileNotFoundError)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -93,3 +94,13 @@ def test_trainer_checkpoint_holds_no_pickle(runs):
         tensorcanon.verify(folder / name)
     assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == 15
     assert isinstance(tensorcanon.load(folder / "rng_state.safetensors")["rng"], tensorcanon.RngState)
+
+
+def test_trainer_refuses_to_resume_without_the_random_state(runs, tmp_path):
+    _, _, out = runs
+    folder = tmp_path / "checkpoint-15"
+    shutil.copytree(out / "crashed" / "checkpoint-15", folder)
+    (folder / "rng_state.safetensors").unlink()
+    trainer = transformers_run.trainer(tmp_path / "run", save=False, crash=False)
+    with pytest.raises(tensorcanon.MissingFileError, match="rng_state.safetensors"):
+        trainer.train(resume_from_checkpoint=str(folder))  # the stock Trainer logs and goes on

@@ -20,7 +20,3 @@ Install the framework with the matching extra, e.g. ``pip install "tensorcanon[l
 docs/INTEGRATIONS.md says what each one saves, what you write, how resumption is
 proven and where the limits are.
 """
-
-from ._common import CheckpointNotFoundError
-
-__all__ = ["CheckpointNotFoundError"]

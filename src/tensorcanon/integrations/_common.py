@@ -10,12 +10,8 @@ import torch
 
 from ..data import ResumableSampler
 from ..determinism import DeterminismSettings, DeterminismWarning
-from ..errors import TensorCanonError, UnsupportedTypeError
+from ..errors import UnsupportedTypeError
 from ..limits import DEFAULT, Limits
-
-
-class CheckpointNotFoundError(TensorCanonError, FileNotFoundError):
-    """A checkpoint folder, or a file it must hold, does not exist."""
 
 
 def sampler_of(loader: Any) -> ResumableSampler | None:

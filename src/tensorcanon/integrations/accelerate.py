@@ -56,12 +56,12 @@ from accelerate.utils import DistributedType
 from .. import api
 from ..determinism import DeterminismSettings
 from ..digest import DEFAULT as _DEFAULT_ALGORITHM
-from ..errors import FormatError, UsageError
+from ..errors import FormatError, MissingFileError, UsageError
 from ..limits import DEFAULT, Limits
 from ..rng import RngState
-from ._common import CheckpointNotFoundError, apply_settings, batch_size_of, sampler_of
+from ._common import apply_settings, batch_size_of, sampler_of
 
-__all__ = ["save_state", "load_state", "track", "CheckpointNotFoundError", "LAYOUT"]
+__all__ = ["save_state", "load_state", "track", "LAYOUT"]
 
 LAYOUT = "tensorcanon.accelerate/1"
 """Recorded in ``training_state.safetensors``; :func:`load_state` refuses other layouts."""
@@ -176,8 +176,8 @@ def save_state(accelerator: Accelerator, output_dir: str | os.PathLike[str] | No
 def _load(folder: str, name: str, verify: bool, limits: Limits, map_location: Any = "cpu") -> Any:
     path = os.path.join(folder, name)
     if not os.path.isfile(path):
-        raise CheckpointNotFoundError(f"{path} does not exist: {folder} is not a complete checkpoint "
-                                      "written by tensorcanon.integrations.accelerate.save_state")
+        raise MissingFileError(f"{path} does not exist: {folder} is not a complete checkpoint "
+                               "written by tensorcanon.integrations.accelerate.save_state", filename=path)
     return api.load(path, map_location=map_location, verify=verify, limits=limits)
 
 
@@ -186,7 +186,7 @@ def _latest(accelerator: Accelerator) -> str:
     folders = sorted((f for f in os.listdir(base) if _checkpoint_number(f) >= 0), key=_checkpoint_number) \
         if os.path.isdir(base) else []
     if not folders:
-        raise CheckpointNotFoundError(f"no checkpoint_<n> folder in {base}")
+        raise MissingFileError(f"no checkpoint_<n> folder in {base} to resume from", filename=base)
     return os.path.join(base, folders[-1])
 
 
@@ -223,7 +223,7 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str] | Non
     else:
         folder = os.path.expanduser(os.fspath(input_dir))
     if not os.path.isdir(folder):
-        raise CheckpointNotFoundError(f"checkpoint folder {folder} does not exist")
+        raise MissingFileError(f"checkpoint folder {folder} does not exist", filename=folder)
 
     training = _load(folder, TRAINING, verify, limits)
     if type(training) is not dict or training.get("layout") != LAYOUT:

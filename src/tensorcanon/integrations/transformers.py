@@ -44,11 +44,11 @@ from transformers import Trainer
 
 from .. import api
 from ..determinism import DeterminismSettings
-from ..errors import FormatError, UsageError
+from ..errors import FormatError, MissingFileError, UsageError
 from ..rng import RngState
-from ._common import CheckpointNotFoundError, apply_settings
+from ._common import apply_settings
 
-__all__ = ["CanonicalTrainer", "CheckpointNotFoundError"]
+__all__ = ["CanonicalTrainer"]
 
 OPTIMIZER = "optimizer.safetensors"
 SCHEDULER = "scheduler.safetensors"
@@ -139,10 +139,10 @@ class CanonicalTrainer(Trainer):
             return
         path = os.path.join(checkpoint, _rng_file(self))
         if not os.path.isfile(path):
-            raise CheckpointNotFoundError(
+            raise MissingFileError(
                 f"{path} does not exist: the checkpoint has no random state for this process, so the "
                 "resumed run would not be reproducible (was it written by CanonicalTrainer with the same "
-                "number of processes?)")
+                "number of processes?)", filename=path)
         state: Any = api.load(path)
         if type(state) is not dict or not isinstance(state.get("rng"), RngState) \
                 or not isinstance(state.get("settings"), DeterminismSettings):
