@@ -38,7 +38,9 @@ docs/INTEGRATIONS.md explains what is saved, the hook order it relies on and the
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 from typing import Any, Callable, TypeVar, Union
 
@@ -55,7 +57,7 @@ from ..limits import DEFAULT, Limits
 from ..rng import RngState
 from ._common import apply_settings, batch_size_of, check_saveable, cpu_when_missing, sampler_of
 
-__all__ = ["CanonicalCheckpointIO", "ExactResume", "load_from_checkpoint"]
+__all__ = ["CanonicalCheckpointIO", "ExactResume", "check_checkpoint", "load_from_checkpoint"]
 
 _M = TypeVar("_M", bound=Union[pl.LightningModule, pl.LightningDataModule])
 SamplerSpec = Union[ResumableSampler, Callable[["pl.Trainer"], ResumableSampler], None]
@@ -126,26 +128,35 @@ def _checkpoint_io(trainer: pl.Trainer) -> Any:
 
 def check_checkpoint(trainer: pl.Trainer) -> None:
     """Build the checkpoint this trainer would write and raise now if any value in it
-    cannot be saved (an :class:`~tensorcanon.UnsupportedTypeError` naming its path).
+    cannot be saved: an :class:`~tensorcanon.UnsupportedTypeError` naming its path, such as
+    ``$["hyper_parameters"]["fn"]``, and how to fix it.
 
-    Calls Lightning's own checkpoint assembly, so every hook that adds to a
-    checkpoint (``on_save_checkpoint`` of the module and the callbacks) runs once
-    on a throwaway dict. No tensor is hashed or copied.
+    :class:`ExactResume` calls it at fit start. It uses Lightning's own checkpoint
+    assembly, so every hook that adds to a checkpoint (``on_save_checkpoint`` of
+    the module and the callbacks) runs once, on a throwaway dict. No tensor is
+    hashed or copied.
+
+    Example::
+
+        class CheckSaveable(L.Callback):            # what ExactResume(validate=True) does
+            def on_fit_start(self, trainer, pl_module):
+                check_checkpoint(trainer)
     """
     ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
-    hint = ""
-    hp = ckpt.get("hyper_parameters")
-    if isinstance(hp, dict):
-        for k, v in hp.items():
-            try:
-                check_saveable(v, "")
-            except UnsupportedTypeError:
-                hint = (f". Leave it out of the hyper-parameters with "
-                        f"self.save_hyperparameters(ignore=[{k!r}]) (and pass it to the constructor "
-                        f"yourself), or register its type with tensorcanon.register")
-                break
-    check_saveable(ckpt, "checkpoints of this run (checked at fit start by ExactResume, before any "
-                         "training)", hint)
+    try:
+        check_saveable(ckpt, "a checkpoint of this run")
+    except UnsupportedTypeError as e:
+        m = _HPARAM.match(e.path or "")
+        if m is None:
+            raise
+        name = json.loads(m.group(1))
+        raise UnsupportedTypeError(
+            f"{e}. Found before training. To keep it out of checkpoints, call "
+            f"self.save_hyperparameters(ignore=[{name!r}]) and pass it to the constructor yourself when "
+            "loading", path=e.path) from None
+
+
+_HPARAM = re.compile(r'^\$\["hyper_parameters"\]\[("(?:[^"\\]|\\.)*")\]')
 
 
 class ExactResume(pl.Callback):
