@@ -1,16 +1,51 @@
-"""Helpers for the framework integration tests (imported by the test modules of this folder)."""
+"""Helpers and fixtures for the framework integration tests, imported by each test module of
+this folder. (No conftest.py here: other tests import tests/conftest.py as ``conftest``, and a
+second conftest module of that name would shadow it.)"""
 
 from __future__ import annotations
 
 import os
+import pickle
 import pickletools
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 HERE = Path(__file__).parent
+
+# Nothing in these tests may reach the Hugging Face Hub (set before transformers or accelerate load).
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+@pytest.fixture
+def no_unpickling(monkeypatch):
+    """Make every way to unpickle raise: a load path that still uses one fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.load / pickle was called on the load path")
+
+    class RefusingUnpickler:
+        def __init__(self, *args, **kwargs):
+            refuse()
+
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(torch.serialization, "load", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", RefusingUnpickler)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def restore_determinism_settings(keep_determinism_settings):
+    """Autouse in every module that imports it: the runs here seed and switch determinism on
+    (seed_everything, resumed settings), so the process-wide switches are put back after each
+    test (keep_determinism_settings is in tests/conftest.py)."""
+    yield
 
 
 def run_script(script: str, *args: str, timeout: int = 300) -> None:

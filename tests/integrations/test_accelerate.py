@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import tensorcanon
-from integration_support import is_pickle_or_zip, run_script
+from integration_support import is_pickle_or_zip, restore_determinism_settings, run_script  # noqa: F401 (fixtures)
 from tensorcanon.integrations import accelerate as tca
 
 import accelerate_run

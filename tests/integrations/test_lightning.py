@@ -19,7 +19,8 @@ import lightning.pytorch as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import tensorcanon
-from integration_support import is_pickle_or_zip, run_script
+from integration_support import (  # noqa: F401 (the fixtures are used by name)
+    is_pickle_or_zip, no_unpickling, restore_determinism_settings, run_script)
 from tensorcanon.integrations.lightning import CanonicalCheckpointIO, ExactResume, load_from_checkpoint
 
 import lightning_run

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import tensorcanon
-from integration_support import is_pickle_or_zip, run_script
+from integration_support import is_pickle_or_zip, restore_determinism_settings, run_script  # noqa: F401 (fixtures)
 
 import transformers_run
 from transformers import (AutoModel, BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig,
