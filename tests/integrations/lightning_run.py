@@ -5,13 +5,15 @@ workers 0/2 x reload_dataloaders_every_n_epochs 0/1): a fit that never stops,
 and a fit that writes checkpoints every 5 steps (ModelCheckpoint, through
 CanonicalCheckpointIO) and crashes at step 16. ``python lightning_run.py resume
 OUT`` resumes each configuration, in a fresh process, from the checkpoints
-listed in RESUME_FROM. Each run writes a JSON record of its final
+listed in RESUME_FROM, with torch.load and pickle patched to raise. Each run writes a JSON record of its final
 weights/optimizer digest, its per-step losses and the batches it saw per epoch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import pickle
 import sys
 import warnings
 from pathlib import Path
@@ -136,6 +138,22 @@ def fit(workers: int, reload: int, ckpt_dir: Path | None, ckpt_path: str | None,
             "limits": record.limits}
 
 
+def _refuse(*args, **kwargs):
+    raise AssertionError("torch.load / pickle was called in a resumed fit")
+
+
+@contextlib.contextmanager
+def no_unpickling():
+    """torch.load and pickle raise inside (DataLoader workers are unaffected: multiprocessing
+    bound its own reference to pickle.loads when it was imported)."""
+    saved = torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler
+    torch.load = torch.serialization.load = pickle.load = pickle.loads = pickle.Unpickler = _refuse
+    try:
+        yield
+    finally:
+        torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler = saved
+
+
 def main(mode: str, out: Path) -> None:
     results = {}
     for workers, reload in CONFIGS:
@@ -144,8 +162,9 @@ def main(mode: str, out: Path) -> None:
             results[name] = {"full": fit(workers, reload, None, None, crash=False),
                              "crashed": fit(workers, reload, out / name, None, crash=True)}
         else:
-            results[name] = {f: fit(workers, reload, None, str(out / name / f"{f}.ckpt"), crash=False)
-                             for f in RESUME_FROM}
+            with no_unpickling():
+                results[name] = {f: fit(workers, reload, None, str(out / name / f"{f}.ckpt"), crash=False)
+                                 for f in RESUME_FROM}
     (out / f"{mode}.json").write_text(json.dumps(results))
 
 
