@@ -32,19 +32,18 @@ def batch_size_of(loader: Any) -> int | None:
     return bs if type(bs) is int and bs > 0 else None
 
 
-def check_saveable(obj: Any, what: str, hint: str = "", limits: Limits = DEFAULT) -> None:
+def check_saveable(obj: Any, what: str, limits: Limits = DEFAULT) -> None:
     """Raise :class:`UnsupportedTypeError` now if ``obj`` could not be saved.
 
     Plans the file without hashing or copying any tensor, so it costs little even
-    for a large model. ``what`` names the object in the message; ``hint`` is
-    appended to it.
+    for a large model. ``what`` names the object in the message.
     """
     from ..writer import plan
 
     try:
         plan(obj, None, limits)
     except UnsupportedTypeError as e:
-        raise UnsupportedTypeError(f"{what} could not be saved by tensorcanon: {e}{hint}",
+        raise UnsupportedTypeError(f"{what} could not be saved by tensorcanon: {e}",
                                    path=e.path) from None
 
 
