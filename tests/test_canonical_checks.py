@@ -173,3 +173,37 @@ def test_writer_applies_max_tensors():
     with pytest.raises(tensorcanon.LimitError, match="4 tensors, more than max_tensors=3"):
         tensorcanon.dumps([torch.zeros(1) for _ in range(4)], limits=small)
     assert len(tensorcanon.loads(tensorcanon.dumps([torch.zeros(1)] * 4, limits=small), limits=small)) == 4
+
+
+# ------------------------------------------------------------- many dimensions
+
+def test_tensors_with_more_dimensions_than_numpy_1_allows_round_trip(tmp_path):
+    # numpy < 2 holds at most 32 dimensions; the format allows 64 (max_ndim). Native dtypes take
+    # the no-copy numpy path on save and load, so both sides must work around numpy's limit.
+    for dtype in (torch.float32, torch.int64, torch.bool):
+        t = (torch.arange(2 * 3 * 2) % 2).to(dtype).reshape([1] * 30 + [2, 3, 1, 2] + [1] * 6)
+        assert t.dim() == 40
+        data = tensorcanon.dumps({"w": t, "nc": t.transpose(30, 33)})
+        back = tensorcanon.loads(data)
+        assert torch.equal(back["w"], t) and back["w"].shape == t.shape
+        assert torch.equal(back["nc"], t.transpose(30, 33))
+        (tmp_path / "f.safetensors").write_bytes(data)
+        with tensorcanon.open(tmp_path / "f.safetensors") as f:
+            assert torch.equal(f['$["w"]'], t)
+
+
+def test_numpy_array_of_more_dimensions_than_numpy_allows():
+    # A file written with numpy >= 2 may hold a 40-dimensional array (built here by marking a
+    # torch tensor's table row as an ndarray, digest fixed). numpy 2 loads it; numpy 1 cannot
+    # hold it and must say so rather than raise numpy's own ValueError.
+    import numpy as np
+
+    data = tensorcanon.dumps({"a": torch.arange(6, dtype=torch.int32).reshape([1] * 37 + [2, 3, 1])})
+    data = _with_root(data, lambda m: m["tensors"][0].update(kind="ndarray"))
+    if int(np.__version__.split(".")[0]) >= 2:
+        a = tensorcanon.loads(data)["a"]
+        assert type(a) is np.ndarray and a.shape == (1,) * 37 + (2, 3, 1)
+        assert a.reshape(-1).tolist() == list(range(6))
+    else:
+        with pytest.raises(tensorcanon.UnsupportedTypeError, match=r"numpy array of 40 dimensions.*numpy >= 2"):
+            tensorcanon.loads(data)

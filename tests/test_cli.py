@@ -55,11 +55,16 @@ def test_python_dash_m_matches_golden(inputs, name, argv):
     assert proc.stderr.rstrip("\n") == stderr
 
 
+def _console_command() -> list:
+    """The ``tensorcanon`` script installed beside this interpreter (not whichever one PATH finds
+    first), or ``python -m tensorcanon`` where it has none (an install without scripts): both
+    run tensorcanon.cli:main. The built wheel's script is tested by .ci/smoke_wheel.py."""
+    script = os.path.join(os.path.dirname(sys.executable), "tensorcanon")
+    return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "tensorcanon"]
+
+
 def test_console_script_matches_golden(inputs):
-    script = shutil.which("tensorcanon")
-    if script is None:
-        pytest.skip("the tensorcanon script is not installed (pip install -e .)")
-    proc = subprocess.run([script, "check", "bad.lock"], cwd=inputs, capture_output=True, text=True)
+    proc = subprocess.run([*_console_command(), "check", "bad.lock"], cwd=inputs, capture_output=True, text=True)
     code, stdout, stderr = _golden_parts("check_failures")
     assert (proc.returncode, proc.stdout.rstrip("\n"), proc.stderr.rstrip("\n")) == (code, stdout.rstrip("\n"), stderr)
 
@@ -267,3 +272,41 @@ def test_repro_compares_every_file_of_an_output_folder(tmp_path):
 def test_repro_refuses_an_output_folder_holding_the_current_folder(tmp_path):
     code, _, err = run(["repro", "--out", ".", "--", sys.executable, "-c", "pass"], tmp_path)
     assert code == 2 and "contains the current folder" in err
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_repro_never_touches_what_is_already_at_out(tmp_path, kind):
+    # Whatever the user has at an --out path (an earlier result, a folder of their files) is not
+    # moved, overwritten or deleted: repro refuses before running anything, and says what to do.
+    marker = tmp_path / "ran"
+    if kind == "file":
+        (tmp_path / "model.safetensors").write_bytes(b"the user's earlier result")
+        out_path = "model.safetensors"
+    else:
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "notes.txt").write_text("mine")
+        out_path = "out"
+    before = {str(p.relative_to(tmp_path)): (p.read_bytes(), p.stat().st_mtime_ns)
+              for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    argv = ["repro", "--out", out_path, "fresh.safetensors", "--", sys.executable, "-c",
+            f"open({str(marker)!r}, 'w').close()"]
+    code, out, err = run(argv, tmp_path)
+    assert code == 2 and out == ""
+    assert f"--out {out_path!r} already exists" in err and "never deletes or overwrites" in err
+    assert "move it away" in err
+    after = {str(p.relative_to(tmp_path)): (p.read_bytes(), p.stat().st_mtime_ns)
+             for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    assert after == before and not marker.exists()
+
+
+def test_repro_leaves_the_last_runs_output_and_refuses_to_replace_it(tmp_path):
+    argv = ["repro", "--out", "m.safetensors", "--", sys.executable, WRITE_ARTIFACT, "m.safetensors"]
+    code, out, err = run(argv, tmp_path)
+    assert code == 0, err
+    written = (tmp_path / "m.safetensors").read_bytes()
+    assert "w" in tensorcanon.load(tmp_path / "m.safetensors")  # the last run's output, in place
+    # a second repro would have to remove it first: it refuses, and the file stays
+    code, _, err = run(argv, tmp_path)
+    assert code == 2 and "'m.safetensors' already exists" in err
+    assert (tmp_path / "m.safetensors").read_bytes() == written
+    assert os.listdir(tmp_path) == ["m.safetensors"]

@@ -117,6 +117,7 @@ CASES = [
                     *_art("m.safetensors", "--vary", "state")], 1, []),
     ("repro_command_fails", ["repro", "--out", "m.safetensors", "--", *_art("m.safetensors", "--fail")], 2, []),
     ("repro_not_written", ["repro", "--out", "m.safetensors", "--", *_art("m.safetensors", "--skip-write")], 2, []),
+    ("repro_out_exists", ["repro", "--out", "base.safetensors", "--", *_art("base.safetensors")], 2, []),
     ("repro_no_command", ["repro", "--out", "m.safetensors"], 2, []),
     ("repro_one_run", ["repro", "--runs", "1", "--out", "m.safetensors", "--", *_art("m.safetensors")], 2, []),
 ]

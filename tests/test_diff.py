@@ -13,6 +13,8 @@ import torch
 import tensorcanon
 from tensorcanon.diff import Difference, DiffResult, tensor_stats
 
+from conftest import torch_dtype
+
 
 def kinds(result):
     return [(d.path, d.kind) for d in result]
@@ -100,18 +102,34 @@ def test_one_nan_against_a_number_is_an_infinite_difference():
     assert d.stats.max_abs == math.inf and d.stats.first_index == (1,)
 
 
+# Every dtype with values torch can convert to float64/complex128 gets max_abs/max_rel; the
+# sub-byte and float4 dtypes (no arithmetic in torch) are compared by their bits.
+_ARITHMETIC = ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16",
+               "bfloat16", "float32", "float64", "complex32", "complex64", "complex128", "float8_e5m2",
+               "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu"]
+_BITS_ONLY = ["float4_e2m1fn_x2", *(f"uint{n}" for n in range(1, 8)), *(f"int{n}" for n in range(1, 8))]
+
+
+def test_dtype_lists_cover_the_dtype_table():
+    from tensorcanon import dtypes
+
+    assert sorted(_ARITHMETIC + _BITS_ONLY) == sorted(dtypes.BY_NAME)
+
+
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
-@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int64, torch.uint64,
-                                   torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
-                                   torch.float8_e4m3fn, torch.complex32])
-def test_every_dtype_compares(dtype):
-    raw = torch.arange(8 * dtype.itemsize, dtype=torch.uint8) % 7
-    a = raw.view(dtype) if dtype is not torch.bool else (raw % 2).bool()
-    b = a.clone()
-    b.view(torch.uint8)[-1] ^= 1
+@pytest.mark.parametrize("name", _ARITHMETIC + _BITS_ONLY)
+def test_every_dtype_compares(name):
+    dtype = torch_dtype(name)
+    raw = torch.arange(8 * dtype.itemsize, dtype=torch.uint8) % (2 if dtype is torch.bool else 7)
+    raw_b = raw.clone()  # (built as bytes: torch has no copy kernel for some of these dtypes)
+    raw_b[-1] ^= 1
+    a, b = raw.view(dtype), raw_b.view(dtype)
     (d,) = tensorcanon.diff(a, b)
     assert d.kind == "values" and d.stats.count == 1 and d.stats.first_index == (a.numel() - 1,)
-    assert d.stats.max_abs is not None
+    assert (d.stats.max_abs is not None) == (name in _ARITHMETIC)
+    # the same through files, as `tensorcanon diff` compares them
+    (f,) = tensorcanon.diff(tensorcanon.loads(tensorcanon.dumps(a)), tensorcanon.loads(tensorcanon.dumps(b)))
+    assert f.stats == d.stats
 
 
 def test_int_differences_are_exact_and_large_values_do_not_overflow():
@@ -121,9 +139,11 @@ def test_int_differences_are_exact_and_large_values_do_not_overflow():
     assert d.stats.max_abs == float(2**63)
 
 
-def test_dtypes_without_arithmetic_compare_bits():
-    a = torch.zeros(4, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
-    b = torch.tensor([0, 0, 3, 0], dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+@pytest.mark.parametrize("name", ["float4_e2m1fn_x2", "uint4"])
+def test_dtypes_without_arithmetic_compare_bits(name):
+    dtype = torch_dtype(name)
+    a = torch.zeros(4, dtype=torch.uint8).view(dtype)
+    b = torch.tensor([0, 0, 3, 0], dtype=torch.uint8).view(dtype)
     (d,) = tensorcanon.diff(a, b)
     assert d.stats.count == 1 and d.stats.max_abs is None
     assert (d.stats.first_a, d.stats.first_b) == ("0x00", "0x03")

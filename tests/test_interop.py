@@ -34,8 +34,8 @@ def check_readable(path: pathlib.Path) -> dict:
     with safe_open(str(path), framework="pt") as f:
         names = set(f.keys())
         meta = f.metadata()
-        for name in names:
-            assert torch.equal(f.get_tensor(name), plain[name])
+        for name in names:  # (by bytes: torch < 2.13 has no torch.equal for float8 dtypes)
+            assert canonical_bytes(f.get_tensor(name)) == canonical_bytes(plain[name])
     assert names == set(plain)
     assert meta["format"] == "pt"
     assert "tensorcanon.manifest" in meta and meta["tensorcanon.digest"].startswith("xxh3-128:")
@@ -49,7 +49,12 @@ def test_safetensors_reads_every_golden_file(path):
     header = header_of(data)
     assert set(plain) == set(header) - {"__metadata__"}
     # values: every tensor safetensors returns is the canonical bytes of the one tensorcanon loads
-    obj, _ = vectors.build(path.stem)
+    try:
+        obj, _ = vectors.build(path.stem)
+    except AttributeError as e:  # torch 2.4, the floor, lacks some dtypes of dtypes_u8
+        if "module 'torch' has no attribute" not in str(e):
+            raise
+        pytest.skip(f"torch {torch.__version__}: {e}; safetensors read the file above")
     import tensorcanon.writer as writer
 
     p = writer.plan(obj)

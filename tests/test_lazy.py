@@ -79,7 +79,7 @@ def test_header_is_validated_before_anything_is_exposed(tmp_path):
     i = raw.index(b'"tensorcanon.digest":"xxh3-128:') + 31
     raw[i] = ord("0") if raw[i] != ord("0") else ord("1")
     p.write_bytes(bytes(raw))
-    with pytest.raises(tensorcanon.TensorCanonError):
+    with pytest.raises(tensorcanon.IntegrityError, match="does not match the file digest"):
         tensorcanon.open(p)
     p.write_bytes(b"\x00" * 3)
     with pytest.raises(tensorcanon.FormatError):

@@ -21,13 +21,13 @@ import tensorcanon as tc
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "golden"))
 from compare import assert_same  # noqa: E402
+from conftest import torch_dtypes  # noqa: E402
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
-          torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32,
-          torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu,
-          torch.uint4, torch.int2]
+DTYPES = torch_dtypes("bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16",
+                      "bfloat16", "float32", "float64", "complex32", "complex64", "complex128", "float8_e4m3fn",
+                      "float8_e5m2", "float8_e8m0fnu", "uint4", "int2")
 NP_DTYPES = [np.bool_, np.uint8, np.int16, np.int32, np.int64, np.uint64, np.float16, np.float32, np.float64,
              np.complex64, np.complex128, ">f4", ">i8"]
 

@@ -510,11 +510,17 @@ def cmd_repro(args, out: _Out) -> int:
         full = os.path.abspath(p)
         if os.path.isdir(full) and (cwd == full or cwd.startswith(full.rstrip(os.sep) + os.sep)):
             raise CommandLineError(f"--out {p!r} contains the current folder; name the files or a folder the command writes")
+    # Every run must write its own artifacts, and what is there now was not written by these
+    # runs: refuse rather than move, overwrite or delete anything the user has.
+    existing = [p for p in args.out if os.path.lexists(p)]
+    if existing:
+        listed = ", ".join(repr(p) for p in existing)
+        raise CommandLineError(
+            f"--out {listed} already exist{'s' if len(existing) == 1 else ''}; repro needs every run to write "
+            "its artifacts afresh and never deletes or overwrites files it did not write: move "
+            f"{'it' if len(existing) == 1 else 'them'} away (or delete {'it' if len(existing) == 1 else 'them'}) "
+            "yourself, or have the command write to a new path, and run repro again")
     with tempfile.TemporaryDirectory(prefix="tensorcanon-repro-") as keep:
-        # Every run must write its own artifacts: move any left from before out of the way.
-        for i, p in enumerate(args.out):
-            if os.path.lexists(p):
-                shutil.move(p, os.path.join(keep, f"stale-{i}"))
         runs: list[list[dict[str, tuple[str, str]]]] = []   # run -> artifact -> file -> (digest, fmt)
         kept: list[list[str]] = []                          # run -> artifact -> saved location
         for r in range(1, args.runs + 1):
@@ -701,7 +707,7 @@ def build_parser() -> argparse.ArgumentParser:
                        usage=f"{PROG} repro [-h] [--json] [--runs N] --out PATH [PATH ...] -- CMD ...")
     p.add_argument("--runs", type=int, default=2, metavar="N", help="number of runs (default 2)")
     p.add_argument("--out", nargs="+", required=True, metavar="PATH",
-                   help="files (or folders) each run writes")
+                   help="files (or folders) each run writes; none may exist before the first run")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command, after '--'")
     p.set_defaults(func=cmd_repro)
     return parser

@@ -458,7 +458,10 @@ def tensor_stats(a: torch.Tensor, b: torch.Tensor, atol: float = 0.0, rtol: floa
         if first is None:
             first = start + int(torch.nonzero(ne)[0, 0])
         if numeric is not None:
-            xa, xb = fa[start:end][ne].to(numeric), fb[start:end][ne].to(numeric)
+            # select the differing elements by their bytes: torch < 2.13 has no boolean indexing
+            # for uint16-64 and float8 tensors, every torch has it for uint8
+            xa = ua[start:end][ne].reshape(-1).view(a.dtype).to(numeric)
+            xb = ub[start:end][ne].reshape(-1).view(a.dtype).to(numeric)
             d = (xa - xb).abs()
             d = torch.where(xa.isnan() & xb.isnan(), torch.zeros_like(d), d)
             d = torch.where(d.isnan(), torch.full_like(d, math.inf), d)

@@ -206,7 +206,10 @@ def _device_available(dev: torch.device) -> bool:
 
 
 def _enc_seed_seq(enc: tree.Encoder, bg: Any, depth: int) -> Any:
-    ss = getattr(bg, "seed_seq", None)
+    # numpy >= 1.25 exposes the seed sequence as ``seed_seq``; numpy 1.24 holds the same object
+    # as ``_seed_seq`` only. Reading just the public name would save a SeedSequence-seeded
+    # MT19937 as legacy-seeded (other bytes) and refuse the other bit generators on 1.24.
+    ss = bg.seed_seq if hasattr(bg, "seed_seq") else getattr(bg, "_seed_seq", None)
     if type(ss) is not np.random.SeedSequence:
         if ss is None and type(bg) is np.random.MT19937:
             return None  # legacy-seeded (RandomState(seed)): nothing to spawn from

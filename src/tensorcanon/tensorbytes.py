@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .dtypes import DType
-from .errors import FormatError
+from .errors import FormatError, UnsupportedTypeError
 
 if sys.byteorder != "little":  # pragma: no cover - no such host in CI
     raise ImportError("tensorcanon supports little-endian hosts only")
@@ -86,6 +86,16 @@ def unsaveable(t: torch.Tensor) -> str | None:
     return None
 
 
+# numpy < 2 allows 32 dimensions, numpy 2 allows 64 (as many as the format's default max_ndim).
+_NUMPY_MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+
+
+def _numpy_of(t: torch.Tensor) -> np.ndarray:
+    """``t.numpy()`` of a contiguous CPU tensor, flattened when it has more dimensions than
+    this numpy allows."""
+    return t.numpy() if t.dim() <= _NUMPY_MAX_DIMS else t.view(-1).numpy()
+
+
 def host_bytes(value, kind: str) -> memoryview:
     """A flat uint8 view of ``value``'s canonical bytes, copying only when needed.
 
@@ -104,7 +114,7 @@ def host_bytes(value, kind: str) -> memoryview:
     if (value.is_cpu and value.dtype in _NUMPY_VIEWABLE and value.is_contiguous()
             and not value.is_conj() and not value.is_neg() and value.numel()):
         # The common case, kept cheap for checkpoints of many small tensors: no copy, no reshape.
-        return memoryview((value.detach() if value.requires_grad else value).numpy()).cast("B")
+        return memoryview(_numpy_of((value.detach() if value.requires_grad else value))).cast("B")
     t = resolved(value)
     if t.device.type != "cpu":
         t = t.cpu()
@@ -128,7 +138,7 @@ def empty_tensor(dtype: DType, shape: tuple[int, ...], kind: str):
     if kind == "ndarray" or t not in _NUMPY_VIEWABLE or 0 in shape:
         return None
     value = torch.empty(shape, dtype=t)
-    return value, memoryview(value.numpy()).cast("B")
+    return value, memoryview(_numpy_of(value)).cast("B")
 
 
 def empty_buffer(nbytes: int, kind: str):
@@ -145,5 +155,14 @@ def finish(buffer, dtype: DType, shape: tuple[int, ...], kind: str, name: str):
     if dtype.name == "bool" and len(buffer) and buffer.max() > 1:
         raise FormatError(f"tensor {name!r} is bool but holds a byte other than 0 or 1")
     if kind == "ndarray":
+        if len(shape) > _NUMPY_MAX_DIMS:
+            raise UnsupportedTypeError(
+                f"tensor {name!r} is a numpy array of {len(shape)} dimensions, more than this numpy "
+                f"({np.__version__}) allows ({_NUMPY_MAX_DIMS}): load the file with numpy >= 2")
         return buffer.view(dtype.numpy.newbyteorder("=")).reshape(shape)
+    if dtype.torch is None:
+        raise UnsupportedTypeError(
+            f"tensor {name!r} has dtype {dtype.name}, which this torch ({torch.__version__}) does not "
+            f"have: load the file with a torch that has torch.{dtype.name} (its bytes verify without "
+            "one: tensorcanon.verify)")
     return buffer.view(dtype.torch).reshape(shape)

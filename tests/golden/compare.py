@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import random
 import struct
 
 import numpy as np
@@ -35,6 +36,25 @@ def view_key(v):
         return ("id", id(v))
     return (v.untyped_storage().data_ptr(), str(v.device), v.storage_offset(), tuple(v.shape), v.stride(),
             v.dtype, type(v) is torch.nn.Parameter, v.requires_grad, v.is_conj(), v.is_neg())
+
+
+def rng_state(g):
+    """The complete state of a generator object, as comparable plain values."""
+    if isinstance(g, torch.Generator):
+        return (str(g.device), g.get_state().numpy().tobytes())
+    if isinstance(g, random.Random):
+        return g.getstate()
+    if isinstance(g, np.random.RandomState):
+        g = g.get_state(legacy=False)
+    elif isinstance(g, np.random.Generator):
+        g = g.bit_generator.state
+    elif isinstance(g, np.random.BitGenerator):
+        g = g.state
+    if isinstance(g, dict):
+        return {k: rng_state(v) for k, v in g.items()}
+    if isinstance(g, np.ndarray):
+        return (g.dtype.str, g.tobytes())
+    return g
 
 
 def assert_same(a, b, path="$", aliases=None):
@@ -73,6 +93,9 @@ def assert_same(a, b, path="$", aliases=None):
         for k in a:
             kb = next(x for x in b if x == k and type(x) is type(k))
             assert_same(a[k], b[kb], f"{path}[{k!r}]", aliases)
+    elif isinstance(a, (torch.Generator, random.Random, np.random.RandomState, np.random.Generator,
+                        np.random.BitGenerator)):
+        assert rng_state(a) == rng_state(b), f"{path}: generator states differ"
     elif dataclasses.is_dataclass(a):
         for f in dataclasses.fields(a):
             assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}", aliases)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import random
 import struct
 
 import numpy as np
@@ -162,6 +163,32 @@ def bare_tensor():
     return torch.arange(5, dtype=torch.int64)
 
 
+def generators():
+    """Random state of every kind, seeded and advanced by fixed draws: locks the state layouts
+    (and the SeedSequence each numpy bit generator carries) across numpy and torch versions."""
+    from tensorcanon.rng import BIT_GENERATORS, bitgen_fields
+
+    out = {"torch": torch.Generator().manual_seed(11), "random": random.Random(3),
+           "legacy": np.random.RandomState(5), "legacy_pcg": np.random.RandomState(np.random.PCG64(6))}
+    for name, (cls, _) in sorted(BIT_GENERATORS.items()):
+        out[f"gen_{name}"] = np.random.Generator(cls(np.random.SeedSequence([7, 8], spawn_key=(1,))))
+        out[f"bare_{name}"] = cls(9)
+    torch.rand(3, generator=out["torch"])
+    out["random"].gauss(0, 1)
+    for g in out.values():
+        if isinstance(g, np.random.Generator):
+            g.random(3)
+            g.integers(0, 10, dtype=np.uint32)  # leaves a cached uint32 half
+        elif isinstance(g, np.random.RandomState):
+            g.standard_normal()  # leaves a cached gauss
+    legacy = np.random.RandomState(12).get_state(legacy=False)
+    out["state"] = tc.RngState(
+        python=random.Random(13).getstate(),
+        numpy=(*bitgen_fields(legacy), int(legacy["has_gauss"]), float(legacy["gauss"])),
+        torch_cpu=bytes(torch.Generator().manual_seed(14).get_state().numpy().tobytes()))
+    return out
+
+
 #: name -> (build object, metadata or None)
 VECTORS = {
     "scalars": (scalars, None),
@@ -181,6 +208,7 @@ VECTORS = {
     "registered": (registered, None),
     "bare_tensor": (bare_tensor, None),
     "empty_dict": (dict, None),
+    "generators": (generators, None),
 }
 
 

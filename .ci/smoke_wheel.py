@@ -1,0 +1,94 @@
+"""Smoke test of an installed tensorcanon wheel, run by .ci/run from a folder outside the
+source tree, in a fresh venv holding only the wheel, its dependencies and pytest.
+
+    python smoke_wheel.py SOURCE_ROOT
+
+Checks what only the built distribution can get wrong: that the package imports from
+site-packages (not the source tree), that its metadata and ``__version__`` agree, that
+``py.typed`` is shipped, that the console script, ``python -m tensorcanon`` and the pytest
+plugin entry point work, and that a save/load/verify round trip does.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.resources
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+
+def run(*argv: str, cwd: str, expect: int = 0) -> str:
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != expect:
+        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}, expected {expect}\n"
+                         f"{proc.stdout}\n{proc.stderr}")
+    return proc.stdout
+
+
+def main(source_root: str) -> None:
+    src = pathlib.Path(source_root).resolve()
+    here = pathlib.Path.cwd().resolve()
+    assert src not in here.parents and here != src, f"run this from outside {src}"
+
+    import torch
+
+    import tensorcanon
+
+    where = pathlib.Path(tensorcanon.__file__).resolve()
+    assert "site-packages" in where.parts and src not in where.parents, f"imported from {where}"
+    assert md.version("tensorcanon") == tensorcanon.__version__, (md.version("tensorcanon"),
+                                                                  tensorcanon.__version__)
+    assert importlib.resources.files("tensorcanon").joinpath("py.typed").is_file(), "py.typed missing"
+    dist_files = {str(f) for f in md.distribution("tensorcanon").files or ()}
+    assert not any(f.startswith("tests/") for f in dist_files), "tests/ ended up in the wheel"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # library round trip
+        model = torch.nn.Linear(4, 2)
+        obj = {"model": model.state_dict(), "step": 3, "rng": tensorcanon.RngState.capture()}
+        path = os.path.join(tmp, "ckpt.safetensors")
+        digest = tensorcanon.save(obj, path)
+        assert tensorcanon.verify(path, expect=digest) == digest == tensorcanon.fingerprint(obj)
+        back = tensorcanon.load(path)
+        assert all(torch.equal(back["model"][k], v) for k, v in obj["model"].items())
+        assert back["step"] == 3 and back["rng"] == obj["rng"]
+
+        # the console script and python -m, both from this venv
+        script = shutil.which("tensorcanon")
+        assert script and pathlib.Path(script).parent == pathlib.Path(sys.executable).parent, script
+        out = run(script, "verify", "--expect", digest, path, cwd=tmp)
+        assert digest in out, out
+        out = run(sys.executable, "-m", "tensorcanon", "--version", cwd=tmp)
+        assert tensorcanon.__version__ in out, out
+        other = os.path.join(tmp, "other.safetensors")
+        tensorcanon.save({**obj, "step": 4}, other)
+        out = run(sys.executable, "-m", "tensorcanon", "diff", path, other, cwd=tmp, expect=1)
+        assert "step" in out, out
+
+        # the pytest plugin, found through its pytest11 entry point
+        eps = [ep for ep in md.entry_points(group="pytest11") if ep.name == "tensorcanon"]
+        assert len(eps) == 1 and eps[0].value == "tensorcanon_pytest", eps
+        test = pathlib.Path(tmp, "test_snap.py")
+        test.write_text(textwrap.dedent("""
+            import os
+            import torch
+
+            def test_snapshot(tensor_snapshot):
+                tensor_snapshot(torch.arange(4.0) * float(os.environ.get("SCALE", "1")))
+        """))
+        pytest_cmd = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test))
+        run(*pytest_cmd, cwd=tmp, expect=1)  # no snapshot yet: fails and says how to create it
+        run(*pytest_cmd, "--tensorcanon-update", cwd=tmp)
+        run(*pytest_cmd, cwd=tmp)
+        os.environ["SCALE"] = "2"
+        run(*pytest_cmd, cwd=tmp, expect=1)  # a different value fails against the snapshot
+    print(f"wheel smoke test passed: tensorcanon {tensorcanon.__version__} from {where.parent}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
