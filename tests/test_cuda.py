@@ -11,7 +11,7 @@ import torch
 import tensorcanon
 from tensorcanon import cuda
 from tensorcanon.tensorbytes import host_bytes
-from tests.conftest import requires_cuda
+from support import requires_cuda
 
 pytestmark = requires_cuda
 

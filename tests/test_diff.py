@@ -13,7 +13,7 @@ import torch
 import tensorcanon
 from tensorcanon.diff import Difference, DiffResult, tensor_stats
 
-from conftest import torch_dtype
+from support import torch_dtype
 
 
 def kinds(result):

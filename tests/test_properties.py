@@ -21,7 +21,7 @@ import tensorcanon as tc
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "golden"))
 from compare import assert_same  # noqa: E402
-from conftest import torch_dtypes  # noqa: E402
+from support import torch_dtypes  # noqa: E402
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -16,7 +16,7 @@ import tensorcanon
 from tensorcanon import FormatError, RngRestoreError, RngState
 from tensorcanon.rng import BIT_GENERATORS, RngRestoreWarning
 
-from conftest import requires_cuda
+from support import requires_cuda
 
 BITGENS = sorted(BIT_GENERATORS)
 

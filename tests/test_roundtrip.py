@@ -11,7 +11,7 @@ import torch
 
 import tensorcanon as tc
 
-from conftest import torch_dtype
+from support import torch_dtype
 
 
 def same(a, b):

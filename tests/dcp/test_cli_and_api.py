@@ -14,7 +14,7 @@ import tensorcanon.dcp as tcd
 from tensorcanon.cli import main
 from tensorcanon.sharded import layout
 
-from conftest import run_ranks
+from threaded import run_ranks
 from states import logical_digest, logical_state, sharded_state
 
 

@@ -9,7 +9,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 import tensorcanon
 import tensorcanon.dcp as tcd
 
-from conftest import run_ranks
+from threaded import run_ranks
 from helpers import unsharded
 from models import batch, build, train_state
 

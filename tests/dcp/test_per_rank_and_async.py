@@ -14,7 +14,7 @@ import tensorcanon
 import tensorcanon.dcp as tcd
 from tensorcanon.sharded import layout
 
-from conftest import run_ranks
+from threaded import run_ranks
 from helpers import rank_files, unsharded, zeros_like_state
 from states import logical_digest, sharded_state
 

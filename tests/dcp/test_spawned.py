@@ -56,7 +56,7 @@ def test_files_are_identical_across_processes_runs_and_names(runs, tmp_path):
     folder, two, _ = runs
     a, b, same = _same_on_every_rank(two, "state_save_twice")
     assert a == b == logical_digest() and same
-    from conftest import run_ranks
+    from threaded import run_ranks
     from states import sharded_state
 
     here = str(tmp_path / "threads")

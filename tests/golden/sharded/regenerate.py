@@ -34,7 +34,7 @@ def state(world: int, rank: int) -> dict:
 
 
 def write(folder: str) -> str:
-    from conftest import run_ranks
+    from threaded import run_ranks
 
     import tensorcanon.dcp as tcd
 

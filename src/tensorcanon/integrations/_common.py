@@ -1,0 +1,71 @@
+"""What the framework integrations share: finding the sampler, checking saveability,
+restoring settings. Imports no framework."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from ..data import ResumableSampler
+from ..determinism import DeterminismSettings, DeterminismWarning
+from ..errors import UnsupportedTypeError
+from ..limits import DEFAULT, Limits
+
+
+def sampler_of(loader: Any) -> ResumableSampler | None:
+    """The :class:`ResumableSampler` a DataLoader draws from (directly or through its
+    batch sampler, as accelerate builds it), or None."""
+    for s in (getattr(loader, "sampler", None),
+              getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if isinstance(s, ResumableSampler):
+            return s
+    return None
+
+
+def batch_size_of(loader: Any) -> int | None:
+    """Samples per batch (per process) of a DataLoader, or None when it has no fixed size."""
+    bs = getattr(loader, "batch_size", None)
+    if bs is None:
+        bs = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return bs if type(bs) is int and bs > 0 else None
+
+
+def check_saveable(obj: Any, what: str, limits: Limits = DEFAULT) -> None:
+    """Raise :class:`UnsupportedTypeError` now if ``obj`` could not be saved.
+
+    Plans the file without hashing or copying any tensor, so it costs little even
+    for a large model. ``what`` names the object in the message.
+    """
+    from ..writer import plan
+
+    try:
+        plan(obj, None, limits)
+    except UnsupportedTypeError as e:
+        raise UnsupportedTypeError(f"{what} could not be saved by tensorcanon: {e}",
+                                   path=e.path) from None
+
+
+def apply_settings(saved: DeterminismSettings, apply: bool) -> None:
+    """Put back the saved determinism switches (when ``apply``) and warn, one
+    :class:`DeterminismWarning` each, about what still differs from the saved run."""
+    differences = saved.apply() if apply else saved.compare()
+    for d in differences:
+        warnings.warn(f"resumed run differs from the saved one: {d}", DeterminismWarning, stacklevel=3)
+
+
+def cpu_when_missing(tensor: torch.Tensor, recorded: str) -> torch.Tensor | None:
+    """``map_location`` callable: tensors recorded on a device this machine lacks go to
+    the CPU (as Lightning's and accelerate's loaders do); the others keep their device."""
+    device = torch.device(recorded)
+    if device.type == "cpu":
+        return None
+    if device.type == "cuda":
+        ok = torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()
+    elif device.type == "mps":
+        ok = torch.backends.mps.is_available()
+    else:
+        backend = getattr(torch, device.type, None)
+        ok = bool(getattr(backend, "is_available", lambda: False)())
+    return None if ok else tensor

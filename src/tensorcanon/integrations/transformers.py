@@ -1,0 +1,151 @@
+"""tensorcanon for transformers: a ``Trainer`` whose checkpoints hold no pickle.
+
+``save_pretrained`` already writes ``model.safetensors``, and tensorcanon reads
+and writes that format both ways (a tensorcanon file of a plain
+``dict[str, Tensor]`` named ``model.safetensors`` is read by
+``from_pretrained``). What remains pickled in a ``Trainer`` checkpoint is the
+rest of the training state: ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``
+and ``rng_state.pth`` (``torch.save``), and ``training_args.bin`` (the whole
+``TrainingArguments`` object, pickled). :class:`CanonicalTrainer` writes them
+as tensorcanon files instead and reads them back without ``torch.load``:
+
+.. code-block:: text
+
+    checkpoint-<step>/
+        model.safetensors, config.json, ...   as save_pretrained writes them
+        trainer_state.json                    as the Trainer writes it (JSON)
+        training_args.json                    TrainingArguments.to_json_string(), not a pickle
+        optimizer.safetensors                 optimizer state_dict
+        scheduler.safetensors                 LR scheduler state_dict
+        scaler.safetensors                    GradScaler state_dict (mixed precision only)
+        rng_state.safetensors                 RngState + DeterminismSettings
+                                              (rng_state_<process>.safetensors with several processes)
+
+Example::
+
+    from tensorcanon.integrations.transformers import CanonicalTrainer
+
+    trainer = CanonicalTrainer(model=model, args=args, train_dataset=ds)   # same arguments as Trainer
+    trainer.train(resume_from_checkpoint=True)
+
+Everything else is the Trainer's own logic: when to save, which batches to
+skip on resume, when to restore the random state. Supported: one process or
+DDP; FSDP, DeepSpeed, SageMaker model parallel and TPU keep their engines' own
+checkpoint files and raise here.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+from transformers import Trainer
+
+from .. import api
+from ..determinism import DeterminismSettings
+from ..errors import FormatError, MissingFileError, UsageError
+from ..rng import RngState
+from ._common import apply_settings
+
+__all__ = ["CanonicalTrainer"]
+
+OPTIMIZER = "optimizer.safetensors"
+SCHEDULER = "scheduler.safetensors"
+SCALER = "scaler.safetensors"
+TRAINING_ARGS = "training_args.json"
+_PICKLED_ARGS = "training_args.bin"
+
+
+def _rng_file(trainer: Trainer) -> str:
+    if trainer.args.world_size <= 1:
+        return "rng_state.safetensors"
+    return f"rng_state_{trainer.args.process_index}.safetensors"
+
+
+class CanonicalTrainer(Trainer):
+    """A ``transformers.Trainer`` that saves and resumes its training state as tensorcanon files.
+
+    Takes exactly the Trainer's arguments. Checkpoint folders hold no pickle
+    (see the module docstring for the layout), and resuming
+    (``train(resume_from_checkpoint=...)``) reads them without ``torch.load``;
+    a resumed run is bit-identical to one that never stopped, as far as the
+    Trainer's own resumption is (tested for a tiny GPT-2). A random state that
+    cannot be restored raises :class:`tensorcanon.RngRestoreError` instead of
+    being skipped; determinism settings that differ from the saved run are
+    reported as :class:`~tensorcanon.determinism.DeterminismWarning`.
+    """
+
+    def _check_engine(self) -> None:
+        engines = {"FSDP": getattr(self, "is_fsdp_enabled", False),
+                   "DeepSpeed": getattr(self, "is_deepspeed_enabled", False)}
+        for name, on in engines.items():
+            if on:
+                raise UsageError(f"CanonicalTrainer does not support {name}: its engine writes the sharded "
+                                 "optimizer and model states itself; use transformers.Trainer")
+
+    # ------------------------------------------------------------------ saving
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        super()._save(output_dir, state_dict)
+        out = output_dir if output_dir is not None else self.args.output_dir
+        if self.args.should_save:
+            pickled = os.path.join(out, _PICKLED_ARGS)
+            if os.path.exists(pickled):
+                os.remove(pickled)  # the Trainer pickles its TrainingArguments here; keep JSON instead
+            with open(os.path.join(out, TRAINING_ARGS), "w", encoding="utf-8") as f:
+                f.write(self.args.to_json_string())
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        self._check_engine()
+        if self.args.should_save:
+            api.save(self.optimizer.state_dict(), os.path.join(output_dir, OPTIMIZER))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch's "please also save the optimizer" note
+                api.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER))
+
+    def _save_scaler(self, output_dir: str) -> None:
+        scaler = getattr(self.accelerator, "scaler", None)
+        if scaler is not None and self.args.should_save:
+            api.save(scaler.state_dict(), os.path.join(output_dir, SCALER))
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        os.makedirs(output_dir, exist_ok=True)
+        api.save({"rng": RngState.capture(), "settings": DeterminismSettings.capture()},
+                 os.path.join(output_dir, _rng_file(self)))
+
+    # ------------------------------------------------------------------ loading
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if checkpoint is None:
+            return
+        self._check_engine()
+        opt, sched = os.path.join(checkpoint, OPTIMIZER), os.path.join(checkpoint, SCHEDULER)
+        if not (os.path.isfile(opt) and os.path.isfile(sched)):
+            return  # as the Trainer does: a checkpoint saved with save_only_model has neither
+        device = self.args.device if self.args.world_size > 1 and self.args.device.type != "cpu" else "cpu"
+        self.optimizer.load_state_dict(api.load(opt, map_location=device))
+        self.lr_scheduler.load_state_dict(api.load(sched, map_location="cpu"))
+
+    def _load_scaler(self, checkpoint: str | None) -> None:
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, SCALER)
+        if os.path.isfile(path):
+            self.accelerator.scaler.load_state_dict(api.load(path, map_location="cpu"))
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, _rng_file(self))
+        if not os.path.isfile(path):
+            raise MissingFileError(
+                f"{path} does not exist: the checkpoint has no random state for this process, so the "
+                "resumed run would not be reproducible (was it written by CanonicalTrainer with the same "
+                "number of processes?)", filename=path)
+        state: Any = api.load(path)
+        if type(state) is not dict or not isinstance(state.get("rng"), RngState) \
+                or not isinstance(state.get("settings"), DeterminismSettings):
+            raise FormatError(f"{path} does not hold an RngState and DeterminismSettings")
+        apply_settings(state["settings"], apply=False)  # the Trainer sets its own switches; report only
+        state["rng"].restore()

@@ -1,0 +1,152 @@
+"""Real accelerate training loops for tests/integrations/test_accelerate.py, run as fresh processes.
+
+``python accelerate_run.py first OUT`` trains, for DataLoader workers 0 and 2,
+once without stopping and once saving with tensorcanon's ``save_state`` at
+steps 10 (the end of epoch 0) and 15 (mid epoch 1), then stopping at step 16.
+``python accelerate_run.py resume OUT`` resumes each saved state in a fresh
+process with ``load_state``, with torch.load and pickle patched to raise while
+it loads, and trains to the end. Every run writes the digest of its final
+model, optimizer, scheduler and registered-object state to a JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from accelerate import Accelerator
+
+import tensorcanon
+from tensorcanon.integrations import accelerate as tca
+
+N, BATCH, EPOCHS, CRASH_AT = 40, 4, 3, 16  # 10 steps per epoch
+TOTAL = EPOCHS * N // BATCH
+SAVE_AT = (10, 15)
+WORKERS = (0, 2)
+
+
+class Noisy(Dataset):
+    def __init__(self, base: TensorDataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int):
+        x, y = self.base[i]
+        return x + 0.1 * torch.randn_like(x), y
+
+
+class Ema:
+    """A user object registered for checkpointing: a tensor, a count and a numpy Generator."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.avg = [p.detach().clone() for p in model.parameters()]
+        self.updates = 0
+        self.rng = np.random.default_rng(11)
+
+    def update(self, model: torch.nn.Module) -> None:
+        decay = float(self.rng.uniform(0.8, 0.99))
+        for a, p in zip(self.avg, model.parameters()):
+            a.mul_(decay).add_(p.detach(), alpha=1 - decay)
+        self.updates += 1
+
+    def state_dict(self) -> dict:
+        return {"avg": self.avg, "updates": self.updates, "rng": self.rng}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.avg, self.updates, self.rng = state["avg"], state["updates"], state["rng"]
+
+
+class Run:
+    def __init__(self, workers: int) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tensorcanon.seed_everything(0)
+        self.acc = Accelerator(cpu=True)
+        g = torch.Generator().manual_seed(123)
+        x = torch.randn(N, 8, generator=g)
+        base = TensorDataset(x, x[:, :3].sum(1, keepdim=True).sin())
+        self.sampler = tensorcanon.ResumableSampler(base, seed=7)
+        loader = DataLoader(tensorcanon.SeededDataset(Noisy(base), self.sampler), batch_size=BATCH,
+                            sampler=self.sampler, num_workers=workers, generator=self.sampler.generator,
+                            worker_init_fn=tensorcanon.seed_worker)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                    torch.nn.Linear(16, 1))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
+        self.model, self.opt, self.loader, self.sched = self.acc.prepare(model, opt, loader, sched)
+        self.ema = Ema(self.model)
+        self.acc.register_for_checkpointing(self.ema)
+
+    def train(self, save_dir: Path | None = None, stop_at: int = TOTAL) -> None:
+        acc = self.acc
+        for _epoch in range(self.sampler.epoch, EPOCHS):
+            for x, y in tca.track(self.loader):
+                with acc.accumulate(self.model):
+                    loss = torch.nn.functional.mse_loss(self.model(x), y)
+                    acc.backward(loss)
+                    self.opt.step()
+                    self.sched.step()
+                    self.opt.zero_grad()
+                self.ema.update(self.model)
+                if save_dir is not None and self.steps in SAVE_AT:
+                    tca.save_state(acc, save_dir / f"step{self.steps}")
+                if self.steps >= stop_at:
+                    return
+
+    @property
+    def steps(self) -> int:
+        return self.ema.updates  # restored with the registered object
+
+    def digest(self) -> str:
+        return tensorcanon.fingerprint({
+            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(), "ema": self.ema.state_dict(), "step": self.acc.step,
+            "sampler": self.sampler.state_dict()})
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("torch.load / pickle was called while loading")
+
+
+def load_without_unpickling(run: Run, folder: Path) -> None:
+    saved = torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler
+    torch.load = torch.serialization.load = pickle.load = pickle.loads = pickle.Unpickler = _refuse
+    try:
+        tca.load_state(run.acc, folder)
+    finally:
+        torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler = saved
+
+
+def main(mode: str, out: Path) -> None:
+    results = {}
+    for workers in WORKERS:
+        name = f"w{workers}"
+        if mode == "first":
+            full = Run(workers)
+            full.train()
+            crashed = Run(workers)
+            crashed.train(save_dir=out / name, stop_at=CRASH_AT)
+            results[name] = {"full": full.digest(), "steps": full.steps, "crashed_at": crashed.steps}
+        else:
+            results[name] = {}
+            for step in SAVE_AT:
+                run = Run(workers)
+                load_without_unpickling(run, out / name / f"step{step}")
+                resumed_at = run.steps
+                run.train()
+                results[name][str(step)] = {"digest": run.digest(), "resumed_at": resumed_at,
+                                            "steps": run.steps}
+    (out / f"{mode}.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))

@@ -1,0 +1,74 @@
+"""Helpers and fixtures for the framework integration tests, imported by each test module of
+this folder. (No conftest.py here: other tests import tests/conftest.py as ``conftest``, and a
+second conftest module of that name would shadow it.)"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import pickletools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+
+# Nothing in these tests may reach the Hugging Face Hub (set before transformers or accelerate load).
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+@pytest.fixture
+def no_unpickling(monkeypatch):
+    """Make every way to unpickle raise: a load path that still uses one fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.load / pickle was called on the load path")
+
+    class RefusingUnpickler:
+        def __init__(self, *args, **kwargs):
+            refuse()
+
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(torch.serialization, "load", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", RefusingUnpickler)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def restore_determinism_settings(keep_determinism_settings):
+    """Autouse in every module that imports it: the runs here seed and switch determinism on
+    (seed_everything, resumed settings), so the process-wide switches are put back after each
+    test (keep_determinism_settings is in tests/conftest.py)."""
+    yield
+
+
+def run_script(script: str, *args: str, timeout: int = 300) -> None:
+    """Run a helper script of this folder in a fresh interpreter (fixed hash seed); fail with its output."""
+    env = {**os.environ, "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=HERE)
+    if proc.returncode != 0:
+        pytest.fail(f"{script} {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+
+
+def is_pickle_or_zip(data: bytes) -> bool:
+    """True when ``data`` is a zip (torch.save's format: starts with ``PK``) or begins with a
+    well-formed pickle stream of protocol 2 or later (a PROTO opcode, then opcodes up to STOP;
+    read with pickletools, nothing is executed)."""
+    if data[:2] == b"PK":
+        return True
+    if len(data) < 2 or data[0] != 0x80 or not 2 <= data[1] <= 5:
+        return False
+    try:
+        for op, _, _ in pickletools.genops(data):
+            if op.name == "STOP":
+                return True
+    except Exception:  # not a pickle: genops stops at the first byte that is no opcode
+        return False
+    return False

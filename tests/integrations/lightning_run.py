@@ -1,0 +1,172 @@
+"""Real Lightning fits for tests/integrations/test_lightning.py, run as fresh processes.
+
+``python lightning_run.py first OUT`` runs, for every configuration (DataLoader
+workers 0/2 x reload_dataloaders_every_n_epochs 0/1): a fit that never stops,
+and a fit that writes checkpoints every 5 steps (ModelCheckpoint, through
+CanonicalCheckpointIO) and crashes at step 16. ``python lightning_run.py resume
+OUT`` resumes each configuration, in a fresh process, from the checkpoints
+listed in RESUME_FROM, with torch.load and pickle patched to raise. Each run writes a JSON record of its final
+weights/optimizer digest, its per-step losses and the batches it saw per epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import lightning.pytorch as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+import tensorcanon
+from tensorcanon.integrations.lightning import CanonicalCheckpointIO, ExactResume
+
+N, BATCH, EPOCHS, EVERY, CRASH_AT = 40, 4, 3, 5, 16  # 10 steps per epoch, 30 in all
+CONFIGS = [(w, r) for w in (0, 2) for r in (0, 1)]
+# checkpoint file -> the step it resumes at: the last batch of epoch 0 (ModelCheckpoint with
+# every_n_train_steps), mid epoch 1, and the end of epoch 0 after validation (the default ModelCheckpoint)
+RESUME_FROM = {"step=10": 10, "step=15": 15, "epoch=0": 10}
+
+
+class Noisy(Dataset):
+    """Samples with augmentation noise drawn from the global torch RNG in __getitem__."""
+
+    def __init__(self, base: TensorDataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int):
+        x, y = self.base[i]
+        return x + 0.1 * torch.randn_like(x), y
+
+
+class Data(L.LightningDataModule):
+    def __init__(self, workers: int) -> None:
+        super().__init__()
+        self.workers = workers
+
+    def setup(self, stage: str) -> None:
+        g = torch.Generator().manual_seed(123)
+        x = torch.randn(N + 8, 8, generator=g)
+        y = x[:, :3].sum(1, keepdim=True).sin()
+        base = TensorDataset(x[:N], y[:N])
+        self.sampler = tensorcanon.ResumableSampler(base, seed=7)
+        # Noise drawn in __getitem__ resumes exactly in workers too: SeededDataset makes each
+        # sample's random state a function of (seed, epoch, index).
+        self.train_ds = tensorcanon.SeededDataset(Noisy(base), self.sampler)
+        self.val_ds = TensorDataset(x[N:], y[N:])
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_ds, batch_size=BATCH, sampler=self.sampler, num_workers=self.workers,
+                          generator=self.sampler.generator, worker_init_fn=tensorcanon.seed_worker)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_ds, batch_size=4)
+
+
+class Model(L.LightningModule):
+    def __init__(self, lr: float = 1e-2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                       torch.nn.Linear(16, 1))
+        self.losses: dict[int, str] = {}
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.losses[self.global_step] = loss.item().hex()
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val", torch.nn.functional.mse_loss(self.net(x), y))
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class Record(L.Callback):
+    """Batches per epoch as the loop saw them; crashes at CRASH_AT when asked to."""
+
+    def __init__(self, crash: bool) -> None:
+        self.crash = crash
+        self.batches: dict[int, int] = {}
+        self.limits: dict[int, int] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.crash and trainer.global_step == CRASH_AT:
+            raise RuntimeError("simulated crash")
+        e = trainer.current_epoch
+        self.batches[e] = self.batches.get(e, 0) + 1
+        self.limits[e] = int(trainer.num_training_batches)
+
+
+def fit(workers: int, reload: int, ckpt_dir: Path | None, ckpt_path: str | None, crash: bool) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tensorcanon.seed_everything(0)
+        model, data, record = Model(), Data(workers), Record(crash)
+        callbacks = [ExactResume(), record]
+        if ckpt_dir is not None:
+            callbacks += [ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=EVERY, save_top_k=-1,
+                                          filename="{step}"),
+                          ModelCheckpoint(dirpath=ckpt_dir, save_top_k=-1, filename="{epoch}")]
+        trainer = L.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=1, deterministic=True,
+                            logger=False, enable_progress_bar=False, enable_model_summary=False,
+                            enable_checkpointing=ckpt_dir is not None,
+                            reload_dataloaders_every_n_epochs=reload,
+                            plugins=[CanonicalCheckpointIO()], callbacks=callbacks)
+        try:
+            trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+        except RuntimeError as e:
+            if not crash or "simulated crash" not in str(e):
+                raise
+    opt = trainer.optimizers[0]
+    return {"digest": tensorcanon.fingerprint({"model": model.state_dict(), "optimizer": opt.state_dict()}),
+            "steps": trainer.global_step, "losses": model.losses, "batches": record.batches,
+            "limits": record.limits}
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("torch.load / pickle was called in a resumed fit")
+
+
+@contextlib.contextmanager
+def no_unpickling():
+    """torch.load and pickle raise inside (DataLoader workers are unaffected: multiprocessing
+    bound its own reference to pickle.loads when it was imported)."""
+    saved = torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler
+    torch.load = torch.serialization.load = pickle.load = pickle.loads = pickle.Unpickler = _refuse
+    try:
+        yield
+    finally:
+        torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler = saved
+
+
+def main(mode: str, out: Path) -> None:
+    results = {}
+    for workers, reload in CONFIGS:
+        name = f"w{workers}-r{reload}"
+        if mode == "first":
+            results[name] = {"full": fit(workers, reload, None, None, crash=False),
+                             "crashed": fit(workers, reload, out / name, None, crash=True)}
+        else:
+            with no_unpickling():
+                results[name] = {f: fit(workers, reload, None, str(out / name / f"{f}.ckpt"), crash=False)
+                                 for f in RESUME_FROM}
+    (out / f"{mode}.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))
