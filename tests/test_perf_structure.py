@@ -149,3 +149,31 @@ def test_fast_byte_path_gives_the_general_paths_bytes(monkeypatch):
     monkeypatch.setattr(tensorbytes, "_NUMPY_VIEWABLE", frozenset())
     general = [bytes(tensorbytes.host_bytes(t, "tensor")) for t in cases]
     assert fast == general
+
+
+def test_a_large_save_to_a_file_hashes_on_a_second_thread_with_the_same_bytes(tmp_path, monkeypatch):
+    # Over 16 MiB to a real file, large tensors are hashed on a second thread while written:
+    # same bytes as dumps(), every tensor hashed exactly once, on that thread.
+    import threading
+
+    g = torch.Generator().manual_seed(4)
+    obj = {f"t{i}": torch.rand(1 << 20, generator=g) for i in range(6)}  # 24 MiB
+    obj["small"] = torch.ones(5)
+    threads: set[str] = set()
+    log = _count_hashing(monkeypatch, writer)
+    real_update = _CountingHasher.update
+
+    def update(self, data):
+        threads.add(threading.current_thread().name)
+        real_update(self, data)
+
+    monkeypatch.setattr(_CountingHasher, "update", update)
+    p = tmp_path / "big.st"
+    with open(p, "wb") as f:
+        digest = tensorcanon.save(obj, f)
+    assert sorted(log) == sorted([4 << 20] * 6 + [20])
+    assert any(t.startswith("tensorcanon-hash") for t in threads)
+    monkeypatch.undo()
+    assert p.read_bytes() == tensorcanon.dumps(obj)
+    assert tensorcanon.save(obj, tmp_path / "atomic.st") == digest
+    assert (tmp_path / "atomic.st").read_bytes() == p.read_bytes()

@@ -12,9 +12,11 @@ changed in between). Only one tensor at a time is ever copied.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, TypeVar
 
@@ -234,16 +236,33 @@ class _Staging:
             self.n = 0
 
 
-def _hash(src: TensorSource, p: Plan, out: _Staging | None = None) -> bytes:
-    """Hash one tensor's canonical bytes, writing them through ``out`` as well when given."""
+_LANE_PIECE = 4 << 20  # piece handed to the hashing thread while this one writes it
+_LANE_FROM = 16 << 20  # bytes of data from which a save to a file hashes on a second thread
+
+
+def _hash(src: TensorSource, p: Plan, out: _Staging | None = None, lane: ThreadPoolExecutor | None = None) -> bytes:
+    """Hash one tensor's canonical bytes, writing them through ``out`` as well when given.
+
+    With ``lane`` (one worker thread), a large CPU tensor is hashed there while
+    this thread writes the same pieces: hashing and writing both release the
+    GIL, so a save costs about what the write alone costs. (CUDA chunks come
+    from a reused staging ring, so they are hashed here, before they are written.)
+    """
     h = digest.tensor_hasher(src.dtype.name, src.shape, p.algorithm, p.prefix(src))
     chunks = _chunks(src)
+    last = None
     try:
         for chunk in chunks:
             if out is None:
                 h.update(chunk)
             elif len(chunk) <= _STAGED:
                 h.update(out.stage(chunk))
+            elif lane is not None and src.device == "cpu":
+                out.flush()
+                for lo in range(0, len(chunk), _LANE_PIECE):
+                    piece = chunk[lo : lo + _LANE_PIECE]
+                    last = lane.submit(h.update, piece)  # in order: the lane has one thread
+                    _write_all(out.f, piece)
             else:
                 out.flush()
                 for lo in range(0, len(chunk), _PIECE):
@@ -251,10 +270,20 @@ def _hash(src: TensorSource, p: Plan, out: _Staging | None = None) -> bytes:
                     h.update(piece)
                     _write_all(out.f, piece)
     finally:
+        if last is not None:
+            last.result()  # every update of this hasher has run (or the error is raised here)
         close = getattr(chunks, "close", None)  # a CUDA stream of chunks frees its staging ring
         if close is not None:
             close()
     return h.digest()
+
+
+def _hash_lane(p: Plan, f: BinaryIO) -> ThreadPoolExecutor | None:
+    """A one-thread executor to hash on while writing to ``f``, when that pays: much data and a
+    real file, whose writes release the GIL (an in-memory buffer's do not)."""
+    if p.data_size < _LANE_FROM or type(f) not in (io.FileIO, io.BufferedWriter, io.BufferedRandom):
+        return None
+    return ThreadPoolExecutor(1, thread_name_prefix="tensorcanon-hash")
 
 
 def fingerprint(p: Plan) -> str:
@@ -276,8 +305,13 @@ def write(p: Plan, f: BinaryIO) -> str:
         start = f.tell()
         reserved = len(p.header()[0])
         _write_all(f, bytes(reserved))
-        for src in p.ordered:
-            src.digest = _hash(src, p, out)
+        lane = _hash_lane(p, f)
+        try:
+            for src in p.ordered:
+                src.digest = _hash(src, p, out, lane)
+        finally:
+            if lane is not None:
+                lane.shutdown()
         out.flush()
         header, raw = p.header()
         if len(header) != reserved:  # digests are fixed-size; this cannot change
