@@ -194,7 +194,8 @@ def map_file(name: str) -> Source:
         by_fd = f"/proc/self/fd/{fh.fileno()}"
         target = by_fd if os.path.exists(by_fd) else name
         try:
-            storage = torch.UntypedStorage.from_file(target, shared=False, nbytes=st.st_size)
+            # (filename, shared, nbytes) positionally: the keyword names changed across torch versions
+            storage = torch.UntypedStorage.from_file(target, False, st.st_size)
         except RuntimeError as e:
             raise FileAccessError(f"cannot map {name!r}: {e}", filename=name) from None
         if target is name:
