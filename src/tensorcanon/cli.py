@@ -221,7 +221,7 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits=DEF
         where = paths.join(trail)
         row = {"path": where, "type": None, "dtype": None, "shape": None, "device": None,
                "bytes": None, "digest": None, "value": None, "same_as": None}
-        tag = node[0] if type(node) is list and node and type(node[0]) is str else None
+        tag = tree.tag_of(node)
         if tag == "tensor":
             info = table[node[1]]
             row.update(type=info.kind, dtype=info.dtype.name, shape=list(info.shape), device=info.device,
@@ -437,7 +437,7 @@ def _to_plain_safetensors(value: Any, out_path: str) -> tuple[int, list[str]]:
             seen.add(t.untyped_storage().data_ptr())
         tensors[src.name] = t
     dropped = [paths.join(trail) for trail, node in tree.nodes(p.root, len(p.tensors), DEFAULT.max_depth)
-               if not (type(node) is list and node and node[0] in ("tensor", *_CONTAINERS))]
+               if tree.tag_of(node) not in ("tensor", *_CONTAINERS)]
     writer.replace_atomically(out_path, lambda f, tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     return len(tensors), dropped
 

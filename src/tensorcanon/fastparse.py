@@ -40,9 +40,9 @@ def parse(prefix: bytes, raw: bytes, file_size: int | None,
     if metadata is None or not manifest.claims(metadata):
         return None
     try:
-        decoded = manifest.decode(metadata)
-        infos = manifest.read_table(decoded.obj["tensors"], decoded.algorithm, limits)
-        manifest.apply_metadata(infos, metadata, decoded.version)
+        m = manifest.read(metadata, limits)  # decode and read_table, in one pass
+        infos = m.tensors
+        manifest.apply_metadata(infos, metadata, m.version)
         built, data_size = manifest.canonical_header(infos, metadata)
     except (TensorCanonError, RecursionError, MemoryError):
         return None
@@ -61,7 +61,7 @@ def parse(prefix: bytes, raw: bytes, file_size: int | None,
                 for i in sorted(infos, key=lambda r: r.begin)]
 
     header = container.Header(len(raw), None, metadata, data_size, built, make_entries=entries)
-    return header, decoded.manifest(infos)
+    return header, m
 
 
 def find_metadata(raw: bytes) -> dict[str, str] | None:

@@ -137,13 +137,14 @@ class QuickIndex:
         if self._root is None:
             a, b = self._root_span
             try:
-                self._root = msgpack.unpackb(self.manifest[a:b], raw=False, strict_map_key=True)
+                self._root = msgpack.unpackb(self.manifest[a:b], raw=False, strict_map_key=True,
+                                             use_list=False)  # tuples, as manifest.unpack gives
             except Exception:
                 raise NotQuick from None
         node = self._root
         for c in trail:
             node = _unwrap(node)
-            if type(node) is not list or not node:
+            if type(node) is not tuple or not node:
                 return None
             tag = node[0]
             if tag == "dict" or tag == "odict":
@@ -162,7 +163,7 @@ class QuickIndex:
             else:
                 return None
         node = _unwrap(node)
-        if type(node) is list and len(node) == 2 and node[0] == "tensor" and type(node[1]) is int \
+        if type(node) is tuple and len(node) == 2 and node[0] == "tensor" and type(node[1]) is int \
                 and 0 <= node[1] < self.count:
             return node[1]
         return None
@@ -186,7 +187,7 @@ class QuickIndex:
     def _row_object(self, i: int) -> Any:
         try:
             return msgpack.unpackb(self.manifest[self._rows[i] : self._rows[i + 1]], raw=False,
-                                   strict_map_key=True)
+                                   strict_map_key=True, use_list=False)
         except Exception:
             raise NotQuick from None
 
@@ -247,7 +248,7 @@ class QuickIndex:
 
 def _unwrap(node: Any) -> Any:
     """A registered object's state: it adds no path component (walk.py)."""
-    while type(node) is list and len(node) == 3 and node[0] == "obj":
+    while type(node) is tuple and len(node) == 3 and node[0] == "obj":
         node = node[2]
     return node
 

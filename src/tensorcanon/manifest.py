@@ -348,6 +348,102 @@ def decode(meta: dict) -> Decoded:
     return Decoded(raw, obj, algorithm, actual, obj["version"])
 
 
+_BATCH = 256  # table rows decoded, checked canonical and turned into TensorInfo at a time
+
+
+def read(meta: dict, limits: Limits) -> Manifest:
+    """:func:`decode` and :func:`read_table` in one pass, for the common case of a valid manifest.
+
+    Accepts exactly the manifests those two accept, and raises :class:`FormatError`
+    (or :class:`IntegrityError`) for any other, without naming the first problem in
+    the order of docs/FORMAT.md §9: a caller that needs that (fastparse.py) runs
+    the full checks then. The difference is in what stays alive: the table is
+    decoded a batch of rows at a time, each batch packed again and compared with
+    its bytes (the canonical check, piece by piece: msgpack writes a map or an
+    array as its header followed by its items, so equal pieces make equal wholes),
+    then turned into table rows and dropped. Loading many small tensors so
+    leaves the garbage collector the rows only, not also a dict per row.
+    """
+    check_keys(meta)
+    text = meta[KEY_MANIFEST]
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise _bad("is not valid base64") from None
+    if base64.b64encode(raw).decode("ascii") != text:
+        raise _bad("base64 is not in canonical form (non-zero padding bits)")
+    recorded = meta.get(KEY_DIGEST)
+    if not digest.is_text(recorded):
+        raise _bad(f"__metadata__[{KEY_DIGEST!r}] is missing or malformed")
+    algorithm, recorded_raw = digest.parse_text(recorded)
+    actual = digest.manifest_digest(raw, algorithm)
+    if recorded_raw != actual:
+        raise IntegrityError("the manifest does not match the file digest")
+    try:
+        root, meta_tree, infos, version = _stream(raw, algorithm, limits)
+    except (FormatError, LimitError):
+        raise
+    except Exception as e:  # msgpack raises many types for bad input
+        raise _bad(f"is not valid, canonical msgpack ({type(e).__name__})") from None
+    return Manifest(raw=raw, root=root, meta=meta_tree, tensors=infos, digest=actual, algorithm=algorithm,
+                    version=version)
+
+
+def _stream(raw: bytes, algorithm: str, limits: Limits) -> tuple[Any, Any, list[TensorInfo], int]:
+    """The body of :func:`read`: ``(root, meta, table rows, version)`` of canonical manifest bytes."""
+    u = msgpack.Unpacker(raw=False, strict_map_key=True, use_list=False, max_buffer_size=len(raw) + 1)
+    u.feed(raw)
+    unpack, tell = u.unpack, u.tell
+    packer = msgpack.Packer(use_bin_type=True)
+    pack = packer.pack
+    if u.read_map_header() != len(_TOP_KEYS):
+        raise _bad("must be a map of 5 keys")
+    values = []
+    for key in _TOP_KEYS[:3]:  # algorithm, meta, root
+        if unpack() != key:
+            raise _bad(f"must hold the keys {_TOP_KEYS} in that order")
+        values.append(unpack())
+    if values[0] != algorithm or unpack() != "tensors":
+        raise _bad("names another algorithm than its digest, or lacks 'tensors'")
+    count = u.read_array_header()
+    if count > limits.max_tensors:
+        raise LimitError(f"manifest lists {count} tensors, over max_tensors={limits.max_tensors}",
+                         limit="max_tensors")
+    head = b"".join([packer.pack_map_header(len(_TOP_KEYS)), pack("algorithm"), pack(algorithm),
+                     pack("meta"), pack(values[1]), pack("root"), pack(values[2]), pack("tensors"),
+                     packer.pack_array_header(count)])
+    view = memoryview(raw)
+    if view[: len(head)] != head or tell() != len(head):
+        raise _bad("is not in canonical form")
+    infos: list[TensorInfo] = []
+    seen: set[str] = set()
+    size = digest.ALGORITHMS[algorithm]
+    shapes: dict = {}
+    i = 0
+    while i < count:
+        n = min(_BATCH, count - i)
+        start = tell()
+        batch = [unpack() for _ in range(n)]
+        if pack(batch) != packer.pack_array_header(n) + raw[start : tell()]:
+            raise _bad("is not in canonical form")
+        for row in batch:
+            info = _row(i, row, algorithm, size, shapes)
+            if info.name in seen:
+                raise _bad(f"tensor name {info.name!r} appears twice")
+            seen.add(info.name)
+            infos.append(info)
+            i += 1
+    start = tell()
+    if unpack() != "version":
+        raise _bad("must end with 'version'")
+    version = unpack()
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise _bad("has a version this tensorcanon does not read")
+    if tell() != len(raw) or raw[start:] != pack("version") + pack(version):
+        raise _bad("is not in canonical form, or has trailing bytes")
+    return values[2], values[1], infos, version
+
+
 def apply_metadata(infos: list[TensorInfo], meta: dict, version: int) -> None:
     """Apply the devices and memory formats of ``__metadata__`` to a validated table (§9.2 item 7)."""
     if KEY_DEVICES in meta:
@@ -400,9 +496,13 @@ def unpack(raw: bytes) -> tuple[dict, str]:
     bytes that does not need a file around them (§9.2 steps 3 and 4). Also used
     for manifests kept outside a file (the logical manifest of a sharded
     checkpoint, tensorcanon.sharded).
+
+    msgpack arrays come back as tuples (the object tree's tagged arrays, the
+    table, shapes): re-encoded they give the same bytes, and a tuple of atomic
+    values is one object fewer for the garbage collector to track.
     """
     try:
-        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=False)
     except Exception as e:  # msgpack raises many types for bad input
         raise _bad(f"is not valid msgpack ({type(e).__name__}: {e})") from None
     try:
@@ -431,7 +531,7 @@ def unpack(raw: bytes) -> tuple[dict, str]:
 
 def read_table(table: Any, algorithm: str, limits: Limits) -> list[TensorInfo]:
     """Validate a manifest's tensor table (rows, dtypes, kinds, digest sizes, unique names)."""
-    if type(table) is not list:
+    if type(table) is not tuple:  # a msgpack array (see unpack)
         raise _bad("'tensors' must be a list")
     if len(table) > limits.max_tensors:
         raise LimitError(f"manifest lists {len(table)} tensors, over max_tensors={limits.max_tensors}", limit="max_tensors")
@@ -460,7 +560,7 @@ def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> TensorInf
         name, dt, shape = row["name"], row["dtype"], row["shape"]
         kind, rg, dg = row["kind"], row["requires_grad"], row["digest"]
         dtype = _BY_NAME.get(dt) if type(dt) is str else None
-        if (type(name) is str and dtype is not None and type(shape) is list and type(kind) is str
+        if (type(name) is str and dtype is not None and type(shape) is tuple and type(kind) is str
                 and type(rg) is bool and (not rg or dtype.differentiable)
                 and type(dg) is bytes and len(dg) == size
                 and (kind == "tensor" or kind == "parameter"
@@ -468,9 +568,8 @@ def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> TensorInf
             for d in shape:
                 if type(d) is not int or d < 0:
                     break
-            else:
-                dims = tuple(shape)  # exact ints (checked): equal tuples are the same shape
-                return TensorInfo(i, name, dtype, shapes.setdefault(dims, dims), kind, rg, dg)
+            else:  # exact ints (checked): equal tuples are the same shape
+                return TensorInfo(i, name, dtype, shapes.setdefault(shape, shape), kind, rg, dg)
     _row_error(i, row, algorithm)
     raise AssertionError("internal error: _row refused a row _row_error accepts")  # never reached
 
@@ -487,7 +586,7 @@ def _row_error(i: int, row: Any, algorithm: str) -> None:
     dtype = dtypes.BY_NAME.get(dt) if type(dt) is str else None
     if dtype is None:
         raise _bad(f"{where} has unknown dtype {paths.show(dt)}")
-    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+    if type(shape) is not tuple or not all(type(d) is int and d >= 0 for d in shape):
         raise _bad(f"{where} shape must be a list of non-negative ints")
     if type(kind) is not str or kind not in KINDS:
         raise _bad(f"{where} has unknown kind {paths.show(kind)}")

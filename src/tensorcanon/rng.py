@@ -340,7 +340,7 @@ def _enc_rngstate(enc: tree.Encoder, s: "RngState", depth: int) -> list:
 
 def _nested(dec: tree.Decoder, node: Any, tag: str, depth: int, where: Any) -> Any:
     """Decode the ``tag`` node that sits at ``depth`` inside another random-state node."""
-    if type(node) is not list or not node or node[0] != tag:
+    if type(node) not in tree.ARRAYS or not node or node[0] != tag:
         raise dec.error(f"expected a {tag!r} node")
     dec._path.append(where)
     try:
@@ -479,7 +479,7 @@ _MAX_DEVICES = 4096
 
 
 def _bytes_list(dec: tree.Decoder, node: Any, kind: str, what: str) -> tuple:
-    if type(node) is not list or not node or node[0] != "list":
+    if type(node) not in tree.ARRAYS or not node or node[0] != "list":
         raise dec.error(f"{what} must be a 'list' node")
     items = node[1:]
     if len(items) > _MAX_DEVICES:
@@ -496,16 +496,16 @@ def _dec_rngstate(dec: tree.Decoder, node: list, depth: int):
         raise dec.error(f"'rng.state' takes 6 values, found {len(node) - 1}")
     dec.check_depth(depth + 1)  # its parts are at ``depth``, numpy's bit generator one deeper
     _, py, leg, cpu, cuda, mps, xpu = node
-    if type(py) is not list or len(py) != 5 or py[0] != "rng.random":
+    if type(py) not in tree.ARRAYS or len(py) != 5 or py[0] != "rng.random":
         raise dec.error("'rng.state' python part must be an 'rng.random' node")
     problem = _check_random_state(*py[1:])
     if problem is not None:
         raise dec.error(problem)
-    if type(leg) is not list or len(leg) != 4 or leg[0] != "rng.legacy":
+    if type(leg) not in tree.ARRAYS or len(leg) != 4 or leg[0] != "rng.legacy":
         raise dec.error("'rng.state' numpy part must be an 'rng.legacy' node")
     _check_gauss(dec, leg[1], leg[2])
     bg = leg[3]
-    if type(bg) is not list or len(bg) < 3 or bg[0] != "rng.bitgen" or bg[2] is not None:
+    if type(bg) not in tree.ARRAYS or len(bg) < 3 or bg[0] != "rng.bitgen" or bg[2] is not None:
         raise dec.error("'rng.state' numpy bit generator must be an 'rng.bitgen' node without seed sequence")
     fields = [dec.decode(f, depth) for f in bg[3:]]
     problem = check_bitgen_fields(bg[1], fields)

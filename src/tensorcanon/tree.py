@@ -29,6 +29,16 @@ from .ordering import KEY_TYPES, UnorderableKey, sort_key, sorted_keys
 EXT_BIGINT = 1
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 
+ARRAYS = (list, tuple)
+"""The types a tagged array has: a list as the encoder builds it, a tuple as a file's manifest is
+read (manifest.unpack: immutable, and a tuple of atomic values is untracked by the garbage
+collector). Both are a msgpack array; code that reads a tree accepts either."""
+
+
+def tag_of(node: Any) -> str | None:
+    """The tag of a tagged array (``"dict"``, ``"tensor"``...), None for anything else."""
+    return node[0] if type(node) in ARRAYS and node and type(node[0]) is str else None
+
 _Parameter = torch.nn.Parameter
 _OrderedDict = collections.OrderedDict
 
@@ -389,7 +399,7 @@ class Decoder:
             return node
         if t is msgpack.ExtType:
             return self._ext(node)
-        if t is not list:
+        if t is not tuple and t is not list:  # (see ARRAYS)
             raise self.error(f"unexpected {t.__name__} node")
         self.check_depth(depth)
         if not node or type(node[0]) is not str:
@@ -442,10 +452,15 @@ class Decoder:
             out.append(k)
         return out
 
-    def _pairs(self, node, start: int, depth: int, ordered: bool):
+    def _fill(self, node, start: int, depth: int, ordered: bool, out: dict) -> int:
+        """Decode the keys and values of ``node`` from ``start`` into ``out``; the number of pairs.
+
+        Fills ``out`` directly rather than through a list of ``(key, value)`` pairs: a pair
+        holding a tensor is one more object per tensor for the garbage collector to track.
+        """
         if (len(node) - start) % 2:
             raise self.error(f"{node[0]!r} has an odd number of keys and values")
-        out, prev, seen = [], None, set()
+        prev, seen = None, set()
         path = self._path
         for i in range(start, len(node), 2):
             k, sk = self._key(node[i], depth)
@@ -460,9 +475,9 @@ class Decoder:
             path.append(k)
             if self.visit is not None:
                 self.visit(tuple(path), node[i + 1])
-            out.append((k, self.decode(node[i + 1], depth)))
+            out[k] = self.decode(node[i + 1], depth)
             path.pop()
-        return out
+        return (len(node) - start) // 2
 
     def dec_list(self, node, depth):
         return self._items(node, depth)
@@ -478,8 +493,8 @@ class Decoder:
         return out
 
     def dec_dict(self, node, depth):
-        pairs = self._pairs(node, 1, depth, ordered=True)
-        return self._no_merged_keys(dict(pairs), len(pairs), "dict")
+        out: dict = {}
+        return self._no_merged_keys(out, self._fill(node, 1, depth, True, out), "dict")
 
     def dec_odict(self, node, depth):
         if len(node) < 2:
@@ -487,8 +502,8 @@ class Decoder:
         self._path.append(walk.METADATA)
         meta = self.decode(node[1], depth)
         self._path.pop()
-        pairs = self._pairs(node, 2, depth, ordered=False)
-        out = self._no_merged_keys(_OrderedDict(pairs), len(pairs), "OrderedDict")
+        out = _OrderedDict()
+        self._no_merged_keys(out, self._fill(node, 2, depth, False, out), "OrderedDict")
         if meta is not None:
             out._metadata = meta
         return out

@@ -37,7 +37,7 @@ from ..limits import DEFAULT, Limits
 from ..sharded import layout
 from ..sharded.files import RankFiles, decode_subtree
 from ..sharded.read import read_tensor
-from ..tree import Decoder
+from ..tree import Decoder, tag_of
 from .perrank import PerRank
 
 
@@ -196,7 +196,7 @@ class _Walk:
     # -------------------------------------------------------------- values
     def value(self, target: Any, node: Any, path: tuple) -> tuple[Any, bool]:
         """(the value to put at ``path``, whether it replaces ``target``)."""
-        tag = node[0] if type(node) is list and node and type(node[0]) is str else None
+        tag = tag_of(node)
         if type(target) is PerRank:
             raise UsageError(f"{paths.join(path)} was saved for all ranks, not per rank (PerRank): load it "
                              "without the PerRank wrapper")
@@ -227,7 +227,7 @@ class _Walk:
         return self.materialize(node), True
 
     def mapping(self, target: dict, node: Any, path: tuple) -> None:
-        tag = node[0] if type(node) is list and node else None
+        tag = tag_of(node)
         if tag not in ("dict", "odict"):
             raise UsageError(f"{paths.join(path) or 'the state dict'} is a dict but the checkpoint holds "
                              f"{self._describe(node)} there")
@@ -304,7 +304,7 @@ class _Walk:
                               lambda t: read_tensor(self.index, self.files, t))
 
     def _describe(self, node: Any) -> str:
-        if type(node) is list and node and type(node[0]) is str:
+        if tag_of(node) is not None:
             if node[0] == "tensor":
                 info = self.infos[node[1]]
                 return f"a tensor {info.dtype.name}{list(info.shape)}"

@@ -23,7 +23,7 @@ from ..errors import FormatError, IntegrityError, MissingFileError, TensorCanonE
 from ..limits import DEFAULT, Limits
 from ..manifest import TensorInfo
 from ..source import opened
-from ..tree import Decoder
+from ..tree import Decoder, tag_of
 from .errors import CheckpointNotFoundError
 
 
@@ -99,7 +99,7 @@ class RankFile(reader.CheckedFile):
     def info(self, key: str, what: Callable[[], str]) -> TensorInfo:
         """The table row of the tensor stored under ``key``; ``what()`` names it in errors."""
         node = self._keys.get(key)
-        if type(node) is not list or len(node) != 2 or node[0] != "tensor":
+        if tag_of(node) != "tensor" or len(node) != 2:
             raise FormatError(f"rank file {self.path} holds no tensor {key!r}, needed for {what()}")
         return self.rows[node[1]]
 
