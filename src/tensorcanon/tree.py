@@ -140,25 +140,26 @@ class Encoder:
         path = self._path
         out = [c.tag]
         if c.tag in ("list", "tuple"):
-            for i, item in enumerate(c.items):
+            for i, item in enumerate(c.children):
                 path.append(i)
                 out.append(self.encode(item, depth))
                 path.pop()
             return out
         if c.tag in ("set", "frozenset"):
-            out.extend(self.encode(m, depth) for m in c.items)
+            out.extend(self.encode(m, depth) for m in c.children)
             return out
         if c.tag == "odict":
-            for k, _ in c.items:  # keys keep their order, but must still be of a key type
+            for k in c.children:  # keys keep their order, but must still be of a key type
                 if type(k) is not str:
                     self._ordered([k])
             path.append(walk.METADATA)
             out.append(None if c.metadata is None else self.encode(c.metadata, depth))
             path.pop()
-        for k, item in c.items:
+        mapping = c.mapping
+        for k in c.children:
             out.append(self.encode(k, depth))
             path.append(k)
-            out.append(self.encode(item, depth))
+            out.append(self.encode(mapping[k], depth))
             path.pop()
         return out
 

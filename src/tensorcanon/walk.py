@@ -30,19 +30,29 @@ class Container:
     """A container's children in canonical order.
 
     ``tag`` is the tree tag (``list``, ``tuple``, ``dict``, ``odict``, ``set``,
-    ``frozenset``). ``items`` are the values of a list or tuple, the ``(key,
-    value)`` pairs of a dict (canonical key order) or OrderedDict (its own
-    order), or the members of a set (canonical order). ``metadata`` is an
-    OrderedDict's ``_metadata`` (None when absent).
+    ``frozenset``). ``children`` are the values of a list or tuple, the keys of
+    a dict (canonical key order) or OrderedDict (its own order), or the members
+    of a set (canonical order); ``mapping`` is the dict or OrderedDict itself
+    (None for the others). :attr:`items` pairs a mapping's keys with their
+    values. ``metadata`` is an OrderedDict's ``_metadata`` (None when absent).
     """
 
     tag: str
-    items: list
+    children: list
     metadata: Any = None
+    mapping: Any = None
 
     @property
     def is_mapping(self) -> bool:
         return self.tag in ("dict", "odict")
+
+    @property
+    def items(self) -> list:
+        """The values of a list or tuple, the members of a set, or a mapping's ``(key, value)``
+        pairs, in canonical order. (The encoder reads a mapping by its keys instead: a pair
+        holding a tensor is one more object per tensor for the garbage collector.)"""
+        m = self.mapping
+        return self.children if m is None else [(k, m[k]) for k in self.children]
 
 
 def container(value: Any, ordered: Any = sorted_keys) -> Container | None:
@@ -57,9 +67,9 @@ def container(value: Any, ordered: Any = sorted_keys) -> Container | None:
     if tag is not None:
         return Container(tag, list(value))
     if t is dict:
-        return Container("dict", [(k, value[k]) for k in ordered(value.keys())])
+        return Container("dict", ordered(value.keys()), mapping=value)
     if t is collections.OrderedDict:
-        return Container("odict", list(value.items()), getattr(value, METADATA, None))
+        return Container("odict", list(value), getattr(value, METADATA, None), value)
     tag = _SETS.get(t)
     if tag is not None:
         return Container(tag, ordered(value))
