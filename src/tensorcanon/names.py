@@ -162,6 +162,8 @@ def _v1_text(key: Any) -> str:
 
 def base_name(path: tuple, version: int = 2) -> str:
     """The name of a tensor first found at ``path`` before de-duplication (§3.3)."""
+    if len(path) == 1 and type(path[0]) is str:  # a flat dict's key, in either version
+        return path[0] or EMPTY
     render = key_text if version >= 2 else (lambda p: p if type(p) is str else _v1_text(p))
     return ".".join(render(p) for p in path) or EMPTY
 

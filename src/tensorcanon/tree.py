@@ -357,6 +357,9 @@ _STATEFUL = [
 # --------------------------------------------------------------------------- decode
 
 
+_NO_KEY = object()  # no previous key yet (Decoder._fill)
+
+
 class Decoder:
     """Builds values from a validated manifest's tree, checking every node."""
 
@@ -458,21 +461,35 @@ class Decoder:
 
         Fills ``out`` directly rather than through a list of ``(key, value)`` pairs: a pair
         holding a tensor is one more object per tensor for the garbage collector to track.
+        An ASCII str key (the common case) is compared as it is: for such strs, code point
+        order is the canonical order (bytes order), without building sort keys.
         """
         if (len(node) - start) % 2:
             raise self.error(f"{node[0]!r} has an odd number of keys and values")
-        prev, seen = None, set()
+        prev: Any = _NO_KEY
+        seen: set = set()  # (OrderedDict) ASCII str keys as they are, other keys by sort key
         path = self._path
         for i in range(start, len(node), 2):
-            k, sk = self._key(node[i], depth)
-            if ordered:
-                if prev is not None and not prev < sk:
-                    raise self.error("dict keys are not in canonical order (or repeat)")
-                prev = sk
-            elif sk in seen:
-                raise self.error(f"OrderedDict key {paths.show(k)} repeats")
+            k = node[i]
+            if type(k) is str and k.isascii():  # decode() returns it as it is
+                if ordered:
+                    if prev is not _NO_KEY and not (prev < k if type(prev) is str and prev.isascii()
+                                                    else sort_key(prev) < sort_key(k)):
+                        raise self.error("dict keys are not in canonical order (or repeat)")
+                elif k in seen:
+                    raise self.error(f"OrderedDict key {paths.show(k)} repeats")
+                else:
+                    seen.add(k)
             else:
-                seen.add(sk)
+                k, sk = self._key(k, depth)
+                if ordered:
+                    if prev is not _NO_KEY and not sort_key(prev) < sk:
+                        raise self.error("dict keys are not in canonical order (or repeat)")
+                elif sk in seen:
+                    raise self.error(f"OrderedDict key {paths.show(k)} repeats")
+                else:
+                    seen.add(sk)
+            prev = k
             path.append(k)
             if self.visit is not None:
                 self.visit(tuple(path), node[i + 1])
