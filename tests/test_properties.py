@@ -211,3 +211,29 @@ def test_key_order_is_a_total_order_independent_of_insertion(d, rng):
     other = dict(items)
     assert tc.dumps(other) == tc.dumps(d)
     assert list(tc.loads(tc.dumps(other))) == list(tc.loads(tc.dumps(d)))
+
+
+_HEADER_TEXT = st.text(st.characters(codec="utf-8"), max_size=12) | st.text(
+    st.characters(min_codepoint=0, max_codepoint=0x7F), max_size=12)  # ASCII, control characters included
+
+
+@SETTINGS
+@given(st.dictionaries(_HEADER_TEXT, _HEADER_TEXT, max_size=5), st.lists(_HEADER_TEXT, max_size=4, unique=True))
+def test_header_json_is_the_json_encoders_for_any_names_and_metadata(metadata, names):
+    """container.assemble writes plain ASCII metadata values without the JSON encoder (a fast
+    path for megabytes of base64); the bytes must be json.dumps' for every input."""
+    import json
+    import struct
+
+    from tensorcanon import container
+
+    entries = [container.Entry(n, "F32", (1,), 4 * i, 4 * i + 4) for i, n in enumerate(names)]
+    obj = {e.name: {"data_offsets": [e.begin, e.end], "dtype": "F32", "shape": [1]} for e in entries}
+    for meta in (metadata, None):
+        full = dict(obj, **({container.META: meta} if meta is not None else {}))
+        text = json.dumps(full, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        text += b" " * (-len(text) % 8)
+        want = struct.pack("<Q", len(text)) + text
+        if meta is None or container.META not in obj:
+            assert container.assemble({e.name: container.entry_text(e.name, e.dtype, e.shape, e.begin, e.end)
+                                       for e in entries}, meta) == want

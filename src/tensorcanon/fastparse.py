@@ -46,7 +46,7 @@ def parse(prefix: bytes, raw: bytes, file_size: int | None,
         built, data_size = manifest.canonical_header(infos, metadata)
     except (TensorCanonError, RecursionError, MemoryError):
         return None
-    if built != prefix + raw:
+    if built[: len(prefix)] != prefix or memoryview(built)[len(prefix) :] != raw:  # (no copy of raw)
         return None
     if file_size is not None and container.LENGTH_SIZE + len(raw) + data_size != file_size:
         return None  # truncated or trailing bytes: the full parse says which
