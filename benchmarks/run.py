@@ -129,19 +129,25 @@ def interleaved_medians(ops: dict, runs: int) -> dict:
     over every op alike, so ratios between ops are fair.
     """
     times: dict = {name: [] for name in ops}
+    cpu: dict = {name: [] for name in ops}
     for _ in range(runs):
         for name, fn in ops.items():
             gc.collect()
+            c0 = time.process_time()
             t0 = time.perf_counter()
             result = fn()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
             del result
     SPREAD.update({name: (min(ts), max(ts)) for name, ts in times.items()})
+    CPU.update({name: statistics.median(ts) for name, ts in cpu.items()})
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 SPREAD: dict = {}
 """Fastest and slowest run of each operation of the last :func:`interleaved_medians` call."""
+CPU: dict = {}
+"""Median CPU time (this process, all its threads) of each operation timed by :func:`interleaved_medians`."""
 
 
 def filesystem_of(path: str) -> str:
@@ -173,8 +179,9 @@ class Bench:
         except FileNotFoundError:
             pass
 
-    def io_ops(self, obj, with_fsync: bool, with_gc_paused: bool = False) -> dict:
-        """Time every save/load variant for one object; returns {op: seconds}."""
+    def io_ops(self, obj, with_fsync: bool, with_gc_paused: bool = False, with_mmap: bool = True) -> dict:
+        """Time every save/load variant for one object; returns {op: seconds}. ``with_mmap=False``
+        leaves out the memory-mapped loads (:meth:`mmap_ops` times them in rounds of their own)."""
         from safetensors.torch import load_file, save_file
 
         flat = {k: v.contiguous() for k, v in flat_tensors(obj).items()}
@@ -264,9 +271,9 @@ class Bench:
             "tensorcanon load (verify=False)": lambda: tensorcanon.load(P("tc.st"), verify=False),
             "torch.load": lambda: torch.load(P("torch.pt"), weights_only=True),
             "safetensors load_file + touch": st_load_touch,
-            "safetensors load_file + read every page": st_load_all,
-            "tensorcanon load(mmap=True) (verified) + read every page": tc_mmap_all,
-            "torch.load(mmap=True) + read every page": torch_mmap_all,
+            **({"safetensors load_file + read every page": st_load_all,
+                "tensorcanon load(mmap=True) (verified) + read every page": tc_mmap_all,
+                "torch.load(mmap=True) + read every page": torch_mmap_all} if with_mmap else {}),
             "tensorcanon fingerprint": lambda: tensorcanon.fingerprint(obj),
         })
         if with_gc_paused:
@@ -274,6 +281,39 @@ class Bench:
             ops["tensorcanon load (verify=True), collector paused"] = paused(lambda: tensorcanon.load(P("tc.st")))
         r = interleaved_medians(ops, self.runs)
         for name in ("raw.bin", "tc.file", "tc.st", "torch.pt", "st.st"):
+            self.rm(name)
+        return r
+
+
+    def mmap_ops(self, obj, runs: int) -> dict:
+        """The three memory-mapped loads that read every page, timed in ``runs`` rounds of their own.
+
+        Each takes tens of milliseconds, so many rounds cost little; tensorcanon's uses both cores
+        (it hashes on two threads), so a round in which another process holds a core costs it
+        more than the others, and more rounds give a median that such rounds do not move.
+        """
+        from safetensors.torch import load_file, save_file
+
+        P = self.path
+        tensorcanon.save(obj, P("tc.st"))
+        save_file({k: v.contiguous() for k, v in flat_tensors(obj).items()}, P("st.st"))
+        torch.save(obj, P("torch.pt"))
+
+        def run(load):
+            def op():
+                d = load()
+                read_every_page(d)
+                return d
+            return op
+
+        r = interleaved_medians({
+            "safetensors load_file + read every page": run(lambda: load_file(P("st.st"))),
+            "tensorcanon load(mmap=True) (verified) + read every page": run(
+                lambda: tensorcanon.load(P("tc.st"), mmap=True)),
+            "torch.load(mmap=True) + read every page": run(
+                lambda: torch.load(P("torch.pt"), mmap=True, weights_only=True)),
+        }, runs)
+        for name in ("tc.st", "torch.pt", "st.st"):
             self.rm(name)
         return r
 
@@ -443,6 +483,13 @@ def gpu_bench(bench: Bench, obj) -> dict | None:
 
 # ----------------------------------------------------------------- report
 
+def _load_average() -> str:
+    try:
+        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
 def fmt_t(s: float) -> str:
     return f"{s * 1e3:.1f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
 
@@ -480,15 +527,17 @@ class Report:
         self.checks: list[tuple[str, str, bool, str]] = []
 
     def table(self, title: str, times: dict, size: int | None = None, per: int | None = None,
-              spread: dict | None = None) -> None:
+              spread: dict | None = None, cpu: dict | None = None) -> None:
         head = ("| operation | median | " + ("fastest – slowest run | " if spread else "")
-                + ("GB/s | " if size else "") + ("per tensor |" if per else ""))
+                + ("CPU time | " if cpu else "") + ("GB/s | " if size else "") + ("per tensor |" if per else ""))
         lines = [f"### {title}", "", head, "|" + " --- |" * (head.count("|") - 1)]
         for op, s in times.items():
             row = f"| {op} | {fmt_t(s)} | "
             if spread:
                 lo, hi = spread[op]
                 row += f"{fmt_t(lo)} – {fmt_t(hi)} | "
+            if cpu:
+                row += f"{fmt_t(cpu[op])} | "
             if size:
                 row += f"{size / s / 1e9:.2f} | "
             if per:
@@ -529,6 +578,7 @@ def main(argv=None) -> int:
 
     tmp = tempfile.mkdtemp(prefix="tc-bench-", dir=args.dir or HERE)
     started = time.time()
+    load_before = _load_average()
     rep = Report()
     info = machine()
     print(json.dumps(info, indent=1), flush=True)
@@ -537,8 +587,8 @@ def main(argv=None) -> int:
         # 1. large tensors
         obj = large_tensors(large_mib)
         size = nbytes(obj)
-        r = bench.io_ops(obj, with_fsync=True)
-        rep.table(f"Large: {large_mib} MiB in 128 float32 tensors", r, size=size, spread=SPREAD)
+        r = bench.io_ops(obj, with_fsync=True, with_mmap=False)
+        rep.table(f"Large: {large_mib} MiB in 128 float32 tensors", r, size=size, spread=SPREAD, cpu=CPU)
         s_tc, s_raw = r["tensorcanon save (file object)"], r["raw write"]
         rep.check("save large, vs raw write", "≤ 1.1×", f"{s_tc / s_raw:.2f}×", s_tc <= 1.1 * s_raw)
         s_tcp = r["tensorcanon save (path: atomic + fsync)"]
@@ -553,15 +603,23 @@ def main(argv=None) -> int:
                   f"safetensors save_file costs {s_st / s_raw:.2f}× a raw write of the same bytes here, "
                   f"tensorcanon {s_tc / s_raw:.2f}×: it also hashes every byte (on a second thread, while "
                   "writing) and plans the tree, names and header")
-        m_tc = r["tensorcanon load(mmap=True) (verified) + read every page"]
-        m_st = r["safetensors load_file + read every page"]
+        mm_runs = runs if quick else max(runs, 21)
+        m = bench.mmap_ops(obj, mm_runs)
+        rep.table(f"Memory-mapped loads: {large_mib} MiB in 128 tensors, every page read ({mm_runs} rounds)",
+                  m, size=size, spread=SPREAD, cpu=CPU)
+        m_tc = m["tensorcanon load(mmap=True) (verified) + read every page"]
+        m_st = m["safetensors load_file + read every page"]
+        m_torch = m["torch.load(mmap=True) + read every page"]
+        c_tc, c_st = CPU["tensorcanon load(mmap=True) (verified) + read every page"], \
+            CPU["safetensors load_file + read every page"]
         rep.check("load(mmap=True) large, verified, + read every page, vs safetensors load_file + read "
                   "every page", "≤ 1.3×", f"{m_tc / m_st:.2f}×", m_tc <= 1.3 * m_st,
-                  "both fault in every page of the map; tensorcanon also hashes every byte (in place, "
-                  "large tensors on two threads) before returning anything")
+                  f"both fault in every page of the map (safetensors: {fmt_t(c_st)} of CPU time); tensorcanon "
+                  f"also hashes every byte in place before returning anything, on two threads: "
+                  f"{fmt_t(c_tc)} of CPU time in {fmt_t(m_tc)}. It needs the second core free: a round in "
+                  "which another process holds one costs it about its CPU time")
         rep.check("load(mmap=True) large, verified, + read every page, vs torch.load (eager)", "faster",
                   f"{r['torch.load'] / m_tc:.2f}× faster", m_tc < r["torch.load"])
-        m_torch = r["torch.load(mmap=True) + read every page"]
         rep.check("load(mmap=True) large, verified, + read every page, vs torch.load(mmap=True) + read "
                   "every page", "faster", f"{m_torch / m_tc:.2f}× faster", m_tc < m_torch)
         l_tc = r["tensorcanon load (verify=True)"]
@@ -573,7 +631,7 @@ def main(argv=None) -> int:
         fp = r["tensorcanon fingerprint"]
         rep.check("fingerprint", "≥ 10 GB/s", f"{size / fp / 1e9:.1f} GB/s", size / fp >= 10e9)
         r = verify_bench(bench, obj)
-        rep.table(f"Verify: {large_mib} MiB in 128 tensors", r, size=size, spread=SPREAD)
+        rep.table(f"Verify: {large_mib} MiB in 128 tensors", r, size=size, spread=SPREAD, cpu=CPU)
         v_raw, v_tc = r["raw read + xxh3-128 (1 MiB buffer)"], r["tensorcanon.verify (path)"]
         rep.check("verify large, speed vs raw read + xxh3-128 of the same bytes", "≥ 0.9×",
                   f"{v_raw / v_tc:.2f}×", v_raw >= 0.9 * v_tc,
@@ -584,7 +642,7 @@ def main(argv=None) -> int:
         # 2. small tensors
         obj = small_tensors(small_n)
         r = bench.io_ops(obj, with_fsync=False, with_gc_paused=True)
-        rep.table(f"Small: {small_n} tensors of 1 KiB", r, per=small_n, spread=SPREAD)
+        rep.table(f"Small: {small_n} tensors of 1 KiB", r, per=small_n, spread=SPREAD, cpu=CPU)
         us = lambda key: r[key] / small_n * 1e6  # noqa: E731
         sv, sv_st = us("tensorcanon save (file object)"), us("safetensors save_file")
         rep.check("save small, per tensor, vs safetensors save_file", "≤ 1× (aim: 10 µs)",
@@ -615,7 +673,7 @@ def main(argv=None) -> int:
         scale = "" if gpt_layers == 12 and not quick else \
             f" (scaled down: {gpt_layers} of 12 blocks{', vocab 5000, context 256' if quick else ''})"
         rep.table(f"GPT-2-small-shaped state_dict{scale}: {params / 1e6:.1f}M params + AdamW state, "
-                  f"{size / MiB:.0f} MiB", r, size=size, spread=SPREAD)
+                  f"{size / MiB:.0f} MiB", r, size=size, spread=SPREAD, cpu=CPU)
         rep.md += [f"(GPT-2 figures: medians of {min(runs, 3)} runs)", ""]
         rep.check("GPT-2 save, vs torch.save", "faster",
                   f"{r['torch.save'] / r['tensorcanon save (file object)']:.2f}× faster",
@@ -670,6 +728,7 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     elapsed = time.time() - started
+    load_after = _load_average()
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     shown = [("..." if prev == "--note" else a) for prev, a in zip(["", *sys.argv[1:]], sys.argv[1:])]
     command = " ".join(["python benchmarks/run.py", *shown])  # the note itself is printed below
@@ -677,7 +736,9 @@ def main(argv=None) -> int:
         "# tensorcanon benchmark results", "",
         f"Generated by `{command}` on {now} ({elapsed:.0f} s). Medians of {runs} runs in one "
         f"process, taken in rounds (every operation once, then again); files on {filesystem_of(tmp)}, "
-        "page cache warm. Targets: issue 15, which revised issue 5's (see \"Why these targets\").", "",
+        "page cache warm. Targets: issue 15, which revised issue 5's (see \"Why these targets\"). "
+        f"Load average (1, 5, 15 min) before the run: {load_before}; after it: {load_after}. \"CPU time\" "
+        "is this process's, all threads together: above the median, an operation used more than one core.", "",
         *([f"**Note:** {args.note}", ""] if args.note else []),
         "Noise, and how this run limits it: on a disk-backed folder, write timings on this VM swing "
         "several-fold with the kernel's dirty-page writeback (one 512 MiB write took 0.35 s or "
