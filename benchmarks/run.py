@@ -130,24 +130,45 @@ def interleaved_medians(ops: dict, runs: int) -> dict:
     """
     times: dict = {name: [] for name in ops}
     cpu: dict = {name: [] for name in ops}
+    disturbed: dict = {name: 0 for name in ops}
     for _ in range(runs):
         for name, fn in ops.items():
             gc.collect()
+            b0 = _busy()
             c0 = time.process_time()
             t0 = time.perf_counter()
             result = fn()
-            times[name].append(time.perf_counter() - t0)
-            cpu[name].append(time.process_time() - c0)
+            wall = time.perf_counter() - t0
+            ours = time.process_time() - c0
+            b1 = _busy()
+            times[name].append(wall)
+            cpu[name].append(ours)
+            if b0 is not None and b1 is not None and (b1 - b0) - ours > 0.5 * wall:
+                disturbed[name] += 1  # other processes used half a core or more meanwhile
             del result
     SPREAD.update({name: (min(ts), max(ts)) for name, ts in times.items()})
     CPU.update({name: statistics.median(ts) for name, ts in cpu.items()})
+    DISTURBED.update({name: (n, runs) for name, n in disturbed.items()})
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _busy() -> float | None:
+    """Seconds of CPU time all processes have used since boot (Linux's /proc/stat), else None."""
+    try:
+        with open("/proc/stat") as fh:
+            v = [int(x) for x in fh.readline().split()[1:]]
+        return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 SPREAD: dict = {}
 """Fastest and slowest run of each operation of the last :func:`interleaved_medians` call."""
 CPU: dict = {}
 """Median CPU time (this process, all its threads) of each operation timed by :func:`interleaved_medians`."""
+DISTURBED: dict = {}
+"""(rounds in which other processes used half a core or more during the operation, rounds) of each
+operation timed by :func:`interleaved_medians` (Linux: /proc/stat's counters, in clock ticks)."""
 
 
 def filesystem_of(path: str) -> str:
@@ -529,7 +550,8 @@ class Report:
     def table(self, title: str, times: dict, size: int | None = None, per: int | None = None,
               spread: dict | None = None, cpu: dict | None = None) -> None:
         head = ("| operation | median | " + ("fastest – slowest run | " if spread else "")
-                + ("CPU time | " if cpu else "") + ("GB/s | " if size else "") + ("per tensor |" if per else ""))
+                + ("CPU time | rounds disturbed | " if cpu else "") + ("GB/s | " if size else "")
+                + ("per tensor |" if per else ""))
         lines = [f"### {title}", "", head, "|" + " --- |" * (head.count("|") - 1)]
         for op, s in times.items():
             row = f"| {op} | {fmt_t(s)} | "
@@ -537,7 +559,8 @@ class Report:
                 lo, hi = spread[op]
                 row += f"{fmt_t(lo)} – {fmt_t(hi)} | "
             if cpu:
-                row += f"{fmt_t(cpu[op])} | "
+                n, of = DISTURBED.get(op, (0, 0))
+                row += f"{fmt_t(cpu[op])} | {n}/{of} | "
             if size:
                 row += f"{size / s / 1e9:.2f} | "
             if per:
@@ -738,7 +761,10 @@ def main(argv=None) -> int:
         f"process, taken in rounds (every operation once, then again); files on {filesystem_of(tmp)}, "
         "page cache warm. Targets: issue 15, which revised issue 5's (see \"Why these targets\"). "
         f"Load average (1, 5, 15 min) before the run: {load_before}; after it: {load_after}. \"CPU time\" "
-        "is this process's, all threads together: above the median, an operation used more than one core.", "",
+        "is this process's, all threads together: above the median, an operation used more than one core. "
+        "\"Rounds disturbed\": rounds in which other processes on the machine used half a core or more "
+        "while the operation ran (from /proc/stat; its 10 ms ticks make this coarse for the shortest "
+        "operations); on 2 cores, those rounds cost an operation that uses both cores most.", "",
         *([f"**Note:** {args.note}", ""] if args.note else []),
         "Noise, and how this run limits it: on a disk-backed folder, write timings on this VM swing "
         "several-fold with the kernel's dirty-page writeback (one 512 MiB write took 0.35 s or "
