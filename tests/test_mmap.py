@@ -158,6 +158,61 @@ def test_damage_is_named_by_its_path(tmp_path, size):
         tensorcanon.load(p, mmap=True)
 
 
+def test_damage_in_two_tensors_names_the_first_in_file_order(tmp_path):
+    # Two threads hash the map, one from each end: the one that finishes first must not decide
+    # which tensor is named.
+    p = tmp_path / "c.safetensors"
+    n = (48 << 20) // 4 // 8
+    tensorcanon.save({f"t{i}": torch.full((n,), float(i)) for i in range(8)}, p)
+    raw = bytearray(p.read_bytes())
+    raw[len(raw) - 6 * n * 4 + 9] ^= 1  # in t2
+    raw[len(raw) - 1 * n * 4 + 9] ^= 1  # in t7, which the thread from the back reaches first
+    p.write_bytes(bytes(raw))
+    with pytest.raises(tensorcanon.IntegrityError, match=r'\$\["t2"\]'):
+        tensorcanon.load(p, mmap=True)
+
+
+@pytest.mark.parametrize("where", [0, 0.5, 1])  # a byte at its start, middle, end
+def test_one_large_tensor_is_hashed_whole_while_the_other_thread_maps_its_pages(tmp_path, where):
+    p = tmp_path / "c.safetensors"
+    big = torch.arange((40 << 20) // 4, dtype=torch.int32)
+    tensorcanon.save({"big": big, "small": torch.ones(3)}, p)
+    assert torch.equal(tensorcanon.load(p, mmap=True)["big"], big)
+    raw = bytearray(p.read_bytes())
+    end = len(raw) - 3 * 4  # "big" (element size 4, name order) comes before "small"
+    raw[min(end - big.numel() * 4 + int(where * big.numel() * 4), end - 1)] ^= 0x40
+    p.write_bytes(bytes(raw))
+    with pytest.raises(tensorcanon.IntegrityError, match=r'\$\["big"\]'):
+        tensorcanon.load(p, mmap=True)
+
+
+@linux_only
+def test_populate_maps_the_pages_of_a_range(tmp_path):
+    from tensorcanon import source
+
+    p = tmp_path / "c.bin"
+    p.write_bytes(bytes(range(256)) * (1 << 16))  # 16 MiB
+    src = source.map_file(str(p))
+    try:
+        def resident() -> int:  # kB of the file's map in this process's page tables
+            with open("/proc/self/smaps") as fh:
+                lines = fh.read().splitlines()
+            real = os.path.realpath(p)
+            for i, line in enumerate(lines):
+                if line.rstrip().endswith(real):
+                    return next(int(x.split()[1]) for x in lines[i + 1 :] if x.startswith("Rss:"))
+            raise AssertionError("the file is not mapped")
+
+        before = resident()
+        if not src.populate(3 << 20, 8 << 20):
+            pytest.skip("this kernel has no MADV_POPULATE_READ (Linux 5.14 and later)")
+        assert resident() - before >= 8 << 10
+        assert not src.populate(15 << 20, 2 << 20)  # past the end: refused, nothing mapped
+        assert bytes(src.data[(3 << 20) + 1 : (3 << 20) + 4]) == bytes([1, 2, 3])
+    finally:
+        src.release()
+
+
 def test_map_location_and_errors(tmp_path):
     p = tmp_path / "c.safetensors"
     tensorcanon.save({"t": torch.arange(4.0)}, p)

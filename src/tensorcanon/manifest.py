@@ -373,7 +373,7 @@ def read(meta: dict, limits: Limits) -> Manifest:
     if base64.b64encode(raw).decode("ascii") != text:
         raise _bad("base64 is not in canonical form (non-zero padding bits)")
     recorded = meta.get(KEY_DIGEST)
-    if not digest.is_text(recorded):
+    if not isinstance(recorded, str) or not digest.is_text(recorded):
         raise _bad(f"__metadata__[{KEY_DIGEST!r}] is missing or malformed")
     algorithm, recorded_raw = digest.parse_text(recorded)
     actual = digest.manifest_digest(raw, algorithm)

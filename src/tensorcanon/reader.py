@@ -19,6 +19,7 @@ import io
 import os
 import stat
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -38,6 +39,8 @@ _RUN = 1 << 20          # bytes per run of small tensors
 _BIG_PIECE = 16 << 20   # hash a tensor in memory in pieces of this size (each call releases the GIL)
 _THREAD_MIN = 1 << 20           # tensors from this size are hashed on the second thread ...
 _THREADS_FROM = 16 << 20        # ... when this much data is to be hashed (else one thread)
+_MAPPED_PIECE = 4 << 20  # hash a mapped tensor in pieces of this size, saying how far it has got
+_POPULATE = 2 << 20      # map pages of a file in runs of this size (for another thread that hashes them)
 
 
 def _begin(info: TensorInfo) -> int:
@@ -466,37 +469,73 @@ class CheckedFile:
 
     # ------------------------------------------------------------------ hashing every byte
     def _verify_mapped(self, rows: list[TensorInfo]) -> None:
-        """Hash the bytes of ``rows`` where they are (an in-memory or mapped file).
+        """Hash the bytes of ``rows`` (in file order) where they are: an in-memory or mapped file.
 
-        When there is much to hash, large tensors are hashed on two threads
-        (xxhash and hashlib release the GIL while they hash), so page faults and
-        hashing use both cores. The first tensor in file order that differs is
-        the one named.
+        When there is much to hash, two threads share the work (xxhash and hashlib
+        release the GIL while they hash): this one takes tensors from the front,
+        the other from the back. Hashing a mapped file is as much mapping its pages
+        (the first read of each page faults) as hashing them, so when one thread
+        runs out of tensors it maps the pages of the tensor the other is still
+        hashing, from that tensor's end back toward where the other has got to
+        (:meth:`Source.populate`): a file of one large tensor is hashed by one
+        thread while the other maps its pages. Every digest is compared only
+        once all are known; the first tensor in file order that differs is the
+        one named.
         """
         data = self.src.data
         assert data is not None
         start = self.data_start
         big = [r for r in rows if r.end - r.begin >= _THREAD_MIN]
-        if len(big) < 2 or sum(r.end - r.begin for r in big) < _THREADS_FROM:
+        if not big or (len(big) < 2 and self.src.mapped is None) \
+                or sum(r.end - r.begin for r in big) < _THREADS_FROM:
             for info in rows:
                 self._check_bytes(info, data[start + info.begin : start + info.end])
             return
         digests: dict[int, bytes] = {}
+        lock = threading.Lock()
+        ends = [0, len(rows)]  # rows[ends[0] : ends[1]] are not taken yet
+        at: list[tuple[int, int] | None] = [None, None]  # per thread: (hashed up to, end of its tensor)
 
-        def hash_one(info: TensorInfo) -> None:
+        def take(front: bool) -> TensorInfo | None:
+            with lock:
+                if ends[0] >= ends[1]:
+                    return None
+                if front:
+                    ends[0] += 1
+                    return rows[ends[0] - 1]
+                ends[1] -= 1
+                return rows[ends[1]]
+
+        def hash_one(info: TensorInfo, me: int) -> None:
             h = self._hasher(info, True)
-            view = data[start + info.begin : start + info.end]
-            for lo in range(0, len(view), _BIG_PIECE):
-                h.update(view[lo : lo + _BIG_PIECE])
+            lo, hi = start + info.begin, start + info.end
+            for a in range(lo, hi, _MAPPED_PIECE):
+                b = min(a + _MAPPED_PIECE, hi)
+                at[me] = (b, hi)  # said before hashing [a, b): the other thread maps only pages past b
+                h.update(data[a:b])
+            at[me] = None
             digests[info.index] = h.digest()
 
-        with ThreadPoolExecutor(2, thread_name_prefix="tensorcanon-hash") as pool:
-            futures = [pool.submit(hash_one, r) for r in big]
-            for info in rows:  # the small ones meanwhile, on this thread
-                if info.end - info.begin < _THREAD_MIN:
-                    hash_one(info)
-            for fut in futures:
-                fut.result()
+        def map_ahead_of(other: int) -> None:
+            hi = None
+            while (now := at[other]) is not None:
+                reached, end = now
+                hi = end if hi is None or hi > end else hi
+                lo = max(hi - _POPULATE, reached)
+                if lo >= hi or not self.src.populate(lo, hi - lo):
+                    return
+                hi = lo
+
+        def work(me: int) -> None:
+            while (info := take(me == 0)) is not None:
+                hash_one(info, me)
+            if self.src.mapped is not None:
+                map_ahead_of(1 - me)
+
+        with ThreadPoolExecutor(1, thread_name_prefix="tensorcanon-hash") as pool:
+            other = pool.submit(work, 1)
+            work(0)
+            other.result()
         for info in rows:
             if digests[info.index] != info.digest:
                 raise self.integrity_error(info, digests[info.index])

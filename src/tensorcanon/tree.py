@@ -511,7 +511,7 @@ class Decoder:
         return out
 
     def dec_dict(self, node, depth):
-        out: dict = {}
+        out = {}
         return self._no_merged_keys(out, self._fill(node, 1, depth, True, out), "dict")
 
     def dec_odict(self, node, depth):
