@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import mmap
 import os
 import sys
@@ -172,22 +173,20 @@ class Source:
 
 _PAGE = mmap.PAGESIZE
 _MADV_POPULATE_READ = 22  # <linux/mman.h>, Linux 5.14 and later
-_MADVISE: list = []  # [the libc madvise function, or None], found once
 
 
+@functools.cache
 def _madvise() -> Any:
     """libc's ``madvise`` (a ctypes function, which releases the GIL while it runs) on Linux, else None."""
-    if not _MADVISE:
-        fn = None
-        if sys.platform.startswith("linux"):
-            try:
-                fn = ctypes.CDLL(None, use_errno=True).madvise
-                fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                fn.restype = ctypes.c_int
-            except (OSError, AttributeError):
-                fn = None
-        _MADVISE.append(fn)
-    return _MADVISE[0]
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def _os_error(e: OSError, path: str, doing: str) -> FileAccessError:
