@@ -360,6 +360,59 @@ def test_manifest_raw_bytes(i, how, k):
     assert h.check(h.rebuild(FILES[i], raw, header, body)) == "FormatError"
 
 
+def _table_outcome(meta: dict, fn) -> object:
+    try:
+        m = fn(meta)
+    except tensorcanon.TensorCanonError:
+        return "refused"
+    return (m.raw, m.root, m.meta, m.algorithm, m.version, m.digest,
+            [(i.index, i.name, i.dtype, i.shape, i.kind, i.requires_grad, i.digest) for i in m.tensors])
+
+
+def _full_table(meta: dict):
+    from tensorcanon import manifest
+
+    decoded = manifest.decode(meta)
+    return decoded.manifest(manifest.read_table(decoded.obj["tensors"], decoded.algorithm, tensorcanon.Limits()))
+
+
+@cases(1200)
+@given(file_index, manifest_mutation, st.integers(0, 100),
+       st.sampled_from([None, "dup_map_key", "float32", "long_int", "trailing", "truncated", "str8_len",
+                        "array_count", "fixarray16", "row_map16"]))
+def test_the_one_pass_manifest_read_accepts_exactly_what_the_full_checks_accept(i, how, k, raw_how):
+    """manifest.read (the fast path of every load) decodes the table a batch of rows at a time and
+    checks canonical form piece by piece; it must accept and refuse exactly as decode + read_table."""
+    from tensorcanon import manifest
+
+    m, header, _ = h.manifest_of(FILES[i])
+    m = _mutate_manifest(m, how, k)
+    try:
+        raw = h.repack(m)
+    except ValueError:
+        return
+    if raw_how == "dup_map_key":
+        raw = b"\x85\xa9algorithm\xa8xxh3-128" + raw[1:]
+    elif raw_how == "float32":
+        raw = raw + b"\xca\x3f\x80\x00\x00"
+    elif raw_how == "long_int":
+        raw = raw[:-1] + b"\xcf" + raw[-1:].rjust(8, b"\x00")
+    elif raw_how == "trailing":
+        raw = raw + bytes([k % 256])
+    elif raw_how == "truncated":
+        raw = raw[: k * len(raw) // 101]
+    elif raw_how == "str8_len":
+        raw = raw[:-1] + b"\xdb" + (0xFFFFFFF0).to_bytes(4, "big")
+    elif raw_how == "array_count":
+        raw = b"\xdd\xff\xff\xff\xff" + raw
+    elif raw_how == "fixarray16" and b"\x92\xa6tensor" in raw:  # a tensor node's array in a longer form
+        raw = raw.replace(b"\x92\xa6tensor", b"\xdc\x00\x02\xa6tensor", 1)
+    elif raw_how == "row_map16" and b"\x86\xa6digest" in raw:  # a table row's map in a longer form
+        raw = raw.replace(b"\x86\xa6digest", b"\xde\x00\x06\xa6digest", 1)
+    meta = h.split(h.rebuild(FILES[i], raw, header))[0]["__metadata__"]
+    assert _table_outcome(meta, lambda d: manifest.read(d, tensorcanon.Limits())) == _table_outcome(meta, _full_table)
+
+
 # ----------------------------------------------------------------- tensorcanon.open, tensor by tensor
 
 def _by_key(data: bytes) -> dict:
