@@ -143,13 +143,19 @@ def interleaved_medians(ops: dict, runs: int) -> dict:
             b1 = _busy()
             times[name].append(wall)
             cpu[name].append(ours)
-            if b0 is not None and b1 is not None and (b1 - b0) - ours > 0.5 * wall:
+            if b0 is not None and b1 is not None and (b1 - b0) - ours > 0.5 * wall + 2 * _TICK:
                 disturbed[name] += 1  # other processes used half a core or more meanwhile
             del result
     SPREAD.update({name: (min(ts), max(ts)) for name, ts in times.items()})
     CPU.update({name: statistics.median(ts) for name, ts in cpu.items()})
     DISTURBED.update({name: (n, runs) for name, n in disturbed.items()})
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+try:
+    _TICK = 1 / os.sysconf("SC_CLK_TCK")  # /proc/stat counts in these (10 ms): a margin of two of them
+except (AttributeError, ValueError, OSError):
+    _TICK = 0.01
 
 
 def _busy() -> float | None:
@@ -763,8 +769,9 @@ def main(argv=None) -> int:
         f"Load average (1, 5, 15 min) before the run: {load_before}; after it: {load_after}. \"CPU time\" "
         "is this process's, all threads together: above the median, an operation used more than one core. "
         "\"Rounds disturbed\": rounds in which other processes on the machine used half a core or more "
-        "while the operation ran (from /proc/stat; its 10 ms ticks make this coarse for the shortest "
-        "operations); on 2 cores, those rounds cost an operation that uses both cores most.", "",
+        "while the operation ran (from /proc/stat, whose 10 ms ticks allow 20 ms of slack, so it is blind "
+        "to short disturbances of short operations); on 2 cores, those rounds cost an operation that uses "
+        "both cores most.", "",
         *([f"**Note:** {args.note}", ""] if args.note else []),
         "Noise, and how this run limits it: on a disk-backed folder, write timings on this VM swing "
         "several-fold with the kernel's dirty-page writeback (one 512 MiB write took 0.35 s or "
