@@ -175,8 +175,9 @@ def _authentic_but_not_canonical(tmp_path):
     import sys
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "fuzz"))
-    import hostile_lib as h
     import msgpack
+
+    import hostile_lib as h
 
     valid = tensorcanon.dumps({"a": torch.zeros(2), "b": torch.ones(2)})
     m, header, body = h.manifest_of(valid)

@@ -8,14 +8,13 @@ tensor object, or the same view of one storage, in several places).
 import collections
 import io
 import math
+import pathlib
 import random
 import sys
-import pathlib
 
 import numpy as np
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tensorcanon as tc
 

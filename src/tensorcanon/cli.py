@@ -25,7 +25,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from . import __version__, digest, lockfile, manifest, paths, reader, tree, writer
 from .diff import DiffResult, describe, detect_format, diff, load_file

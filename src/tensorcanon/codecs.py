@@ -35,7 +35,8 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import pathlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import registry
 from .errors import UnsupportedTypeError, UsageError

@@ -16,7 +16,7 @@ import or touch CUDA. The buffers are allocated on first use and kept.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -27,7 +27,7 @@ DEPTH = 3          # buffers in the ring: copies in flight while one chunk is co
 
 _lock = threading.Lock()     # one stream of chunks at a time uses the shared ring
 _ring: list[torch.Tensor] = []
-_streams: dict[int, "torch.cuda.Stream"] = {}
+_streams: dict[int, torch.cuda.Stream] = {}
 
 
 def is_cuda(value) -> bool:
@@ -42,7 +42,7 @@ def _buffers() -> list[torch.Tensor]:
     return _ring
 
 
-def _side_stream(device: torch.device) -> "torch.cuda.Stream":
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = _streams.get(index)
     if stream is None:

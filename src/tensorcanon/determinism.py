@@ -143,7 +143,7 @@ class DeterminismSettings:
     gpu_sm_counts: tuple = ()
 
     @classmethod
-    def capture(cls) -> "DeterminismSettings":
+    def capture(cls) -> DeterminismSettings:
         """Record the current settings, versions and hardware."""
         names: tuple = ()
         sms: tuple = ()
@@ -171,7 +171,7 @@ class DeterminismSettings:
             gpu_sm_counts=sms,
         )
 
-    def compare(self, current: "DeterminismSettings | None" = None) -> list[SettingDifference]:
+    def compare(self, current: DeterminismSettings | None = None) -> list[SettingDifference]:
         """The settings that differ between ``self`` (saved) and ``current`` (default: now).
 
         An empty list means nothing recorded differs. Each item names the

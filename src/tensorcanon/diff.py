@@ -34,17 +34,18 @@ import math
 import os
 import struct
 import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
 from . import dtypes, paths, reader, registry, tensorbytes, walk
 from .errors import FormatError, LimitError, UsageError
-from .source import open_path
 from .limits import DEFAULT, Limits
 from .ordering import UnorderableKey, sorted_keys
+from .source import open_path
 
 __all__ = ["diff", "DiffResult", "Difference", "TensorStats", "load_file", "detect_format", "Loaded"]
 

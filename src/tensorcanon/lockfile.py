@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from . import digest as _digest
-from . import manifest, writer
+from . import digest as _digest, manifest, writer
 from .errors import FormatError, IntegrityError, MissingFileError, TensorCanonError
 from .limits import DEFAULT, Limits
 

@@ -10,7 +10,8 @@ tensor or None``. A device this machine lacks is a
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

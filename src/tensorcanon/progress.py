@@ -61,7 +61,7 @@ class Progress:
         self._last = 0.0
         self._drawn = 0
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -310,7 +310,7 @@ def _enc_torch(enc: tree.Encoder, g: torch.Generator, depth: int) -> list:
     return ["rng.torch", device, state]
 
 
-def _enc_rngstate(enc: tree.Encoder, s: "RngState", depth: int) -> list:
+def _enc_rngstate(enc: tree.Encoder, s: RngState, depth: int) -> list:
     enc.check_depth(depth + 1)  # its parts are at ``depth``, numpy's bit generator one deeper
     version, key, pos, gauss = s._python_fields()
     np_name, np_fields, has_gauss, gauss_np = s.numpy
@@ -566,7 +566,7 @@ class RngState:
     xpu: tuple = ()
 
     @classmethod
-    def capture(cls) -> "RngState":
+    def capture(cls) -> RngState:
         """Take the current state of every global generator in this process.
 
         CUDA generators are included when ``torch.cuda.is_available()``

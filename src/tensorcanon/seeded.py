@@ -12,7 +12,8 @@ pins its values, because changing it would change every seeded run's data.
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -14,16 +14,17 @@ import collections
 import functools
 import math
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 import numpy as np
 import torch
 
 from . import codecs, devices, dtypes, paths, registry, tensorbytes, walk
-from .names import tensor_names  # noqa: F401  (re-exported: the name rule lives in names.py)
 from .errors import FormatError, LimitError, UnsupportedTypeError
+from .names import tensor_names  # noqa: F401  (re-exported: the name rule lives in names.py)
 from .ordering import KEY_TYPES, UnorderableKey, sort_key, sorted_keys
 
 EXT_BIGINT = 1

@@ -20,8 +20,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "fuzz"))
 
 import torch  # noqa: E402
 
-import hostile_lib as h  # noqa: E402
 import tensorcanon  # noqa: E402
+
+import hostile_lib as h  # noqa: E402
 
 TB = 1 << 40
 

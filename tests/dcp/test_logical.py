@@ -13,9 +13,9 @@ import tensorcanon
 import tensorcanon.dcp as tcd
 from tensorcanon.sharded import layout
 
-from threaded import run_ranks
 from helpers import rank_files, unsharded, zeros_like_state
 from states import logical_digest, logical_state, sharded_state
+from threaded import run_ranks
 
 
 def _save(world, folder, seed=0, **kw):

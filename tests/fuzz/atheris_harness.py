@@ -23,6 +23,7 @@ sys.path.insert(0, HERE)
 
 with atheris.instrument_imports():
     import tensorcanon  # noqa: F401
+
     import hostile_lib as h
 
 

@@ -14,11 +14,11 @@ import os
 import struct
 
 import msgpack
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import tensorcanon
 
 import hostile_lib as h
-import tensorcanon
 
 FILES = h.sample_files()
 _TOTAL = int(os.environ.get("TENSORCANON_FUZZ_CASES", "0") or 0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import random
 import struct
 
 import numpy as np

@@ -25,6 +25,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import tensorcanon as tc  # noqa: E402
+
 import vectors  # noqa: E402
 
 DIGESTS = HERE / "digests.json"

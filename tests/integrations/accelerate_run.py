@@ -19,9 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
-
 from accelerate import Accelerator
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import tensorcanon
 from tensorcanon.integrations import accelerate as tca

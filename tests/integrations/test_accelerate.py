@@ -13,15 +13,15 @@ import os
 import pytest
 import safetensors.torch
 import torch
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
 from torch.utils.data import DataLoader, TensorDataset
 
 import tensorcanon
-from integration_support import is_pickle_or_zip, restore_determinism_settings, run_script  # noqa: F401 (fixtures)
 from tensorcanon.integrations import accelerate as tca
 
 import accelerate_run
-from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration
+from integration_support import is_pickle_or_zip, restore_determinism_settings, run_script  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")

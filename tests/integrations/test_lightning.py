@@ -11,20 +11,17 @@ import json
 import warnings
 from pathlib import Path
 
+import lightning.pytorch as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-import lightning.pytorch as L
-from lightning.pytorch.callbacks import ModelCheckpoint
-
 import tensorcanon
-from integration_support import (  # noqa: F401 (the fixtures are used by name)
-    is_pickle_or_zip, no_unpickling, restore_determinism_settings, run_script)
 from tensorcanon.integrations.lightning import CanonicalCheckpointIO, ExactResume, load_from_checkpoint
 
 import lightning_run
-
+from integration_support import is_pickle_or_zip, no_unpickling, restore_determinism_settings, run_script  # noqa: F401 (the fixtures are used by name)
 
 # ------------------------------------------------------------------ resumption across processes
 

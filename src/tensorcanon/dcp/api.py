@@ -14,7 +14,8 @@ import concurrent.futures
 import contextlib
 import os
 import warnings
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -22,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
 from .. import digest as _digest
-from ..errors import LimitError, TensorCanonError, UsageError
+from ..errors import TensorCanonError, UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded.errors import CheckpointError
 from .load_planner import LoadPlanner

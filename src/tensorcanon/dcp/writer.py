@@ -37,8 +37,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner as _DCPSa
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from .. import digest as _digest
-from .. import tensorbytes, writer
+from .. import digest as _digest, tensorbytes, writer
 from ..errors import TensorCanonError, UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded import layout, tiling

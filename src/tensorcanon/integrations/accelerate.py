@@ -47,7 +47,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from accelerate import Accelerator
 from accelerate.data_loader import BatchSamplerShard

@@ -42,7 +42,8 @@ import json
 import os
 import re
 import shutil
-from typing import Any, Callable, TypeVar, Union
+from collections.abc import Callable
+from typing import Any, TypeVar, Union
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -59,7 +60,7 @@ from ._common import apply_settings, batch_size_of, check_saveable, cpu_when_mis
 
 __all__ = ["CanonicalCheckpointIO", "ExactResume", "check_checkpoint", "load_from_checkpoint"]
 
-_M = TypeVar("_M", bound=Union[pl.LightningModule, pl.LightningDataModule])
+_M = TypeVar("_M", bound=pl.LightningModule | pl.LightningDataModule)
 SamplerSpec = Union[ResumableSampler, Callable[["pl.Trainer"], ResumableSampler], None]
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from .. import digest as _digest
-from .. import reader
+from .. import digest as _digest, reader
 from ..errors import FormatError, IntegrityError, MissingFileError, TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..manifest import TensorInfo
@@ -62,7 +62,7 @@ class RankFile(reader.CheckedFile):
     """
 
     @classmethod
-    def open(cls, path: str, expected: str | None = None, limits: Limits = DEFAULT) -> "RankFile":
+    def open(cls, path: str, expected: str | None = None, limits: Limits = DEFAULT) -> RankFile:
         stack = contextlib.ExitStack()
         try:
             f = cls(stack.enter_context(opened(path, use_mmap=True)), limits, closer=stack)
@@ -210,7 +210,7 @@ class RankFiles:
             f.close()
         self._open.clear()
 
-    def __enter__(self) -> "RankFiles":
+    def __enter__(self) -> RankFiles:
         return self
 
     def __exit__(self, *exc) -> None:

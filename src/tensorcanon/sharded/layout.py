@@ -31,8 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .. import digest as _digest
-from .. import container, manifest
+from .. import container, digest as _digest, manifest
 from ..errors import FormatError, TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..ordering import UnorderableKey, sort_key

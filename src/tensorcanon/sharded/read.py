@@ -10,7 +10,8 @@ Memory use is one tensor at a time (consolidate: none beyond the page cache).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import container, digest, dtypes, manifest, placement, tensorbytes, writer
 from ..errors import FormatError, IntegrityError, TensorCanonError
