@@ -56,7 +56,8 @@ def _same(a, b) -> bool:
     if type(a) is not type(b):
         return False
     if isinstance(a, (dt.time, dt.datetime)):
-        return a == b and a.fold == b.fold and a.utcoffset() == b.utcoffset() and (a.tzinfo is None) == (b.tzinfo is None)
+        return (a == b and a.fold == b.fold and a.utcoffset() == b.utcoffset()
+                and (a.tzinfo is None) == (b.tzinfo is None))
     return a == b
 
 

@@ -166,5 +166,5 @@ def test_claimed_terabyte_never_allocates():
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.split("\n")
     assert "MemoryError" not in out.stdout, out.stdout
-    assert len([l for l in lines if l.strip()]) == 12, out.stdout
-    assert all(l.split()[-1] in ("FormatError", "LimitError") for l in lines if l.strip()), out.stdout
+    assert len([line for line in lines if line.strip()]) == 12, out.stdout
+    assert all(line.split()[-1] in ("FormatError", "LimitError") for line in lines if line.strip()), out.stdout

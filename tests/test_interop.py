@@ -118,7 +118,8 @@ def test_nested_objects_get_readable_dotted_names(tmp_path):
 
 
 def test_plain_safetensors_files_load_as_flat_dicts(tmp_path):
-    tensors = {"b.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3), "a": torch.tensor([1, 2], dtype=torch.int8),
+    tensors = {"b.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+               "a": torch.tensor([1, 2], dtype=torch.int8),
                "c": torch.zeros(0, 3, dtype=torch.bfloat16), "d": torch.tensor(True)}
     path = tmp_path / "plain.safetensors"
     save_file(tensors, str(path), metadata={"x": "1", "format": "pt"})

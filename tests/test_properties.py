@@ -182,7 +182,8 @@ class NonSeekable(io.RawIOBase):
         raise io.UnsupportedOperation("tell")
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(trees())
 def test_every_way_of_writing_gives_the_same_bytes_and_digest(tmp_path, obj):
     data = tc.dumps(obj)

@@ -128,7 +128,7 @@ def _table(rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for r in rows:
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
         out.append("  ".join(cells).rstrip())
     return out
 
@@ -174,8 +174,9 @@ def cmd_verify(args, out: _Out) -> int:
                 fmt = detect_format(path)
                 if fmt != "tensorcanon":
                     raise FormatError(
-                        f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; `tensorcanon hash` "
-                        "gives its content digest, `tensorcanon convert` makes a tensorcanon file of it"
+                        f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; "
+                        "`tensorcanon hash` gives its content digest, `tensorcanon convert` makes a tensorcanon "
+                        "file of it"
                     )
                 with open_path(path) as fh:
                     wrap = out.wrap("verify")
@@ -470,8 +471,9 @@ def cmd_convert(args, out: _Out) -> int:
                 out.warn(f"{where} is not a tensor; plain safetensors cannot hold it, so it was left out")
             out.json({"input": args.input, "input_format": loaded.format, "output": args.output,
                       "output_format": to, "tensors": n, "dropped": dropped})
-            out.line(f"wrote {args.output} (safetensors, {n} tensor{'s' if n != 1 else ''}"
-                     + (f", {len(dropped)} non-tensor value{'s' if len(dropped) != 1 else ''} left out)" if dropped else ")"))
+            s = "s" if len(dropped) != 1 else ""
+            left_out = f", {len(dropped)} non-tensor value{s} left out" if dropped else ""
+            out.line(f"wrote {args.output} (safetensors, {n} tensor{'s' if n != 1 else ''}{left_out})")
     except (TensorCanonError, OSError) as e:
         out.error(_message(e, args.output))
         return EXIT_ERROR
@@ -509,7 +511,7 @@ def _first_byte_difference(a: str, b: str) -> str:
         while True:
             x, y = fa.read(1 << 16), fb.read(1 << 16)
             if x != y:
-                for i, (p, q) in enumerate(zip(x, y)):
+                for i, (p, q) in enumerate(zip(x, y, strict=False)):  # the last reads may differ in length
                     if p != q:
                         return f"bytes differ first at offset {offset + i}"
                 return f"sizes differ: {os.path.getsize(a)} and {os.path.getsize(b)} bytes"
@@ -535,14 +537,16 @@ def cmd_repro(args, out: _Out) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise CommandLineError("repro needs a command after '--', e.g. tensorcanon repro --out model.safetensors -- python train.py")
+        raise CommandLineError("repro needs a command after '--', "
+                               "e.g. tensorcanon repro --out model.safetensors -- python train.py")
     if args.runs < 2:
         raise CommandLineError(f"--runs must be at least 2 (got {args.runs}): one run has nothing to compare with")
     cwd = os.path.abspath(os.getcwd())
     for p in args.out:
         full = os.path.abspath(p)
         if os.path.isdir(full) and (cwd == full or cwd.startswith(full.rstrip(os.sep) + os.sep)):
-            raise CommandLineError(f"--out {p!r} contains the current folder; name the files or a folder the command writes")
+            raise CommandLineError(f"--out {p!r} contains the current folder; "
+                                   "name the files or a folder the command writes")
     # Every run must write its own artifacts, and what is there now was not written by these
     # runs: refuse rather than move, overwrite or delete anything the user has.
     existing = [p for p in args.out if os.path.lexists(p)]

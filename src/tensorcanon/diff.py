@@ -551,7 +551,7 @@ class _Differ:
         if ca is not None and cb is not None and ca.tag in _SEQUENCES and cb.tag in _SEQUENCES:
             if ca.tag != cb.tag:
                 self.add(trail, "type", ca.tag, cb.tag)
-            for i, (x, y) in enumerate(zip(ca.items, cb.items)):
+            for i, (x, y) in enumerate(zip(ca.items, cb.items, strict=False)):  # lengths: below
                 self.compare(x, y, trail + (i,), depth + 1)
             if len(ca.items) != len(cb.items):
                 self.add(trail, "length", f"{len(ca.items)} items", f"{len(cb.items)} items")

@@ -126,8 +126,8 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
     """The files named by paths, globs (``**`` recurses) and folders, sorted, without repeats.
 
     A folder contributes every file under it with a suffix in :data:`SUFFIXES`.
-    Raises :class:`~tensorcanon.MissingFileError` (a ``FileNotFoundError``) for a path that does not exist or a glob that
-    matches nothing, so a typo never produces an empty lockfile.
+    Raises :class:`~tensorcanon.MissingFileError` (a ``FileNotFoundError``) for a path that does
+    not exist or a glob that matches nothing, so a typo never produces an empty lockfile.
     """
     found: set[str] = set()
     skip = os.path.abspath(exclude) if exclude else None

@@ -16,6 +16,7 @@ docs/FORMAT.md, "Canonical key order", is the normative text.
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 from typing import Any
@@ -65,7 +66,7 @@ def sorted_keys(keys) -> list:
         out = sorted(keys)
         return out
     decorated = sorted(((sort_key(k), i) for i, k in enumerate(keys)), key=lambda p: p[0])
-    for a, b in zip(decorated, decorated[1:]):
+    for a, b in itertools.pairwise(decorated):
         if a[0] == b[0]:
             raise ValueError(f"keys {keys[a[1]]!r} and {keys[b[1]]!r} have the same canonical position")
     return [keys[i] for _, i in decorated]

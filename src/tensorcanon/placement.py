@@ -10,6 +10,7 @@ tensor or None``. A device this machine lacks is a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -84,7 +85,7 @@ def check_all(rows: list, map_location: Any, where: Callable[[int], str]) -> Non
             continue
         device = target(row.device, map_location)
         if device is not None:
-            check_device(device, row.device, map_location, lambda: where(row.index))
+            check_device(device, row.device, map_location, functools.partial(where, row.index))
 
 
 def place(t: torch.Tensor, recorded: str, map_location: Any, where: Callable[[], str]) -> torch.Tensor:

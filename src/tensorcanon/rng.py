@@ -132,7 +132,7 @@ def check_bitgen_fields(name: Any, fields: tuple | list) -> str | None:
     layout = BIT_GENERATORS[name][1]
     if len(fields) != len(layout):
         return f"{name} state takes {len(layout)} fields, found {len(fields)}"
-    for f, v in zip(layout, fields):
+    for f, v in zip(layout, fields, strict=True):
         rule = f.check(v)
         if rule is not None:
             return f"{name} field {f.name} must be {rule}"
@@ -142,7 +142,7 @@ def check_bitgen_fields(name: Any, fields: tuple | list) -> str | None:
 def bitgen_state(name: str, fields: tuple | list) -> dict:
     """(name, validated fields) → a ``bit_generator.state`` dict."""
     out: dict = {"bit_generator": name}
-    for f, v in zip(BIT_GENERATORS[name][1], fields):
+    for f, v in zip(BIT_GENERATORS[name][1], fields, strict=True):
         d = out
         for k in f.key[:-1]:
             d = d.setdefault(k, {})

@@ -97,7 +97,8 @@ class _GlobalState:
         self.py = random.getstate()
         self.np = np.random.get_state()
         self.torch = torch.random.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        cuda_in_use = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.cuda = torch.cuda.get_rng_state_all() if cuda_in_use else None
         self.det = torch.are_deterministic_algorithms_enabled()
         self.det_warn = torch.is_deterministic_algorithms_warn_only_enabled()
         self.cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)

@@ -273,7 +273,7 @@ class Encoder:
     # -- naming
     def assign_names(self, version: int = 2) -> None:
         """Give each tensor a readable, unique safetensors name from its path (docs/FORMAT.md §3)."""
-        for src, name in zip(self.tensors, tensor_names([s.path for s in self.tensors], version)):
+        for src, name in zip(self.tensors, tensor_names([s.path for s in self.tensors], version), strict=True):
             src.name = name
 
 
@@ -565,7 +565,7 @@ class Decoder:
         if not all(self.used):
             unused = [names[i] for i, u in enumerate(self.used) if not u][:3]
             raise FormatError(f"manifest: tensors {unused} are listed but never used in the object")
-        for i, (name, want) in enumerate(zip(names, tensor_names(self.first_paths, version))):
+        for i, (name, want) in enumerate(zip(names, tensor_names(self.first_paths, version), strict=True)):
             if name != want:
                 raise FormatError(
                     f"manifest: tensor {i} at {paths.join(self.first_paths[i])} is named {paths.show(name)}, "

@@ -79,7 +79,8 @@ def sample_objects() -> list:
     return [
         {"w": w, "b": torch.arange(5, dtype=torch.int64), "flag": torch.tensor([True, False])},
         {
-            "model": {"fc.weight": torch.nn.Parameter(torch.ones(2, 2)), "fc.bias": torch.zeros(2, dtype=torch.float16)},
+            "model": {"fc.weight": torch.nn.Parameter(torch.ones(2, 2)),
+                      "fc.bias": torch.zeros(2, dtype=torch.float16)},
             "step": 7, "lr": 0.5, "name": "run", "tags": {"a", "b"}, "t": (1, 2.5, None, b"x"),
             "big": 2**70, "c": 1 + 2j, "np": np.arange(3, dtype=np.int32), "shape": torch.Size([2, 3]),
             "dt": torch.float32, "dev": torch.device("cpu"), "view": w[1:],
@@ -163,13 +164,16 @@ def same(a, b) -> bool:
     if type(a) is not type(b):
         return False
     if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and bytes(a.reshape(-1).view(torch.uint8).numpy()) == bytes(b.reshape(-1).view(torch.uint8).numpy())
+        def raw(t: torch.Tensor) -> bytes:
+            return bytes(t.reshape(-1).view(torch.uint8).numpy())
+
+        return a.dtype == b.dtype and a.shape == b.shape and raw(a) == raw(b)
     if isinstance(a, np.ndarray):
         return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
     if isinstance(a, dict):
         return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) and a != a:
         return b != b
     return a == b

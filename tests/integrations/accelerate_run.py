@@ -53,7 +53,7 @@ class Ema:
 
     def update(self, model: torch.nn.Module) -> None:
         decay = float(self.rng.uniform(0.8, 0.99))
-        for a, p in zip(self.avg, model.parameters()):
+        for a, p in zip(self.avg, model.parameters(), strict=True):
             a.mul_(decay).add_(p.detach(), alpha=1 - decay)
         self.updates += 1
 

@@ -10,6 +10,13 @@
 
 from __future__ import annotations
 
+# First: importing integration_support sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE, which the
+# Hugging Face libraries read when they are first imported. restore_determinism_settings is an
+# autouse fixture: importing it is what applies it.
+from integration_support import is_pickle_or_zip, restore_determinism_settings, run_script  # noqa: F401 (a fixture)
+
+# isort: split
+
 import json
 import os
 import shutil
@@ -21,7 +28,6 @@ from transformers import AutoModel, BertConfig, BertModel, GPT2Config, GPT2LMHea
 import tensorcanon
 
 import transformers_run
-from integration_support import is_pickle_or_zip, restore_determinism_settings, run_script  # noqa: F401 (fixtures)
 
 MODELS = {
     "gpt2": lambda: GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)),

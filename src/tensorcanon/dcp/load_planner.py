@@ -179,7 +179,7 @@ class _Walk:
         self.flat: dict[str, Any] = {}
         self.aliases: dict[str, str] = {}
         self._memory: dict[str, Any] = {}
-        self.per_rank = dict(zip(index.per_rank, index.per_rank_keys))
+        self.per_rank = dict(zip(index.per_rank, index.per_rank_keys, strict=True))
         self.keys = Decoder([], limits.max_depth)
         self._files: RankFiles | None = None
 
@@ -212,7 +212,7 @@ class _Walk:
             return target, False
         if type(target) in (list, tuple) and tag == type(target).__name__ and len(node) - 1 == len(target):
             items, changed = [], False
-            for i, (t, n) in enumerate(zip(target, node[1:])):
+            for i, (t, n) in enumerate(zip(target, node[1:], strict=True)):
                 v, c = self.value(t, n, path + (i,))
                 items.append(v)
                 changed |= c

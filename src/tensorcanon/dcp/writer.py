@@ -25,6 +25,7 @@ as it must be for loading with another world size.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -149,7 +150,7 @@ class Writer(StorageWriter):
             raise UsageError(f"ranks use different digest algorithms {algorithms}; give every rank's "
                              "Writer the same algorithm")
         jobs = assign_hashing(plans, algorithms[0])
-        return [dataclasses.replace(p, storage_data=job) for p, job in zip(plans, jobs)]
+        return [dataclasses.replace(p, storage_data=job) for p, job in zip(plans, jobs, strict=True)]
 
     # -------------------------------------------------------------- writing
     def write_data(self, plan: SavePlan, planner: _DCPSavePlanner) -> Future[list[WriteResult]]:
@@ -172,7 +173,7 @@ class Writer(StorageWriter):
                 own[(item.index.fqn, offsets)] = t
                 obj[layout.chunk_key(item.index.fqn, offsets)] = t
             per_rank = planner.logical.per_rank
-            for (path, value), key in zip(per_rank, layout.per_rank_keys([p for p, _ in per_rank])):
+            for (_, value), key in zip(per_rank, layout.per_rank_keys([p for p, _ in per_rank]), strict=True):
                 obj[key] = value
             file_digest, chunk_digests = write_rank_file(self.path, job.rank, job.world_size, obj,
                                                          job.algorithm, self.limits)
@@ -326,7 +327,7 @@ def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, d
             src = by_name[task.name]
             itemsize = src.dtype.itemsize
             views = []
-            for rank, offsets, sizes in task.chunks:
+            for rank, offsets, _ in task.chunks:
                 if rank == job.rank:
                     views.append(tensorbytes.host_bytes(own[(task.name, offsets)], "tensor"))
                     continue
@@ -335,7 +336,7 @@ def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, d
                     path = os.path.join(folder, layout.rank_file_name(rank, job.world_size, digests[rank]))
                     f = opened[rank] = RankFile.open(path, digests[rank], limits)
                 key = layout.chunk_key(task.name, offsets)
-                views.append(f.raw(f.info(key, lambda: f"chunk {key!r}")))
+                views.append(f.raw(f.info(key, functools.partial("chunk {!r}".format, key))))
             h = _digest.tensor_hasher(src.dtype.name, src.shape, job.algorithm)
             boxes = [tiling.Box(o, s) for _, o, s in task.chunks]
             for j, start, count in tiling.runs(src.shape, boxes):

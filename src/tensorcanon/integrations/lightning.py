@@ -43,7 +43,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -61,7 +61,7 @@ from ._common import apply_settings, batch_size_of, check_saveable, cpu_when_mis
 __all__ = ["CanonicalCheckpointIO", "ExactResume", "check_checkpoint", "load_from_checkpoint"]
 
 _M = TypeVar("_M", bound=pl.LightningModule | pl.LightningDataModule)
-SamplerSpec = Union[ResumableSampler, Callable[["pl.Trainer"], ResumableSampler], None]
+SamplerSpec = ResumableSampler | Callable[[pl.Trainer], ResumableSampler] | None
 
 
 def _local(path: Any, what: str) -> str:

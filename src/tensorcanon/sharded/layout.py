@@ -25,6 +25,7 @@ is derived from these fields, so the index names nothing twice.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -225,7 +226,7 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
     if type(table) is not list or len(table) != len(infos):
         raise bad(f"'chunks' must hold one list per logical tensor ({len(infos)})")
     chunks: list[list[Chunk]] = []
-    for i, (info, entries) in enumerate(zip(infos, table)):
+    for info, entries in zip(infos, table, strict=True):
         what = f"{where}: tensor {info.name!r}"
         if type(entries) is not list or not entries:
             raise FormatError(f"{what}: its chunk list must be a non-empty list")
@@ -248,7 +249,7 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
         keys = [sort_key(p) for p in paths]
     except (UnorderableKey, UnicodeEncodeError):
         raise bad("'per_rank' holds a path with a key that is not a key value") from None
-    if any(not a < b for a, b in zip(keys, keys[1:])):
+    if any(not a < b for a, b in itertools.pairwise(keys)):
         raise bad("'per_rank' paths are not in canonical order (or repeat)")
     return Index(folder, own_digest, list(digests), logical, chunks, list(paths), per_rank_keys(list(paths)))
 

@@ -9,6 +9,7 @@ Memory use is one tensor at a time (consolidate: none beyond the page cache).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -71,10 +72,10 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
             if sink is not None:
                 sink(piece)
     actual = h.digest()
-    for j, (c, (f, row)) in enumerate(zip(chunks, rows)):
+    for j, (c, (f, row)) in enumerate(zip(chunks, rows, strict=True)):
         chunk_actual = actual if whole else per_chunk[j].digest() if per_chunk[j] is not None else None
         if not c.box.numel and check_chunks:
-            f.verified(row, lambda: index.describe(t, c))  # an empty chunk: its digest covers its shape
+            f.verified(row, functools.partial(index.describe, t, c))  # an empty chunk: its digest covers its shape
         elif chunk_actual is not None and chunk_actual != row.digest:
             raise IntegrityError(
                 f"{index.describe(t, c)} does not match its digest in the rank file: recorded "
@@ -140,7 +141,7 @@ def load_unsharded(folder: str | os.PathLike, *, rank: int | None = None, map_lo
         root = Decoder(values, limits.max_depth).decode(index.logical.root)
         if rank is not None and index.per_rank:
             f = files.get(rank)
-            for path, key in zip(index.per_rank, index.per_rank_keys):
+            for path, key in zip(index.per_rank, index.per_rank_keys, strict=True):
                 _insert(root, path, f.value(key, limits))
     return root
 

@@ -60,7 +60,7 @@ def check(shape: Sequence[int], boxes: Sequence[Box], where: str) -> None:
         if len(box.offsets) != ndim or len(box.sizes) != ndim:
             raise FormatError(f"{where}: chunk {_text(box)} has the wrong number of dimensions "
                               f"for a tensor of shape {list(shape)}")
-        for o, s, n in zip(box.offsets, box.sizes, shape):
+        for o, s, n in zip(box.offsets, box.sizes, shape, strict=True):
             if o < 0 or s < 0 or o + s > n:
                 raise FormatError(f"{where}: chunk {_text(box)} lies outside the tensor's shape {list(shape)}")
         total += box.numel
@@ -98,12 +98,12 @@ def _spans_rest(box: Box, shape, d: int) -> bool:
 
 def _cover(shape, boxes, d: int, cand: list[int], where: str) -> None:
     last = d == len(shape) - 1
-    for a, b, cov in _intervals(shape, boxes, d, cand, where):
+    for _, _, cov in _intervals(shape, boxes, d, cand, where):
         if len(cov) == 1 and (last or _spans_rest(boxes[cov[0]], shape, d)):
             continue
         if last:
             raise FormatError(f"{where}: chunks {_text(boxes[cov[0]])} and {_text(boxes[cov[1]])} overlap")
-        _cover(shape, boxes, d + 1, cov, where)  # the same for every index in [a, b)
+        _cover(shape, boxes, d + 1, cov, where)  # the same for every index of the interval
 
 
 def runs(shape: Sequence[int], boxes: Sequence[Box]) -> Iterator[tuple[int, int, int]]:
