@@ -37,8 +37,8 @@ CONFORMANCE = json.loads((ROOT / "tests" / "golden" / "conformance.json").read_t
 sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
 sys.path.insert(0, str(ROOT / "tests" / "golden"))
 
-import hostile_lib as h  # noqa: E402
-import vectors  # noqa: E402
+import hostile_lib as h
+import vectors
 
 _KEYWORD = re.compile(r"\bMUST\b|\bREQUIRED\b|\bSHALL\b")
 

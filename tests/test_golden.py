@@ -22,11 +22,11 @@ import tensorcanon as tc
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 sys.path.insert(0, str(GOLDEN))
 
-import vectors  # noqa: E402
-from compare import assert_same  # noqa: E402
+import vectors
+from compare import assert_same
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "fuzz"))
-import hostile_lib as h  # noqa: E402
+import hostile_lib as h
 
 RECORD = json.loads((GOLDEN / "digests.json").read_text())
 NAMES = sorted(vectors.VECTORS)

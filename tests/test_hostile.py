@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ATTACKS = os.path.join(HERE, "attacks")
 sys.path.insert(0, os.path.join(HERE, "fuzz"))
 
-import hostile_lib as h  # noqa: E402
+import hostile_lib as h
 
 EXPECTED = json.load(open(os.path.join(ATTACKS, "expected.json")))
 

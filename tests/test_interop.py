@@ -17,8 +17,8 @@ from tensorcanon import dtypes
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 sys.path.insert(0, str(GOLDEN))
-import vectors  # noqa: E402
-from compare import canonical_bytes  # noqa: E402
+import vectors
+from compare import canonical_bytes
 
 GOLDEN_FILES = sorted(GOLDEN.glob("*.safetensors"))
 

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import tensorcanon as tc
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "golden"))
-from compare import assert_same  # noqa: E402
-from support import torch_dtypes  # noqa: E402
+from compare import assert_same
+from support import torch_dtypes
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

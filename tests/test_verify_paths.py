@@ -13,7 +13,7 @@ import tensorcanon
 from tensorcanon import reader
 
 sys.path.insert(0, __import__("os").path.join(__import__("os").path.dirname(__file__), "fuzz"))
-import hostile_lib as h  # noqa: E402
+import hostile_lib as h
 
 MiB = 1 << 20
 

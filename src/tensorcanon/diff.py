@@ -272,7 +272,7 @@ def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
     if fmt == "torch":
         try:
             value = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises many types for a bad or disallowed pickle
+        except Exception as e:  # noqa: BLE001 - torch raises many types for a bad or disallowed pickle
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise FormatError(
                 f"{path}: torch.load(weights_only=True) cannot read it: {first}; tensorcanon "
@@ -598,7 +598,7 @@ class _Differ:
             return a == b
         try:
             eq = a == b
-        except Exception:
+        except Exception:  # noqa: BLE001 - a user type's __eq__ may raise anything; repr decides then
             eq = NotImplemented
         if isinstance(eq, (bool, np.bool_)):
             return bool(eq)

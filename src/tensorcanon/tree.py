@@ -24,7 +24,7 @@ import torch
 
 from . import codecs, devices, dtypes, paths, registry, tensorbytes, walk
 from .errors import FormatError, LimitError, UnsupportedTypeError
-from .names import tensor_names  # noqa: F401  (re-exported: the name rule lives in names.py)
+from .names import tensor_names  # the name rule lives in names.py (layout imports it from here too)
 from .ordering import KEY_TYPES, UnorderableKey, sort_key, sorted_keys
 
 EXT_BIGINT = 1

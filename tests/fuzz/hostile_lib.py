@@ -207,7 +207,7 @@ def check(data: bytes, *, stream: bool = True, strict: bool = True, mapped: bool
                 value = tensorcanon.load(src) if how == "stream" else tensorcanon.loads(data)
             except TensorCanonError as e:
                 seen = type(e).__name__
-            except Exception as e:  # noqa: BLE001 - the point of the test
+            except Exception as e:
                 raise AssertionError(f"load via {how} raised a non-tensorcanon {type(e).__name__}: {e}") from e
             else:
                 seen = "ok"
@@ -226,7 +226,7 @@ def check(data: bytes, *, stream: bool = True, strict: bool = True, mapped: bool
                 fn(data)
             except TensorCanonError:
                 pass
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 raise AssertionError(f"{fn.__name__} raised a non-tensorcanon {type(e).__name__}: {e}") from e
         if mapped:
             check_mapped(data, outcome)
@@ -258,7 +258,7 @@ def header_names(data: bytes) -> list[str]:
         (n,) = struct.unpack("<Q", data[:8])
         header = json.loads(data[8 : 8 + n])
         return sorted(k for k in header if isinstance(k, str) and k != "__metadata__")[:50]
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a best-effort peek at a hostile header
         return []
 
 
@@ -287,7 +287,7 @@ def check_mapped(data: bytes, outcome: str) -> None:
             seen = "ok"
         except TensorCanonError as e:
             seen = type(e).__name__
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise AssertionError(f"load(mmap=True) raised a non-tensorcanon {type(e).__name__}: {e}") from e
         assert seen == outcome, f"load from bytes: {outcome}, load(mmap=True): {seen}"
         if seen == "ok":
@@ -300,7 +300,7 @@ def check_mapped(data: bytes, outcome: str) -> None:
             seen = type(e).__name__
         except KeyError:
             raise
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise AssertionError(f"tensorcanon.open raised a non-tensorcanon {type(e).__name__}: {e}") from e
         assert (seen == "ok") == (outcome == "ok"), f"load: {outcome}, tensorcanon.open: {seen}"
         if seen == "ok":
@@ -314,5 +314,5 @@ def _is_tensorcanon(data: bytes) -> bool:
     try:
         header, _ = split(data)
         return any(k.startswith("tensorcanon.") for k in header.get("__metadata__", {}))
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a best-effort peek at a hostile header
         return False

@@ -70,6 +70,6 @@ def is_pickle_or_zip(data: bytes) -> bool:
         for op, _, _ in pickletools.genops(data):
             if op.name == "STOP":
                 return True
-    except Exception:  # not a pickle: genops stops at the first byte that is no opcode
+    except Exception:  # noqa: BLE001 - not a pickle: genops stops at the first byte that is no opcode
         return False
     return False

@@ -137,7 +137,7 @@ def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
     def done(f) -> None:
         try:
             md = f.result()
-        except BaseException as e:  # CheckpointException is a BaseException
+        except BaseException as e:  # noqa: BLE001 - CheckpointException is a BaseException; handed on
             out.set_exception(unwrap(e))
         else:
             out.set_result(md.storage_data[LOGICAL_DIGEST])

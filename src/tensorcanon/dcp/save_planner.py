@@ -156,7 +156,7 @@ def _skeleton_difference(a: tuple[bytes, str], b: tuple[bytes, str], rank: int) 
     if ma != mb:
         try:
             ta, tb = msgpack.unpackb(ma), msgpack.unpackb(mb)
-        except Exception:
+        except Exception:  # noqa: BLE001 - only for a better message; msgpack raises many types
             return head + tail, None
         where, va, vb = _first_difference(ta["root"], tb["root"], ())
         if where is not None:

@@ -27,7 +27,7 @@ _PIECE = 1 << 20  # hash and copy in pieces that stay in the CPU cache
 def _chunk_info(files: RankFiles, index: layout.Index, t: int, c: layout.Chunk):
     """The rank-file row of a chunk, checked against what the index says it holds."""
     info = index.logical.tensors[t]
-    what = lambda: index.describe(t, c)  # noqa: E731
+    what = functools.partial(index.describe, t, c)
     f = files.get(c.rank)
     row = f.info(index.key(t, c), what)
     if row.dtype is not info.dtype or row.shape != tuple(c.sizes) or row.kind != "tensor" or row.requires_grad:
