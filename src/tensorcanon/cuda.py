@@ -30,7 +30,7 @@ _ring: list[torch.Tensor] = []
 _streams: dict[int, torch.cuda.Stream] = {}
 
 
-def is_cuda(value) -> bool:
+def is_cuda(value: object) -> bool:
     """True for a torch tensor that lives on a CUDA device."""
     return isinstance(value, torch.Tensor) and value.device.type == "cuda"
 
@@ -104,7 +104,7 @@ def host_chunks(t: torch.Tensor) -> Iterator[memoryview]:
                 events[slot].synchronize()
                 lo = starts[k]
                 size = min(CHUNK, n - lo)
-                yield memoryview(ring[slot].numpy())[:size]
+                yield ring[slot].numpy().data[:size]
                 # The consumer is done with this buffer: refill it with a later chunk.
                 if issued < len(starts):
                     issue(issued)
@@ -133,7 +133,7 @@ def read_to_device(readinto: Callable[[memoryview], None], nbytes: int, device: 
                 if events[slot] is not None:
                     events[slot].synchronize()  # the copy out of this buffer is done
                 size = min(CHUNK, nbytes - lo)
-                view = memoryview(ring[slot].numpy())[:size]
+                view = ring[slot].numpy().data[:size]
                 readinto(view)
                 if update is not None:
                     update(view)

@@ -207,7 +207,7 @@ class DeterminismSettings:
         return self.compare()
 
 
-_TYPES = {
+_TYPES: dict[type | tuple[type, None], tuple[str, ...]] = {  # (T, None): T or None
     bool: ("deterministic_algorithms", "deterministic_warn_only", "cudnn_deterministic",
            "cudnn_benchmark", "cudnn_allow_tf32", "cuda_matmul_allow_tf32"),
     str: ("float32_matmul_precision", "torch_version", "numpy_version", "machine"),

@@ -41,7 +41,7 @@ class TensorCanonError(Exception):
         return (_rebuild, (type(self), self.args, state))
 
 
-def _rebuild(cls: type, args: tuple, state: dict) -> TensorCanonError:
+def _rebuild(cls: type[TensorCanonError], args: tuple, state: dict) -> TensorCanonError:
     error = cls.__new__(cls)
     error.args = args
     for name, value in state.items():

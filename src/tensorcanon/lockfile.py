@@ -113,7 +113,10 @@ def content_digest(path: str | os.PathLike, *, verify: bool = True, wrap: Wrap |
         with open_path(path) as fh:
             f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap and verify else fh
             with reader.open_file(f, limits) as cf:
-                return (cf.verify() if verify else cf.digest), fmt
+                recorded = cf.verify() if verify else cf.digest
+                if recorded is None:  # detect_format saw a manifest, but the file changed since
+                    raise FormatError(f"{path} changed while it was read: it no longer holds a tensorcanon manifest")
+                return recorded, fmt
     loaded = load_file(path, limits=limits, wrap=wrap)
     return writer.fingerprint(writer.plan(loaded.value, None, limits, version=format_version)), fmt
 

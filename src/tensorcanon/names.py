@@ -26,6 +26,7 @@ rule to them (``version=1``), see docs/FORMAT.md §3.5.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from .errors import FormatError
@@ -62,7 +63,7 @@ def float_text(x: float) -> str:
     return repr(x)
 
 
-def _escaped(text, quote: str, code) -> str:
+def _escaped(text: str | bytes, quote: str, code: Callable[[Any], int]) -> str:
     out = [quote]
     for ch in text:
         o = code(ch)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import struct
+from collections.abc import Iterable
 from typing import Any
 
 _RANK_NONE, _RANK_BOOL, _RANK_NUMBER, _RANK_NAN, _RANK_STR, _RANK_BYTES, _RANK_TUPLE, _RANK_FROZENSET = range(8)
@@ -58,7 +59,7 @@ def sort_key(key: Any) -> tuple:
     raise UnorderableKey(key)
 
 
-def sorted_keys(keys) -> list:
+def sorted_keys(keys: Iterable[Any]) -> list:
     """Keys in canonical order. Raises UnorderableKey or ValueError on ties."""
     keys = list(keys)
     if all(type(k) is str for k in keys):

@@ -55,7 +55,7 @@ def _available(device: torch.device) -> tuple[bool, str]:
     else:
         module = getattr(torch, kind, None)
         ok = bool(module is not None and hasattr(module, "is_available") and module.is_available())
-        count = module.device_count() if ok and hasattr(module, "device_count") else int(ok)
+        count = module.device_count() if module is not None and ok and hasattr(module, "device_count") else int(ok)
     have = f"{count} {kind} device(s)" if ok else f"no {kind} support"
     return ok and (device.index or 0) < count, have
 

@@ -14,9 +14,13 @@ Example::
 
 from __future__ import annotations
 
+import io
 import sys
 import time
-from typing import IO, Any, BinaryIO
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 #: Files smaller than this get no bar: reading them takes well under a second.
 MIN_BYTES = 64 << 20
@@ -104,7 +108,7 @@ class ProgressFile:
     what :func:`tensorcanon.load` and :func:`tensorcanon.verify` use.
     """
 
-    def __init__(self, f: BinaryIO, progress: Progress) -> None:
+    def __init__(self, f: io.BufferedIOBase, progress: Progress) -> None:
         self._f = f
         self._progress = progress
 
@@ -114,7 +118,7 @@ class ProgressFile:
             self._progress.update(len(data))
         return data
 
-    def readinto(self, buf) -> int:
+    def readinto(self, buf: WriteableBuffer) -> int:
         got = self._f.readinto(buf)
         if got:
             self._progress.update(got)

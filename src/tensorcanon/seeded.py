@@ -102,7 +102,8 @@ class SeededDataset(Dataset):
         torch_gen = torch.default_generator
         # legacy=True is the faster form, but only MT19937 (numpy's default) has it
         legacy = isinstance(np.random.mtrand._rand._bit_generator, np.random.MT19937)
-        saved = random.getstate(), np.random.get_state(legacy=legacy), torch_gen.get_state()
+        numpy_state = np.random.get_state(legacy=True) if legacy else np.random.get_state(legacy=False)
+        saved = random.getstate(), numpy_state, torch_gen.get_state()
         try:
             out = []
             for index, (python_seed, numpy_words, torch_seed) in keys:

@@ -73,7 +73,7 @@ def _seed_function() -> Callable[[int], Any] | None:
     fn = getattr(tensorcanon, "seed_everything", None)
     if fn is None:
         try:
-            from .determinism import seed_everything as fn  # type: ignore[no-redef]
+            from .determinism import seed_everything as fn
         except ImportError:
             fn = None
     return fn
@@ -140,6 +140,7 @@ def assert_deterministic(fn: Callable[..., Any], *args: Any, runs: int = 2, seed
         first = fn(*args, **kwargs)
         data = api.dumps(first)  # a snapshot: later runs cannot change it in place
         expected = reader.open_file(data).digest
+        assert expected is not None  # dumps writes a tensorcanon file, which records its digest
         for run in range(2, runs + 1):
             _seed(seed)
             out = fn(*args, **kwargs)
