@@ -31,8 +31,8 @@ from typing import Any, TextIO
 from . import __version__, digest, lockfile, manifest, paths, reader, tree, writer
 from .diff import DiffResult, describe, detect_format, diff, load_file
 from .errors import FileAccessError, FormatError, IntegrityError, TensorCanonError
-from .limits import DEFAULT
-from .progress import Progress, ProgressFile
+from .limits import DEFAULT, Limits
+from .progress import BinaryReader, Progress, ProgressFile
 from .source import open_path
 from .tensorbytes import resolved
 from .tree import Decoder
@@ -80,7 +80,7 @@ class _Out:
         if not self.progress:
             return None
 
-        def wrap(fh, size):
+        def wrap(fh: BinaryReader, size: int) -> ProgressFile:
             name = getattr(fh, "name", None)
             label = f"{verb} {os.path.basename(name)}" if isinstance(name, str) else verb
             bar = Progress(size, label, stream=self.stderr)
@@ -124,7 +124,7 @@ def _jsonable(v: Any) -> Any:
     return repr(v)
 
 
-def _table(rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
+def _table(rows: list[list[str]], right: set[int] | frozenset[int] = frozenset()) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for r in rows:
@@ -136,7 +136,7 @@ def _table(rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
 # --------------------------------------------------------------------------- hash / verify
 
 
-def cmd_hash(args, out: _Out) -> int:
+def cmd_hash(args: argparse.Namespace, out: _Out) -> int:
     code, results = EXIT_OK, []
     for path in args.files:
         try:
@@ -160,7 +160,7 @@ def cmd_hash(args, out: _Out) -> int:
     return code
 
 
-def cmd_verify(args, out: _Out) -> int:
+def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
     if args.expect is not None and not digest.is_text(args.expect):
         raise CommandLineError(f"--expect {digest.text_error(args.expect)}")
     code, results = EXIT_OK, []
@@ -215,13 +215,14 @@ _CONTAINERS = {"dict": "dict", "odict": "OrderedDict", "list": "list", "tuple": 
                "set": "set", "frozenset": "frozenset"}
 
 
-def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits=DEFAULT) -> list[dict]:
+def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Limits = DEFAULT) -> list[dict]:
     """One row per value in a manifest tree, in canonical order (see tree.nodes)."""
     values = Decoder([None] * len(table), limits.max_depth, build_objects=False)
-    rows, first_path = [], {}
+    rows: list[dict[str, Any]] = []
+    first_path: dict[int, str] = {}  # tensor index -> the path of its first use
     for trail, node in tree.nodes(root, len(table), limits.max_depth):
         where = paths.join(trail)
-        row = {"path": where, "type": None, "dtype": None, "shape": None, "device": None,
+        row: dict[str, Any] = {"path": where, "type": None, "dtype": None, "shape": None, "device": None,
                "bytes": None, "digest": None, "value": None, "same_as": None}
         tag = node[0] if type(node) is list and node and type(node[0]) is str else None
         if tag == "tensor":
@@ -249,7 +250,7 @@ def _short_repr(v: Any, limit: int = 60) -> str:
     return paths.show(v, limit)  # never fails, even on an int of a million digits
 
 
-def cmd_inspect(args, out: _Out) -> int:
+def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
     path = args.file
     sharded = None
     try:
@@ -345,7 +346,7 @@ def _print_diff(result: DiffResult, out: _Out, indent: str = "", limit: int | No
         out.line(f"{indent}... and {len(result.differences) - limit} more")
 
 
-def cmd_diff(args, out: _Out) -> int:
+def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
     loaded = []
     for path in (args.a, args.b):
         try:
@@ -375,7 +376,7 @@ def cmd_diff(args, out: _Out) -> int:
 # --------------------------------------------------------------------------- lock / check
 
 
-def cmd_lock(args, out: _Out) -> int:
+def cmd_lock(args: argparse.Namespace, out: _Out) -> int:
     try:
         entries = lockfile.make_lock(args.paths, args.output, wrap=out.wrap("lock"))
         lockfile.write_lock(entries, args.output)
@@ -390,7 +391,7 @@ def cmd_lock(args, out: _Out) -> int:
     return EXIT_OK
 
 
-def cmd_check(args, out: _Out) -> int:
+def cmd_check(args: argparse.Namespace, out: _Out) -> int:
     try:
         results = lockfile.check_lock(args.lockfile, wrap=out.wrap("check"))
     except _READ_ERRORS as e:
@@ -444,7 +445,7 @@ def _to_plain_safetensors(value: Any, out_path: str) -> tuple[int, list[str]]:
     return len(tensors), dropped
 
 
-def cmd_convert(args, out: _Out) -> int:
+def cmd_convert(args: argparse.Namespace, out: _Out) -> int:
     from . import api
 
     if args.algorithm is not None and args.to == "safetensors":
@@ -532,7 +533,7 @@ def _run(cmd: list[str], log: TextIO) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, stdout=fd, stderr=fd)
 
 
-def cmd_repro(args, out: _Out) -> int:
+def cmd_repro(args: argparse.Namespace, out: _Out) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -596,7 +597,8 @@ def cmd_repro(args, out: _Out) -> int:
         return _report_repro(args, out, runs, kept)
 
 
-def _report_repro(args, out: _Out, runs, kept) -> int:
+def _report_repro(args: argparse.Namespace, out: _Out, runs: list[list[dict[str, tuple[str, str]]]],
+                  kept: list[list[str]]) -> int:
     artifacts, all_same = [], True
     for i, p in enumerate(args.out):
         first = runs[0][i]
@@ -667,7 +669,7 @@ def _report_repro(args, out: _Out, runs, kept) -> int:
 # --------------------------------------------------------------------------- consolidate
 
 
-def cmd_consolidate(args, out: _Out) -> int:
+def cmd_consolidate(args: argparse.Namespace, out: _Out) -> int:
     from .sharded import consolidate
 
     try:

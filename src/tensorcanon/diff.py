@@ -107,7 +107,7 @@ class Difference:
         return f"{self.path}: {self.kind} {self.a} -> {self.b}"
 
     def to_dict(self) -> dict:
-        out = {"path": self.path, "kind": self.kind, "a": self.a, "b": self.b}
+        out: dict[str, Any] = {"path": self.path, "kind": self.kind, "a": self.a, "b": self.b}
         if self.stats is not None:
             out["stats"] = self.stats.to_dict()
         return out
@@ -179,13 +179,13 @@ def _num(x: float | None) -> str:
     return repr(x) if math.isinf(x) or x == 0 else f"{x:.6g}"
 
 
-def _json_num(x: float | None):
+def _json_num(x: float | None) -> float | str | None:
     if x is None:
         return None
     return x if math.isfinite(x) else repr(x)
 
 
-def _json_scalar(x: Any):
+def _json_scalar(x: Any) -> bool | int | float | str | None:
     if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
         return x
     if isinstance(x, float):
@@ -360,7 +360,7 @@ def diff(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, tensors_only: 
     """
     if not (atol >= 0 and rtol >= 0 and math.isfinite(atol) and math.isfinite(rtol)):
         raise UsageError(f"atol and rtol must be finite and >= 0, got atol={atol!r}, rtol={rtol!r}")
-    sides = []
+    sides: list[tuple[Any, dict[str, str], str | None]] = []
     for value in (a, b):
         if isinstance(value, (str, os.PathLike)):
             loaded = load_file(value, limits=limits)
@@ -472,7 +472,7 @@ def tensor_stats(a: torch.Tensor, b: torch.Tensor, atol: float = 0.0, rtol: floa
             rel = torch.where(rel.isnan(), torch.full_like(rel, math.inf), rel)
             max_abs = max(max_abs, float(d.max()))
             max_rel = max(max_rel, float(rel.max()))
-    if not count:
+    if first is None:  # no element differs (count == 0)
         return None
     index, rest = [], first
     for dim in reversed(shape):
@@ -604,7 +604,7 @@ class _Differ:
             return bool(eq)
         return repr(a) == repr(b)
 
-    def close(self, a, b) -> bool:
+    def close(self, a: Any, b: Any) -> bool:
         if a != a and b != b:  # NaN matches NaN under a tolerance
             return True
         try:

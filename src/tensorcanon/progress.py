@@ -14,10 +14,9 @@ Example::
 
 from __future__ import annotations
 
-import io
 import sys
 import time
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -101,6 +100,21 @@ class Progress:
             self._drawn = 0
 
 
+class BinaryReader(Protocol):
+    """What :class:`ProgressFile` wraps: a binary file opened for reading, buffered or not
+    (``open(path, "rb")``, ``open(path, "rb", buffering=0)``)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def readinto(self, buf: WriteableBuffer, /) -> int | None: ...
+
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+
+    def tell(self) -> int: ...
+
+    def seekable(self) -> bool: ...
+
+
 class ProgressFile:
     """A binary file wrapper that reports every byte read to a :class:`Progress`.
 
@@ -108,7 +122,7 @@ class ProgressFile:
     what :func:`tensorcanon.load` and :func:`tensorcanon.verify` use.
     """
 
-    def __init__(self, f: io.BufferedIOBase, progress: Progress) -> None:
+    def __init__(self, f: BinaryReader, progress: Progress) -> None:
         self._f = f
         self._progress = progress
 
@@ -118,7 +132,7 @@ class ProgressFile:
             self._progress.update(len(data))
         return data
 
-    def readinto(self, buf: WriteableBuffer) -> int:
+    def readinto(self, buf: WriteableBuffer) -> int | None:
         got = self._f.readinto(buf)
         if got:
             self._progress.update(got)
