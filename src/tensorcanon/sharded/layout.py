@@ -29,6 +29,7 @@ import itertools
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,7 @@ def rank_file_name(rank: int, world_size: int, file_digest: str) -> str:
     return f"rank-{rank:05d}-of-{world_size:05d}.{_digest.from_text(file_digest).hex()}.safetensors"
 
 
-def chunk_key(name: str, offsets) -> str:
+def chunk_key(name: str, offsets: Iterable[int]) -> str:
     """The key of a chunk in its rank file: ``model.w@128,0`` (a 0-d tensor: ``step@``)."""
     return f"{name}@{','.join(str(int(o)) for o in offsets)}"
 
@@ -139,7 +140,7 @@ def build(logical_raw: bytes, file_digests: list[str], chunks: list[list[Chunk]]
     }
 
 
-def _chunk_order(c: Chunk):
+def _chunk_order(c: Chunk) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (c.offsets, c.sizes)
 
 
@@ -231,12 +232,13 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
         if type(entries) is not list or not entries:
             raise FormatError(f"{what}: its chunk list must be a non-empty list")
         out = []
-        for e in entries:
-            if (type(e) is not list or len(e) != 3 or type(e[0]) is not int or not 0 <= e[0] < world
-                    or not _int_list(e[1], len(info.shape)) or not _int_list(e[2], len(info.shape))):
-                raise FormatError(f"{what}: malformed chunk {str(e)[:80]}: expected [rank < {world}, "
+        for entry in entries:
+            if (type(entry) is not list or len(entry) != 3 or type(entry[0]) is not int
+                    or not 0 <= entry[0] < world or not _int_list(entry[1], len(info.shape))
+                    or not _int_list(entry[2], len(info.shape))):
+                raise FormatError(f"{what}: malformed chunk {str(entry)[:80]}: expected [rank < {world}, "
                                   f"offsets, sizes] with {len(info.shape)} non-negative ints each")
-            out.append(Chunk(e[0], tiling.Box(tuple(e[1]), tuple(e[2]))))
+            out.append(Chunk(entry[0], tiling.Box(tuple(entry[1]), tuple(entry[2]))))
         if [_chunk_order(c) for c in out] != sorted({_chunk_order(c) for c in out}):
             raise FormatError(f"{what}: chunks are not in canonical order (by offsets, no repeats)")
         tiling.check(info.shape, [c.box for c in out], what)

@@ -12,19 +12,20 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from .. import container, digest, dtypes, manifest, placement, tensorbytes, writer
 from ..errors import FormatError, IntegrityError, TensorCanonError
 from ..limits import DEFAULT, Limits
+from ..manifest import TensorInfo
 from ..tree import Decoder
 from . import layout, tiling
-from .files import RankFiles, with_context
+from .files import RankFile, RankFiles, with_context
 
 _PIECE = 1 << 20  # hash and copy in pieces that stay in the CPU cache
 
 
-def _chunk_info(files: RankFiles, index: layout.Index, t: int, c: layout.Chunk):
+def _chunk_info(files: RankFiles, index: layout.Index, t: int, c: layout.Chunk) -> tuple[RankFile, TensorInfo]:
     """The rank-file row of a chunk, checked against what the index says it holds."""
     info = index.logical.tensors[t]
     what = functools.partial(index.describe, t, c)
@@ -39,7 +40,7 @@ def _chunk_info(files: RankFiles, index: layout.Index, t: int, c: layout.Chunk):
     return f, row
 
 
-def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memoryview], None] | None = None,
+def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memoryview], object] | None = None,
            *, check_chunks: bool = True) -> bytes:
     """Feed logical tensor ``t``'s bytes in C order to ``sink`` and return its digest.
 
@@ -67,13 +68,15 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
         for p in range(lo, hi, _PIECE):
             piece = view[p : min(p + _PIECE, hi)]
             h.update(piece)
-            if per_chunk[j] is not None:
-                per_chunk[j].update(piece)
+            chunk_hasher = per_chunk[j]
+            if chunk_hasher is not None:
+                chunk_hasher.update(piece)
             if sink is not None:
                 sink(piece)
     actual = h.digest()
     for j, (c, (f, row)) in enumerate(zip(chunks, rows, strict=True)):
-        chunk_actual = actual if whole else per_chunk[j].digest() if per_chunk[j] is not None else None
+        chunk_hasher = per_chunk[j]
+        chunk_actual = actual if whole else chunk_hasher.digest() if chunk_hasher is not None else None
         if not c.box.numel and check_chunks:
             f.verified(row, functools.partial(index.describe, t, c))  # an empty chunk: its digest covers its shape
         elif chunk_actual is not None and chunk_actual != row.digest:
@@ -112,7 +115,7 @@ def read_tensor(index: layout.Index, files: RankFiles, t: int, map_location: Any
     return placement.as_recorded(value, info, map_location, lambda: info.name)
 
 
-def _open(folder, limits: Limits) -> layout.Index:
+def _open(folder: str | os.PathLike, limits: Limits) -> layout.Index:
     return layout.read(folder, limits)
 
 
@@ -205,7 +208,7 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
                                infos[t].end) for t in order]  # offsets placed by layout.read
     header = container.build(entries, manifest.header_metadata(index.logical.raw, [], index.algorithm))
 
-    def fill(f, tmp) -> str:
+    def fill(f: BinaryIO, tmp: str) -> str:
         f.write(header)
         with RankFiles(index, limits) as files:
             for t in order:

@@ -74,7 +74,8 @@ def check(shape: Sequence[int], boxes: Sequence[Box], where: str) -> None:
         _cover(shape, boxes, 0, [j for j, b in enumerate(boxes) if b.numel], where)
 
 
-def _intervals(shape, boxes, d: int, cand: list[int], where: str):
+def _intervals(shape: Sequence[int], boxes: Sequence[Box], d: int, cand: list[int],
+               where: str) -> Iterator[tuple[int, int, list[int]]]:
     """Split dimension ``d`` at every candidate box edge: ``(a, b, covering boxes)`` per piece."""
     points = sorted({0, shape[d], *(boxes[j].offsets[d] for j in cand),
                      *(boxes[j].offsets[d] + boxes[j].sizes[d] for j in cand)})
@@ -92,11 +93,11 @@ def _intervals(shape, boxes, d: int, cand: list[int], where: str):
         yield a, b, covering[k]
 
 
-def _spans_rest(box: Box, shape, d: int) -> bool:
+def _spans_rest(box: Box, shape: Sequence[int], d: int) -> bool:
     return all(box.offsets[k] == 0 and box.sizes[k] == shape[k] for k in range(d + 1, len(shape)))
 
 
-def _cover(shape, boxes, d: int, cand: list[int], where: str) -> None:
+def _cover(shape: Sequence[int], boxes: Sequence[Box], d: int, cand: list[int], where: str) -> None:
     last = d == len(shape) - 1
     for _, _, cov in _intervals(shape, boxes, d, cand, where):
         if len(cov) == 1 and (last or _spans_rest(boxes[cov[0]], shape, d)):
@@ -132,7 +133,8 @@ def runs(shape: Sequence[int], boxes: Sequence[Box]) -> Iterator[tuple[int, int,
         yield pending
 
 
-def _runs(shape, boxes, strides, d: int, cand: list[int], base: list[int]):
+def _runs(shape: Sequence[int], boxes: Sequence[Box], strides: list[list[int]], d: int, cand: list[int],
+          base: list[int]) -> Iterator[tuple[int, int, int]]:
     last = d == len(shape) - 1
     for a, b, cov in _intervals(shape, boxes, d, cand, "tensor"):
         if len(cov) == 1 and (last or _spans_rest(boxes[cov[0]], shape, d)):
