@@ -14,7 +14,7 @@ import concurrent.futures
 import contextlib
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import torch.distributed as dist
@@ -34,7 +34,7 @@ from .writer import LOGICAL_DIGEST, Writer
 _T = TypeVar("_T")
 
 
-def _distributed(process_group) -> bool:
+def _distributed(process_group: dist.ProcessGroup | None) -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
@@ -69,7 +69,7 @@ def _run(fn: Callable[[], _T]) -> _T:
 
 
 @contextlib.contextmanager
-def _quiet(single_process: bool):
+def _quiet(single_process: bool) -> Iterator[None]:
     """Silence DCP's warning that it runs in one process (that is the caller's intent)."""
     with warnings.catch_warnings():
         if single_process:
@@ -134,7 +134,7 @@ def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
     upload = started.upload_completion if isinstance(started, AsyncSaveResponse) else started
     out: concurrent.futures.Future = concurrent.futures.Future()
 
-    def done(f) -> None:
+    def done(f: concurrent.futures.Future) -> None:
         try:
             md = f.result()
         except BaseException as e:  # noqa: BLE001 - CheckpointException is a BaseException; handed on

@@ -119,6 +119,8 @@ class Reader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: _DCPLoadPlanner) -> Future[None]:
         _refuse_planner(planner)
         index = self.index
+        if index is None:
+            raise UsageError("tensorcanon.dcp.Reader.read_data was called before set_up_storage_reader")
         # Group by chunk, so each chunk is hashed once and its pages are read together.
         by_chunk: dict = defaultdict(list)
         for req in plan.items:
