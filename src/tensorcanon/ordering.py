@@ -35,7 +35,7 @@ class UnorderableKey(TypeError):
         super().__init__(type(key).__name__)
 
 
-def sort_key(key: Any) -> tuple:
+def sort_key(key: Any) -> tuple[Any, ...]:
     """A Python value whose ``<`` is the canonical order of ``key``."""
     t = type(key)
     if t is str:
@@ -59,7 +59,7 @@ def sort_key(key: Any) -> tuple:
     raise UnorderableKey(key)
 
 
-def sorted_keys(keys: Iterable[Any]) -> list:
+def sorted_keys(keys: Iterable[Any]) -> list[Any]:
     """Keys in canonical order. Raises UnorderableKey or ValueError on ties."""
     keys = list(keys)
     if all(type(k) is str for k in keys):

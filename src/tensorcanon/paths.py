@@ -25,7 +25,7 @@ def component(key: Any) -> str:
         return f"[<{type(key).__name__}>]"
 
 
-def join(parts: tuple) -> str:
+def join(parts: tuple[Any, ...]) -> str:
     """Render a tuple of components (keys, indices) as one path string."""
     return ROOT + "".join(component(p) for p in parts)
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import DeviceUnavailableError, UsageError
 from .tensorbytes import MEMORY_FORMATS
+
+if TYPE_CHECKING:
+    from .manifest import TensorInfo
 
 
 def stays_on_cpu(kind: str, recorded: str, map_location: Any) -> bool:
@@ -78,7 +81,7 @@ def check_device(device: torch.device, recorded: str, map_location: Any, where: 
     raise DeviceUnavailableError(message, path=path, device=str(device))
 
 
-def check_all(rows: list, map_location: Any, where: Callable[[int], str]) -> None:
+def check_all(rows: list[TensorInfo], map_location: Any, where: Callable[[int], str]) -> None:
     """Check every row's target device before any data is read (``rows`` have kind, device, index)."""
     for row in rows:
         if stays_on_cpu(row.kind, row.device, map_location):
@@ -102,7 +105,7 @@ def place(t: torch.Tensor, recorded: str, map_location: Any, where: Callable[[],
     return t if device.type == "cpu" else t.to(device)
 
 
-def as_recorded(value: Any, row: Any, map_location: Any, where: Callable[[], str]) -> Any:
+def as_recorded(value: Any, row: TensorInfo, map_location: Any, where: Callable[[], str]) -> Any:
     """A freshly read tensor or array, placed and typed as its table row says: on its device
     (or where ``map_location`` sends it), in its memory format, a Parameter or not, with its
     requires_grad."""

@@ -66,7 +66,7 @@ def _dataclass_codec(cls: type) -> Codec:
 def _namedtuple_codec(cls: type) -> Codec:
     n_fields = len(_fields_of(cls))
 
-    def encode(obj: Any) -> list:
+    def encode(obj: Any) -> list[Any]:
         return list(obj)
 
     def decode(state: Any) -> Any:
@@ -183,7 +183,7 @@ def by_type(cls: type) -> Registration | None:
     return reg
 
 
-def _fields_of(cls: type) -> tuple:
+def _fields_of(cls: type) -> tuple[str, ...]:
     if dataclasses.is_dataclass(cls):
         return tuple(f.name for f in dataclasses.fields(cls))
     return tuple(getattr(cls, "_fields", ()))

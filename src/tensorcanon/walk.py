@@ -37,7 +37,7 @@ class Container:
     """
 
     tag: str
-    items: list
+    items: list[Any]
     metadata: Any = None
 
     @property
