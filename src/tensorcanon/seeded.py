@@ -81,7 +81,7 @@ class SeededDataset(Dataset):
         if not isinstance(sampler, ResumableSampler):
             raise UsageError(f"SeededDataset(dataset, sampler): sampler must be a "
                              f"tensorcanon.ResumableSampler, got {type(sampler).__name__}")
-        n = len(dataset)  # type: ignore[arg-type]
+        n = len(dataset)  # type: ignore[arg-type]  # torch's Dataset declares no __len__; map-style ones have it
         if n != sampler.num_samples:
             raise UsageError(f"SeededDataset(dataset, sampler): the dataset has {n} samples, "
                              f"the sampler was built for {sampler.num_samples}")
@@ -90,7 +90,7 @@ class SeededDataset(Dataset):
         sampler._sample_indices = True
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(self.dataset)  # type: ignore[arg-type]  # (as in __init__)
 
     def __getitem__(self, index: SampleIndex) -> Any:
         return self.__getitems__([index])[0]
