@@ -141,7 +141,7 @@ def worker(args) -> None:
             clean(d_default + "-async")
             clean(d_tc + "-async")
             holder = []
-            times[name].append(timed(lambda: holder.append(run())))
+            times[name].append(timed(lambda run=run, holder=holder: holder.append(run())))
             holder[0].result()
             dist.barrier()
     assert tcd.verify(d_tc) == digest if rank == 0 else True

@@ -21,8 +21,8 @@ from .ordering import sorted_keys
 
 METADATA = "_metadata"  # the path component of an OrderedDict's metadata slot
 
-_SEQUENCES = {list: "list", tuple: "tuple"}
-_SETS = {set: "set", frozenset: "frozenset"}
+_SEQUENCES: dict[type, str] = {list: "list", tuple: "tuple"}
+_SETS: dict[type, str] = {set: "set", frozenset: "frozenset"}
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Container:
     """
 
     tag: str
-    items: list
+    items: list[Any]
     metadata: Any = None
 
     @property

@@ -24,8 +24,11 @@ from states import logical_digest, sharded_state
 
 
 def _files(folder: str) -> dict:
-    return {n: tensorcanon.digest.to_text(__import__("xxhash").xxh3_128_digest(open(os.path.join(folder, n), "rb").read()))
-            for n in sorted(os.listdir(folder))}
+    def digest(name: str) -> str:
+        with open(os.path.join(folder, name), "rb") as f:
+            return tensorcanon.digest.to_text(__import__("xxhash").xxh3_128_digest(f.read()))
+
+    return {n: digest(n) for n in sorted(os.listdir(folder))}
 
 
 # ------------------------------------------------------------------ two ranks

@@ -47,7 +47,8 @@ def launch(world: int, batch: str, folder: str, timeout: float = 150.0, backend:
             try:
                 p.wait(left)
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"{batch}: ranks did not finish within {timeout} s (a hang); logs in {folder}")
+                raise AssertionError(
+                    f"{batch}: ranks did not finish within {timeout} s (a hang); logs in {folder}") from None
     finally:
         for p, log in procs:
             if p.poll() is None:

@@ -18,9 +18,9 @@ import tensorcanon
 import tensorcanon.dcp as tcd
 from tensorcanon.sharded import layout
 
-from threaded import run_ranks
 from helpers import unsharded, zeros_like_state
 from states import logical_digest, logical_state, sharded_state
+from threaded import run_ranks
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +187,7 @@ def test_dcp_default_load_planner_is_refused(saved):
         return None
 
     for make in (lambda: None, dcp.DefaultLoadPlanner):
-        errors = run_ranks(2, lambda r: load(r, make()))
+        errors = run_ranks(2, lambda r, make=make: load(r, make()))
         assert all(isinstance(e, tensorcanon.UsageError) for e in errors), errors
         assert "torch.load(weights_only=False)" in str(errors[0]) and "pickle" in str(errors[0])
 
@@ -211,7 +211,7 @@ def _save_errors(world, make, folder):
     def save(rank):
         try:
             tcd.save(make(rank), folder)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
             return e
         return None
 
@@ -271,7 +271,7 @@ def test_load_target_mismatches_are_usage_errors(saved):
         change(target)
         try:
             tcd.load(target, saved)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
             return e
         return None
 
@@ -291,7 +291,7 @@ def test_load_target_mismatches_are_usage_errors(saved):
                           (wrong_shape, "float32[4] in the state dict but float32[3]"),
                           (unknown_key, 'unknown.weight"] is in the state dict but not in the checkpoint'),
                           (tensor_for_value, 'is a tensor in the state dict but the checkpoint holds')]:
-        errors = run_ranks(2, lambda r: load(r, change))
+        errors = run_ranks(2, lambda r, change=change: load(r, change))
         assert all(isinstance(e, tensorcanon.UsageError) for e in errors), (change, errors)
         assert words in str(errors[0]), str(errors[0])
 

@@ -9,9 +9,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 import tensorcanon
 import tensorcanon.dcp as tcd
 
-from threaded import run_ranks
 from helpers import unsharded
 from models import batch, build, train_state
+from threaded import run_ranks
 
 
 def _single_process_digest(steps: int) -> str:

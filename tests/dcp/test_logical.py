@@ -13,9 +13,9 @@ import tensorcanon
 import tensorcanon.dcp as tcd
 from tensorcanon.sharded import layout
 
-from threaded import run_ranks
 from helpers import rank_files, unsharded, zeros_like_state
 from states import logical_digest, logical_state, sharded_state
+from threaded import run_ranks
 
 
 def _save(world, folder, seed=0, **kw):
@@ -210,7 +210,8 @@ def test_a_process_group_that_is_not_the_default_one(tmp_path):
         digest = tcd.save(state, folder, process_group=mine)
         target = zeros_like_state(state)
         tcd.load(target, folder, process_group=mine)
-        return digest, target["g"], target["own"].value, torch.equal(target["w"].full_tensor(), state["w"].full_tensor())
+        same = torch.equal(target["w"].full_tensor(), state["w"].full_tensor())
+        return digest, target["g"], target["own"].value, same
 
     got = run_ranks(4, run)
     for rank, (digest, g, own, same) in enumerate(got):

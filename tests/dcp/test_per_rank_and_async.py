@@ -14,9 +14,9 @@ import tensorcanon
 import tensorcanon.dcp as tcd
 from tensorcanon.sharded import layout
 
-from threaded import run_ranks
 from helpers import rank_files, unsharded, zeros_like_state
 from states import logical_digest, sharded_state
+from threaded import run_ranks
 
 
 def test_each_rank_gets_its_own_generator_back(tmp_path):

@@ -56,8 +56,8 @@ def test_files_are_identical_across_processes_runs_and_names(runs, tmp_path):
     folder, two, _ = runs
     a, b, same = _same_on_every_rank(two, "state_save_twice")
     assert a == b == logical_digest() and same
-    from threaded import run_ranks
     from states import sharded_state
+    from threaded import run_ranks
 
     here = str(tmp_path / "threads")
     run_ranks(2, lambda r: tcd.save(sharded_state(2, r), here))     # another run: threads, this process

@@ -14,7 +14,8 @@ import concurrent.futures
 import contextlib
 import os
 import warnings
-from typing import Callable, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -22,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
 from .. import digest as _digest
-from ..errors import LimitError, TensorCanonError, UsageError
+from ..errors import TensorCanonError, UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded.errors import CheckpointError
 from .load_planner import LoadPlanner
@@ -33,7 +34,7 @@ from .writer import LOGICAL_DIGEST, Writer
 _T = TypeVar("_T")
 
 
-def _distributed(process_group) -> bool:
+def _distributed(process_group: dist.ProcessGroup | None) -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
@@ -68,7 +69,7 @@ def _run(fn: Callable[[], _T]) -> _T:
 
 
 @contextlib.contextmanager
-def _quiet(single_process: bool):
+def _quiet(single_process: bool) -> Iterator[None]:
     """Silence DCP's warning that it runs in one process (that is the caller's intent)."""
     with warnings.catch_warnings():
         if single_process:
@@ -133,10 +134,10 @@ def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
     upload = started.upload_completion if isinstance(started, AsyncSaveResponse) else started
     out: concurrent.futures.Future = concurrent.futures.Future()
 
-    def done(f) -> None:
+    def done(f: concurrent.futures.Future) -> None:
         try:
             md = f.result()
-        except BaseException as e:  # CheckpointException is a BaseException
+        except BaseException as e:  # noqa: BLE001 - CheckpointException is a BaseException; handed on
             out.set_exception(unwrap(e))
         else:
             out.set_result(md.storage_data[LOGICAL_DIGEST])

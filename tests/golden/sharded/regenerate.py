@@ -34,9 +34,9 @@ def state(world: int, rank: int) -> dict:
 
 
 def write(folder: str) -> str:
-    from threaded import run_ranks
-
     import tensorcanon.dcp as tcd
+
+    from threaded import run_ranks
 
     return run_ranks(2, lambda r: tcd.save(state(2, r), folder))[0]
 
