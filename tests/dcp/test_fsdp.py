@@ -10,8 +10,10 @@ import tensorcanon
 import tensorcanon.dcp as tcd
 
 from threaded import run_ranks
-from helpers import unsharded
+from helpers import FSDP2_ON_CPU, NO_FSDP2_ON_CPU, unsharded
 from models import batch, build, train_state
+
+pytestmark = pytest.mark.skipif(not FSDP2_ON_CPU, reason=NO_FSDP2_ON_CPU)
 
 
 def _single_process_digest(steps: int) -> str:
