@@ -458,7 +458,12 @@ def test_the_writer_emits_only_the_tags_the_spec_defines():
     from tensorcanon import writer
 
     for name in vectors.VECTORS:
-        obj, meta = vectors.build(name)
+        try:
+            obj, meta = vectors.build(name)
+        except AttributeError as e:  # dtypes_u8 on a torch that lacks some of its dtypes (2.4, the floor)
+            if "module 'torch' has no attribute" not in str(e):
+                raise
+            continue
         p = writer.plan(obj, meta)
         walk(p.root)
         walk(p.meta)

@@ -125,7 +125,7 @@ def test_v1_record_is_frozen():
 def test_v1_files_load_and_verify(name):
     data = (V1 / f"{name}.safetensors").read_bytes()
     assert tc.verify(data) == V1_RECORD["digests"][name]
-    obj, meta = vectors.build(name)
+    obj, meta = build(name)
     loaded = tc.loads(data)
     assert_same(obj, loaded, aliases={})
     assert tc.read_metadata(data) == meta

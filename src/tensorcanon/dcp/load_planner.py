@@ -30,7 +30,6 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
-from torch.distributed.tensor import DTensor
 
 from .. import dtypes, paths
 from ..errors import UsageError
@@ -40,6 +39,7 @@ from ..sharded.files import RankFiles, decode_subtree
 from ..sharded.read import read_tensor
 from ..tree import Decoder
 from ..walk import METADATA
+from ._compat import DTensor, object_coll_device
 from .perrank import PerRank
 
 
@@ -148,10 +148,9 @@ def _materialize_meta(t: Any) -> Any:
         device = torch.device(kind, module.current_device()) if kind != "cpu" and module else torch.device(kind)
     elif dist.is_available() and dist.is_initialized():
         try:
-            name = dist.distributed_c10d._get_object_coll_device()
+            device = object_coll_device()
         except (RuntimeError, ValueError):
-            name = "cpu"
-        device = torch.device(name)
+            device = torch.device("cpu")
     else:
         device = torch.device("cpu")
     if isinstance(t, DTensor):

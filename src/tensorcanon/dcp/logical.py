@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from .. import digest, dtypes, paths, writer
 from ..errors import UnsupportedTypeError
 from ..limits import DEFAULT, Limits
 from ..tree import Encoder
 from ..walk import METADATA
+from ._compat import DTensor, Replicate, Shard
 from .perrank import PerRank
 
 _SUPPORTED_PLACEMENTS = (Shard, Replicate)

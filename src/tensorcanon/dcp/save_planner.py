@@ -24,12 +24,12 @@ import msgpack
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, create_default_local_save_plan
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan
-from torch.distributed.tensor import DTensor, Replicate
 
 from .. import digest, paths, tensorbytes
 from ..errors import UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded.errors import ReplicaMismatchError
+from ._compat import DTensor, Replicate, compute_local_shape_and_global_offset, global_save_plan
 from .logical import LogicalState, plan_state
 
 
@@ -91,8 +91,6 @@ class SavePlanner(DefaultSavePlanner):
                     continue
                 local = value.to_local()
                 key: tuple[str, tuple[int, ...] | None]
-                from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
                 _, offsets = compute_local_shape_and_global_offset(value.shape, mesh, value.placements)
                 key = (src.name, tuple(offsets))
             else:
@@ -108,7 +106,7 @@ class SavePlanner(DefaultSavePlanner):
             raise UsageError("every rank must save with tensorcanon.dcp.SavePlanner")
         compare_ranks(infos, self.planned())
         plans = [dataclasses.replace(p, planner_data=None) for p in all_plans]
-        self.global_plan, self.metadata = self._create_global_plan(plans)
+        self.global_plan, self.metadata = global_save_plan(self, plans)
         return self.global_plan, self.metadata
 
     def finish_plan(self, new_plan: SavePlan) -> SavePlan:

@@ -44,7 +44,9 @@ from ..limits import DEFAULT, Limits
 from ..sharded import layout, tiling
 from ..sharded.errors import CheckpointError
 from ..sharded.files import RankFile
+from . import _compat
 from .save_planner import LocalInfo, SavePlanner
+from .staging import staged_copy
 
 OUTCOME_FQN = "@tensorcanon.rank"  # the WriteResult that carries a rank's file digest
 LOGICAL_DIGEST = "tensorcanon.logical_digest"  # key in the Metadata.storage_data every rank gets back
@@ -127,6 +129,21 @@ class Writer(StorageWriter):
     @property
     def checkpoint_id(self) -> str:
         return self.path
+
+    if not _compat.DCP_STAGES_FAITHFULLY:
+        # This DCP copies a state dict for async_save lossily (see staging.py): the Writer is
+        # its stager instead (DCP's AsyncStager protocol) and copies faithfully.
+        _synchronize_after_execute = False
+
+        @property
+        def should_synchronize_after_execute(self) -> bool:
+            return False
+
+        def stage(self, state_dict: dict) -> dict:
+            return staged_copy(state_dict)
+
+        def synchronize_staging(self) -> None:
+            pass
 
     def __getstate__(self) -> dict:
         # async_save's process executor pickles the writer into a child process, whose
