@@ -52,7 +52,8 @@ def _free_port() -> int:
 def _state(mib: int, world: int):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard
+
+    from tensorcanon.dcp._compat import DTensor, Shard  # wherever this torch keeps them
 
     mesh = init_device_mesh("cpu", (world,))
     g = torch.Generator().manual_seed(1 + torch.distributed.get_rank())
@@ -70,7 +71,8 @@ def _state(mib: int, world: int):
 
 def _fresh_like(state):
     import torch
-    from torch.distributed.tensor import DTensor
+
+    from tensorcanon.dcp._compat import DTensor
 
     model = {k: DTensor.from_local(torch.empty_like(v.to_local()), v.device_mesh, v.placements,
                                    shape=v.shape, stride=v.stride()) for k, v in state["model"].items()}
@@ -141,7 +143,7 @@ def worker(args) -> None:
             clean(d_default + "-async")
             clean(d_tc + "-async")
             holder = []
-            times[name].append(timed(lambda: holder.append(run())))
+            times[name].append(timed(lambda run=run, holder=holder: holder.append(run())))
             holder[0].result()
             dist.barrier()
     assert tcd.verify(d_tc) == digest if rank == 0 else True

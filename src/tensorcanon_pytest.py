@@ -132,7 +132,8 @@ def tensor_snapshot(request: pytest.FixtureRequest) -> TensorSnapshot:
     return TensorSnapshot(request)
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int | pytest.ExitCode,
+                            config: pytest.Config) -> None:
     written = config.stash.get(_written_key, [])
     if written:
         terminalreporter.write_sep("-", f"tensorcanon: wrote {len(written)} tensor snapshot(s)")

@@ -20,7 +20,7 @@ from tensorcanon import FormatError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
 
-import hostile_lib as h  # noqa: E402
+import hostile_lib as h
 
 
 def _with_root(data: bytes, edit) -> bytes:

@@ -17,7 +17,7 @@ import torch
 import tensorcanon as tc
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "golden"))
-from compare import assert_same  # noqa: E402
+from compare import assert_same
 
 OPTIMIZERS = {
     "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4),

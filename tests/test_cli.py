@@ -144,7 +144,8 @@ def test_lockfile_paths_are_relative_to_the_lockfile_and_may_hold_spaces(tmp_pat
     text = (locks / "t.lock").read_text()
     lines = text.splitlines()
     assert lines[0] == "tensorcanon-lock 2"
-    assert [line.split(" ", 2)[2] for line in lines[1:]] == ["../data dir/c.safetensors", "../data dir/sub/a b.safetensors"]
+    assert [line.split(" ", 2)[2] for line in lines[1:]] == ["../data dir/c.safetensors",
+                                                            "../data dir/sub/a b.safetensors"]
     assert run(["check", "locks/t.lock"], tmp_path)[0] == 0
     # A change of one file is one changed line, and check names it.
     tensorcanon.save({"w": torch.ones(2) * 2}, data / "c.safetensors")

@@ -37,8 +37,8 @@ CONFORMANCE = json.loads((ROOT / "tests" / "golden" / "conformance.json").read_t
 sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
 sys.path.insert(0, str(ROOT / "tests" / "golden"))
 
-import hostile_lib as h  # noqa: E402
-import vectors  # noqa: E402
+import hostile_lib as h
+import vectors
 
 _KEYWORD = re.compile(r"\bMUST\b|\bREQUIRED\b|\bSHALL\b")
 
@@ -318,7 +318,8 @@ def _raw_edit(data: bytes, old: bytes, new: bytes) -> bytes:
 ])
 def test_non_canonical_msgpack_is_rejected(old, new, why):
     data = tensorcanon.dumps({"a": 1.5, "b": torch.ones(1), "c": [1, 2]})
-    with pytest.raises(FormatError, match="not in canonical form|not valid msgpack|exactly the keys|must start with a str tag"):
+    refusals = "not in canonical form|not valid msgpack|exactly the keys|must start with a str tag"
+    with pytest.raises(FormatError, match=refusals):
         tensorcanon.loads(_raw_edit(data, old, new))
 
 
@@ -457,7 +458,12 @@ def test_the_writer_emits_only_the_tags_the_spec_defines():
     from tensorcanon import writer
 
     for name in vectors.VECTORS:
-        obj, meta = vectors.build(name)
+        try:
+            obj, meta = vectors.build(name)
+        except AttributeError as e:  # dtypes_u8 on a torch that lacks some of its dtypes (2.4, the floor)
+            if "module 'torch' has no attribute" not in str(e):
+                raise
+            continue
         p = writer.plan(obj, meta)
         walk(p.root)
         walk(p.meta)

@@ -11,6 +11,7 @@ import torch
 import tensorcanon
 from tensorcanon import cuda
 from tensorcanon.tensorbytes import host_bytes
+
 from support import requires_cuda
 
 pytestmark = requires_cuda

@@ -384,7 +384,8 @@ def _global_states():
 
 
 def _same_states(a, b):
-    return (a[0] == b[0] and all(np.array_equal(x, y) for x, y in zip(a[1], b[1]))
+    return (a[0] == b[0] and len(a[1]) == len(b[1])
+            and all(np.array_equal(x, y) for x, y in zip(a[1], b[1], strict=True))
             and torch.equal(a[2], b[2]))
 
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import Limits, LimitError
+from tensorcanon import LimitError, Limits
 
 M = 10
 

@@ -17,7 +17,6 @@ import tensorcanon
 from tensorcanon import DeterminismSettings, seed_everything
 from tensorcanon.determinism import DeterminismWarning
 
-
 pytestmark = pytest.mark.usefixtures("keep_determinism_settings")  # tests/conftest.py
 
 

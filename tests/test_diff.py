@@ -62,7 +62,8 @@ def test_structure_changes_by_path():
 
 
 def test_scalar_types_are_exact():
-    assert kinds(tensorcanon.diff([1, True, 1.0], [True, 1, 1])) == [("$[0]", "type"), ("$[1]", "type"), ("$[2]", "type")]
+    assert kinds(tensorcanon.diff([1, True, 1.0], [True, 1, 1])) == [("$[0]", "type"), ("$[1]", "type"),
+                                                                     ("$[2]", "type")]
     assert kinds(tensorcanon.diff({"x": "a"}, {"x": "b"})) == [('$["x"]', "value")]
 
 
@@ -176,7 +177,8 @@ def test_views_and_lazy_conjugates_compare_by_value():
 
 def test_tensor_kinds_devices_grad_and_numpy():
     t = torch.ones(2)
-    r = tensorcanon.diff({"p": torch.nn.Parameter(t.clone()), "g": t}, {"p": t.clone(), "g": t.clone().requires_grad_()})
+    r = tensorcanon.diff({"p": torch.nn.Parameter(t.clone()), "g": t},
+                         {"p": t.clone(), "g": t.clone().requires_grad_()})
     assert kinds(r) == [('$["g"]', "requires_grad"), ('$["p"]', "type"), ('$["p"]', "requires_grad")]
     r = tensorcanon.diff(np.arange(3.0), torch.arange(3.0, dtype=torch.float64))
     assert kinds(r) == [("$", "type")]

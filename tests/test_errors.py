@@ -13,7 +13,6 @@ import torch
 import tensorcanon as tc
 from tensorcanon import writer
 
-
 # --------------------------------------------------------------- unsupported values
 
 class Opaque:

@@ -20,7 +20,7 @@ from tensorcanon import rng
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
 
-import hostile_lib as h  # noqa: E402
+import hostile_lib as h
 
 
 def _state(draws: int = 0, normal: bool = False, seed: int = 7) -> bytes:

@@ -22,11 +22,11 @@ import tensorcanon as tc
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 sys.path.insert(0, str(GOLDEN))
 
-import vectors  # noqa: E402
-from compare import assert_same  # noqa: E402
+import vectors
+from compare import assert_same
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "fuzz"))
-import hostile_lib as h  # noqa: E402
+import hostile_lib as h
 
 RECORD = json.loads((GOLDEN / "digests.json").read_text())
 NAMES = sorted(vectors.VECTORS)
@@ -65,7 +65,8 @@ def test_bytes_and_digest_are_unchanged(name):
     expected = (GOLDEN / f"{name}.safetensors").read_bytes()
     data = tc.dumps(obj, metadata=meta)
     if data != expected:
-        first = next((i for i, (x, y) in enumerate(zip(data, expected)) if x != y), min(len(data), len(expected)))
+        first = next((i for i, (x, y) in enumerate(zip(data, expected, strict=False)) if x != y),
+                     min(len(data), len(expected)))
         pytest.fail(f"{name}: bytes changed at offset {first} (now {len(data)} bytes, golden {len(expected)}); "
                     "a format change must bump FORMAT_VERSION and regenerate (tests/golden/regenerate.py)")
     digest = RECORD["digests"][name]
@@ -107,7 +108,7 @@ def test_a_dtype_this_torch_lacks_is_refused_by_name():
         tensorbytes.finish(buf, row, (3,), "tensor", "w")
     lacking = [r.name for r in dtypes.BY_NAME.values() if r.torch is None]
     if lacking:  # on such a torch (2.4 lacks some), the committed file says which one, as TypeError
-        with pytest.raises(TypeError, match=r"has dtype (%s), which this torch" % "|".join(lacking)):
+        with pytest.raises(TypeError, match=rf"has dtype ({'|'.join(lacking)}), which this torch"):
             tc.load(GOLDEN / "dtypes_u8.safetensors")
 
 
@@ -124,7 +125,7 @@ def test_v1_record_is_frozen():
 def test_v1_files_load_and_verify(name):
     data = (V1 / f"{name}.safetensors").read_bytes()
     assert tc.verify(data) == V1_RECORD["digests"][name]
-    obj, meta = vectors.build(name)
+    obj, meta = build(name)
     loaded = tc.loads(data)
     assert_same(obj, loaded, aliases={})
     assert tc.read_metadata(data) == meta

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ATTACKS = os.path.join(HERE, "attacks")
 sys.path.insert(0, os.path.join(HERE, "fuzz"))
 
-import hostile_lib as h  # noqa: E402
+import hostile_lib as h
 
 EXPECTED = json.load(open(os.path.join(ATTACKS, "expected.json")))
 
@@ -166,5 +166,5 @@ def test_claimed_terabyte_never_allocates():
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.split("\n")
     assert "MemoryError" not in out.stdout, out.stdout
-    assert len([l for l in lines if l.strip()]) == 12, out.stdout
-    assert all(l.split()[-1] in ("FormatError", "LimitError") for l in lines if l.strip()), out.stdout
+    assert len([line for line in lines if line.strip()]) == 12, out.stdout
+    assert all(line.split()[-1] in ("FormatError", "LimitError") for line in lines if line.strip()), out.stdout

@@ -17,8 +17,8 @@ from tensorcanon import dtypes
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 sys.path.insert(0, str(GOLDEN))
-import vectors  # noqa: E402
-from compare import canonical_bytes  # noqa: E402
+import vectors
+from compare import canonical_bytes
 
 GOLDEN_FILES = sorted(GOLDEN.glob("*.safetensors"))
 
@@ -118,7 +118,8 @@ def test_nested_objects_get_readable_dotted_names(tmp_path):
 
 
 def test_plain_safetensors_files_load_as_flat_dicts(tmp_path):
-    tensors = {"b.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3), "a": torch.tensor([1, 2], dtype=torch.int8),
+    tensors = {"b.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+               "a": torch.tensor([1, 2], dtype=torch.int8),
                "c": torch.zeros(0, 3, dtype=torch.bfloat16), "d": torch.tensor(True)}
     path = tmp_path / "plain.safetensors"
     save_file(tensors, str(path), metadata={"x": "1", "format": "pt"})

@@ -175,8 +175,9 @@ def _authentic_but_not_canonical(tmp_path):
     import sys
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "fuzz"))
-    import hostile_lib as h
     import msgpack
+
+    import hostile_lib as h
 
     valid = tensorcanon.dumps({"a": torch.zeros(2), "b": torch.ones(2)})
     m, header, body = h.manifest_of(valid)
@@ -229,7 +230,7 @@ def test_mapping_protocol(tmp_path):
         assert isinstance(f, Mapping)
         assert f.keys() == ['$["a"]', '$["b"][0]'] and list(f) == f.keys() and len(f) == 2
         assert [k for k, _ in f.items()] == f.keys()
-        assert all(torch.equal(v, w) for v, w in zip(f.values(), [obj["a"], obj["b"][0]]))
+        assert all(torch.equal(v, w) for v, w in zip(f.values(), [obj["a"], obj["b"][0]], strict=True))
         assert f.get('$["nope"]') is None and f.get('$["nope"]', 3) == 3
         assert torch.equal(f.get('$["a"]'), obj["a"])
         assert '$["a"]' in f and "a" in f and '$["nope"]' not in f and 3 not in f

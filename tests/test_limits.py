@@ -31,7 +31,8 @@ def _assert_says_how(e: errors.LimitError, limit: str) -> None:
 CASES = {
     "max_header_bytes": (lambda: {"t": torch.ones(3)}, lambda n: Limits(max_header_bytes=n // 2), "max_header_bytes"),
     "max_depth": (lambda: {"deep": _nested(40)}, lambda n: Limits(max_depth=20), "max_depth"),
-    "max_tensors": (lambda: {f"t{i}": torch.ones(1) for i in range(10)}, lambda n: Limits(max_tensors=9), "max_tensors"),
+    "max_tensors": (lambda: {f"t{i}": torch.ones(1) for i in range(10)}, lambda n: Limits(max_tensors=9),
+                    "max_tensors"),
     "max_ndim": (lambda: {"t": torch.ones([1] * 9)}, lambda n: Limits(max_ndim=8), "max_ndim"),
 }
 
@@ -109,6 +110,7 @@ def test_depth_beyond_python_recursion_is_a_clear_error_both_ways():
         node = ["list", node]
     m["root"] = ["dict", "x", node]
     crafted = h.rebuild(data, h.repack(m))
-    for read in (lambda: tensorcanon.loads(crafted, limits=deep_limits), lambda: tensorcanon.verify(crafted, limits=deep_limits)):
+    for read in (lambda: tensorcanon.loads(crafted, limits=deep_limits),
+                 lambda: tensorcanon.verify(crafted, limits=deep_limits)):
         with pytest.raises(tensorcanon.FormatError, match="recursion limit"):
             read()

@@ -27,7 +27,7 @@ from tensorcanon.tree import bigint_bytes
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
 
-import hostile_lib as h  # noqa: E402
+import hostile_lib as h
 
 FORMAT = (pathlib.Path(__file__).parent.parent / "docs" / "FORMAT.md").read_text(encoding="utf-8")
 PAYLOAD_NAN = struct.unpack(">d", bytes.fromhex("7ff800000000beef"))[0]

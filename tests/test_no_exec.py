@@ -27,7 +27,7 @@ from tensorcanon import errors, registry
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "fuzz"))
 
-import hostile_lib as h  # noqa: E402
+import hostile_lib as h
 
 
 class Executed(BaseException):

@@ -84,7 +84,7 @@ def test_a_damaged_tensor_has_the_same_path_in_every_reader(tmp_path, trail, wan
     changed = tensorcanon.loads(data)
     target = changed
     for k in trail[:-1]:
-        target = getattr(target, "_metadata") if k == "_metadata" else target[k]
+        target = target._metadata if k == "_metadata" else target[k]
     target[trail[-1]] = t + 1
     differences = tensorcanon.diff(tensorcanon.loads(data), changed).differences
     seen["diff"] = differences[0].path if differences else None

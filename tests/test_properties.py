@@ -8,20 +8,19 @@ tensor object, or the same view of one storage, in several places).
 import collections
 import io
 import math
+import pathlib
 import random
 import sys
-import pathlib
 
 import numpy as np
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tensorcanon as tc
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "golden"))
-from compare import assert_same  # noqa: E402
-from support import torch_dtypes  # noqa: E402
+from compare import assert_same
+from support import torch_dtypes
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -183,7 +182,8 @@ class NonSeekable(io.RawIOBase):
         raise io.UnsupportedOperation("tell")
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(trees())
 def test_every_way_of_writing_gives_the_same_bytes_and_digest(tmp_path, obj):
     data = tc.dumps(obj)

@@ -118,7 +118,8 @@ def test_loading_never_imports_the_module_named_in_the_file(tmp_path):
             v: int
     """))
     out = tmp_path / "secret.safetensors"
-    writer = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import tensorcanon as tc, tc_secret_module_xyz as m; "
+    writer = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
+              "import tensorcanon as tc, tc_secret_module_xyz as m; "
               f"tc.register(m.Secret); tc.save({{'s': m.Secret(3)}}, {str(out)!r})")
     subprocess.run([sys.executable, "-c", writer], check=True, timeout=120)
     (tmp_path / "tc_secret_module_xyz.imported").unlink()

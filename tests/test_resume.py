@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 import tensorcanon
 
 sys.path.insert(0, str(Path(__file__).parent))
-import resume_helper  # noqa: E402
+import resume_helper
 
 HELPER = Path(__file__).parent / "resume_helper.py"
 TOTAL = 12

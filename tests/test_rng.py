@@ -254,7 +254,7 @@ def test_cuda_rng_state_capture_restore():
     loaded = tensorcanon.loads(tensorcanon.dumps(state))
     loaded.restore()
     again = [torch.rand(4, device=f"cuda:{i}").cpu() for i in range(torch.cuda.device_count())]
-    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 
 
 def test_cuda_generator_on_cpu_machine_names_device():

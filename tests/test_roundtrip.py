@@ -14,14 +14,18 @@ import tensorcanon as tc
 from support import torch_dtype
 
 
+def _raw(t):
+    """A tensor's bytes as a flat uint8 tensor (an empty one for no elements)."""
+    return t.contiguous().view(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
+
+
 def same(a, b):
     """Exact equality, including types, bits of floats, dtypes and devices."""
     assert type(a) is type(b), (type(a), type(b))
     if isinstance(a, torch.Tensor):
         assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
         assert a.requires_grad == b.requires_grad
-        assert torch.equal(a.detach().resolve_conj().resolve_neg().contiguous().view(-1).view(torch.uint8) if a.numel() else a.detach().new_empty(0, dtype=torch.uint8),
-                           b.detach().contiguous().view(-1).view(torch.uint8) if b.numel() else b.detach().new_empty(0, dtype=torch.uint8))
+        assert torch.equal(_raw(a.detach().resolve_conj().resolve_neg()), _raw(b.detach()))
     elif isinstance(a, np.ndarray):
         assert a.dtype.newbyteorder("=") == b.dtype and a.shape == b.shape
         assert np.ascontiguousarray(a).astype(b.dtype).tobytes() == b.tobytes()
@@ -31,7 +35,7 @@ def same(a, b):
         assert struct.pack(">dd", a.real, a.imag) == struct.pack(">dd", b.real, b.imag)
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             same(x, y)
     elif isinstance(a, dict):
         assert list(a) == list(b) if isinstance(a, collections.OrderedDict) else set(a) == set(b)
@@ -136,7 +140,8 @@ def test_parameters_and_requires_grad():
     assert out["nonleaf"].requires_grad and out["nonleaf"].is_leaf
 
 
-@pytest.mark.parametrize("dtype", ["bool", "u1", "i1", "<u2", ">i2", "<u4", ">i4", "<u8", "<i8", "<f2", ">f4", "<f8", "<c8", ">c16"])
+@pytest.mark.parametrize("dtype", ["bool", "u1", "i1", "<u2", ">i2", "<u4", ">i4", "<u8", "<i8", "<f2", ">f4", "<f8",
+                                   "<c8", ">c16"])
 def test_numpy_arrays_come_back_as_numpy(dtype):
     a = (np.arange(12) % 3).astype(dtype).reshape(3, 4)[:, ::2]
     out = tc.loads(tc.dumps({"a": a}))["a"]
@@ -153,7 +158,8 @@ def test_same_values_same_tensor_digest_across_layouts():
 def test_metadata_round_trip_and_digest():
     d1 = tc.dumps({"w": torch.ones(2)}, metadata={"epoch": 3, "note": "x"})
     assert tc.read_metadata(d1) == {"epoch": 3, "note": "x"}
-    assert tc.fingerprint({"w": torch.ones(2)}, metadata={"epoch": 3, "note": "x"}) != tc.fingerprint({"w": torch.ones(2)})
+    with_metadata = tc.fingerprint({"w": torch.ones(2)}, metadata={"epoch": 3, "note": "x"})
+    assert with_metadata != tc.fingerprint({"w": torch.ones(2)})
     with pytest.raises(tc.UnsupportedTypeError):
         tc.dumps({}, metadata={"t": torch.ones(1)})
 

@@ -273,7 +273,8 @@ _CHILD = """
 import sys, hashlib, torch, tensorcanon as tc
 obj = {"z": 1, "a": {"set": {"x", "y", "q", "long string"}, "fs": frozenset({"k1", "k2", "k3"})},
        "w": torch.arange(12, dtype=torch.float32).reshape(3, 4), "t": ("b", "a")}
-sys.stdout.write(hashlib.sha256(tc.dumps(obj, algorithm="sha256")).hexdigest() + " " + tc.fingerprint(obj, algorithm="sha256"))
+file_digest = hashlib.sha256(tc.dumps(obj, algorithm="sha256")).hexdigest()
+sys.stdout.write(file_digest + " " + tc.fingerprint(obj, algorithm="sha256"))
 """
 
 

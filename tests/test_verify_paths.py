@@ -13,7 +13,7 @@ import tensorcanon
 from tensorcanon import reader
 
 sys.path.insert(0, __import__("os").path.join(__import__("os").path.dirname(__file__), "fuzz"))
-import hostile_lib as h  # noqa: E402
+import hostile_lib as h
 
 MiB = 1 << 20
 
@@ -56,8 +56,9 @@ def test_every_route_names_the_first_damaged_tensor(tmp_path, size):
     raw[len(raw) - 1 * n * 4 + 9] ^= 1  # in t9, which the other thread hashes
     p.write_bytes(bytes(raw))
     for name, route in _routes(p).items():
-        with pytest.raises(tensorcanon.IntegrityError, match=r'\$\["t2"\]'):
+        with pytest.raises(tensorcanon.IntegrityError) as info:
             route()
+        assert '$["t2"]' in str(info.value), (name, str(info.value))
 
 
 def test_a_file_object_is_left_after_the_data(tmp_path):

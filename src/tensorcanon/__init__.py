@@ -12,6 +12,9 @@ Example::
 """
 
 from .api import dumps, fingerprint, load, loads, read_metadata, save, verify
+from .codecs import register_all as register_builtin_codecs
+from .data import ResumableSampler, SamplerStateError, seed_worker
+from .determinism import DeterminismSettings, seed_everything
 from .diff import DiffResult, diff
 from .errors import (
     DeviceUnavailableError,
@@ -29,10 +32,7 @@ from .lazy import LazyFile, open
 from .limits import Limits
 from .manifest import VERSION as FORMAT_VERSION
 from .registry import register, unregister
-from .codecs import register_all as register_builtin_codecs
 from .rng import RngRestoreError, RngState  # importing rng registers the generator tags
-from .determinism import DeterminismSettings, seed_everything
-from .data import ResumableSampler, SamplerStateError, seed_worker
 from .seeded import SeededDataset
 
 __version__ = "0.1.0"

@@ -25,13 +25,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from . import __version__, digest, lockfile, manifest, paths, reader, tree, writer
 from .diff import DiffResult, describe, detect_format, diff, load_file
 from .errors import FileAccessError, FormatError, IntegrityError, TensorCanonError
-from .limits import DEFAULT
-from .progress import Progress, ProgressFile
+from .limits import DEFAULT, Limits
+from .progress import BinaryReader, Progress, ProgressFile
 from .source import open_path
 from .tensorbytes import resolved
 from .tree import Decoder
@@ -79,7 +80,7 @@ class _Out:
         if not self.progress:
             return None
 
-        def wrap(fh, size):
+        def wrap(fh: BinaryReader, size: int) -> ProgressFile:
             name = getattr(fh, "name", None)
             label = f"{verb} {os.path.basename(name)}" if isinstance(name, str) else verb
             bar = Progress(size, label, stream=self.stderr)
@@ -123,11 +124,11 @@ def _jsonable(v: Any) -> Any:
     return repr(v)
 
 
-def _table(rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
+def _table(rows: list[list[str]], right: set[int] | frozenset[int] = frozenset()) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for r in rows:
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
         out.append("  ".join(cells).rstrip())
     return out
 
@@ -135,7 +136,7 @@ def _table(rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
 # --------------------------------------------------------------------------- hash / verify
 
 
-def cmd_hash(args, out: _Out) -> int:
+def cmd_hash(args: argparse.Namespace, out: _Out) -> int:
     code, results = EXIT_OK, []
     for path in args.files:
         try:
@@ -159,7 +160,7 @@ def cmd_hash(args, out: _Out) -> int:
     return code
 
 
-def cmd_verify(args, out: _Out) -> int:
+def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
     if args.expect is not None and not digest.is_text(args.expect):
         raise CommandLineError(f"--expect {digest.text_error(args.expect)}")
     code, results = EXIT_OK, []
@@ -173,8 +174,9 @@ def cmd_verify(args, out: _Out) -> int:
                 fmt = detect_format(path)
                 if fmt != "tensorcanon":
                     raise FormatError(
-                        f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; `tensorcanon hash` "
-                        "gives its content digest, `tensorcanon convert` makes a tensorcanon file of it"
+                        f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; "
+                        "`tensorcanon hash` gives its content digest, `tensorcanon convert` makes a tensorcanon "
+                        "file of it"
                     )
                 with open_path(path) as fh:
                     wrap = out.wrap("verify")
@@ -213,13 +215,14 @@ _CONTAINERS = {"dict": "dict", "odict": "OrderedDict", "list": "list", "tuple": 
                "set": "set", "frozenset": "frozenset"}
 
 
-def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits=DEFAULT) -> list[dict]:
+def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Limits = DEFAULT) -> list[dict]:
     """One row per value in a manifest tree, in canonical order (see tree.nodes)."""
     values = Decoder([None] * len(table), limits.max_depth, build_objects=False)
-    rows, first_path = [], {}
+    rows: list[dict[str, Any]] = []
+    first_path: dict[int, str] = {}  # tensor index -> the path of its first use
     for trail, node in tree.nodes(root, len(table), limits.max_depth):
         where = paths.join(trail)
-        row = {"path": where, "type": None, "dtype": None, "shape": None, "device": None,
+        row: dict[str, Any] = {"path": where, "type": None, "dtype": None, "shape": None, "device": None,
                "bytes": None, "digest": None, "value": None, "same_as": None}
         tag = tree.tag_of(node)
         if tag == "tensor":
@@ -247,7 +250,7 @@ def _short_repr(v: Any, limit: int = 60) -> str:
     return paths.show(v, limit)  # never fails, even on an int of a million digits
 
 
-def cmd_inspect(args, out: _Out) -> int:
+def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
     path = args.file
     sharded = None
     try:
@@ -343,7 +346,7 @@ def _print_diff(result: DiffResult, out: _Out, indent: str = "", limit: int | No
         out.line(f"{indent}... and {len(result.differences) - limit} more")
 
 
-def cmd_diff(args, out: _Out) -> int:
+def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
     loaded = []
     for path in (args.a, args.b):
         try:
@@ -373,7 +376,7 @@ def cmd_diff(args, out: _Out) -> int:
 # --------------------------------------------------------------------------- lock / check
 
 
-def cmd_lock(args, out: _Out) -> int:
+def cmd_lock(args: argparse.Namespace, out: _Out) -> int:
     try:
         entries = lockfile.make_lock(args.paths, args.output, wrap=out.wrap("lock"))
         lockfile.write_lock(entries, args.output)
@@ -388,7 +391,7 @@ def cmd_lock(args, out: _Out) -> int:
     return EXIT_OK
 
 
-def cmd_check(args, out: _Out) -> int:
+def cmd_check(args: argparse.Namespace, out: _Out) -> int:
     try:
         results = lockfile.check_lock(args.lockfile, wrap=out.wrap("check"))
     except _READ_ERRORS as e:
@@ -442,7 +445,7 @@ def _to_plain_safetensors(value: Any, out_path: str) -> tuple[int, list[str]]:
     return len(tensors), dropped
 
 
-def cmd_convert(args, out: _Out) -> int:
+def cmd_convert(args: argparse.Namespace, out: _Out) -> int:
     from . import api
 
     if args.algorithm is not None and args.to == "safetensors":
@@ -469,8 +472,9 @@ def cmd_convert(args, out: _Out) -> int:
                 out.warn(f"{where} is not a tensor; plain safetensors cannot hold it, so it was left out")
             out.json({"input": args.input, "input_format": loaded.format, "output": args.output,
                       "output_format": to, "tensors": n, "dropped": dropped})
-            out.line(f"wrote {args.output} (safetensors, {n} tensor{'s' if n != 1 else ''}"
-                     + (f", {len(dropped)} non-tensor value{'s' if len(dropped) != 1 else ''} left out)" if dropped else ")"))
+            s = "s" if len(dropped) != 1 else ""
+            left_out = f", {len(dropped)} non-tensor value{s} left out" if dropped else ""
+            out.line(f"wrote {args.output} (safetensors, {n} tensor{'s' if n != 1 else ''}{left_out})")
     except (TensorCanonError, OSError) as e:
         out.error(_message(e, args.output))
         return EXIT_ERROR
@@ -508,7 +512,7 @@ def _first_byte_difference(a: str, b: str) -> str:
         while True:
             x, y = fa.read(1 << 16), fb.read(1 << 16)
             if x != y:
-                for i, (p, q) in enumerate(zip(x, y)):
+                for i, (p, q) in enumerate(zip(x, y, strict=False)):  # the last reads may differ in length
                     if p != q:
                         return f"bytes differ first at offset {offset + i}"
                 return f"sizes differ: {os.path.getsize(a)} and {os.path.getsize(b)} bytes"
@@ -529,19 +533,21 @@ def _run(cmd: list[str], log: TextIO) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, stdout=fd, stderr=fd)
 
 
-def cmd_repro(args, out: _Out) -> int:
+def cmd_repro(args: argparse.Namespace, out: _Out) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise CommandLineError("repro needs a command after '--', e.g. tensorcanon repro --out model.safetensors -- python train.py")
+        raise CommandLineError("repro needs a command after '--', "
+                               "e.g. tensorcanon repro --out model.safetensors -- python train.py")
     if args.runs < 2:
         raise CommandLineError(f"--runs must be at least 2 (got {args.runs}): one run has nothing to compare with")
     cwd = os.path.abspath(os.getcwd())
     for p in args.out:
         full = os.path.abspath(p)
         if os.path.isdir(full) and (cwd == full or cwd.startswith(full.rstrip(os.sep) + os.sep)):
-            raise CommandLineError(f"--out {p!r} contains the current folder; name the files or a folder the command writes")
+            raise CommandLineError(f"--out {p!r} contains the current folder; "
+                                   "name the files or a folder the command writes")
     # Every run must write its own artifacts, and what is there now was not written by these
     # runs: refuse rather than move, overwrite or delete anything the user has.
     existing = [p for p in args.out if os.path.lexists(p)]
@@ -591,7 +597,8 @@ def cmd_repro(args, out: _Out) -> int:
         return _report_repro(args, out, runs, kept)
 
 
-def _report_repro(args, out: _Out, runs, kept) -> int:
+def _report_repro(args: argparse.Namespace, out: _Out, runs: list[list[dict[str, tuple[str, str]]]],
+                  kept: list[list[str]]) -> int:
     artifacts, all_same = [], True
     for i, p in enumerate(args.out):
         first = runs[0][i]
@@ -662,7 +669,7 @@ def _report_repro(args, out: _Out, runs, kept) -> int:
 # --------------------------------------------------------------------------- consolidate
 
 
-def cmd_consolidate(args, out: _Out) -> int:
+def cmd_consolidate(args: argparse.Namespace, out: _Out) -> int:
     from .sharded import consolidate
 
     try:

@@ -35,7 +35,8 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import pathlib
-from typing import Any, Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from . import registry
 from .errors import UnsupportedTypeError, UsageError
@@ -155,7 +156,7 @@ def _ints(state: Any, n: int, what: str) -> list:
     return state
 
 
-def _check_ints(values, what: str) -> None:
+def _check_ints(values: Iterable[Any], what: str) -> None:
     if not all(type(v) is int for v in values):
         raise ValueError(f"{what} fields must be ints")
 

@@ -16,7 +16,7 @@ import or touch CUDA. The buffers are allocated on first use and kept.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -27,10 +27,10 @@ DEPTH = 3          # buffers in the ring: copies in flight while one chunk is co
 
 _lock = threading.Lock()     # one stream of chunks at a time uses the shared ring
 _ring: list[torch.Tensor] = []
-_streams: dict[int, "torch.cuda.Stream"] = {}
+_streams: dict[int, torch.cuda.Stream] = {}
 
 
-def is_cuda(value) -> bool:
+def is_cuda(value: object) -> bool:
     """True for a torch tensor that lives on a CUDA device."""
     return isinstance(value, torch.Tensor) and value.device.type == "cuda"
 
@@ -42,7 +42,7 @@ def _buffers() -> list[torch.Tensor]:
     return _ring
 
 
-def _side_stream(device: torch.device) -> "torch.cuda.Stream":
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = _streams.get(index)
     if stream is None:
@@ -104,7 +104,7 @@ def host_chunks(t: torch.Tensor) -> Iterator[memoryview]:
                 events[slot].synchronize()
                 lo = starts[k]
                 size = min(CHUNK, n - lo)
-                yield memoryview(ring[slot].numpy())[:size]
+                yield ring[slot].numpy().data[:size]
                 # The consumer is done with this buffer: refill it with a later chunk.
                 if issued < len(starts):
                     issue(issued)
@@ -133,7 +133,7 @@ def read_to_device(readinto: Callable[[memoryview], None], nbytes: int, device: 
                 if events[slot] is not None:
                     events[slot].synchronize()  # the copy out of this buffer is done
                 size = min(CHUNK, nbytes - lo)
-                view = memoryview(ring[slot].numpy())[:size]
+                view = ring[slot].numpy().data[:size]
                 readinto(view)
                 if update is not None:
                     update(view)

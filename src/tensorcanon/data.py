@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import operator
 import random
-from typing import Any, Iterator, Sized
+from collections.abc import Iterator, Sized
+from typing import Any
 
 import numpy as np
 import torch

@@ -143,7 +143,7 @@ class DeterminismSettings:
     gpu_sm_counts: tuple = ()
 
     @classmethod
-    def capture(cls) -> "DeterminismSettings":
+    def capture(cls) -> DeterminismSettings:
         """Record the current settings, versions and hardware."""
         names: tuple = ()
         sms: tuple = ()
@@ -171,7 +171,7 @@ class DeterminismSettings:
             gpu_sm_counts=sms,
         )
 
-    def compare(self, current: "DeterminismSettings | None" = None) -> list[SettingDifference]:
+    def compare(self, current: DeterminismSettings | None = None) -> list[SettingDifference]:
         """The settings that differ between ``self`` (saved) and ``current`` (default: now).
 
         An empty list means nothing recorded differs. Each item names the
@@ -207,7 +207,7 @@ class DeterminismSettings:
         return self.compare()
 
 
-_TYPES = {
+_TYPES: dict[type | tuple[type, None], tuple[str, ...]] = {  # (T, None): T or None
     bool: ("deterministic_algorithms", "deterministic_warn_only", "cudnn_deterministic",
            "cudnn_benchmark", "cudnn_allow_tf32", "cuda_matmul_allow_tf32"),
     str: ("float32_matmul_precision", "torch_version", "numpy_version", "machine"),

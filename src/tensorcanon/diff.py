@@ -34,17 +34,18 @@ import math
 import os
 import struct
 import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
 from . import dtypes, paths, reader, registry, tensorbytes, walk
 from .errors import FormatError, LimitError, UsageError
-from .source import open_path
 from .limits import DEFAULT, Limits
 from .ordering import UnorderableKey, sorted_keys
+from .source import open_path
 
 __all__ = ["diff", "DiffResult", "Difference", "TensorStats", "load_file", "detect_format", "Loaded"]
 
@@ -106,7 +107,7 @@ class Difference:
         return f"{self.path}: {self.kind} {self.a} -> {self.b}"
 
     def to_dict(self) -> dict:
-        out = {"path": self.path, "kind": self.kind, "a": self.a, "b": self.b}
+        out: dict[str, Any] = {"path": self.path, "kind": self.kind, "a": self.a, "b": self.b}
         if self.stats is not None:
             out["stats"] = self.stats.to_dict()
         return out
@@ -178,13 +179,13 @@ def _num(x: float | None) -> str:
     return repr(x) if math.isinf(x) or x == 0 else f"{x:.6g}"
 
 
-def _json_num(x: float | None):
+def _json_num(x: float | None) -> float | str | None:
     if x is None:
         return None
     return x if math.isfinite(x) else repr(x)
 
 
-def _json_scalar(x: Any):
+def _json_scalar(x: Any) -> bool | int | float | str | None:
     if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
         return x
     if isinstance(x, float):
@@ -271,7 +272,7 @@ def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
     if fmt == "torch":
         try:
             value = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises many types for a bad or disallowed pickle
+        except Exception as e:  # noqa: BLE001 - torch raises many types for a bad or disallowed pickle
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise FormatError(
                 f"{path}: torch.load(weights_only=True) cannot read it: {first}; tensorcanon "
@@ -359,7 +360,7 @@ def diff(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, tensors_only: 
     """
     if not (atol >= 0 and rtol >= 0 and math.isfinite(atol) and math.isfinite(rtol)):
         raise UsageError(f"atol and rtol must be finite and >= 0, got atol={atol!r}, rtol={rtol!r}")
-    sides = []
+    sides: list[tuple[Any, dict[str, str], str | None]] = []
     for value in (a, b):
         if isinstance(value, (str, os.PathLike)):
             loaded = load_file(value, limits=limits)
@@ -471,7 +472,7 @@ def tensor_stats(a: torch.Tensor, b: torch.Tensor, atol: float = 0.0, rtol: floa
             rel = torch.where(rel.isnan(), torch.full_like(rel, math.inf), rel)
             max_abs = max(max_abs, float(d.max()))
             max_rel = max(max_rel, float(rel.max()))
-    if not count:
+    if first is None:  # no element differs (count == 0)
         return None
     index, rest = [], first
     for dim in reversed(shape):
@@ -550,7 +551,7 @@ class _Differ:
         if ca is not None and cb is not None and ca.tag in _SEQUENCES and cb.tag in _SEQUENCES:
             if ca.tag != cb.tag:
                 self.add(trail, "type", ca.tag, cb.tag)
-            for i, (x, y) in enumerate(zip(ca.items, cb.items)):
+            for i, (x, y) in enumerate(zip(ca.items, cb.items, strict=False)):  # lengths: below
                 self.compare(x, y, trail + (i,), depth + 1)
             if len(ca.items) != len(cb.items):
                 self.add(trail, "length", f"{len(ca.items)} items", f"{len(cb.items)} items")
@@ -597,13 +598,13 @@ class _Differ:
             return a == b
         try:
             eq = a == b
-        except Exception:
+        except Exception:  # noqa: BLE001 - a user type's __eq__ may raise anything; repr decides then
             eq = NotImplemented
         if isinstance(eq, (bool, np.bool_)):
             return bool(eq)
         return repr(a) == repr(b)
 
-    def close(self, a, b) -> bool:
+    def close(self, a: Any, b: Any) -> bool:
         if a != a and b != b:  # NaN matches NaN under a tolerance
             return True
         try:

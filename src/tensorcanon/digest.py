@@ -18,11 +18,22 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import xxhash
 
 from .errors import UnsupportedAlgorithmError
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+
+class Hasher(Protocol):
+    """A streaming hash (hashlib's and xxhash's objects are ones)."""
+
+    def update(self, data: ReadableBuffer, /) -> None: ...
+
+    def digest(self) -> bytes: ...
 
 #: The algorithm used unless one is asked for; its files are the golden vectors.
 DEFAULT = "xxh3-128"
@@ -60,7 +71,8 @@ def tensor_prefix(dtype_name: str, shape: tuple[int, ...] | list[int]) -> bytes:
     return f"{dtype_name}[{','.join(map(str, shape))}]".encode("ascii")
 
 
-def tensor_hasher(dtype_name: str, shape, algorithm: str = DEFAULT, prefix: bytes | None = None):
+def tensor_hasher(dtype_name: str, shape: tuple[int, ...] | list[int], algorithm: str = DEFAULT,
+                  prefix: bytes | None = None) -> Hasher:
     """A streaming hasher (``update``, ``digest``) already fed with the tensor's dtype and shape.
 
     ``prefix``, when given, is :func:`tensor_prefix` of the same dtype and shape,

@@ -32,7 +32,7 @@ class TensorCanonError(Exception):
     rank's exception to the other ranks that way.
     """
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         # The default reduction calls cls(*args), which fails for the subclasses whose
         # __init__ takes keyword-only arguments (LimitError's limit=...).
         state = dict(self.__dict__)
@@ -41,7 +41,7 @@ class TensorCanonError(Exception):
         return (_rebuild, (type(self), self.args, state))
 
 
-def _rebuild(cls: type, args: tuple, state: dict) -> TensorCanonError:
+def _rebuild(cls: type[TensorCanonError], args: tuple[Any, ...], state: dict[str, Any]) -> TensorCanonError:
     error = cls.__new__(cls)
     error.args = args
     for name, value in state.items():

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from . import digest as _digest
-from . import manifest, writer
+from . import digest as _digest, manifest, writer
 from .errors import FormatError, IntegrityError, MissingFileError, TensorCanonError
 from .limits import DEFAULT, Limits
 
@@ -113,7 +113,10 @@ def content_digest(path: str | os.PathLike, *, verify: bool = True, wrap: Wrap |
         with open_path(path) as fh:
             f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap and verify else fh
             with reader.open_file(f, limits) as cf:
-                return (cf.verify() if verify else cf.digest), fmt
+                recorded = cf.verify() if verify else cf.digest
+                if recorded is None:  # detect_format saw a manifest, but the file changed since
+                    raise FormatError(f"{path} changed while it was read: it no longer holds a tensorcanon manifest")
+                return recorded, fmt
     loaded = load_file(path, limits=limits, wrap=wrap)
     return writer.fingerprint(writer.plan(loaded.value, None, limits, version=format_version)), fmt
 
@@ -126,8 +129,8 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
     """The files named by paths, globs (``**`` recurses) and folders, sorted, without repeats.
 
     A folder contributes every file under it with a suffix in :data:`SUFFIXES`.
-    Raises :class:`~tensorcanon.MissingFileError` (a ``FileNotFoundError``) for a path that does not exist or a glob that
-    matches nothing, so a typo never produces an empty lockfile.
+    Raises :class:`~tensorcanon.MissingFileError` (a ``FileNotFoundError``) for a path that does
+    not exist or a glob that matches nothing, so a typo never produces an empty lockfile.
     """
     found: set[str] = set()
     skip = os.path.abspath(exclude) if exclude else None

@@ -26,6 +26,7 @@ rule to them (``version=1``), see docs/FORMAT.md §3.5.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from .errors import FormatError
@@ -62,7 +63,7 @@ def float_text(x: float) -> str:
     return repr(x)
 
 
-def _escaped(text, quote: str, code) -> str:
+def _escaped(text: str | bytes, quote: str, code: Callable[[Any], int]) -> str:
     out = [quote]
     for ch in text:
         o = code(ch)
@@ -107,10 +108,9 @@ def bytes_text(b: bytes) -> str:
 
 def key_text(key: Any) -> str:
     """The text of one non-str path component (a str component is itself)."""
-    t = type(key)
-    if t is int:
+    if type(key) is int:
         return int_text(key)
-    if t is str:
+    if type(key) is str:
         return key
     return _value_text(key)
 
@@ -160,7 +160,7 @@ def _v1_text(key: Any) -> str:
             "which the version-1 writer could not do") from None
 
 
-def base_name(path: tuple, version: int = 2) -> str:
+def base_name(path: tuple[Any, ...], version: int = 2) -> str:
     """The name of a tensor first found at ``path`` before de-duplication (§3.3)."""
     if len(path) == 1 and type(path[0]) is str:  # a flat dict's key, in either version
         return path[0] or EMPTY
@@ -168,7 +168,7 @@ def base_name(path: tuple, version: int = 2) -> str:
     return ".".join(render(p) for p in path) or EMPTY
 
 
-def tensor_names(first_paths: list[tuple], version: int = 2) -> list[str]:
+def tensor_names(first_paths: list[tuple[Any, ...]], version: int = 2) -> list[str]:
     """The canonical safetensors names of tensors first found at ``first_paths`` (table order):
     each path's base name, with ``~1``, ``~2``... appended to make it unique (§3.4)."""
     used: set[str] = {RESERVED}

@@ -16,8 +16,10 @@ docs/FORMAT.md, "Canonical key order", is the normative text.
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
+from collections.abc import Iterable
 from typing import Any
 
 _RANK_NONE, _RANK_BOOL, _RANK_NUMBER, _RANK_NAN, _RANK_STR, _RANK_BYTES, _RANK_TUPLE, _RANK_FROZENSET = range(8)
@@ -33,7 +35,7 @@ class UnorderableKey(TypeError):
         super().__init__(type(key).__name__)
 
 
-def sort_key(key: Any) -> tuple:
+def sort_key(key: Any) -> tuple[Any, ...]:
     """A Python value whose ``<`` is the canonical order of ``key``."""
     t = type(key)
     if t is str:
@@ -57,7 +59,7 @@ def sort_key(key: Any) -> tuple:
     raise UnorderableKey(key)
 
 
-def sorted_keys(keys) -> list:
+def sorted_keys(keys: Iterable[Any]) -> list[Any]:
     """Keys in canonical order. Raises UnorderableKey or ValueError on ties."""
     keys = list(keys)
     if all(type(k) is str for k in keys):
@@ -65,7 +67,7 @@ def sorted_keys(keys) -> list:
         out = sorted(keys)
         return out
     decorated = sorted(((sort_key(k), i) for i, k in enumerate(keys)), key=lambda p: p[0])
-    for a, b in zip(decorated, decorated[1:]):
+    for a, b in itertools.pairwise(decorated):
         if a[0] == b[0]:
             raise ValueError(f"keys {keys[a[1]]!r} and {keys[b[1]]!r} have the same canonical position")
     return [keys[i] for _, i in decorated]

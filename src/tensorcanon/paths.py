@@ -25,7 +25,7 @@ def component(key: Any) -> str:
         return f"[<{type(key).__name__}>]"
 
 
-def join(parts: tuple) -> str:
+def join(parts: tuple[Any, ...]) -> str:
     """Render a tuple of components (keys, indices) as one path string."""
     return ROOT + "".join(component(p) for p in parts)
 
@@ -41,6 +41,6 @@ def show(value: Any, limit: int = 80) -> str:
         return f"{'-' if value < 0 else ''}0x{head}... (an int of {value.bit_length()} bits)"
     try:
         text = repr(value)
-    except Exception:  # a big int inside a container, a broken __repr__
+    except Exception:  # noqa: BLE001 - a big int inside a container, a broken __repr__
         text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."

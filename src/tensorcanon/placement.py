@@ -10,12 +10,17 @@ tensor or None``. A device this machine lacks is a
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import DeviceUnavailableError, UsageError
 from .tensorbytes import MEMORY_FORMATS
+
+if TYPE_CHECKING:
+    from .manifest import TensorInfo
 
 
 def stays_on_cpu(kind: str, recorded: str, map_location: Any) -> bool:
@@ -53,7 +58,7 @@ def _available(device: torch.device) -> tuple[bool, str]:
     else:
         module = getattr(torch, kind, None)
         ok = bool(module is not None and hasattr(module, "is_available") and module.is_available())
-        count = module.device_count() if ok and hasattr(module, "device_count") else int(ok)
+        count = module.device_count() if module is not None and ok and hasattr(module, "device_count") else int(ok)
     have = f"{count} {kind} device(s)" if ok else f"no {kind} support"
     return ok and (device.index or 0) < count, have
 
@@ -76,14 +81,14 @@ def check_device(device: torch.device, recorded: str, map_location: Any, where: 
     raise DeviceUnavailableError(message, path=path, device=str(device))
 
 
-def check_all(rows: list, map_location: Any, where: Callable[[int], str]) -> None:
+def check_all(rows: list[TensorInfo], map_location: Any, where: Callable[[int], str]) -> None:
     """Check every row's target device before any data is read (``rows`` have kind, device, index)."""
     for row in rows:
         if stays_on_cpu(row.kind, row.device, map_location):
             continue
         device = target(row.device, map_location)
         if device is not None:
-            check_device(device, row.device, map_location, lambda: where(row.index))
+            check_device(device, row.device, map_location, functools.partial(where, row.index))
 
 
 def place(t: torch.Tensor, recorded: str, map_location: Any, where: Callable[[], str]) -> torch.Tensor:
@@ -100,7 +105,7 @@ def place(t: torch.Tensor, recorded: str, map_location: Any, where: Callable[[],
     return t if device.type == "cpu" else t.to(device)
 
 
-def as_recorded(value: Any, row: Any, map_location: Any, where: Callable[[], str]) -> Any:
+def as_recorded(value: Any, row: TensorInfo, map_location: Any, where: Callable[[], str]) -> Any:
     """A freshly read tensor or array, placed and typed as its table row says: on its device
     (or where ``map_location`` sends it), in its memory format, a Parameter or not, with its
     requires_grad."""

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import IO, Any, BinaryIO
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 #: Files smaller than this get no bar: reading them takes well under a second.
 MIN_BYTES = 64 << 20
@@ -61,7 +64,7 @@ class Progress:
         self._last = 0.0
         self._drawn = 0
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -97,6 +100,21 @@ class Progress:
             self._drawn = 0
 
 
+class BinaryReader(Protocol):
+    """What :class:`ProgressFile` wraps: a binary file opened for reading, buffered or not
+    (``open(path, "rb")``, ``open(path, "rb", buffering=0)``)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def readinto(self, buf: WriteableBuffer, /) -> int | None: ...
+
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+
+    def tell(self) -> int: ...
+
+    def seekable(self) -> bool: ...
+
+
 class ProgressFile:
     """A binary file wrapper that reports every byte read to a :class:`Progress`.
 
@@ -104,7 +122,7 @@ class ProgressFile:
     what :func:`tensorcanon.load` and :func:`tensorcanon.verify` use.
     """
 
-    def __init__(self, f: BinaryIO, progress: Progress) -> None:
+    def __init__(self, f: BinaryReader, progress: Progress) -> None:
         self._f = f
         self._progress = progress
 
@@ -114,7 +132,7 @@ class ProgressFile:
             self._progress.update(len(data))
         return data
 
-    def readinto(self, buf) -> int:
+    def readinto(self, buf: WriteableBuffer) -> int | None:
         got = self._f.readinto(buf)
         if got:
             self._progress.update(got)

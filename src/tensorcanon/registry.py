@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .errors import UnsupportedTypeError, UsageError
 
@@ -40,16 +41,18 @@ _BY_TYPE: dict[type, Registration] = {}
 _BY_NAME: dict[str, Registration] = {}
 _BY_MRO: dict[type, Registration | None] = {}  # subclass lookups, cleared on every change
 
+Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]  # (encode, decode)
 
-def _dataclass_codec(cls: type):
+
+def _dataclass_codec(cls: type) -> Codec:
     fields = dataclasses.fields(cls)
     init_names = [f.name for f in fields if f.init]
     other_names = [f.name for f in fields if not f.init]
 
-    def encode(obj):
+    def encode(obj: Any) -> dict[str, Any]:
         return {f.name: getattr(obj, f.name) for f in fields}
 
-    def decode(state):
+    def decode(state: Any) -> Any:
         if not isinstance(state, dict) or set(state) != {f.name for f in fields}:
             raise ValueError(f"expected the fields {sorted(f.name for f in fields)}")
         obj = cls(**{k: state[k] for k in init_names})
@@ -60,23 +63,25 @@ def _dataclass_codec(cls: type):
     return encode, decode
 
 
-def _namedtuple_codec(cls: type):
-    def encode(obj):
+def _namedtuple_codec(cls: type) -> Codec:
+    n_fields = len(_fields_of(cls))
+
+    def encode(obj: Any) -> list[Any]:
         return list(obj)
 
-    def decode(state):
-        if not isinstance(state, list) or len(state) != len(cls._fields):
-            raise ValueError(f"expected a list of {len(cls._fields)} fields")
+    def decode(state: Any) -> Any:
+        if not isinstance(state, list) or len(state) != n_fields:
+            raise ValueError(f"expected a list of {n_fields} fields")
         return cls(*state)
 
     return encode, decode
 
 
-def _enum_codec(cls: type):
-    def encode(obj):
+def _enum_codec(cls: type[enum.Enum]) -> Codec:
+    def encode(obj: Any) -> Any:
         return obj.value
 
-    def decode(state):
+    def decode(state: Any) -> Any:
         return cls(state)
 
     return encode, decode
@@ -132,9 +137,12 @@ def register(
     old_cls, old_name = _BY_TYPE.get(cls), _BY_NAME.get(name)
     if not replace:
         same = old_cls is not None and old_cls is old_name and old_cls.automatic and automatic
-        if not same and (old_cls is not None or old_name is not None):
-            taken = (f"{cls.__qualname__} is already registered as {old_cls.name!r}" if old_cls is not None
-                     else f"the name {name!r} is already registered for {old_name.cls.__qualname__}")  # type: ignore[union-attr]
+        taken = None
+        if not same and old_cls is not None:
+            taken = f"{cls.__qualname__} is already registered as {old_cls.name!r}"
+        elif not same and old_name is not None:
+            taken = f"the name {name!r} is already registered for {old_name.cls.__qualname__}"
+        if taken is not None:
             raise UsageError(f"{taken}; pass replace=True to replace that registration")
     unregister(cls)
     old = _BY_NAME.pop(name, None)
@@ -175,7 +183,7 @@ def by_type(cls: type) -> Registration | None:
     return reg
 
 
-def _fields_of(cls: type) -> tuple:
+def _fields_of(cls: type) -> tuple[str, ...]:
     if dataclasses.is_dataclass(cls):
         return tuple(f.name for f in dataclasses.fields(cls))
     return tuple(getattr(cls, "_fields", ()))

@@ -26,6 +26,7 @@ import math
 import random
 import struct
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,11 +61,11 @@ U32 = 2**32 - 1
 class _Field:
     """One bit-generator state field: where it sits in the state dict and its rule."""
 
-    def __init__(self, key: tuple[str, ...], kind: str, n: int = 0, lo: int = 0, hi: int = 0):
+    def __init__(self, key: tuple[str, ...], kind: str, n: int = 0, lo: int = 0, hi: int = 0) -> None:
         self.key, self.kind, self.n, self.lo, self.hi = key, kind, n, lo, hi
 
     def get(self, state: dict) -> Any:
-        v = state
+        v: Any = state
         for k in self.key:
             v = v[k]
         if self.kind == "int":
@@ -93,7 +94,7 @@ class _Field:
         return ".".join(self.key)
 
 
-def _int(*key, lo=0, hi=U32):
+def _int(*key: str, lo: int = 0, hi: int = U32) -> _Field:
     return _Field(key, "int", lo=lo, hi=hi)
 
 
@@ -132,7 +133,7 @@ def check_bitgen_fields(name: Any, fields: tuple | list) -> str | None:
     layout = BIT_GENERATORS[name][1]
     if len(fields) != len(layout):
         return f"{name} state takes {len(layout)} fields, found {len(fields)}"
-    for f, v in zip(layout, fields):
+    for f, v in zip(layout, fields, strict=True):
         rule = f.check(v)
         if rule is not None:
             return f"{name} field {f.name} must be {rule}"
@@ -142,7 +143,7 @@ def check_bitgen_fields(name: Any, fields: tuple | list) -> str | None:
 def bitgen_state(name: str, fields: tuple | list) -> dict:
     """(name, validated fields) → a ``bit_generator.state`` dict."""
     out: dict = {"bit_generator": name}
-    for f, v in zip(BIT_GENERATORS[name][1], fields):
+    for f, v in zip(BIT_GENERATORS[name][1], fields, strict=True):
         d = out
         for k in f.key[:-1]:
             d = d.setdefault(k, {})
@@ -150,11 +151,11 @@ def bitgen_state(name: str, fields: tuple | list) -> dict:
     return out
 
 
-def _mt_bytes(words) -> bytes:
+def _mt_bytes(words: Sequence[int]) -> bytes:
     return np.asarray(words, dtype="<u4").tobytes()
 
 
-def _check_random_state(version, key, pos, gauss) -> str | None:
+def _check_random_state(version: Any, key: Any, pos: Any, gauss: Any) -> str | None:
     if version != 3 or type(version) is not int:
         return f"random.Random state version must be 3, found {paths.show(version)}"
     if type(key) is not bytes or len(key) != MT_WORDS * 4:
@@ -166,7 +167,7 @@ def _check_random_state(version, key, pos, gauss) -> str | None:
     return None
 
 
-def _random_state_from(version, key, pos, gauss) -> tuple:
+def _random_state_from(version: int, key: bytes, pos: int, gauss: float | None) -> tuple:
     words = np.frombuffer(key, dtype="<u4").tolist()
     return (version, tuple(words) + (pos,), gauss)
 
@@ -264,11 +265,12 @@ def _enc_seed_seq(enc: tree.Encoder, bg: Any, depth: int) -> Any:
             return None  # legacy-seeded (RandomState(seed)): nothing to spawn from
         raise enc.unsupported(f"a bit generator whose seed sequence is a {type(ss).__qualname__} "
                               "cannot be saved (only numpy.random.SeedSequence)")
-    entropy = ss.entropy
-    if not isinstance(entropy, int):
-        entropy = tuple(int(e) for e in entropy)
+    entropy: int | tuple[int, ...]
+    if isinstance(ss.entropy, int):
+        entropy = int(ss.entropy)
     else:
-        entropy = int(entropy)
+        assert ss.entropy is not None  # a SeedSequence draws entropy when it is given none
+        entropy = tuple(int(e) for e in ss.entropy)
     value = (entropy, tuple(int(k) for k in ss.spawn_key), int(ss.pool_size), int(ss.n_children_spawned))
     return enc.encode(value, depth)
 
@@ -310,7 +312,7 @@ def _enc_torch(enc: tree.Encoder, g: torch.Generator, depth: int) -> list:
     return ["rng.torch", device, state]
 
 
-def _enc_rngstate(enc: tree.Encoder, s: "RngState", depth: int) -> list:
+def _enc_rngstate(enc: tree.Encoder, s: RngState, depth: int) -> list:
     enc.check_depth(depth + 1)  # its parts are at ``depth``, numpy's bit generator one deeper
     version, key, pos, gauss = s._python_fields()
     np_name, np_fields, has_gauss, gauss_np = s.numpy
@@ -359,7 +361,7 @@ def _decode_args(dec: tree.Decoder, node: list, depth: int, start: int) -> list:
     return out
 
 
-def _dec_seed_seq(dec: tree.Decoder, node: Any, depth: int):
+def _dec_seed_seq(dec: tree.Decoder, node: Any, depth: int) -> tuple | None:
     if node is None:
         return None
     v = dec.decode(node, depth)
@@ -378,7 +380,7 @@ def _dec_seed_seq(dec: tree.Decoder, node: Any, depth: int):
     return v
 
 
-def _dec_bitgen(dec: tree.Decoder, node: list, depth: int):
+def _dec_bitgen(dec: tree.Decoder, node: list, depth: int) -> np.random.BitGenerator | None:
     if len(node) < 3:
         raise dec.error("'rng.bitgen' takes a name, a seed sequence and the state fields")
     name = node[1]
@@ -408,14 +410,14 @@ def _dec_bitgen(dec: tree.Decoder, node: list, depth: int):
     return bg
 
 
-def _dec_numpy(dec: tree.Decoder, node: list, depth: int):
+def _dec_numpy(dec: tree.Decoder, node: list, depth: int) -> np.random.Generator | None:
     if len(node) != 2:
         raise dec.error("'rng.numpy' takes 1 value")
     bg = _nested(dec, node[1], "rng.bitgen", depth, "bit_generator")
     return None if bg is None else np.random.Generator(bg)
 
 
-def _check_gauss(dec, has_gauss, gauss):
+def _check_gauss(dec: tree.Decoder, has_gauss: Any, gauss: Any) -> None:
     if type(has_gauss) is not int or has_gauss not in (0, 1) or type(gauss) is not float:
         raise dec.error("'rng.legacy' takes has_gauss (0 or 1) and gauss (a float)")
     if has_gauss == 0 and (gauss != 0.0 or math.copysign(1.0, gauss) < 0):
@@ -423,7 +425,7 @@ def _check_gauss(dec, has_gauss, gauss):
         raise dec.error("'rng.legacy' with has_gauss 0 must have gauss 0.0")
 
 
-def _dec_legacy(dec: tree.Decoder, node: list, depth: int):
+def _dec_legacy(dec: tree.Decoder, node: list, depth: int) -> np.random.RandomState | None:
     if len(node) != 4:
         raise dec.error(f"'rng.legacy' takes 3 values, found {len(node) - 1}")
     _, has_gauss, gauss, bg_node = node
@@ -438,7 +440,7 @@ def _dec_legacy(dec: tree.Decoder, node: list, depth: int):
     return rs
 
 
-def _dec_random(dec: tree.Decoder, node: list, depth: int):
+def _dec_random(dec: tree.Decoder, node: list, depth: int) -> random.Random | None:
     if len(node) != 5:
         raise dec.error(f"'rng.random' takes 4 values, found {len(node) - 1}")
     problem = _check_random_state(*node[1:])
@@ -451,7 +453,7 @@ def _dec_random(dec: tree.Decoder, node: list, depth: int):
     return r
 
 
-def _dec_torch(dec: tree.Decoder, node: list, depth: int):
+def _dec_torch(dec: tree.Decoder, node: list, depth: int) -> torch.Generator | None:
     if len(node) != 3:
         raise dec.error(f"'rng.torch' takes 2 values, found {len(node) - 1}")
     _, device, state = node
@@ -491,7 +493,7 @@ def _bytes_list(dec: tree.Decoder, node: Any, kind: str, what: str) -> tuple:
     return tuple(items)
 
 
-def _dec_rngstate(dec: tree.Decoder, node: list, depth: int):
+def _dec_rngstate(dec: tree.Decoder, node: list, depth: int) -> RngState:
     if len(node) != 7:
         raise dec.error(f"'rng.state' takes 6 values, found {len(node) - 1}")
     dec.check_depth(depth + 1)  # its parts are at ``depth``, numpy's bit generator one deeper
@@ -566,7 +568,7 @@ class RngState:
     xpu: tuple = ()
 
     @classmethod
-    def capture(cls) -> "RngState":
+    def capture(cls) -> RngState:
         """Take the current state of every global generator in this process.
 
         CUDA generators are included when ``torch.cuda.is_available()``
@@ -653,6 +655,7 @@ class RngState:
             mod = getattr(torch, kind, None)
             have = mod.device_count() if mod is not None and mod.is_available() else 0
             for i, s in enumerate(states[:have]):
+                assert mod is not None  # have > 0
                 mod.set_rng_state(_u8(s), i)
             if have > len(states) and (states or kind == "cuda"):
                 warnings.warn(

@@ -12,7 +12,8 @@ pins its values, because changing it would change every seeded run's data.
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -80,7 +81,7 @@ class SeededDataset(Dataset):
         if not isinstance(sampler, ResumableSampler):
             raise UsageError(f"SeededDataset(dataset, sampler): sampler must be a "
                              f"tensorcanon.ResumableSampler, got {type(sampler).__name__}")
-        n = len(dataset)  # type: ignore[arg-type]
+        n = len(dataset)  # type: ignore[arg-type]  # torch's Dataset declares no __len__; map-style ones have it
         if n != sampler.num_samples:
             raise UsageError(f"SeededDataset(dataset, sampler): the dataset has {n} samples, "
                              f"the sampler was built for {sampler.num_samples}")
@@ -89,7 +90,7 @@ class SeededDataset(Dataset):
         sampler._sample_indices = True
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(self.dataset)  # type: ignore[arg-type]  # (as in __init__)
 
     def __getitem__(self, index: SampleIndex) -> Any:
         return self.__getitems__([index])[0]
@@ -101,7 +102,8 @@ class SeededDataset(Dataset):
         torch_gen = torch.default_generator
         # legacy=True is the faster form, but only MT19937 (numpy's default) has it
         legacy = isinstance(np.random.mtrand._rand._bit_generator, np.random.MT19937)
-        saved = random.getstate(), np.random.get_state(legacy=legacy), torch_gen.get_state()
+        numpy_state = np.random.get_state(legacy=True) if legacy else np.random.get_state(legacy=False)
+        saved = random.getstate(), numpy_state, torch_gen.get_state()
         try:
             out = []
             for index, (python_seed, numpy_words, torch_seed) in keys:

@@ -18,7 +18,8 @@ Example::
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,7 +73,7 @@ def _seed_function() -> Callable[[int], Any] | None:
     fn = getattr(tensorcanon, "seed_everything", None)
     if fn is None:
         try:
-            from .determinism import seed_everything as fn  # type: ignore[no-redef]
+            from .determinism import seed_everything as fn
         except ImportError:
             fn = None
     return fn
@@ -96,7 +97,8 @@ class _GlobalState:
         self.py = random.getstate()
         self.np = np.random.get_state()
         self.torch = torch.random.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        cuda_in_use = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.cuda = torch.cuda.get_rng_state_all() if cuda_in_use else None
         self.det = torch.are_deterministic_algorithms_enabled()
         self.det_warn = torch.is_deterministic_algorithms_warn_only_enabled()
         self.cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
@@ -138,6 +140,7 @@ def assert_deterministic(fn: Callable[..., Any], *args: Any, runs: int = 2, seed
         first = fn(*args, **kwargs)
         data = api.dumps(first)  # a snapshot: later runs cannot change it in place
         expected = reader.open_file(data).digest
+        assert expected is not None  # dumps writes a tensorcanon file, which records its digest
         for run in range(2, runs + 1):
             _seed(seed)
             out = fn(*args, **kwargs)

@@ -14,16 +14,17 @@ import collections
 import functools
 import math
 import types
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, TypeVar
 
 import msgpack
 import numpy as np
 import torch
 
 from . import codecs, devices, dtypes, paths, registry, tensorbytes, walk
-from .names import tensor_names  # noqa: F401  (re-exported: the name rule lives in names.py)
 from .errors import FormatError, LimitError, UnsupportedTypeError
+from .names import tensor_names  # the name rule lives in names.py (layout imports it from here too)
 from .ordering import KEY_TYPES, UnorderableKey, sort_key, sorted_keys
 
 EXT_BIGINT = 1
@@ -41,6 +42,7 @@ def tag_of(node: Any) -> str | None:
 
 _Parameter = torch.nn.Parameter
 _OrderedDict = collections.OrderedDict
+_Sized = TypeVar("_Sized", bound=Sized)
 
 
 def bigint_bytes(n: int) -> bytes:
@@ -123,7 +125,7 @@ class Encoder:
             return enc(self, value, depth + 1)
         return self._fallback(value, depth + 1)
 
-    def _ordered(self, keys) -> list:
+    def _ordered(self, keys: Iterable[Any]) -> list:
         try:
             return sorted_keys(keys)
         except UnorderableKey as e:
@@ -134,11 +136,12 @@ class Encoder:
         except ValueError as e:
             raise self.unsupported(str(e)) from None
 
-    def enc_container(self, v, depth):
+    def enc_container(self, v: Any, depth: int) -> list:
         """list, tuple, dict, OrderedDict, set, frozenset: children in the order walk.container gives."""
         c = walk.container(v, self._ordered)
+        assert c is not None  # ENCODERS sends only the container types here
         path = self._path
-        out = [c.tag]
+        out: list[Any] = [c.tag]
         if c.tag in ("list", "tuple"):
             for i, item in enumerate(c.children):
                 path.append(i)
@@ -164,19 +167,19 @@ class Encoder:
         return out
 
     # -- scalars and torch values
-    def enc_complex(self, v, depth):
+    def enc_complex(self, v: complex, depth: int) -> list:
         return ["complex", v.real, v.imag]
 
-    def enc_size(self, v, depth):
+    def enc_size(self, v: torch.Size, depth: int) -> list:
         return ["size", *v]
 
-    def enc_dtype(self, v, depth):
+    def enc_dtype(self, v: torch.dtype, depth: int) -> list:
         name = str(v).removeprefix("torch.")
         if name not in dtypes.TORCH_DTYPES_BY_NAME:
             raise self.unsupported(f"torch.{name} is not a dtype the format names (docs/FORMAT.md §4.4)")
         return ["dtype", name]
 
-    def enc_device(self, v, depth):
+    def enc_device(self, v: torch.device, depth: int) -> list:
         text = str(v)
         if not devices.is_canonical(text):
             raise self.unsupported(
@@ -184,7 +187,7 @@ class Encoder:
                 f"with an index of at most {devices.MAX_INDEX} (docs/FORMAT.md §4.3)")
         return ["device", text]
 
-    def enc_numpy_scalar(self, v, depth):
+    def enc_numpy_scalar(self, v: np.generic, depth: int) -> list:
         row = dtypes.BY_NUMPY.get(v.dtype.newbyteorder("<"))
         if row is None:
             raise self.unsupported(f"numpy scalar of dtype {v.dtype} is not supported")
@@ -210,7 +213,7 @@ class Encoder:
         """The path (keys and indices from the root) of the value being encoded."""
         return tuple(self._path)
 
-    def _add_tensor(self, value, view_key, **fields) -> list:
+    def _add_tensor(self, value: Any, view_key: Any, **fields: Any) -> list:
         if view_key is not None:
             idx = self._by_view.get(view_key)
             if idx is not None:
@@ -226,7 +229,7 @@ class Encoder:
             self._by_view[view_key] = idx
         return ["tensor", idx]
 
-    def enc_tensor(self, v, depth):
+    def enc_tensor(self, v: torch.Tensor, depth: int) -> list:
         idx = self._by_id.get(id(v))
         if idx is not None:
             return ["tensor", idx]
@@ -250,7 +253,7 @@ class Encoder:
             device=device, requires_grad=v.requires_grad, memory_format=tensorbytes.memory_format(v),
         )
 
-    def enc_ndarray(self, v, depth):
+    def enc_ndarray(self, v: np.ndarray, depth: int) -> list:
         idx = self._by_id.get(id(v))
         if idx is not None:
             return ["tensor", idx]
@@ -265,7 +268,7 @@ class Encoder:
             device="cpu", requires_grad=False,
         )
 
-    def _fallback(self, v, depth):
+    def _fallback(self, v: Any, depth: int) -> list:
         t = type(v)
         reg = registry.by_type(t)
         if reg is not None:
@@ -283,7 +286,7 @@ class Encoder:
     # -- naming
     def assign_names(self, version: int = 2) -> None:
         """Give each tensor a readable, unique safetensors name from its path (docs/FORMAT.md §3)."""
-        for src, name in zip(self.tensors, tensor_names([s.path for s in self.tensors], version)):
+        for src, name in zip(self.tensors, tensor_names([s.path for s in self.tensors], version), strict=True):
             src.name = name
 
 
@@ -413,7 +416,7 @@ class Decoder:
             raise self.error(f"unknown tag {node[0]!r}")
         return dec(self, node, depth + 1)
 
-    def _ext(self, node):
+    def _ext(self, node: msgpack.ExtType) -> int:
         if node.code != EXT_BIGINT:
             raise self.error(f"unknown ext type {node.code}")
         data = node.data
@@ -422,12 +425,12 @@ class Decoder:
             raise self.error("big int is not in canonical form")
         return n
 
-    def _args(self, node, n: int) -> list:
+    def _args(self, node: Sequence[Any], n: int) -> list:
         if len(node) != n + 1:
             raise self.error(f"{node[0]!r} takes {n} values, found {len(node) - 1}")
         return node[1:]
 
-    def _items(self, node, depth) -> list:
+    def _items(self, node: Sequence[Any], depth: int) -> list:
         out = []
         path = self._path
         visit = self.visit
@@ -439,14 +442,14 @@ class Decoder:
             path.pop()
         return out
 
-    def _key(self, node, depth):
+    def _key(self, node: Any, depth: int) -> tuple[Any, tuple]:
         k = self.decode(node, depth)
         try:
             return k, sort_key(k)
         except (UnorderableKey, UnicodeEncodeError):
             raise self.error(f"a key or set member of type {type(k).__name__} is not allowed") from None
 
-    def _members(self, node, depth) -> list:
+    def _members(self, node: Sequence[Any], depth: int) -> list:
         out, prev = [], None
         for i in range(1, len(node)):
             k, sk = self._key(node[i], depth)
@@ -456,7 +459,7 @@ class Decoder:
             out.append(k)
         return out
 
-    def _fill(self, node, start: int, depth: int, ordered: bool, out: dict) -> int:
+    def _fill(self, node: Sequence[Any], start: int, depth: int, ordered: bool, out: dict) -> int:
         """Decode the keys and values of ``node`` from ``start`` into ``out``; the number of pairs.
 
         Fills ``out`` directly rather than through a list of ``(key, value)`` pairs: a pair
@@ -497,24 +500,24 @@ class Decoder:
             path.pop()
         return (len(node) - start) // 2
 
-    def dec_list(self, node, depth):
+    def dec_list(self, node: Sequence[Any], depth: int) -> list:
         return self._items(node, depth)
 
-    def dec_tuple(self, node, depth):
+    def dec_tuple(self, node: Sequence[Any], depth: int) -> tuple:
         return tuple(self._items(node, depth))
 
-    def _no_merged_keys(self, out, n: int, what: str):
+    def _no_merged_keys(self, out: _Sized, n: int, what: str) -> _Sized:
         # Keys the canonical order tells apart but Python merges (True and 1, (1,) and (True,))
         # would silently drop entries: such a file was not written from a real dict or set.
         if len(out) != n:
             raise self.error(f"{what} holds keys that Python treats as equal (such as True and 1)")
         return out
 
-    def dec_dict(self, node, depth):
-        out = {}
+    def dec_dict(self, node: Sequence[Any], depth: int) -> dict:
+        out: dict = {}
         return self._no_merged_keys(out, self._fill(node, 1, depth, True, out), "dict")
 
-    def dec_odict(self, node, depth):
+    def dec_odict(self, node: Sequence[Any], depth: int) -> collections.OrderedDict:
         if len(node) < 2:
             raise self.error("'odict' needs its metadata slot")
         self._path.append(walk.METADATA)
@@ -523,30 +526,30 @@ class Decoder:
         out = _OrderedDict()
         self._no_merged_keys(out, self._fill(node, 2, depth, False, out), "OrderedDict")
         if meta is not None:
-            out._metadata = meta
+            setattr(out, walk.METADATA, meta)  # where torch's state_dict() keeps it
         return out
 
-    def dec_set(self, node, depth):
+    def dec_set(self, node: Sequence[Any], depth: int) -> set:
         members = self._members(node, depth)
         return self._no_merged_keys(set(members), len(members), "set")
 
-    def dec_frozenset(self, node, depth):
+    def dec_frozenset(self, node: Sequence[Any], depth: int) -> frozenset:
         members = self._members(node, depth)
         return self._no_merged_keys(frozenset(members), len(members), "frozenset")
 
-    def dec_complex(self, node, depth):
+    def dec_complex(self, node: Sequence[Any], depth: int) -> complex:
         re, im = self._args(node, 2)
         if type(re) is not float or type(im) is not float:
             raise self.error("'complex' takes two floats")
         return complex(re, im)
 
-    def dec_size(self, node, depth):
+    def dec_size(self, node: Sequence[Any], depth: int) -> torch.Size:
         dims = node[1:]
         if not all(type(d) is int and -(2**63) <= d < 2**63 for d in dims):
             raise self.error("'size' takes ints that fit in 64 bits")
         return torch.Size(dims)
 
-    def dec_dtype(self, node, depth):
+    def dec_dtype(self, node: Sequence[Any], depth: int) -> torch.dtype:
         (name,) = self._args(node, 1)
         if type(name) is not str or name not in dtypes.DTYPE_VALUE_NAMES:
             raise self.error(f"unknown torch dtype {paths.show(name)} (docs/FORMAT.md §4.4 lists the names)")
@@ -556,7 +559,7 @@ class Decoder:
                              "load it with a newer torch")
         return d
 
-    def dec_device(self, node, depth):
+    def dec_device(self, node: Sequence[Any], depth: int) -> torch.device:
         (spec,) = self._args(node, 1)
         if not devices.is_canonical(spec):
             raise self.error(f"device {paths.show(spec)} is not canonical device text (docs/FORMAT.md §4.3)")
@@ -565,7 +568,7 @@ class Decoder:
         except (RuntimeError, ValueError) as e:  # a type this torch does not know
             raise self.error(f"this torch ({torch.__version__}) cannot make device {spec!r}: {e}") from None
 
-    def dec_numpy_scalar(self, node, depth):
+    def dec_numpy_scalar(self, node: Sequence[Any], depth: int) -> Any:
         name, data = self._args(node, 2)
         row = dtypes.BY_NAME.get(name) if type(name) is str else None
         if row is None or row.numpy is None or type(data) is not bytes or len(data) != row.itemsize:
@@ -575,7 +578,7 @@ class Decoder:
             raise self.error("numpy bool scalar holds a byte other than 0 or 1")
         return value.astype(row.numpy.newbyteorder("="))[()]
 
-    def dec_tensor(self, node, depth):
+    def dec_tensor(self, node: Sequence[Any], depth: int) -> Any:
         (idx,) = self._args(node, 1)
         if type(idx) is not int or not 0 <= idx < len(self.tensors):
             raise self.error(f"tensor index {paths.show(idx)} is out of range")
@@ -597,7 +600,7 @@ class Decoder:
         if not all(self.used):
             unused = [names[i] for i, u in enumerate(self.used) if not u][:3]
             raise FormatError(f"manifest: tensors {unused} are listed but never used in the object")
-        for i, (name, want) in enumerate(zip(names, tensor_names(self.first_paths, version))):
+        for i, (name, want) in enumerate(zip(names, tensor_names(self.first_paths, version), strict=True)):
             if name != want:
                 raise FormatError(
                     f"manifest: tensor {i} at {paths.join(self.first_paths[i])} is named {paths.show(name)}, "
@@ -613,7 +616,7 @@ class Decoder:
             raise FormatError("manifest: user metadata must be a dict with str keys")
         return value
 
-    def dec_obj(self, node, depth):
+    def dec_obj(self, node: Sequence[Any], depth: int) -> Any:
         name, state = self._args(node, 2)
         if type(name) is not str:
             raise self.error("'obj' needs a str type name")

@@ -21,8 +21,8 @@ from .ordering import sorted_keys
 
 METADATA = "_metadata"  # the path component of an OrderedDict's metadata slot
 
-_SEQUENCES = {list: "list", tuple: "tuple"}
-_SETS = {set: "set", frozenset: "frozenset"}
+_SEQUENCES: dict[type, str] = {list: "list", tuple: "tuple"}
+_SETS: dict[type, str] = {set: "set", frozenset: "frozenset"}
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Container:
     """
 
     tag: str
-    children: list
+    children: list[Any]
     metadata: Any = None
     mapping: Any = None
 
@@ -47,7 +47,7 @@ class Container:
         return self.tag in ("dict", "odict")
 
     @property
-    def items(self) -> list:
+    def items(self) -> list[Any]:
         """The values of a list or tuple, the members of a set, or a mapping's ``(key, value)``
         pairs, in canonical order. (The encoder reads a mapping by its keys instead: a pair
         holding a tensor is one more object per tensor for the garbage collector.)"""

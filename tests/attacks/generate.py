@@ -18,10 +18,11 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "fuzz"))
 
-import torch  # noqa: E402
+import torch
 
-import hostile_lib as h  # noqa: E402
-import tensorcanon  # noqa: E402
+import tensorcanon
+
+import hostile_lib as h
 
 TB = 1 << 40
 

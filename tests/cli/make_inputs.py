@@ -34,7 +34,9 @@ def base_object():
 
 def main() -> None:
     os.makedirs(HERE, exist_ok=True)
-    path = lambda name: os.path.join(HERE, name)  # noqa: E731
+
+    def path(name: str) -> str:
+        return os.path.join(HERE, name)
 
     base = base_object()
     tensorcanon.save(base, path("base.safetensors"), metadata={"epoch": 1})

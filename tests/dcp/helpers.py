@@ -1,4 +1,12 @@
-"""Helpers shared by both test tiers (no pytest, no torch.testing import)."""
+"""Helpers shared by both test tiers (no pytest, no torch.testing import), and the torch names
+the tests use, from wherever the installed torch keeps them.
+
+The library's own differences between torch releases are in ``tensorcanon.dcp._compat``; this
+adds what only the tests use: FSDP2's ``fully_shard`` (public ``torch.distributed.fsdp`` from
+torch 2.6, the ``_composable`` one before; it runs on the CPU, as these tests need, from torch
+2.6: before, it creates CUDA streams unconditionally) and ``_StridedShard`` (torch >= 2.5; None
+before, so its test skips, naming the version).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +15,30 @@ import os
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from tensorcanon.dcp import PerRank
+from tensorcanon.dcp._compat import (  # noqa: F401 - re-exported for the tests
+    TORCH_VERSION,
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    distribute_tensor,
+)
+
+try:  # torch >= 2.6
+    from torch.distributed.fsdp import fully_shard
+except ImportError:  # torch 2.4, 2.5
+    from torch.distributed._composable.fsdp import fully_shard  # type: ignore[no-redef]  # noqa: F401
+
+FSDP2_ON_CPU = TORCH_VERSION >= (2, 6)
+NO_FSDP2_ON_CPU = ("FSDP2 (fully_shard) runs only on CUDA before torch 2.6 (it creates CUDA streams); "
+                   "these tests run it on the CPU")
+
+try:  # torch >= 2.5
+    from torch.distributed.tensor.placement_types import _StridedShard
+except ImportError:
+    _StridedShard = None  # type: ignore[assignment,misc]
 
 
 def unsharded(state: Any, memo: dict | None = None) -> Any:

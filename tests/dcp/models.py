@@ -41,7 +41,8 @@ def build(world: int | None, steps: int = 1):
             p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     if world is not None:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+
+        from helpers import fully_shard
 
         mesh = init_device_mesh("cpu", (world,))
         fully_shard(model, mesh=mesh)

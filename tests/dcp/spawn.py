@@ -6,11 +6,14 @@ runs every scenario of ``batch`` in order and writes its results as JSON to
 ``folder/<batch>.rank<r>.json``: per scenario, the returned value or the error raised
 (class and message). Starting a process costs seconds here, so one launch runs
 many scenarios. Every launch has a timeout: a hang fails the test, and the
-processes are killed (by their pids).
+processes are killed (by their pids). Before that, each process prints the stack of
+every thread into its log (faulthandler), and the failure shows the logs' tails, so a
+hang on a machine we cannot log into still says where it stopped.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import socket
@@ -31,7 +34,7 @@ def free_port() -> int:
 def launch(world: int, batch: str, folder: str, timeout: float = 150.0, backend: str = "gloo") -> list[dict]:
     os.makedirs(folder, exist_ok=True)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
-               TENSORCANON_TEST_BACKEND=backend,
+               TENSORCANON_TEST_BACKEND=backend, TENSORCANON_TEST_STACKS_AFTER=str(max(5.0, timeout - 20.0)),
                PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
     env.pop("PYTHONHASHSEED", None)  # each process draws its own hash seed: nothing may depend on it
     procs = []
@@ -47,7 +50,9 @@ def launch(world: int, batch: str, folder: str, timeout: float = 150.0, backend:
             try:
                 p.wait(left)
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"{batch}: ranks did not finish within {timeout} s (a hang); logs in {folder}")
+                tails = "\n".join(f"--- rank {rank} log (end):\n{_tail(folder, batch, rank)}" for rank in range(world))
+                raise AssertionError(
+                    f"{batch}: ranks did not finish within {timeout} s (a hang); logs in {folder}\n{tails}") from None
     finally:
         for p, log in procs:
             if p.poll() is None:
@@ -58,12 +63,15 @@ def launch(world: int, batch: str, folder: str, timeout: float = 150.0, backend:
     for rank, (p, _) in enumerate(procs):
         path = os.path.join(folder, f"{batch}.rank{rank}.json")
         if p.returncode != 0 or not os.path.exists(path):
-            with open(os.path.join(folder, f"{batch}.rank{rank}.log")) as fh:
-                tail = fh.read()[-3000:]
-            raise AssertionError(f"{batch}: rank {rank} exited with {p.returncode}:\n{tail}")
+            raise AssertionError(f"{batch}: rank {rank} exited with {p.returncode}:\n{_tail(folder, batch, rank)}")
         with open(path) as fh:
             results.append(json.load(fh))
     return results
+
+
+def _tail(folder: str, batch: str, rank: int, size: int = 4000) -> str:
+    with open(os.path.join(folder, f"{batch}.rank{rank}.log"), errors="replace") as fh:
+        return fh.read()[-size:]
 
 
 # ---------------------------------------------------------------------------- worker side
@@ -79,23 +87,30 @@ def main(batch: str, folder: str) -> None:
 
     import scenarios
 
+    # a hang prints every thread's stack into the log before the launcher kills the process
+    faulthandler.dump_traceback_later(float(os.environ.get("TENSORCANON_TEST_STACKS_AFTER", "130")), exit=False)
+
     backend = os.environ.get("TENSORCANON_TEST_BACKEND", "gloo")
     if "nccl" in backend:
         import torch
 
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    print(f"rank {os.environ['RANK']}: joining the {backend} group", flush=True)
     dist.init_process_group(backend)
     rank = dist.get_rank()
+    print(f"rank {rank}: joined", flush=True)
     out: dict = {"_seconds": {}}
     try:
         for name, fn in scenarios.BATCHES[batch]:
             started = time.perf_counter()
+            print(f"rank {rank}: {name}", flush=True)
             try:
                 out[name] = fn(rank, dist.get_world_size(), folder)
             except Exception as e:  # noqa: BLE001 - recorded for the test to judge
                 out[name] = _error(e)
                 out[name]["traceback"] = traceback.format_exc()[-2000:]
             dist.barrier()
+            print(f"rank {rank}: {name} done", flush=True)
             out["_seconds"][name] = round(time.perf_counter() - started, 2)
     finally:
         path = os.path.join(folder, f"{batch}.rank{rank}.json")

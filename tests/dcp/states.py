@@ -7,10 +7,11 @@ import collections
 import numpy as np
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import tensorcanon
 from tensorcanon.dcp import PerRank
+
+from helpers import Replicate, Shard, distribute_tensor
 
 
 def full_tensors(seed: int = 0) -> dict:

@@ -14,8 +14,8 @@ import tensorcanon.dcp as tcd
 from tensorcanon.cli import main
 from tensorcanon.sharded import layout
 
-from threaded import run_ranks
 from states import logical_digest, logical_state, sharded_state
+from threaded import run_ranks
 
 
 @pytest.fixture(scope="module")

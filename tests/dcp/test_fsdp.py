@@ -9,9 +9,11 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 import tensorcanon
 import tensorcanon.dcp as tcd
 
-from threaded import run_ranks
-from helpers import unsharded
+from helpers import FSDP2_ON_CPU, NO_FSDP2_ON_CPU, unsharded
 from models import batch, build, train_state
+from threaded import run_ranks
+
+pytestmark = pytest.mark.skipif(not FSDP2_ON_CPU, reason=NO_FSDP2_ON_CPU)
 
 
 def _single_process_digest(steps: int) -> str:

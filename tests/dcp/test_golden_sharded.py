@@ -15,7 +15,7 @@ from helpers import rank_files
 GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "golden" / "sharded"
 sys.path.insert(0, str(GOLDEN))
 
-import regenerate  # noqa: E402
+import regenerate
 
 LOGICAL = "xxh3-128:6f70ab9f3b260274852c32b4ff9f9097"
 INDEX = "xxh3-128:2ad52f54f88d2ad203f2701dfad33834"

@@ -18,7 +18,7 @@ from tensorcanon.sharded.tiling import Box
 
 def _grid(shape, cuts):
     dims = []
-    for n, c in zip(shape, cuts):
+    for n, c in zip(shape, cuts, strict=True):
         points = [0, *sorted(c), n]
         dims.append([(points[i], points[i + 1] - points[i]) for i in range(len(points) - 1)])
     return [Box(tuple(o for o, _ in combo), tuple(s for _, s in combo)) for combo in itertools.product(*dims)]
@@ -31,12 +31,14 @@ def test_runs_visit_every_element_once_in_c_order():
         boxes = _grid(shape, [rng.choices(range(n + 1), k=rng.randint(0, 3)) for n in shape])
         rng.shuffle(boxes)
         full = torch.arange(torch.Size(shape).numel()).reshape(shape)
-        pieces = [full[tuple(slice(o, o + s) for o, s in zip(b.offsets, b.sizes))].reshape(-1) for b in boxes]
+        pieces = [full[tuple(slice(o, o + s) for o, s in zip(b.offsets, b.sizes, strict=True))].reshape(-1)
+                  for b in boxes]
         tiling.check(shape, boxes, "t")
         runs = list(tiling.runs(shape, boxes))
-        got = torch.cat([pieces[j][start:start + n] for j, start, n in runs]) if runs else torch.empty(0, dtype=torch.long)
+        got = (torch.cat([pieces[j][start:start + n] for j, start, n in runs]) if runs
+               else torch.empty(0, dtype=torch.long))
         assert torch.equal(got, full.reshape(-1)), (shape, boxes)
-        for (j1, s1, n1), (j2, s2, _) in zip(runs, runs[1:]):
+        for (j1, s1, n1), (j2, s2, _) in itertools.pairwise(runs):
             assert not (j1 == j2 and s1 + n1 == s2)  # adjacent runs of one chunk are merged
 
 

@@ -7,15 +7,15 @@ import os
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.tensor import DTensor
 
 import tensorcanon
 import tensorcanon.dcp as tcd
+from tensorcanon.dcp import _compat
 from tensorcanon.sharded import layout
 
-from threaded import run_ranks
-from helpers import rank_files, unsharded, zeros_like_state
+from helpers import DTensor, rank_files, unsharded, zeros_like_state
 from states import logical_digest, logical_state, sharded_state
+from threaded import run_ranks
 
 
 def _save(world, folder, seed=0, **kw):
@@ -179,7 +179,8 @@ def test_dtensor_parameters_and_requires_grad_are_logical_kinds(tmp_path):
 
     def save(rank):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor import Shard, distribute_tensor
+
+        from helpers import Shard, distribute_tensor
 
         mesh = init_device_mesh("cpu", (2,))
         p = torch.nn.Parameter(distribute_tensor(full, mesh, [Shard(0)]))
@@ -196,23 +197,49 @@ def test_a_process_group_that_is_not_the_default_one(tmp_path):
     """Two groups of 2 ranks in a world of 4, each saving and loading its own checkpoint."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from helpers import Shard, distribute_tensor
 
     full = torch.arange(20.0).reshape(5, 4)
+    # Older DCP cannot coordinate every group: before torch 2.8 a group that does not start at
+    # global rank 0 (ranks 2 and 3), before 2.5 a load with a group smaller than the world.
+    # tensorcanon refuses those up front, naming the torch needed; this checks both sides.
+    version = _compat.TORCH_VERSION
+    save_ok = {0: True, 1: version >= _compat.SUBGROUPS_SINCE}
+    load_ok = {0: version >= _compat.SMALLER_GROUP_LOAD_SINCE, 1: version >= _compat.SUBGROUPS_SINCE}
+
+    def refusal(call, *args, **kwargs) -> str:
+        with pytest.raises(tensorcanon.UsageError) as e:
+            call(*args, **kwargs)
+        return str(e.value)
 
     def run(rank):
         groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-        mine = groups[rank // 2]
+        g = rank // 2
+        mine = groups[g]
         mesh = DeviceMesh.from_group(mine, "cpu")
-        folder = str(tmp_path / f"group{rank // 2}")
-        state = {"w": distribute_tensor(full * (rank // 2 + 1), mesh, [Shard(0)]), "g": rank // 2,
-                 "own": tcd.PerRank(rank)}
-        digest = tcd.save(state, folder, process_group=mine)
+        folder = str(tmp_path / f"group{g}")
+        state = {"w": distribute_tensor(full * (g + 1), mesh, [Shard(0)]), "g": g, "own": tcd.PerRank(rank)}
         target = zeros_like_state(state)
+        if not save_ok[g]:
+            calls = (tcd.save, tcd.async_save, tcd.load)
+            return [refusal(call, state, folder, process_group=mine) for call in calls]
+        digest = tcd.save(state, folder, process_group=mine)
+        if not load_ok[g]:
+            return digest, refusal(tcd.load, target, folder, process_group=mine)
         tcd.load(target, folder, process_group=mine)
-        return digest, target["g"], target["own"].value, torch.equal(target["w"].full_tensor(), state["w"].full_tensor())
+        same = torch.equal(target["w"].full_tensor(), state["w"].full_tensor())
+        return digest, target["g"], target["own"].value, same
 
     got = run_ranks(4, run)
-    for rank, (digest, g, own, same) in enumerate(got):
-        assert digest == tensorcanon.fingerprint({"w": full * (rank // 2 + 1), "g": rank // 2})
-        assert (g, own, same) == (rank // 2, rank, True)
+    for rank, result in enumerate(got):
+        g = rank // 2
+        if not save_ok[g]:
+            assert all("starts at global rank 2" in e and "before torch 2.8" in e for e in result), result
+            assert not os.path.exists(tmp_path / "group1")
+            continue
+        assert result[0] == tensorcanon.fingerprint({"w": full * (g + 1), "g": g})
+        if not load_ok[g]:
+            assert "has 2 of the 4 ranks" in result[1] and "before torch 2.5" in result[1], result[1]
+            continue
+        assert result[1:] == (g, rank, True)

@@ -12,11 +12,12 @@ import torch
 
 import tensorcanon
 import tensorcanon.dcp as tcd
+from tensorcanon.dcp import _compat
 from tensorcanon.sharded import layout
 
-from threaded import run_ranks
 from helpers import rank_files, unsharded, zeros_like_state
 from states import logical_digest, sharded_state
+from threaded import run_ranks
 
 
 def test_each_rank_gets_its_own_generator_back(tmp_path):
@@ -102,6 +103,61 @@ def test_bad_executor_name():
         tcd.async_save({}, "unused", executor="fork")
 
 
+@pytest.mark.skipif(_compat.AsyncCheckpointerType is not None,
+                    reason="this torch's DCP has the process executor (test_spawned.py runs it)")
+def test_the_process_executor_is_refused_where_dcp_lacks_it(tmp_path):
+    with pytest.raises(tensorcanon.UsageError, match=r"executor='process' needs torch >= 2\.7") as e:
+        tcd.async_save({"w": torch.ones(2)}, str(tmp_path / "p"), executor="process")
+    assert torch.__version__ in str(e.value) and "executor='thread'" in str(e.value)
+    assert not (tmp_path / "p").exists()
+
+
+def test_dcp_async_save_with_the_writer_stages_faithfully(tmp_path):
+    """dcp.async_save called directly with the Writer: whichever stager runs (DCP's own, or
+    on a DCP whose staging is lossy the Writer itself), the files are those of a plain save,
+    OrderedDict metadata included, and changes made after the call are not saved."""
+    import torch.distributed.checkpoint as dcp
+
+    from states import logical_state
+
+    sync_dir, async_dir = str(tmp_path / "sync"), str(tmp_path / "async")
+    tcd.save(logical_state(), sync_dir)
+    state = logical_state()
+    got = dcp.async_save(state, storage_writer=tcd.Writer(async_dir), planner=tcd.SavePlanner())
+    state["model"]["layer.weight"].fill_(5.0)
+    state["model"]._metadata[""]["version"] = 99
+    got = got.upload_completion if hasattr(got, "upload_completion") else got
+    got.result(timeout=60)
+    assert rank_files(sync_dir) == rank_files(async_dir)
+    assert tcd.verify(async_dir) == logical_digest()
+
+
+def test_staged_copy_keeps_everything_a_save_records():
+    """The staging the Writer does where DCP's own is lossy (torch < 2.9)."""
+    from tensorcanon.dcp.staging import staged_copy
+
+    base = torch.arange(12.0)
+    weight = torch.nn.Parameter(torch.randn(3, 4), requires_grad=True)
+    model = collections.OrderedDict([("w", weight), ("tied", weight), ("view", base[2:6]), ("whole", base)])
+    model._metadata = {"": {"version": 3}}
+    state = {"model": model, "pair": (base, "x"), "grad": torch.ones(2).requires_grad_(), "n": [1, {2}],
+             "own": tcd.PerRank(torch.zeros(2)), "array": np.arange(3)}
+    staged = staged_copy(state)
+    plain = {k: v for k, v in state.items() if k != "own"}
+    assert tensorcanon.dumps({k: v for k, v in staged.items() if k != "own"}) == tensorcanon.dumps(plain)
+    m = staged["model"]
+    assert type(m) is collections.OrderedDict and m._metadata == {"": {"version": 3}}
+    assert m["w"] is m["tied"] and type(m["w"]) is torch.nn.Parameter and m["w"].requires_grad
+    assert m["view"].untyped_storage().data_ptr() == m["whole"].untyped_storage().data_ptr() == \
+        staged["pair"][0].untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+    assert staged["grad"].requires_grad and type(staged["own"]) is tcd.PerRank
+    assert staged["own"].value is not state["own"].value and torch.equal(staged["own"].value, torch.zeros(2))
+    base.fill_(-1.0)
+    weight.data.fill_(0.0)
+    state["n"][1].add(3)
+    assert torch.equal(m["whole"], torch.arange(12.0)) and m["w"].abs().sum() > 0 and staged["n"] == [1, {2}]
+
+
 @dataclasses.dataclass
 class Schedule:
     warmup: int
@@ -151,7 +207,7 @@ def test_tied_targets_that_are_separate_objects_are_each_filled(tmp_path):
         tcd.save(state, folder)
         target = zeros_like_state(state)
         # Untie the target: two separate DTensors where the checkpoint has one tensor.
-        from torch.distributed.tensor import DTensor
+        from helpers import DTensor
 
         t = target["model"]["embed.weight"]
         target["model"]["embed.weight"] = DTensor.from_local(torch.zeros_like(t.to_local()), t.device_mesh,

@@ -10,7 +10,8 @@ hundredths of a second. The real tier (test_spawned.py) uses gloo processes.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

@@ -22,7 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 with atheris.instrument_imports():
-    import tensorcanon  # noqa: F401
+    import tensorcanon  # noqa: F401 - imported here so that atheris instruments it
+
     import hostile_lib as h
 
 

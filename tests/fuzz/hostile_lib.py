@@ -79,7 +79,8 @@ def sample_objects() -> list:
     return [
         {"w": w, "b": torch.arange(5, dtype=torch.int64), "flag": torch.tensor([True, False])},
         {
-            "model": {"fc.weight": torch.nn.Parameter(torch.ones(2, 2)), "fc.bias": torch.zeros(2, dtype=torch.float16)},
+            "model": {"fc.weight": torch.nn.Parameter(torch.ones(2, 2)),
+                      "fc.bias": torch.zeros(2, dtype=torch.float16)},
             "step": 7, "lr": 0.5, "name": "run", "tags": {"a", "b"}, "t": (1, 2.5, None, b"x"),
             "big": 2**70, "c": 1 + 2j, "np": np.arange(3, dtype=np.int32), "shape": torch.Size([2, 3]),
             "dt": torch.float32, "dev": torch.device("cpu"), "view": w[1:],
@@ -163,13 +164,16 @@ def same(a, b) -> bool:
     if type(a) is not type(b):
         return False
     if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and bytes(a.reshape(-1).view(torch.uint8).numpy()) == bytes(b.reshape(-1).view(torch.uint8).numpy())
+        def raw(t: torch.Tensor) -> bytes:
+            return bytes(t.reshape(-1).view(torch.uint8).numpy())
+
+        return a.dtype == b.dtype and a.shape == b.shape and raw(a) == raw(b)
     if isinstance(a, np.ndarray):
         return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
     if isinstance(a, dict):
         return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) and a != a:
         return b != b
     return a == b
@@ -203,7 +207,7 @@ def check(data: bytes, *, stream: bool = True, strict: bool = True, mapped: bool
                 value = tensorcanon.load(src) if how == "stream" else tensorcanon.loads(data)
             except TensorCanonError as e:
                 seen = type(e).__name__
-            except Exception as e:  # noqa: BLE001 - the point of the test
+            except Exception as e:
                 raise AssertionError(f"load via {how} raised a non-tensorcanon {type(e).__name__}: {e}") from e
             else:
                 seen = "ok"
@@ -222,7 +226,7 @@ def check(data: bytes, *, stream: bool = True, strict: bool = True, mapped: bool
                 fn(data)
             except TensorCanonError:
                 pass
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 raise AssertionError(f"{fn.__name__} raised a non-tensorcanon {type(e).__name__}: {e}") from e
         if mapped:
             check_mapped(data, outcome)
@@ -254,7 +258,7 @@ def header_names(data: bytes) -> list[str]:
         (n,) = struct.unpack("<Q", data[:8])
         header = json.loads(data[8 : 8 + n])
         return sorted(k for k in header if isinstance(k, str) and k != "__metadata__")[:50]
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a best-effort peek at a hostile header
         return []
 
 
@@ -283,7 +287,7 @@ def check_mapped(data: bytes, outcome: str) -> None:
             seen = "ok"
         except TensorCanonError as e:
             seen = type(e).__name__
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise AssertionError(f"load(mmap=True) raised a non-tensorcanon {type(e).__name__}: {e}") from e
         assert seen == outcome, f"load from bytes: {outcome}, load(mmap=True): {seen}"
         if seen == "ok":
@@ -296,7 +300,7 @@ def check_mapped(data: bytes, outcome: str) -> None:
             seen = type(e).__name__
         except KeyError:
             raise
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise AssertionError(f"tensorcanon.open raised a non-tensorcanon {type(e).__name__}: {e}") from e
         assert (seen == "ok") == (outcome == "ok"), f"load: {outcome}, tensorcanon.open: {seen}"
         if seen == "ok":
@@ -310,5 +314,5 @@ def _is_tensorcanon(data: bytes) -> bool:
     try:
         header, _ = split(data)
         return any(k.startswith("tensorcanon.") for k in header.get("__metadata__", {}))
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a best-effort peek at a hostile header
         return False

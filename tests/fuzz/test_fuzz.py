@@ -14,11 +14,11 @@ import os
 import struct
 
 import msgpack
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import tensorcanon
 
 import hostile_lib as h
-import tensorcanon
 
 FILES = h.sample_files()
 _TOTAL = int(os.environ.get("TENSORCANON_FUZZ_CASES", "0") or 0)
@@ -260,7 +260,8 @@ def _mutate_manifest(m: dict, how: str, k: int) -> dict:
     elif how == "unknown_tag":
         m["root"] = ["__reduce__", "os", "system"]
     elif how == "bad_tensor_index":
-        m["root"] = ["list"] + [["tensor", i] for i in range(len(rows))] + [["tensor", [len(rows), -1, 2**63, "0", 1.0][k % 5]]]
+        bad = [len(rows), -1, 2**63, "0", 1.0][k % 5]
+        m["root"] = ["list"] + [["tensor", i] for i in range(len(rows))] + [["tensor", bad]]
     elif how == "dup_tensor_ref":
         m["root"] = ["list"] + [["tensor", i] for i in range(len(rows))] * 2
     elif how == "drop_tensor_ref":
@@ -279,7 +280,8 @@ def _mutate_manifest(m: dict, how: str, k: int) -> dict:
     elif rows and how == "drop_row":
         rows.pop(k % len(rows))
     elif how == "extra_row":
-        rows.append({"digest": bytes(16), "dtype": "float32", "kind": "tensor", "name": "ghost", "requires_grad": False, "shape": [2**38]})
+        rows.append({"digest": bytes(16), "dtype": "float32", "kind": "tensor", "name": "ghost",
+                     "requires_grad": False, "shape": [2**38]})
     elif rows and how == "bad_digest_len":
         rows[k % len(rows)]["digest"] = bytes(k % 40)
     elif how == "version":
@@ -303,7 +305,8 @@ def _mutate_manifest(m: dict, how: str, k: int) -> dict:
     elif how == "set_repeat":
         m["root"] = ["set", "a", "a"]
     elif how == "np_scalar":
-        m["root"] = ["np.scalar", ["float32", "bool", "object", "int8"][k % 4], [b"\x00", b"\x02", b"", b"\x00" * 9][k % 4]]
+        m["root"] = ["np.scalar", ["float32", "bool", "object", "int8"][k % 4],
+                     [b"\x00", b"\x02", b"", b"\x00" * 9][k % 4]]
     elif how == "device":
         m["root"] = ["device", ["cuda:-1", "CPU", "x" * 1000, "", "cpu:0"][k % 5]]
     elif how == "dtype_node":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import random
 import struct
 
 import numpy as np
@@ -82,7 +81,7 @@ def assert_same(a, b, path="$", aliases=None):
         assert struct.pack(">dd", a.real, a.imag) == struct.pack(">dd", b.real, b.imag), path
     elif isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
         assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{path}[{i}]", aliases)
     elif isinstance(a, dict):
         if isinstance(a, collections.OrderedDict):

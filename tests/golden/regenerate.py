@@ -24,8 +24,9 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import tensorcanon as tc  # noqa: E402
-import vectors  # noqa: E402
+import tensorcanon as tc
+
+import vectors
 
 DIGESTS = HERE / "digests.json"
 

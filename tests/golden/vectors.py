@@ -234,7 +234,8 @@ def random_state():
     torch.rand(5, generator=g)
     torch.randn(1, generator=g, dtype=torch.float64)  # a cached Gaussian in the state
     parent = np.random.default_rng([1, 2])
-    child = parent.spawn(2)[1]
+    # parent.spawn(2)[1], spelled as Generator.spawn does it (numpy >= 1.25; the floor is 1.24)
+    child = np.random.Generator(type(parent.bit_generator)(parent.bit_generator._seed_seq.spawn(2)[1]))
     legacy = np.random.RandomState(5)
     legacy.standard_normal()  # has_gauss = 1
     r = random.Random(9)
@@ -307,7 +308,8 @@ VECTORS = {
     "torch_values": (torch_values, None),
     "state_dict": (state_dict, None),
     "checkpoint": (checkpoint, None),
-    "metadata": (with_metadata, {"run": "golden", "step": 3, "lr": 0.25, "tags": ["x", "y"], "nested": {"b": 1, "a": None}}),
+    "metadata": (with_metadata,
+                 {"run": "golden", "step": 3, "lr": 0.25, "tags": ["x", "y"], "nested": {"b": 1, "a": None}}),
     "registered": (registered, None),
     "bare_tensor": (bare_tensor, None),
     "names": (names, None),

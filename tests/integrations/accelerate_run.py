@@ -19,9 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
-
 from accelerate import Accelerator
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import tensorcanon
 from tensorcanon.integrations import accelerate as tca
@@ -54,7 +53,7 @@ class Ema:
 
     def update(self, model: torch.nn.Module) -> None:
         decay = float(self.rng.uniform(0.8, 0.99))
-        for a, p in zip(self.avg, model.parameters()):
+        for a, p in zip(self.avg, model.parameters(), strict=True):
             a.mul_(decay).add_(p.detach(), alpha=1 - decay)
         self.updates += 1
 

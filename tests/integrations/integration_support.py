@@ -54,7 +54,8 @@ def run_script(script: str, *args: str, timeout: int = 300) -> None:
     proc = subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=HERE)
     if proc.returncode != 0:
-        pytest.fail(f"{script} {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        pytest.fail(f"{script} {' '.join(args)} exited {proc.returncode}:\n"
+                    f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
 
 
 def is_pickle_or_zip(data: bytes) -> bool:
@@ -69,6 +70,6 @@ def is_pickle_or_zip(data: bytes) -> bool:
         for op, _, _ in pickletools.genops(data):
             if op.name == "STOP":
                 return True
-    except Exception:  # not a pickle: genops stops at the first byte that is no opcode
+    except Exception:  # noqa: BLE001 - not a pickle: genops stops at the first byte that is no opcode
         return False
     return False

@@ -18,11 +18,10 @@ import sys
 import warnings
 from pathlib import Path
 
-import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
-
 import lightning.pytorch as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import tensorcanon
 from tensorcanon.integrations.lightning import CanonicalCheckpointIO, ExactResume

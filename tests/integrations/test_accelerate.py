@@ -7,21 +7,27 @@ state must have the digest of a run that never stopped.
 
 from __future__ import annotations
 
+# First: importing integration_support sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE, which the
+# Hugging Face libraries read when they are first imported. restore_determinism_settings is an
+# autouse fixture: importing it is what applies it.
+from integration_support import is_pickle_or_zip, restore_determinism_settings, run_script  # noqa: F401 (a fixture)
+
+# isort: split
+
 import json
 import os
 
 import pytest
 import safetensors.torch
 import torch
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
 from torch.utils.data import DataLoader, TensorDataset
 
 import tensorcanon
-from integration_support import is_pickle_or_zip, restore_determinism_settings, run_script  # noqa: F401 (fixtures)
 from tensorcanon.integrations import accelerate as tca
 
 import accelerate_run
-from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration
 
 
 @pytest.fixture(scope="module")

@@ -7,24 +7,32 @@ optimizer state must have the digest of a fit that never stopped.
 
 from __future__ import annotations
 
+# First: importing integration_support sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE, which the
+# Hugging Face libraries read when they are first imported. restore_determinism_settings is an
+# autouse fixture: importing it is what applies it.
+from integration_support import (  # noqa: F401 (fixtures: pytest finds them here by name)
+    is_pickle_or_zip,
+    no_unpickling,
+    restore_determinism_settings,
+    run_script,
+)
+
+# isort: split
+
 import json
 import warnings
 from pathlib import Path
 
+import lightning.pytorch as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-import lightning.pytorch as L
-from lightning.pytorch.callbacks import ModelCheckpoint
-
 import tensorcanon
-from integration_support import (  # noqa: F401 (the fixtures are used by name)
-    is_pickle_or_zip, no_unpickling, restore_determinism_settings, run_script)
 from tensorcanon.integrations.lightning import CanonicalCheckpointIO, ExactResume, load_from_checkpoint
 
 import lightning_run
-
 
 # ------------------------------------------------------------------ resumption across processes
 
@@ -107,7 +115,8 @@ def test_unsaveable_hyperparameter_fails_at_fit_start(tmp_path, quiet):
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
-def test_checkpoint_is_a_canonical_file_and_loads_without_unpickling(tmp_path, quiet, no_unpickling):
+@pytest.mark.usefixtures("no_unpickling")
+def test_checkpoint_is_a_canonical_file_and_loads_without_unpickling(tmp_path, quiet):
     tensorcanon.seed_everything(0)
     model = lightning_run.Model(lr=3e-3)
     every = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1, filename="{step}")

@@ -10,19 +10,24 @@
 
 from __future__ import annotations
 
+# First: importing integration_support sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE, which the
+# Hugging Face libraries read when they are first imported. restore_determinism_settings is an
+# autouse fixture: importing it is what applies it.
+from integration_support import is_pickle_or_zip, restore_determinism_settings, run_script  # noqa: F401 (a fixture)
+
+# isort: split
+
 import json
 import os
 import shutil
 
 import pytest
 import torch
+from transformers import AutoModel, BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import tensorcanon
-from integration_support import is_pickle_or_zip, restore_determinism_settings, run_script  # noqa: F401 (fixtures)
 
 import transformers_run
-from transformers import (AutoModel, BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM)
 
 MODELS = {
     "gpt2": lambda: GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)),

@@ -14,17 +14,18 @@ import concurrent.futures
 import contextlib
 import os
 import warnings
-from typing import Callable, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
 from .. import digest as _digest
-from ..errors import LimitError, TensorCanonError, UsageError
+from ..errors import TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..sharded.errors import CheckpointError
+from . import _compat
 from .load_planner import LoadPlanner
 from .reader import Reader
 from .save_planner import SavePlanner
@@ -33,7 +34,7 @@ from .writer import LOGICAL_DIGEST, Writer
 _T = TypeVar("_T")
 
 
-def _distributed(process_group) -> bool:
+def _distributed(process_group: dist.ProcessGroup | None) -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
@@ -68,7 +69,7 @@ def _run(fn: Callable[[], _T]) -> _T:
 
 
 @contextlib.contextmanager
-def _quiet(single_process: bool):
+def _quiet(single_process: bool) -> Iterator[None]:
     """Silence DCP's warning that it runs in one process (that is the caller's intent)."""
     with warnings.catch_warnings():
         if single_process:
@@ -96,10 +97,11 @@ def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: 
                                       "ckpt/step100")
     """
     single = not _distributed(process_group)
+    _compat.check_process_group(process_group)
     writer = Writer(checkpoint_dir, process_group=process_group, algorithm=algorithm, limits=limits)
     with _quiet(single):
         md = _run(lambda: dcp.save(state_dict, storage_writer=writer, planner=SavePlanner(limits=limits),
-                                   process_group=process_group, no_dist=single))
+                                   process_group=process_group, **_compat.dist_kwargs(dcp.save, single)))
     return md.storage_data[LOGICAL_DIGEST]
 
 
@@ -119,24 +121,22 @@ def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
         ...  # train on
         digest = fut.result()
     """
-    kinds = {"thread": AsyncCheckpointerType.THREAD, "process": AsyncCheckpointerType.PROCESS}
-    kind = kinds.get(executor) if isinstance(executor, str) else executor
-    if not isinstance(kind, AsyncCheckpointerType):
-        raise UsageError(f"executor must be 'thread' or 'process', not {executor!r}")
+    kind = _compat.async_kwargs(executor)
     single = not _distributed(process_group)
+    _compat.check_process_group(process_group)
     writer = Writer(checkpoint_dir, process_group=process_group, algorithm=algorithm, limits=limits)
     with _quiet(single):
         started = _run(lambda: dcp.async_save(
             state_dict, storage_writer=writer, planner=SavePlanner(limits=limits), process_group=process_group,
-            async_checkpointer_type=kind, no_dist=single,
+            **kind, **_compat.dist_kwargs(dcp.async_save, single),
         ))
-    upload = started.upload_completion if isinstance(started, AsyncSaveResponse) else started
+    upload = _compat.upload_future(started)
     out: concurrent.futures.Future = concurrent.futures.Future()
 
-    def done(f) -> None:
+    def done(f: concurrent.futures.Future) -> None:
         try:
             md = f.result()
-        except BaseException as e:  # CheckpointException is a BaseException
+        except BaseException as e:  # noqa: BLE001 - CheckpointException is a BaseException; handed on
             out.set_exception(unwrap(e))
         else:
             out.set_result(md.storage_data[LOGICAL_DIGEST])
@@ -165,12 +165,13 @@ def load(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     """
     single = not _distributed(process_group)
+    _compat.check_process_group(process_group, loading=True)
     reader = Reader(checkpoint_dir, limits=limits)
     planner = LoadPlanner(process_group=process_group, keep_per_rank_on_resize=keep_per_rank_on_resize,
                           limits=limits)
     with _quiet(single):
         _run(lambda: dcp.load(state_dict, storage_reader=reader, planner=planner,
-                              process_group=process_group, no_dist=single))
+                              process_group=process_group, **_compat.dist_kwargs(dcp.load, single)))
 
 
 __all__ = ["save", "async_save", "load", "unwrap"]

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import io
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
-from torch.distributed.checkpoint.planner import LoadPlan
-from torch.distributed.tensor import DTensor
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from .. import dtypes, paths
 from ..errors import UsageError
@@ -38,6 +38,8 @@ from ..sharded import layout
 from ..sharded.files import RankFiles, decode_subtree
 from ..sharded.read import read_tensor
 from ..tree import Decoder, tag_of
+from ..walk import METADATA
+from ._compat import DTensor, object_coll_device
 from .perrank import PerRank
 
 
@@ -80,7 +82,7 @@ class LoadPlanner(DefaultLoadPlanner):
         index = getattr(metadata, "planner_data", None)
         if isinstance(index, FailedIndex):
             raise index.error
-        if not isinstance(index, layout.Index):
+        if metadata is None or not isinstance(index, layout.Index):
             raise UsageError("tensorcanon.dcp.LoadPlanner reads checkpoints through tensorcanon.dcp.Reader "
                              "(pass storage_reader=tensorcanon.dcp.Reader(path) to dcp.load)")
         if dist.is_available() and dist.is_initialized():
@@ -92,8 +94,10 @@ class LoadPlanner(DefaultLoadPlanner):
             walk.mapping(state_dict, index.logical.root, ())
             self.state_dict = walk.flat
             for alias, fqn in walk.aliases.items():
-                metadata.state_dict_metadata[alias] = metadata.state_dict_metadata[fqn]
-                for c in metadata.state_dict_metadata[fqn].chunks:
+                md = metadata.state_dict_metadata[fqn]
+                assert isinstance(md, TensorStorageMetadata)  # an alias names a tensor (Reader.read_metadata)
+                metadata.state_dict_metadata[alias] = md
+                for c in md.chunks:
                     loc = metadata.storage_data[MetadataIndex(fqn, c.offsets)]
                     metadata.storage_data[MetadataIndex(alias, c.offsets)] = loc
         finally:
@@ -103,10 +107,12 @@ class LoadPlanner(DefaultLoadPlanner):
         self.is_coordinator = is_coordinator
 
     def create_local_plan(self) -> LoadPlan:
+        if self.metadata is None:
+            raise UsageError("tensorcanon.dcp.LoadPlanner was used before set_up_planner")
         plan = create_default_local_load_plan(self.state_dict, self.metadata, True)
         return dataclasses.replace(plan, planner_data=LoadMark())
 
-    def load_bytes(self, read_item, value) -> None:
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         raise UsageError("tensorcanon checkpoints hold no pickled values: there is nothing to load_bytes")
 
     def __getstate__(self) -> dict:
@@ -142,10 +148,9 @@ def _materialize_meta(t: Any) -> Any:
         device = torch.device(kind, module.current_device()) if kind != "cpu" and module else torch.device(kind)
     elif dist.is_available() and dist.is_initialized():
         try:
-            device = dist.distributed_c10d._get_object_coll_device()
+            device = object_coll_device()
         except (RuntimeError, ValueError):
             device = torch.device("cpu")
-        device = torch.device(device)
     else:
         device = torch.device("cpu")
     if isinstance(t, DTensor):
@@ -156,7 +161,7 @@ def _materialize_meta(t: Any) -> Any:
     return torch.nn.Parameter(out, requires_grad=t.requires_grad) if type(t) is torch.nn.Parameter else out
 
 
-def _memory(t: Any):
+def _memory(t: Any) -> tuple:
     """What makes two target tensors one piece of memory (reading into one fills the other)."""
     if isinstance(t, np.ndarray):
         return ("ndarray", t.__array_interface__["data"][0], t.shape, t.strides, t.dtype.str)
@@ -179,7 +184,7 @@ class _Walk:
         self.flat: dict[str, Any] = {}
         self.aliases: dict[str, str] = {}
         self._memory: dict[str, Any] = {}
-        self.per_rank = dict(zip(index.per_rank, index.per_rank_keys))
+        self.per_rank = dict(zip(index.per_rank, index.per_rank_keys, strict=True))
         self.keys = Decoder([], limits.max_depth)
         self._files: RankFiles | None = None
 
@@ -212,7 +217,7 @@ class _Walk:
             return target, False
         if type(target) in (list, tuple) and tag == type(target).__name__ and len(node) - 1 == len(target):
             items, changed = [], False
-            for i, (t, n) in enumerate(zip(target, node[1:])):
+            for i, (t, n) in enumerate(zip(target, node[1:], strict=True)):
                 v, c = self.value(t, n, path + (i,))
                 items.append(v)
                 changed |= c
@@ -235,9 +240,9 @@ class _Walk:
         if tag == "odict" and isinstance(target, collections.OrderedDict):
             meta = self.materialize(node[1])  # module state dicts' _metadata: a value like any other
             if meta is not None:
-                target._metadata = meta
-            elif hasattr(target, "_metadata"):
-                del target._metadata
+                setattr(target, METADATA, meta)
+            elif hasattr(target, METADATA):
+                delattr(target, METADATA)
         saved = {}
         for i in range(start, len(node) - 1, 2):
             saved[self.keys.decode(node[i])] = node[i + 1]

@@ -21,12 +21,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from .. import digest, dtypes, paths, writer
 from ..errors import UnsupportedTypeError
 from ..limits import DEFAULT, Limits
 from ..tree import Encoder
+from ..walk import METADATA
+from ._compat import DTensor, Replicate, Shard
 from .perrank import PerRank
 
 _SUPPORTED_PLACEMENTS = (Shard, Replicate)
@@ -51,8 +52,8 @@ class LogicalEncoder(Encoder):
         if (t is dict or t is collections.OrderedDict) and any(type(v) is PerRank for v in value.values()):
             here = self.current_path()
             kept = t((k, v) for k, v in value.items() if type(v) is not PerRank)
-            if t is collections.OrderedDict and hasattr(value, "_metadata"):
-                kept._metadata = value._metadata
+            if t is collections.OrderedDict and hasattr(value, METADATA):
+                setattr(kept, METADATA, getattr(value, METADATA))
             for k, v in value.items():
                 if type(v) is PerRank:
                     self.per_rank.append((here + (k,), v.value))

@@ -39,5 +39,6 @@ class PerRank:
     def __repr__(self) -> str:
         return f"PerRank({self.value!r})"
 
-    def __reduce__(self):  # picklable: async_save's process executor sends the state to a child
+    # picklable: async_save's process executor sends the state to a child
+    def __reduce__(self) -> tuple[type[PerRank], tuple[Any]]:
         return (PerRank, (self.value,))

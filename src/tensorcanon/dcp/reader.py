@@ -14,6 +14,7 @@ that keeps its ``load_bytes``) is accepted.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import defaultdict
 from typing import Any
@@ -118,6 +119,8 @@ class Reader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: _DCPLoadPlanner) -> Future[None]:
         _refuse_planner(planner)
         index = self.index
+        if index is None:
+            raise UsageError("tensorcanon.dcp.Reader.read_data was called before set_up_storage_reader")
         # Group by chunk, so each chunk is hashed once and its pages are read together.
         by_chunk: dict = defaultdict(list)
         for req in plan.items:
@@ -129,23 +132,24 @@ class Reader(StorageReader):
             for key in sorted(by_chunk):
                 reqs = by_chunk[key]
                 _, t, c = reqs[0]
+                what = functools.partial(index.describe, t, c)
                 try:
                     f = files.get(c.rank)
                     info = index.logical.tensors[t]
-                    row = f.info(index.key(t, c), lambda: index.describe(t, c))
+                    row = f.info(index.key(t, c), what)
                     if row.dtype is not info.dtype or row.shape != tuple(c.sizes) or row.kind != "tensor":
                         raise FormatError(f"the rank file stores it as {row.kind} {row.dtype.name}"
                                           f"{list(row.shape)}, not {info.dtype.name}{list(c.sizes)}")
-                    src = f.tensor(row, lambda: index.describe(t, c))
+                    src = f.tensor(row, what)
                 except TensorCanonError as e:
-                    raise with_context(e, f"{index.describe(t, c)}: ") from None
+                    raise with_context(e, f"{what()}: ") from None
                 for req, _, _ in reqs:
                     region = src
-                    for d, (o, n) in enumerate(zip(req.storage_offsets, req.lengths)):
+                    for d, (o, n) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
                         region = region.narrow(d, o, n)
                     target = planner.resolve_tensor(req).detach()
                     if tuple(target.shape) != tuple(region.shape):
-                        raise FormatError(f"{index.describe(t, c)}: DCP asked for a region of shape "
+                        raise FormatError(f"{what()}: DCP asked for a region of shape "
                                           f"{list(region.shape)} into a target of shape {list(target.shape)}")
                     _copy(target, region)
                     planner.commit_tensor(req, target)

@@ -24,12 +24,12 @@ import msgpack
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, create_default_local_save_plan
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan
-from torch.distributed.tensor import DTensor, Replicate
 
 from .. import digest, paths, tensorbytes
 from ..errors import UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded.errors import ReplicaMismatchError
+from ._compat import DTensor, Replicate, compute_local_shape_and_global_offset, global_save_plan
 from .logical import LogicalState, plan_state
 
 
@@ -60,6 +60,12 @@ class SavePlanner(DefaultSavePlanner):
         self.limits = limits
         self.logical: LogicalState | None = None
 
+    def planned(self) -> LogicalState:
+        """The logical state :meth:`set_up_planner` planned (DCP calls it before anything else)."""
+        if self.logical is None:
+            raise UsageError("tensorcanon.dcp.SavePlanner was used before set_up_planner planned a save")
+        return self.logical
+
     def set_up_planner(self, state_dict: dict, storage_meta: StorageMeta | None = None,
                        is_coordinator: bool = False) -> None:
         self.logical = plan_state(state_dict, self.limits)
@@ -68,7 +74,7 @@ class SavePlanner(DefaultSavePlanner):
 
     def create_local_plan(self) -> SavePlan:
         plan = create_default_local_save_plan(self.state_dict, self.is_coordinator)
-        info = LocalInfo(self.logical.skeleton())
+        info = LocalInfo(self.planned().skeleton())
         if self.check_replicas:
             info.replicas = self._replica_digests()
         self.plan = dataclasses.replace(plan, planner_data=info)
@@ -76,7 +82,7 @@ class SavePlanner(DefaultSavePlanner):
 
     def _replica_digests(self) -> dict:
         out = {}
-        for src in self.logical.plan.tensors:
+        for src in self.planned().plan.tensors:
             value = self.state_dict[src.name]
             if isinstance(value, DTensor):
                 mesh = value.device_mesh
@@ -84,8 +90,7 @@ class SavePlanner(DefaultSavePlanner):
                         isinstance(p, Replicate) and mesh.size(d) > 1 for d, p in enumerate(value.placements)):
                     continue
                 local = value.to_local()
-                from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
+                key: tuple[str, tuple[int, ...] | None]
                 _, offsets = compute_local_shape_and_global_offset(value.shape, mesh, value.placements)
                 key = (src.name, tuple(offsets))
             else:
@@ -99,9 +104,9 @@ class SavePlanner(DefaultSavePlanner):
         infos = [p.planner_data for p in all_plans]
         if not all(isinstance(i, LocalInfo) for i in infos):
             raise UsageError("every rank must save with tensorcanon.dcp.SavePlanner")
-        compare_ranks(infos, self.logical)
+        compare_ranks(infos, self.planned())
         plans = [dataclasses.replace(p, planner_data=None) for p in all_plans]
-        self.global_plan, self.metadata = self._create_global_plan(plans)
+        self.global_plan, self.metadata = global_save_plan(self, plans)
         return self.global_plan, self.metadata
 
     def finish_plan(self, new_plan: SavePlan) -> SavePlan:
@@ -156,13 +161,13 @@ def _skeleton_difference(a: tuple[bytes, str], b: tuple[bytes, str], rank: int) 
     if ma != mb:
         try:
             ta, tb = msgpack.unpackb(ma), msgpack.unpackb(mb)
-        except Exception:
+        except Exception:  # noqa: BLE001 - only for a better message; msgpack raises many types
             return head + tail, None
         where, va, vb = _first_difference(ta["root"], tb["root"], ())
         if where is not None:
             at = paths.join(where)
             return f"{head} at {at}: rank 0 has {_short(va)}, rank {rank} has {_short(vb)}{tail}", at
-        for row_a, row_b in zip(ta["tensors"], tb["tensors"]):
+        for row_a, row_b in zip(ta["tensors"], tb["tensors"], strict=False):  # lengths may differ
             if row_a != row_b:
                 return (f"{head}: tensor {row_a['name']!r} is {row_a['dtype']}{row_a['shape']} on rank 0 and "
                         f"{row_b['dtype']}{row_b['shape']} ({row_b['name']!r}) on rank {rank}{tail}"), None
@@ -171,7 +176,7 @@ def _skeleton_difference(a: tuple[bytes, str], b: tuple[bytes, str], rank: int) 
             f"rank {rank}; every rank must mark the same keys PerRank"), None
 
 
-def _first_difference(a: Any, b: Any, where: tuple):
+def _first_difference(a: Any, b: Any, where: tuple) -> tuple[tuple | None, Any, Any]:
     """(path, a's node, b's node) of the first difference between two tree nodes, or (None, ...)."""
     if a == b:
         return None, None, None

@@ -25,6 +25,7 @@ as it must be for loading with another world size.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -37,14 +38,15 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner as _DCPSa
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from .. import digest as _digest
-from .. import tensorbytes, writer
+from .. import digest as _digest, tensorbytes, writer
 from ..errors import TensorCanonError, UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded import layout, tiling
 from ..sharded.errors import CheckpointError
 from ..sharded.files import RankFile
+from . import _compat
 from .save_planner import LocalInfo, SavePlanner
+from .staging import staged_copy
 
 OUTCOME_FQN = "@tensorcanon.rank"  # the WriteResult that carries a rank's file digest
 LOGICAL_DIGEST = "tensorcanon.logical_digest"  # key in the Metadata.storage_data every rank gets back
@@ -128,6 +130,21 @@ class Writer(StorageWriter):
     def checkpoint_id(self) -> str:
         return self.path
 
+    if not _compat.DCP_STAGES_FAITHFULLY:
+        # This DCP copies a state dict for async_save lossily (see staging.py): the Writer is
+        # its stager instead (DCP's AsyncStager protocol) and copies faithfully.
+        _synchronize_after_execute = False
+
+        @property
+        def should_synchronize_after_execute(self) -> bool:
+            return False
+
+        def stage(self, state_dict: dict) -> dict:
+            return staged_copy(state_dict)
+
+        def synchronize_staging(self) -> None:
+            pass
+
     def __getstate__(self) -> dict:
         # async_save's process executor pickles the writer into a child process, whose
         # default group plays the part of this one's process group.
@@ -150,7 +167,7 @@ class Writer(StorageWriter):
             raise UsageError(f"ranks use different digest algorithms {algorithms}; give every rank's "
                              "Writer the same algorithm")
         jobs = assign_hashing(plans, algorithms[0])
-        return [dataclasses.replace(p, storage_data=job) for p, job in zip(plans, jobs)]
+        return [dataclasses.replace(p, storage_data=job) for p, job in zip(plans, jobs, strict=True)]
 
     # -------------------------------------------------------------- writing
     def write_data(self, plan: SavePlan, planner: _DCPSavePlanner) -> Future[list[WriteResult]]:
@@ -172,8 +189,8 @@ class Writer(StorageWriter):
                 offsets = tuple(item.index.offset or ())
                 own[(item.index.fqn, offsets)] = t
                 obj[layout.chunk_key(item.index.fqn, offsets)] = t
-            per_rank = planner.logical.per_rank
-            for (path, value), key in zip(per_rank, layout.per_rank_keys([p for p, _ in per_rank])):
+            per_rank = planner.planned().per_rank
+            for (_, value), key in zip(per_rank, layout.per_rank_keys([p for p, _ in per_rank]), strict=True):
                 obj[key] = value
             file_digest, chunk_digests = write_rank_file(self.path, job.rank, job.world_size, obj,
                                                          job.algorithm, self.limits)
@@ -192,12 +209,14 @@ class Writer(StorageWriter):
                 raise failure
             for r, (d, err) in enumerate(gathered):
                 if err is not None:
-                    e = CheckpointError(f"rank {r} could not write its rank file: {err}")
-                    e.secondary = True  # the rank that failed reports the cause itself
-                    raise e
+                    elsewhere = CheckpointError(f"rank {r} could not write its rank file: {err}")
+                    elsewhere.secondary = True  # the rank that failed reports the cause itself
+                    raise elsewhere
                 file_digests[r] = d
         elif failure is not None:
             raise failure
+        # No failure on any rank: the try above set both.
+        assert file_digest is not None and isinstance(planner, SavePlanner)
         tensor_digests = {}
         if job.tasks:
             tensor_digests = run_hash_tasks(self.path, job, planner, own, file_digests, self.limits)
@@ -235,7 +254,7 @@ class Writer(StorageWriter):
                     raise CheckpointError(f"DCP's metadata has no chunk of {wr.index.fqn!r} at offsets {list(offsets)}")
                 chunks[wr.index.fqn].append(layout.Chunk(outcome.rank, tiling.Box(offsets, sizes)))
         world = len(results)
-        if sorted(files) != list(range(world)):
+        if algorithm is None or sorted(files) != list(range(world)):
             raise CheckpointError(f"rank outcomes are missing: got ranks {sorted(files)} of {world}")
         plan = logical.plan
         plan.algorithm = algorithm
@@ -267,6 +286,9 @@ def assign_hashing(plans: list[SavePlan], algorithm: str) -> list[RankJob]:
     for r, p in enumerate(plans):
         for item in p.items:
             td = item.tensor_data
+            if td is None:  # every item a tensorcanon.dcp.SavePlanner plans is a tensor
+                raise UsageError(f"{item.index.fqn}: the save plan holds a value that is not a tensor; "
+                                 "plan the save with tensorcanon.dcp.SavePlanner")
             found.setdefault(item.index.fqn, []).append((r, tuple(td.chunk.offsets), tuple(td.chunk.sizes)))
             sizes[item.index.fqn] = tuple(td.size)
             nbytes[item.index.fqn] = item.tensor_storage_size() or 0
@@ -319,7 +341,7 @@ def _fsync_dir(folder: str) -> None:
 def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, digests: list,
                    limits: Limits) -> dict[str, bytes]:
     """Digest each assigned tensor: its bytes in C order across its chunks, read once."""
-    by_name = {s.name: s for s in planner.logical.plan.tensors}
+    by_name = {s.name: s for s in planner.planned().plan.tensors}
     opened: dict[int, RankFile] = {}
     out = {}
     try:
@@ -327,7 +349,7 @@ def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, d
             src = by_name[task.name]
             itemsize = src.dtype.itemsize
             views = []
-            for rank, offsets, sizes in task.chunks:
+            for rank, offsets, _ in task.chunks:
                 if rank == job.rank:
                     views.append(tensorbytes.host_bytes(own[(task.name, offsets)], "tensor"))
                     continue
@@ -336,7 +358,7 @@ def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, d
                     path = os.path.join(folder, layout.rank_file_name(rank, job.world_size, digests[rank]))
                     f = opened[rank] = RankFile.open(path, digests[rank], limits)
                 key = layout.chunk_key(task.name, offsets)
-                views.append(f.raw(f.info(key, lambda: f"chunk {key!r}")))
+                views.append(f.raw(f.info(key, functools.partial("chunk {!r}".format, key))))
             h = _digest.tensor_hasher(src.dtype.name, src.shape, job.algorithm)
             boxes = [tiling.Box(o, s) for _, o, s in task.chunks]
             for j, start, count in tiling.runs(src.shape, boxes):
@@ -351,7 +373,7 @@ def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, d
 
 def remove_unreferenced(folder: str, keep: set[str]) -> list[str]:
     """After an index is committed: delete rank files it does not name, and partial files."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(folder)
     except OSError:

@@ -47,7 +47,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from accelerate import Accelerator
 from accelerate.data_loader import BatchSamplerShard
@@ -240,10 +241,10 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str] | Non
     for i, m in enumerate(models):
         accelerator.unwrap_model(m).load_state_dict(_load(folder, _model_file(i), verify, limits))
     _count("optimizers", len(training["optimizers"]), len(accelerator._optimizers), "prepare the same optimizers")
-    for opt, st in zip(accelerator._optimizers, training["optimizers"]):
+    for opt, st in zip(accelerator._optimizers, training["optimizers"], strict=True):
         opt.load_state_dict(st)
     _count("schedulers", len(training["schedulers"]), len(accelerator._schedulers), "prepare the same schedulers")
-    for sched, st in zip(accelerator._schedulers, training["schedulers"]):
+    for sched, st in zip(accelerator._schedulers, training["schedulers"], strict=True):
         sched.load_state_dict(st)
     if (training["scaler"] is None) != (accelerator.scaler is None):
         raise UsageError("the checkpoint and this accelerator disagree on mixed precision: one has a "
@@ -252,12 +253,12 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str] | Non
         accelerator.scaler.load_state_dict(training["scaler"])
     _count("registered objects", len(training["custom_objects"]), len(accelerator._custom_objects),
            "call register_for_checkpointing with the same objects, in the same order")
-    for obj, st in zip(accelerator._custom_objects, training["custom_objects"]):
+    for obj, st in zip(accelerator._custom_objects, training["custom_objects"], strict=True):
         obj.load_state_dict(st)
 
     loaders = process["dataloaders"]
     _count("prepared DataLoaders", len(loaders), len(accelerator._dataloaders), "prepare the same DataLoaders")
-    for dl, st in zip(accelerator._dataloaders, loaders):
+    for dl, st in zip(accelerator._dataloaders, loaders, strict=True):
         s = sampler_of(dl)
         if (st["sampler"] is None) != (s is None):
             raise UsageError("a prepared DataLoader draws from a ResumableSampler now but did not when "

@@ -42,7 +42,8 @@ import json
 import os
 import re
 import shutil
-from typing import Any, Callable, TypeVar, Union
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -59,8 +60,8 @@ from ._common import apply_settings, batch_size_of, check_saveable, cpu_when_mis
 
 __all__ = ["CanonicalCheckpointIO", "ExactResume", "check_checkpoint", "load_from_checkpoint"]
 
-_M = TypeVar("_M", bound=Union[pl.LightningModule, pl.LightningDataModule])
-SamplerSpec = Union[ResumableSampler, Callable[["pl.Trainer"], ResumableSampler], None]
+_M = TypeVar("_M", bound=pl.LightningModule | pl.LightningDataModule)
+SamplerSpec = ResumableSampler | Callable[[pl.Trainer], ResumableSampler] | None
 
 
 def _local(path: Any, what: str) -> str:
@@ -120,7 +121,7 @@ class CanonicalCheckpointIO(CheckpointIO):
 
 
 def _checkpoint_io(trainer: pl.Trainer) -> Any:
-    io = trainer.strategy.checkpoint_io
+    io: Any = trainer.strategy.checkpoint_io  # or a wrapper of one: anything with .checkpoint_io
     while not isinstance(io, CanonicalCheckpointIO) and getattr(io, "checkpoint_io", None) not in (None, io):
         io = io.checkpoint_io  # a wrapper such as AsyncCheckpointIO
     return io
@@ -217,8 +218,9 @@ class ExactResume(pl.Callback):
                 raise UsageError(f"ExactResume(sampler=callable) returned {type(s).__name__}, "
                                  "not a tensorcanon.ResumableSampler")
             return s
-        found = {}
-        for owner in (trainer.datamodule, trainer.lightning_module):
+        found: dict[int, tuple[str, ResumableSampler]] = {}
+        # (Lightning's data connector sets trainer.datamodule; the Trainer class does not declare it.)
+        for owner in (getattr(trainer, "datamodule", None), trainer.lightning_module):
             for name, v in vars(owner).items() if owner is not None else ():
                 if isinstance(v, ResumableSampler):
                     found.setdefault(id(v), (f"{type(owner).__name__}.{name}", v))
@@ -373,9 +375,14 @@ def load_from_checkpoint(cls: type[_M], checkpoint_path: str | os.PathLike[str],
     hp = ckpt.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {})
     hp.update(kwargs)
     if issubclass(cls, pl.LightningDataModule):
-        return _load_state(cls, ckpt, **kwargs)
+        data = _load_state(cls, ckpt, **kwargs)
+        assert isinstance(data, cls)  # _load_state builds a cls
+        return data
     model = _load_state(cls, ckpt, strict=strict, **kwargs)
+    assert isinstance(model, cls) and isinstance(model, pl.LightningModule)  # _load_state builds a cls
     import torch
 
     first = next((t for t in ckpt["state_dict"].values() if isinstance(t, torch.Tensor)), None)
-    return model.to(first.device) if first is not None else model
+    if first is not None:
+        model.to(first.device)  # in place (a Module's to() returns the module itself)
+    return model

@@ -40,6 +40,7 @@ import os
 import warnings
 from typing import Any
 
+import torch
 from transformers import Trainer
 
 from .. import api
@@ -84,11 +85,19 @@ class CanonicalTrainer(Trainer):
                 raise UsageError(f"CanonicalTrainer does not support {name}: its engine writes the sharded "
                                  "optimizer and model states itself; use transformers.Trainer")
 
+    def _optimizer_and_scheduler(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        """The Trainer's optimizer and scheduler, which it creates before it saves or loads them."""
+        if self.optimizer is None or self.lr_scheduler is None:
+            raise UsageError("CanonicalTrainer saves and loads the optimizer and scheduler only once the "
+                             "Trainer has created them (create_optimizer_and_scheduler)")
+        return self.optimizer, self.lr_scheduler
+
     # ------------------------------------------------------------------ saving
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         super()._save(output_dir, state_dict)
         out = output_dir if output_dir is not None else self.args.output_dir
+        assert out is not None  # the Trainer's _save has just written the model there
         if self.args.should_save:
             pickled = os.path.join(out, _PICKLED_ARGS)
             if os.path.exists(pickled):
@@ -99,10 +108,11 @@ class CanonicalTrainer(Trainer):
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         self._check_engine()
         if self.args.should_save:
-            api.save(self.optimizer.state_dict(), os.path.join(output_dir, OPTIMIZER))
+            optimizer, scheduler = self._optimizer_and_scheduler()
+            api.save(optimizer.state_dict(), os.path.join(output_dir, OPTIMIZER))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # torch's "please also save the optimizer" note
-                api.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER))
+                api.save(scheduler.state_dict(), os.path.join(output_dir, SCHEDULER))
 
     def _save_scaler(self, output_dir: str) -> None:
         scaler = getattr(self.accelerator, "scaler", None)
@@ -124,8 +134,9 @@ class CanonicalTrainer(Trainer):
         if not (os.path.isfile(opt) and os.path.isfile(sched)):
             return  # as the Trainer does: a checkpoint saved with save_only_model has neither
         device = self.args.device if self.args.world_size > 1 and self.args.device.type != "cpu" else "cpu"
-        self.optimizer.load_state_dict(api.load(opt, map_location=device))
-        self.lr_scheduler.load_state_dict(api.load(sched, map_location="cpu"))
+        optimizer, scheduler = self._optimizer_and_scheduler()
+        optimizer.load_state_dict(api.load(opt, map_location=device))
+        scheduler.load_state_dict(api.load(sched, map_location="cpu"))
 
     def _load_scaler(self, checkpoint: str | None) -> None:
         if checkpoint is None:

@@ -32,3 +32,5 @@ class ReplicaMismatchError(TensorCanonError, ValueError):
 class CheckpointError(TensorCanonError, RuntimeError):
     """torch.distributed.checkpoint failed for a reason that is not a tensorcanon
     error (a planning or validation error of DCP itself); the message is DCP's."""
+
+    secondary: bool = False  # True on a rank that fails because another rank did (that one names the cause)

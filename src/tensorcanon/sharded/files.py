@@ -12,19 +12,22 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from .. import digest as _digest
-from .. import reader
-from ..errors import FormatError, IntegrityError, MissingFileError, TensorCanonError
+from .. import digest as _digest, reader
+from ..errors import FormatError, IntegrityError, MissingFileError, TensorCanonError, UnsupportedTypeError
 from ..limits import DEFAULT, Limits
 from ..manifest import TensorInfo
 from ..source import opened
 from ..tree import Decoder, tag_of
 from .errors import CheckpointNotFoundError
+
+if TYPE_CHECKING:
+    from .layout import Index
 
 
 def with_context(e: TensorCanonError, prefix: str) -> TensorCanonError:
@@ -45,11 +48,12 @@ def read_index_file(path: str, limits: Limits = DEFAULT) -> tuple[Any, str, str]
     """``(object, file digest, algorithm)`` of an index file. An index holds no tensors
     (everything is in its manifest), so decoding it reads no data."""
     with reader.open_file(path, limits) as cf:
-        if not cf.is_tensorcanon:
+        file_digest, algorithm = cf.digest, cf.algorithm
+        if file_digest is None or algorithm is None:  # no tensorcanon manifest
             raise FormatError("is a plain safetensors file, not a tensorcanon index")
         if cf.rows:
             raise FormatError(f"an index holds no tensors, but this file holds {len(cf.rows)} (is it a rank file?)")
-        return cf.load(), cf.digest, cf.algorithm
+        return cf.load(), file_digest, algorithm
 
 
 class RankFile(reader.CheckedFile):
@@ -61,8 +65,12 @@ class RankFile(reader.CheckedFile):
     flat dict.
     """
 
+    path: str
+    _verified: set[int]       # rows whose bytes were hashed against their digest
+    _keys: dict[Any, Any]     # the flat dict's keys -> their tree nodes
+
     @classmethod
-    def open(cls, path: str, expected: str | None = None, limits: Limits = DEFAULT) -> "RankFile":
+    def open(cls, path: str, expected: str | None = None, limits: Limits = DEFAULT) -> RankFile:
         stack = contextlib.ExitStack()
         try:
             f = cls(stack.enter_context(opened(path, use_mmap=True)), limits, closer=stack)
@@ -87,9 +95,16 @@ class RankFile(reader.CheckedFile):
             raise IntegrityError(
                 f"rank file {path} has digest {f.digest} but the index records {expected}: it was "
                 "replaced or edited after the checkpoint was saved", expected=expected, actual=f.digest)
+        assert f.manifest is not None  # is_tensorcanon, checked above
         root = f.manifest.root  # a flat dict (the tree was checked): key -> node
         f._keys = {root[i]: root[i + 1] for i in range(1, len(root) - 1, 2)} if root[0] == "dict" else {}
         return f
+
+    @property
+    def algorithm(self) -> str:
+        """``"xxh3-128"`` or ``"sha256"`` (a rank file is always a tensorcanon file)."""
+        assert self.manifest is not None  # checked in open
+        return self.manifest.algorithm
 
     # ------------------------------------------------------------------ contents
     def keys(self) -> list:
@@ -137,6 +152,10 @@ class RankFile(reader.CheckedFile):
         """
         view = self.verified(info, what)
         t = info.dtype.torch
+        if t is None:
+            raise UnsupportedTypeError(
+                f"{what()} has dtype {info.dtype.name}, which this torch ({torch.__version__}) does not "
+                f"have: read the checkpoint with a torch that has torch.{info.dtype.name}")
         if not len(view):
             return torch.empty(info.shape, dtype=t)
         with warnings.catch_warnings():  # "not writable": we only ever read from it
@@ -180,7 +199,7 @@ def decode_subtree(node: Any, n_tensors: int, limits: Limits, read: Callable[[in
 class RankFiles:
     """The rank files of one checkpoint, each opened (and checked against the index) once."""
 
-    def __init__(self, folder_index, limits: Limits = DEFAULT) -> None:
+    def __init__(self, folder_index: Index, limits: Limits = DEFAULT) -> None:
         self.index = folder_index
         self.limits = limits
         self._open: dict[int, RankFile] = {}
@@ -210,8 +229,8 @@ class RankFiles:
             f.close()
         self._open.clear()
 
-    def __enter__(self) -> "RankFiles":
+    def __enter__(self) -> RankFiles:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

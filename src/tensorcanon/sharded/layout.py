@@ -25,14 +25,15 @@ is derived from these fields, so the index names nothing twice.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import digest as _digest
-from .. import container, manifest
+from .. import container, digest as _digest, manifest
 from ..errors import FormatError, TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..ordering import UnorderableKey, sort_key
@@ -57,7 +58,7 @@ def rank_file_name(rank: int, world_size: int, file_digest: str) -> str:
     return f"rank-{rank:05d}-of-{world_size:05d}.{_digest.from_text(file_digest).hex()}.safetensors"
 
 
-def chunk_key(name: str, offsets) -> str:
+def chunk_key(name: str, offsets: Iterable[int]) -> str:
     """The key of a chunk in its rank file: ``model.w@128,0`` (a 0-d tensor: ``step@``)."""
     return f"{name}@{','.join(str(int(o)) for o in offsets)}"
 
@@ -139,7 +140,7 @@ def build(logical_raw: bytes, file_digests: list[str], chunks: list[list[Chunk]]
     }
 
 
-def _chunk_order(c: Chunk):
+def _chunk_order(c: Chunk) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (c.offsets, c.sizes)
 
 
@@ -226,17 +227,18 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
     if type(table) is not list or len(table) != len(infos):
         raise bad(f"'chunks' must hold one list per logical tensor ({len(infos)})")
     chunks: list[list[Chunk]] = []
-    for i, (info, entries) in enumerate(zip(infos, table)):
+    for info, entries in zip(infos, table, strict=True):
         what = f"{where}: tensor {info.name!r}"
         if type(entries) is not list or not entries:
             raise FormatError(f"{what}: its chunk list must be a non-empty list")
         out = []
-        for e in entries:
-            if (type(e) is not list or len(e) != 3 or type(e[0]) is not int or not 0 <= e[0] < world
-                    or not _int_list(e[1], len(info.shape)) or not _int_list(e[2], len(info.shape))):
-                raise FormatError(f"{what}: malformed chunk {str(e)[:80]}: expected [rank < {world}, "
+        for entry in entries:
+            if (type(entry) is not list or len(entry) != 3 or type(entry[0]) is not int
+                    or not 0 <= entry[0] < world or not _int_list(entry[1], len(info.shape))
+                    or not _int_list(entry[2], len(info.shape))):
+                raise FormatError(f"{what}: malformed chunk {str(entry)[:80]}: expected [rank < {world}, "
                                   f"offsets, sizes] with {len(info.shape)} non-negative ints each")
-            out.append(Chunk(e[0], tiling.Box(tuple(e[1]), tuple(e[2]))))
+            out.append(Chunk(entry[0], tiling.Box(tuple(entry[1]), tuple(entry[2]))))
         if [_chunk_order(c) for c in out] != sorted({_chunk_order(c) for c in out}):
             raise FormatError(f"{what}: chunks are not in canonical order (by offsets, no repeats)")
         tiling.check(info.shape, [c.box for c in out], what)
@@ -249,7 +251,7 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
         keys = [sort_key(p) for p in paths]
     except (UnorderableKey, UnicodeEncodeError):
         raise bad("'per_rank' holds a path with a key that is not a key value") from None
-    if any(not a < b for a, b in zip(keys, keys[1:])):
+    if any(not a < b for a, b in itertools.pairwise(keys)):
         raise bad("'per_rank' paths are not in canonical order (or repeat)")
     return Index(folder, own_digest, list(digests), logical, chunks, list(paths), per_rank_keys(list(paths)))
 

@@ -9,23 +9,26 @@ Memory use is one tensor at a time (consolidate: none beyond the page cache).
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 from .. import container, digest, dtypes, manifest, placement, tensorbytes, writer
 from ..errors import FormatError, IntegrityError, TensorCanonError
 from ..limits import DEFAULT, Limits
+from ..manifest import TensorInfo
 from ..tree import Decoder
 from . import layout, tiling
-from .files import RankFiles, with_context
+from .files import RankFile, RankFiles, with_context
 
 _PIECE = 1 << 20  # hash and copy in pieces that stay in the CPU cache
 
 
-def _chunk_info(files: RankFiles, index: layout.Index, t: int, c: layout.Chunk):
+def _chunk_info(files: RankFiles, index: layout.Index, t: int, c: layout.Chunk) -> tuple[RankFile, TensorInfo]:
     """The rank-file row of a chunk, checked against what the index says it holds."""
     info = index.logical.tensors[t]
-    what = lambda: index.describe(t, c)  # noqa: E731
+    what = functools.partial(index.describe, t, c)
     f = files.get(c.rank)
     row = f.info(index.key(t, c), what)
     if row.dtype is not info.dtype or row.shape != tuple(c.sizes) or row.kind != "tensor" or row.requires_grad:
@@ -37,7 +40,7 @@ def _chunk_info(files: RankFiles, index: layout.Index, t: int, c: layout.Chunk):
     return f, row
 
 
-def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memoryview], None] | None = None,
+def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memoryview], object] | None = None,
            *, check_chunks: bool = True) -> bytes:
     """Feed logical tensor ``t``'s bytes in C order to ``sink`` and return its digest.
 
@@ -65,15 +68,17 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
         for p in range(lo, hi, _PIECE):
             piece = view[p : min(p + _PIECE, hi)]
             h.update(piece)
-            if per_chunk[j] is not None:
-                per_chunk[j].update(piece)
+            chunk_hasher = per_chunk[j]
+            if chunk_hasher is not None:
+                chunk_hasher.update(piece)
             if sink is not None:
                 sink(piece)
     actual = h.digest()
-    for j, (c, (f, row)) in enumerate(zip(chunks, rows)):
-        chunk_actual = actual if whole else per_chunk[j].digest() if per_chunk[j] is not None else None
+    for j, (c, (f, row)) in enumerate(zip(chunks, rows, strict=True)):
+        chunk_hasher = per_chunk[j]
+        chunk_actual = actual if whole else chunk_hasher.digest() if chunk_hasher is not None else None
         if not c.box.numel and check_chunks:
-            f.verified(row, lambda: index.describe(t, c))  # an empty chunk: its digest covers its shape
+            f.verified(row, functools.partial(index.describe, t, c))  # an empty chunk: its digest covers its shape
         elif chunk_actual is not None and chunk_actual != row.digest:
             raise IntegrityError(
                 f"{index.describe(t, c)} does not match its digest in the rank file: recorded "
@@ -110,7 +115,7 @@ def read_tensor(index: layout.Index, files: RankFiles, t: int, map_location: Any
     return placement.as_recorded(value, info, map_location, lambda: info.name)
 
 
-def _open(folder, limits: Limits) -> layout.Index:
+def _open(folder: str | os.PathLike, limits: Limits) -> layout.Index:
     return layout.read(folder, limits)
 
 
@@ -139,7 +144,7 @@ def load_unsharded(folder: str | os.PathLike, *, rank: int | None = None, map_lo
         root = Decoder(values, limits.max_depth).decode(index.logical.root)
         if rank is not None and index.per_rank:
             f = files.get(rank)
-            for path, key in zip(index.per_rank, index.per_rank_keys):
+            for path, key in zip(index.per_rank, index.per_rank_keys, strict=True):
                 _insert(root, path, f.value(key, limits))
     return root
 
@@ -203,7 +208,7 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
                                infos[t].end) for t in order]  # offsets placed by layout.read
     header = container.build(entries, manifest.header_metadata(index.logical.raw, [], index.algorithm))
 
-    def fill(f, tmp) -> str:
+    def fill(f: BinaryIO, tmp: str) -> str:
         f.write(header)
         with RankFiles(index, limits) as files:
             for t in order:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 from ..errors import FormatError
 
@@ -60,7 +60,7 @@ def check(shape: Sequence[int], boxes: Sequence[Box], where: str) -> None:
         if len(box.offsets) != ndim or len(box.sizes) != ndim:
             raise FormatError(f"{where}: chunk {_text(box)} has the wrong number of dimensions "
                               f"for a tensor of shape {list(shape)}")
-        for o, s, n in zip(box.offsets, box.sizes, shape):
+        for o, s, n in zip(box.offsets, box.sizes, shape, strict=True):
             if o < 0 or s < 0 or o + s > n:
                 raise FormatError(f"{where}: chunk {_text(box)} lies outside the tensor's shape {list(shape)}")
         total += box.numel
@@ -74,7 +74,8 @@ def check(shape: Sequence[int], boxes: Sequence[Box], where: str) -> None:
         _cover(shape, boxes, 0, [j for j, b in enumerate(boxes) if b.numel], where)
 
 
-def _intervals(shape, boxes, d: int, cand: list[int], where: str):
+def _intervals(shape: Sequence[int], boxes: Sequence[Box], d: int, cand: list[int],
+               where: str) -> Iterator[tuple[int, int, list[int]]]:
     """Split dimension ``d`` at every candidate box edge: ``(a, b, covering boxes)`` per piece."""
     points = sorted({0, shape[d], *(boxes[j].offsets[d] for j in cand),
                      *(boxes[j].offsets[d] + boxes[j].sizes[d] for j in cand)})
@@ -92,18 +93,18 @@ def _intervals(shape, boxes, d: int, cand: list[int], where: str):
         yield a, b, covering[k]
 
 
-def _spans_rest(box: Box, shape, d: int) -> bool:
+def _spans_rest(box: Box, shape: Sequence[int], d: int) -> bool:
     return all(box.offsets[k] == 0 and box.sizes[k] == shape[k] for k in range(d + 1, len(shape)))
 
 
-def _cover(shape, boxes, d: int, cand: list[int], where: str) -> None:
+def _cover(shape: Sequence[int], boxes: Sequence[Box], d: int, cand: list[int], where: str) -> None:
     last = d == len(shape) - 1
-    for a, b, cov in _intervals(shape, boxes, d, cand, where):
+    for _, _, cov in _intervals(shape, boxes, d, cand, where):
         if len(cov) == 1 and (last or _spans_rest(boxes[cov[0]], shape, d)):
             continue
         if last:
             raise FormatError(f"{where}: chunks {_text(boxes[cov[0]])} and {_text(boxes[cov[1]])} overlap")
-        _cover(shape, boxes, d + 1, cov, where)  # the same for every index in [a, b)
+        _cover(shape, boxes, d + 1, cov, where)  # the same for every index of the interval
 
 
 def runs(shape: Sequence[int], boxes: Sequence[Box]) -> Iterator[tuple[int, int, int]]:
@@ -132,7 +133,8 @@ def runs(shape: Sequence[int], boxes: Sequence[Box]) -> Iterator[tuple[int, int,
         yield pending
 
 
-def _runs(shape, boxes, strides, d: int, cand: list[int], base: list[int]):
+def _runs(shape: Sequence[int], boxes: Sequence[Box], strides: list[list[int]], d: int, cand: list[int],
+          base: list[int]) -> Iterator[tuple[int, int, int]]:
     last = d == len(shape) - 1
     for a, b, cov in _intervals(shape, boxes, d, cand, "tensor"):
         if len(cov) == 1 and (last or _spans_rest(boxes[cov[0]], shape, d)):

@@ -9,11 +9,14 @@ and a 3-rank checkpoint of one state hash, lock and diff as the same thing.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import container, dtypes, manifest
 from ..limits import DEFAULT, Limits
 from . import layout, read
+
+if TYPE_CHECKING:
+    from ..diff import Loaded
 
 #: The format name reported for a checkpoint directory (``tensorcanon hash --json``, lockfiles).
 FORMAT_NAME = "tensorcanon-sharded"
@@ -46,7 +49,7 @@ def consolidated_size(path: str | os.PathLike, limits: Limits = DEFAULT) -> int:
     return len(header) + sum(i.nbytes for i in infos)
 
 
-def loaded(path: str | os.PathLike, limits: Limits = DEFAULT):
+def loaded(path: str | os.PathLike, limits: Limits = DEFAULT) -> Loaded:
     """The checkpoint's logical state, as ``tensorcanon.diff`` compares files (diff.Loaded)."""
     from ..diff import Loaded
 
@@ -74,7 +77,7 @@ def describe(path: str | os.PathLike, limits: Limits = DEFAULT) -> dict[str, Any
     }
 
 
-def checkpoints_under(folder: str | os.PathLike) -> list[str]:
+def checkpoints_under(folder: str | os.PathLike[str]) -> list[str]:
     """Checkpoint directories at or below ``folder`` (a checkpoint's own files are not listed
     separately: it is one entry)."""
     out = []

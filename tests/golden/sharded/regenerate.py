@@ -24,9 +24,10 @@ def state(world: int, rank: int) -> dict:
     """A 3x2 float32 tensor sharded by rows over 2 ranks, a step counter, a per-rank value."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
 
     from tensorcanon.dcp import PerRank
+
+    from helpers import Shard, distribute_tensor
 
     mesh = init_device_mesh("cpu", (world,))
     return {"w": distribute_tensor(torch.arange(6, dtype=torch.float32).reshape(3, 2), mesh, [Shard(0)]),
@@ -34,9 +35,9 @@ def state(world: int, rank: int) -> dict:
 
 
 def write(folder: str) -> str:
-    from threaded import run_ranks
-
     import tensorcanon.dcp as tcd
+
+    from threaded import run_ranks
 
     return run_ranks(2, lambda r: tcd.save(state(2, r), folder))[0]
 
