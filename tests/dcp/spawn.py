@@ -37,6 +37,10 @@ def launch(world: int, batch: str, folder: str, timeout: float = 150.0, backend:
                TENSORCANON_TEST_BACKEND=backend, TENSORCANON_TEST_STACKS_AFTER=str(max(5.0, timeout - 20.0)),
                PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
     env.pop("PYTHONHASHSEED", None)  # each process draws its own hash seed: nothing may depend on it
+    if os.path.exists("/sys/class/net/lo"):
+        # gloo otherwise picks its interface by resolving the machine's hostname, which on some
+        # machines names an address other than the loopback one MASTER_ADDR uses
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     procs = []
     for rank in range(world):
         log = open(os.path.join(folder, f"{batch}.rank{rank}.log"), "w")
