@@ -425,7 +425,7 @@ class Decoder:
             raise self.error("big int is not in canonical form")
         return n
 
-    def _args(self, node: Sequence[Any], n: int) -> list:
+    def _args(self, node: Sequence[Any], n: int) -> Sequence[Any]:
         if len(node) != n + 1:
             raise self.error(f"{node[0]!r} takes {n} values, found {len(node) - 1}")
         return node[1:]
@@ -523,7 +523,7 @@ class Decoder:
         self._path.append(walk.METADATA)
         meta = self.decode(node[1], depth)
         self._path.pop()
-        out = _OrderedDict()
+        out: collections.OrderedDict = _OrderedDict()
         self._no_merged_keys(out, self._fill(node, 2, depth, False, out), "OrderedDict")
         if meta is not None:
             setattr(out, walk.METADATA, meta)  # where torch's state_dict() keeps it

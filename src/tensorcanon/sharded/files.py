@@ -114,7 +114,7 @@ class RankFile(reader.CheckedFile):
     def info(self, key: str, what: Callable[[], str]) -> TensorInfo:
         """The table row of the tensor stored under ``key``; ``what()`` names it in errors."""
         node = self._keys.get(key)
-        if tag_of(node) != "tensor" or len(node) != 2:
+        if node is None or tag_of(node) != "tensor" or len(node) != 2:
             raise FormatError(f"rank file {self.path} holds no tensor {key!r}, needed for {what()}")
         return self.rows[node[1]]
 
