@@ -680,7 +680,8 @@ def main(argv=None) -> int:
         rep.check("save small, per tensor, vs safetensors save_file", "≤ 1× (aim: 10 µs)",
                   f"{sv:.1f} µs vs {sv_st:.1f} µs ({sv / sv_st:.2f}×)", sv <= sv_st,
                   f"raw write: {us('raw write'):.1f} µs per tensor; with the garbage collector paused "
-                  f"(as tensorcanon used to, issue 12): {us('tensorcanon save (file object), collector paused'):.1f} µs")
+                  "(as tensorcanon used to, issue 12): "
+                  f"{us('tensorcanon save (file object), collector paused'):.1f} µs")
         ld, ld_st = us("tensorcanon load (verify=True)"), us("safetensors load_file + touch")
         rep.check("load small (verify), per tensor, vs safetensors load_file + touch", "≤ 1× (aim: 10 µs)",
                   f"{ld:.1f} µs vs {ld_st:.1f} µs ({ld / ld_st:.2f}×)", ld <= ld_st,
@@ -720,7 +721,7 @@ def main(argv=None) -> int:
         gpu_obj = obj
 
         # 4. fingerprint only (GPT-2 object)
-        fp = median_time(lambda: tensorcanon.fingerprint(obj), runs)
+        fp = median_time(lambda o=obj: tensorcanon.fingerprint(o), runs)  # (o=: obj is deleted below)
         rep.table("Fingerprint only (GPT-2 object)", {"tensorcanon.fingerprint": fp}, size=size)
 
         # 5. lazy open
@@ -762,7 +763,7 @@ def main(argv=None) -> int:
     elapsed = time.time() - started
     load_after = _load_average()
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    shown = [("..." if prev == "--note" else a) for prev, a in zip(["", *sys.argv[1:]], sys.argv[1:])]
+    shown = [("..." if prev == "--note" else a) for prev, a in zip(["", *sys.argv[1:]], sys.argv[1:], strict=False)]
     command = " ".join(["python benchmarks/run.py", *shown])  # the note itself is printed below
     head = [
         "# tensorcanon benchmark results", "",

@@ -7,8 +7,7 @@ import os
 import warnings
 from typing import Any, BinaryIO, Union
 
-from . import digest as _digest
-from . import reader, writer
+from . import digest as _digest, reader, writer
 from .errors import FormatError, IntegrityError, UsageError
 from .limits import DEFAULT, Limits
 

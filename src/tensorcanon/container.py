@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring as encode_str  # json.dumps' own escaping (ensure_ascii=False)
-from typing import Callable
+from typing import Any, NoReturn
 
 from . import dtypes
 from .errors import FormatError, LimitError
@@ -46,7 +47,7 @@ class Entry:
     end: int
 
 
-def entry_text(name: str, dtype: str, shape, begin: int, end: int) -> str:
+def entry_text(name: str, dtype: str, shape: Sequence[int], begin: int, end: int) -> str:
     """One tensor member of the canonical header JSON, ``"name":{...}``, as :func:`build` writes it.
 
     Byte for byte what ``json.dumps(..., sort_keys=True, separators=(",", ":"),
@@ -136,7 +137,7 @@ class Header:
         return LENGTH_SIZE + self.length
 
 
-def _no_duplicates(pairs):
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = {}
     for k, v in pairs:
         if k in out:
@@ -145,11 +146,11 @@ def _no_duplicates(pairs):
     return out
 
 
-def _reject_constant(name):
+def _reject_constant(name: str) -> NoReturn:
     raise FormatError(f"header: {name} is not valid JSON")
 
 
-def _int(value, what: str) -> int:
+def _int(value: Any, what: str) -> int:
     if type(value) is not int or value < 0:
         raise FormatError(f"header: {what} must be a non-negative integer, found {value!r}")
     return value
@@ -218,7 +219,8 @@ def parse_raw(prefix: bytes, raw: bytes, file_size: int | None, limits: Limits) 
     try:
         obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
-        raise FormatError(f"header is not valid JSON: {e.msg}", offset=LENGTH_SIZE + len(text[: e.pos].encode())) from None
+        raise FormatError(f"header is not valid JSON: {e.msg}",
+                          offset=LENGTH_SIZE + len(text[: e.pos].encode())) from None
     except RecursionError:
         raise FormatError("header JSON is nested too deeply", offset=LENGTH_SIZE) from None
     if type(obj) is not dict:
@@ -247,7 +249,8 @@ def parse_raw(prefix: bytes, raw: bytes, file_size: int | None, limits: Limits) 
         if type(shape) is not list:
             raise FormatError(f"header: {where} shape must be a list")
         if len(shape) > limits.max_ndim:
-            raise LimitError(f"header: {where} has {len(shape)} dimensions, over max_ndim={limits.max_ndim}", limit="max_ndim")
+            raise LimitError(f"header: {where} has {len(shape)} dimensions, over max_ndim={limits.max_ndim}",
+                             limit="max_ndim")
         for d in shape:
             _int(d, f"{where} shape")
         offsets = info["data_offsets"]
@@ -264,16 +267,16 @@ def parse_raw(prefix: bytes, raw: bytes, file_size: int | None, limits: Limits) 
             )
         entries.append(Entry(name, st, tuple(shape), begin, end))
 
-    entries.sort(key=lambda e: (e.begin, e.end))
+    entries.sort(key=lambda entry: (entry.begin, entry.end))
     position = 0
-    for e in entries:
-        if e.begin != position:
-            kind = "overlaps the previous tensor" if e.begin < position else "leaves a gap before it"
+    for entry in entries:
+        if entry.begin != position:
+            kind = "overlaps the previous tensor" if entry.begin < position else "leaves a gap before it"
             raise FormatError(
-                f"header: tensor {e.name!r} starts at data offset {e.begin}, which {kind} "
-                f"(expected {position})", offset=LENGTH_SIZE + length + min(e.begin, position),
+                f"header: tensor {entry.name!r} starts at data offset {entry.begin}, which {kind} "
+                f"(expected {position})", offset=LENGTH_SIZE + length + min(entry.begin, position),
             )
-        position = e.end
+        position = entry.end
     if file_size is not None and LENGTH_SIZE + length + position != file_size:
         actual = file_size - LENGTH_SIZE - length
         what = "the file is truncated" if actual < position else "the file has trailing bytes"

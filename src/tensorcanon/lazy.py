@@ -16,8 +16,8 @@ hashed then) or a plain safetensors file.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from . import lazyindex, paths, reader, source
 from .errors import TensorCanonError
@@ -206,10 +206,10 @@ class LazyFile(Mapping):
         if src is not None:
             src.release()
 
-    def __enter__(self) -> "LazyFile":
+    def __enter__(self) -> LazyFile:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -234,7 +234,7 @@ def _stub(q: lazyindex.QuickIndex) -> Any:
     return Manifest(raw=q.manifest, root=None, meta=None, tensors=[], digest=q.digest, algorithm=q.algorithm)
 
 
-def open(path: str | os.PathLike | bytes, *, map_location: Any = None, verify: bool = True,  # noqa: A001
+def open(path: str | os.PathLike | bytes, *, map_location: Any = None, verify: bool = True,
          limits: Limits = DEFAULT) -> LazyFile:
     """Open a saved file (a path, or its bytes) for lazy, per-tensor access by path (or stored name).
 

@@ -83,7 +83,7 @@ class QuickIndex:
                             if manifest.KEY_DEVICES in meta else {})
         except NotQuick:
             raise
-        except Exception:  # msgpack raises many types for malformed input; so may devices_of
+        except Exception:  # noqa: BLE001 - msgpack raises many types for malformed input; so may devices_of
             raise NotQuick from None
         self._root: Any = None
 
@@ -139,7 +139,7 @@ class QuickIndex:
             try:
                 self._root = msgpack.unpackb(self.manifest[a:b], raw=False, strict_map_key=True,
                                              use_list=False)  # tuples, as manifest.unpack gives
-            except Exception:
+            except Exception:  # noqa: BLE001 - any failure: the full checks name the problem
                 raise NotQuick from None
         node = self._root
         for c in trail:
@@ -188,7 +188,7 @@ class QuickIndex:
         try:
             return msgpack.unpackb(self.manifest[self._rows[i] : self._rows[i + 1]], raw=False,
                                    strict_map_key=True, use_list=False)
-        except Exception:
+        except Exception:  # noqa: BLE001 - any failure: the full checks name the problem
             raise NotQuick from None
 
     # ------------------------------------------------------------------ proving one tensor

@@ -24,8 +24,9 @@ import base64
 import binascii
 import math
 import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 
@@ -110,7 +111,8 @@ class Packed:
     garbage collector fewer objects to track.
     """
 
-    def __init__(self, root: Any, meta: Any, rows: list[tuple], algorithm: str = digest.DEFAULT,
+    def __init__(self, root: Any, meta: Any, rows: list[tuple[str, str, Sequence[int], str, bool]],
+                 algorithm: str = digest.DEFAULT,
                  version: int = VERSION) -> None:
         size = digest.size(algorithm)
         zero = bytes(size)
@@ -137,13 +139,14 @@ class Packed:
     def __call__(self, digests: list[bytes]) -> bytes:
         parts = [self._head]
         start = self._start
-        for d, rest in zip(digests, self._rests):
+        for d, rest in zip(digests, self._rests, strict=True):
             parts += (start, d, rest)
         parts.append(self._tail)
         return b"".join(parts)
 
 
-def table_row(name, dtype_name, shape, kind, requires_grad, digest_raw) -> dict:
+def table_row(name: str, dtype_name: str, shape: Sequence[int], kind: str, requires_grad: bool,
+              digest_raw: bytes) -> dict[str, Any]:
     return {
         "digest": digest_raw, "dtype": dtype_name, "kind": kind,
         "name": name, "requires_grad": requires_grad, "shape": list(shape),
@@ -184,7 +187,7 @@ def channels_last_differs(name: str, shape: tuple[int, ...]) -> bool:
             and any(d > 1 for d in shape[2:]))
 
 
-def _parse_memory_formats(text: str, infos: list["TensorInfo"]) -> None:
+def _parse_memory_formats(text: str, infos: list[TensorInfo]) -> None:
     """Apply ``__metadata__["tensorcanon.memory_formats"]`` to the table, accepting only canonical text."""
     key = KEY_MEMORY_FORMATS
     if not text:
@@ -205,7 +208,7 @@ def _parse_memory_formats(text: str, infos: list["TensorInfo"]) -> None:
         raise _bad(f"__metadata__[{key!r}] is not in canonical form (ascending indices, each index once)")
 
 
-def _parse_devices(text: str, infos: list["TensorInfo"]) -> None:
+def _parse_devices(text: str, infos: list[TensorInfo]) -> None:
     """Apply ``__metadata__["tensorcanon.devices"]`` to the table, accepting only canonical text."""
     for index, device in devices_of(text, len(infos), lambda i: infos[i].name).items():
         info = infos[index]
@@ -330,7 +333,7 @@ def decode(meta: dict) -> Decoded:
     obj, algorithm = unpack(raw)
 
     recorded = meta.get(KEY_DIGEST)
-    if not digest.is_text(recorded):
+    if not isinstance(recorded, str) or not digest.is_text(recorded):
         raise _bad(f"__metadata__[{KEY_DIGEST!r}] is missing or malformed")
     recorded_algorithm, recorded_raw = digest.parse_text(recorded)
     if recorded_algorithm != algorithm:
@@ -383,7 +386,7 @@ def read(meta: dict, limits: Limits) -> Manifest:
         root, meta_tree, infos, version = _stream(raw, algorithm, limits)
     except (FormatError, LimitError):
         raise
-    except Exception as e:  # msgpack raises many types for bad input
+    except Exception as e:  # noqa: BLE001 - msgpack raises many types for bad input
         raise _bad(f"is not valid, canonical msgpack ({type(e).__name__})") from None
     return Manifest(raw=raw, root=root, meta=meta_tree, tensors=infos, digest=actual, algorithm=algorithm,
                     version=version)
@@ -503,11 +506,11 @@ def unpack(raw: bytes) -> tuple[dict, str]:
     """
     try:
         obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=False)
-    except Exception as e:  # msgpack raises many types for bad input
+    except Exception as e:  # noqa: BLE001 - msgpack raises many types for bad input
         raise _bad(f"is not valid msgpack ({type(e).__name__}: {e})") from None
     try:
         canonical = msgpack.packb(obj, use_bin_type=True) == raw
-    except Exception:
+    except Exception:  # noqa: BLE001 - what cannot be packed again is not canonical
         canonical = False
     if not canonical:
         raise _bad("is not in canonical form (non-shortest numbers, repeated keys or float32)")
@@ -534,7 +537,8 @@ def read_table(table: Any, algorithm: str, limits: Limits) -> list[TensorInfo]:
     if type(table) is not tuple:  # a msgpack array (see unpack)
         raise _bad("'tensors' must be a list")
     if len(table) > limits.max_tensors:
-        raise LimitError(f"manifest lists {len(table)} tensors, over max_tensors={limits.max_tensors}", limit="max_tensors")
+        raise LimitError(f"manifest lists {len(table)} tensors, over max_tensors={limits.max_tensors}",
+                         limit="max_tensors")
     infos: list[TensorInfo] = []
     seen: set[str] = set()
     size = digest.ALGORITHMS[algorithm]

@@ -20,8 +20,9 @@ import os
 import stat
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -50,12 +51,16 @@ def _begin(info: TensorInfo) -> int:
 def _plain_rows(header: container.Header) -> list[TensorInfo]:
     """Table rows for a plain safetensors file (no manifest): CPU tensors, no digests.
 
-    ``dtype`` is None where the header dtype has no torch type (``F4``...); such a
-    tensor is refused when it is read.
+    A dtype this torch lacks (``float8_e8m0fnu`` before torch 2.7...) is refused when
+    the tensor is read, naming it.
     """
-    return [TensorInfo(i, e.name, dtypes.from_safetensors(e.dtype), e.shape, "tensor", False, b"",
-                       "cpu", e.begin, e.end)
-            for i, e in enumerate(header.entries)]
+    rows = []
+    for i, e in enumerate(header.entries):
+        dtype = dtypes.from_safetensors(e.dtype)
+        if dtype is None:  # (container.parse admits only the dtypes dtypes.py knows)
+            raise FormatError(f"header: tensor {e.name!r} has unsupported dtype {e.dtype!r}")
+        rows.append(TensorInfo(i, e.name, dtype, e.shape, "tensor", False, b"", "cpu", e.begin, e.end))
+    return rows
 
 
 class CheckedFile:
@@ -143,7 +148,7 @@ class CheckedFile:
         m = self.manifest
         assert m is not None
         build = values is not None
-        decoder = Decoder(values if build else [None] * len(m.tensors), self.limits.max_depth,
+        decoder = Decoder(values if values is not None else [None] * len(m.tensors), self.limits.max_depth,
                           build_objects=build)
         if not build:
             decoder.uses = []
@@ -337,6 +342,7 @@ class CheckedFile:
             self._run_view = memoryview(self._run_buf)  # also keeps the buffer from being resized
             self._run_addr = tensorbytes.address(self._run_buf)
         view, addr = self._run_view, self._run_addr
+        assert view is not None
         start = self.src.pos
         got = self.src.fill(view[:total])
         check = verify and self.manifest is not None
@@ -356,6 +362,7 @@ class CheckedFile:
                 if h.digest() != info.digest:
                     raise self.integrity_error(info, h.digest())
             value = copied(info.dtype, info.shape, info.kind, addr + pos, m)
+            assert value is not None  # _simple admits only tensors it copies
             if info.kind == "parameter":
                 value = torch.nn.Parameter(value, requires_grad=info.requires_grad)
             elif info.requires_grad:
@@ -372,7 +379,7 @@ class CheckedFile:
             device = placement.target(info.device, map_location)
             if device is not None and device.type != "cpu":
                 return None  # another device: copied there by the general path
-        if info.dtype is None:
+        if info.dtype.torch is None:
             return None  # the general path refuses it, naming its dtype
         mapped = self.src.tensor(start, n)
         if mapped is None:
@@ -464,7 +471,7 @@ class CheckedFile:
         """
         values = self.read_all(map_location=map_location, verify=verify, share=share)
         if self.manifest is None:
-            return {r.name: v for r, v in sorted(zip(self.rows, values), key=lambda p: p[0].name)}
+            return {r.name: v for r, v in sorted(zip(self.rows, values, strict=True), key=lambda p: p[0].name)}
         return self._decode(values)[0]
 
     # ------------------------------------------------------------------ hashing every byte
@@ -556,7 +563,8 @@ class CheckedFile:
     def _os_file(self) -> int | None:
         """The descriptor of a regular file this Source reads unbuffered or buffered, else None."""
         f = self.src.f
-        if type(f) not in (io.FileIO, io.BufferedReader, io.BufferedRandom) or not hasattr(os, "preadv"):
+        if f is None or type(f) not in (io.FileIO, io.BufferedReader, io.BufferedRandom) \
+                or not hasattr(os, "preadv"):
             return None
         try:
             fd = f.fileno()

@@ -17,7 +17,8 @@ import functools
 import mmap
 import os
 import sys
-from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from .errors import FileAccessError, FormatError, MissingFileError, UsageError
 
@@ -35,7 +36,7 @@ class Source:
     """
 
     def __init__(self, f: BinaryIO | None = None, data: Any = None, name: str | None = None,
-                 mapped: "torch.Tensor | None" = None) -> None:
+                 mapped: torch.Tensor | None = None) -> None:
         self.f = f
         self.name = name
         self.data: memoryview | None = None if data is None else memoryview(data).cast("B")
@@ -137,7 +138,7 @@ class Source:
             return None
         return self.data[offset : offset + n]
 
-    def tensor(self, offset: int, n: int) -> "torch.Tensor | None":
+    def tensor(self, offset: int, n: int) -> torch.Tensor | None:
         """A uint8 tensor viewing the ``n`` bytes at ``offset`` of a mapped file (no copy), else None.
 
         The view keeps the mapping alive: it outlives this Source and the file's closing.
@@ -242,7 +243,7 @@ def map_file(name: str) -> Source:
             if (now.st_ino, now.st_dev, now.st_size) != (st.st_ino, st.st_dev, st.st_size):
                 raise FileAccessError(f"cannot map {name!r}: it was replaced while being opened; "
                                       "open it again", filename=name)
-    mapped = torch.empty(0, dtype=torch.uint8).set_(storage)
+    mapped = torch.empty(0, dtype=torch.uint8).set_(cast(torch.UntypedStorage, storage))  # (its stub says less)
     return Source(data=mapped.numpy(), name=name, mapped=mapped)
 
 

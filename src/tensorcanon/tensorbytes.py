@@ -47,7 +47,7 @@ def resolved(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def alias_key(value, kind: str):
+def alias_key(value: Any, kind: str) -> Any:
     """What makes two tensors (or two arrays) one stored tensor, or None if they never merge.
 
     docs/FORMAT.md §6.5: the same view of the same memory, i.e. the same address
@@ -112,7 +112,7 @@ def _numpy_of(t: torch.Tensor) -> np.ndarray:
     return t.numpy() if t.dim() <= _NUMPY_MAX_DIMS else t.view(-1).numpy()
 
 
-def host_bytes(value, kind: str) -> memoryview:
+def host_bytes(value: Any, kind: str) -> memoryview:
     """A flat uint8 view of ``value``'s canonical bytes, copying only when needed.
 
     A contiguous CPU tensor or array is returned without a copy; a view that is
@@ -126,11 +126,11 @@ def host_bytes(value, kind: str) -> memoryview:
         a = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         if a.dtype == np.uint8 and value.dtype == np.bool_ and a.size and a.max() > 1:
             a = (a != 0).view(np.uint8)
-        return memoryview(a)
+        return a.data
     if (value.is_cpu and value.dtype in _NUMPY_VIEWABLE and value.is_contiguous()
             and not value.is_conj() and not value.is_neg() and value.numel()):
         # The common case, kept cheap for checkpoints of many small tensors: no copy, no reshape.
-        return memoryview(_numpy_of((value.detach() if value.requires_grad else value))).cast("B")
+        return _numpy_of(value.detach() if value.requires_grad else value).data.cast("B")
     t = resolved(value)
     if t.device.type != "cpu":
         t = t.cpu()
@@ -143,10 +143,10 @@ def host_bytes(value, kind: str) -> memoryview:
     u = flat.view(torch.uint8)
     if value.dtype is torch.bool and u.numel() and bool(u.max() > 1):
         u = (u != 0).view(torch.uint8)
-    return memoryview(u.numpy())
+    return u.numpy().data
 
 
-def empty_tensor(dtype: DType, shape: tuple[int, ...], kind: str):
+def empty_tensor(dtype: DType, shape: tuple[int, ...], kind: str) -> tuple[torch.Tensor, memoryview] | None:
     """``(tensor, flat byte view of it)`` already of ``dtype`` and ``shape``, so that reading
     into the view finishes the tensor; None when the general path is needed (arrays, bool,
     dtypes numpy cannot view, zero-size shapes): :func:`empty_buffer`, then :func:`finish`."""
@@ -154,19 +154,19 @@ def empty_tensor(dtype: DType, shape: tuple[int, ...], kind: str):
     if kind == "ndarray" or t not in _NUMPY_VIEWABLE or 0 in shape:
         return None
     value = torch.empty(shape, dtype=t)
-    return value, memoryview(_numpy_of(value)).cast("B")
+    return value, _numpy_of(value).data.cast("B")
 
 
-def empty_buffer(nbytes: int, kind: str):
+def empty_buffer(nbytes: int, kind: str) -> tuple[Any, memoryview]:
     """A fresh, writable flat uint8 buffer (tensor or array) and its memoryview."""
     if kind == "ndarray":
         arr = np.empty(nbytes, dtype=np.uint8)
-        return arr, memoryview(arr)
+        return arr, arr.data
     t = torch.empty(nbytes, dtype=torch.uint8)
-    return t, memoryview(t.numpy())
+    return t, t.numpy().data
 
 
-def finish(buffer, dtype: DType, shape: tuple[int, ...], kind: str, name: str):
+def finish(buffer: Any, dtype: DType, shape: tuple[int, ...], kind: str, name: str) -> Any:
     """Reinterpret a filled flat uint8 buffer as the recorded dtype and shape."""
     if dtype.name == "bool" and len(buffer) and buffer.max() > 1:
         raise FormatError(f"tensor {name!r} is bool but holds a byte other than 0 or 1")
@@ -175,6 +175,7 @@ def finish(buffer, dtype: DType, shape: tuple[int, ...], kind: str, name: str):
             raise UnsupportedTypeError(
                 f"tensor {name!r} is a numpy array of {len(shape)} dimensions, more than this numpy "
                 f"({np.__version__}) allows ({_NUMPY_MAX_DIMS}): load the file with numpy >= 2")
+        assert dtype.numpy is not None  # an ndarray's dtype is one numpy has
         return buffer.view(dtype.numpy.newbyteorder("=")).reshape(shape)
     if dtype.torch is None:
         raise UnsupportedTypeError(

@@ -16,9 +16,10 @@ import io
 import os
 import re
 import tempfile
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from . import container, digest, dtypes, manifest, paths
 from .errors import FileAccessError, LimitError, MissingFileError, TensorCanonError, UnsupportedTypeError
@@ -47,7 +48,7 @@ class Plan:
     def layout(self) -> list[container.Entry]:
         """The header entries, in data order."""
         return [container.Entry(s.name, s.dtype.st, tuple(dtypes.header_shape(s.dtype, s.shape)), b, b + s.nbytes)
-                for s, b in zip(self.ordered, self.starts)]
+                for s, b in zip(self.ordered, self.starts, strict=True)]
 
     def manifest_bytes(self) -> bytes:
         if self._packed is None:
@@ -72,7 +73,7 @@ class Plan:
                 return spliced, raw
         entry = container.entry_text
         members = {}
-        for s, b in zip(self.ordered, self.starts):
+        for s, b in zip(self.ordered, self.starts, strict=True):
             dt = s.dtype
             shape = s.shape if dt.native else (*s.shape, dt.itemsize)
             members[s.name] = entry(s.name, dt.st, shape, b, b + s.nbytes)
@@ -173,7 +174,7 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
     return Plan(root, meta, enc.tensors, ordered, starts, position, algorithm, version)
 
 
-def _chunks(src: TensorSource):
+def _chunks(src: TensorSource) -> Iterable[memoryview]:
     """A tensor's canonical bytes as host buffers: one view for CPU data (no copy
     when contiguous); for CUDA, chunks staged through the pinned ring (cuda.py)."""
     if src.device.startswith("cuda"):
@@ -182,7 +183,7 @@ def _chunks(src: TensorSource):
     return (host_bytes(src.value, src.kind),)
 
 
-def _write_all(f: BinaryIO, data) -> None:
+def _write_all(f: BinaryIO, data: memoryview | bytes) -> None:
     """Write all of ``data``: an unbuffered file's ``write`` may take only part of it.
 
     (Linux's write(2) moves at most 2,147,479,552 bytes per call, so a larger tensor
@@ -370,7 +371,7 @@ def remove_stale_temps(folder: str, base: str) -> list[str]:
     only when no process with that pid exists on this machine. A live writer's
     temp file (this process's included) is never touched.
     """
-    removed = []
+    removed: list[str] = []
     prefix = f".{base}."
     try:
         names = os.listdir(folder)
