@@ -161,6 +161,47 @@ def _fmt(s: float) -> str:
     return f"{s * 1e3:.1f} ms"
 
 
+TARGETS = (  # (ratio, index of tensorcanon's operation, of DCP's, target, limit)
+    ("save, vs DCP default", 1, 0, "≤ 1.1×", 1.1),
+    ("load (verified), vs DCP default", 3, 2, "≤ 1.1×", 1.1),
+    ("async_save blocking, vs DCP default", 5, 4, "≤ 1×", 1.0),
+)
+
+
+def run(world: int = 2, mib: int = 256, runs: int = 5, folder_in: str | None = None,
+        timeout: float = 1800.0) -> dict:
+    """Run the benchmark in ``world`` fresh processes; ``{"times": {operation: [s, ...]}, "digest": ...,
+    "seconds": wall time}`` (benchmarks/run.py calls this too, for RESULTS.md)."""
+    folder = tempfile.mkdtemp(prefix="tensorcanon-dcp-bench-", dir=folder_in)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world),
+               OMP_NUM_THREADS="1")
+    started = time.time()
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--folder", folder,
+                               "--mib", str(mib), "--runs", str(runs)],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(world)]
+    try:
+        for p in procs:
+            p.wait(max(1.0, timeout - (time.time() - started)))
+        if any(p.returncode for p in procs):
+            raise RuntimeError(f"a DCP benchmark worker failed (exit codes {[p.returncode for p in procs]})")
+        with open(os.path.join(folder, "result.json")) as fh:
+            result = json.load(fh)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+    result["seconds"] = time.time() - started
+    return result
+
+
+def ratios(result: dict) -> list[tuple[str, float, str, bool]]:
+    """``(what, measured ratio of medians, target, met)`` for each target."""
+    med = [statistics.median(v) for v in result["times"].values()]
+    return [(name, med[tc] / med[dcp], target, med[tc] <= limit * med[dcp])
+            for name, tc, dcp, target, limit in TARGETS]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=2)
@@ -174,40 +215,20 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
-    folder = tempfile.mkdtemp(prefix="tensorcanon-dcp-bench-", dir=args.dir)
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(args.world),
-               OMP_NUM_THREADS="1")
-    started = time.time()
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--folder", folder,
-                               "--mib", str(args.mib), "--runs", str(args.runs)],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(args.world)]
     try:
-        for p in procs:
-            p.wait(max(1.0, args.timeout - (time.time() - started)))
-        if any(p.returncode for p in procs):
-            print("a worker failed", file=sys.stderr)
-            return 1
-        with open(os.path.join(folder, "result.json")) as fh:
-            result = json.load(fh)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        shutil.rmtree(folder, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in result["times"].items()}
+        result = run(args.world, args.mib, args.runs, args.dir, args.timeout)
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
     print(f"# tensorcanon.dcp vs DCP default: {args.world} ranks x {args.mib} MiB, "
-          f"{args.runs} runs, files in {args.dir or 'a temp dir'} ({time.time() - started:.0f} s)\n")
+          f"{args.runs} runs, files in {args.dir or 'a temp dir'} ({result['seconds']:.0f} s)\n")
     print("| operation | median | fastest – slowest |")
     print("| --- | --- | --- |")
     for k, v in result["times"].items():
-        print(f"| {k} | {_fmt(med[k])} | {_fmt(min(v))} – {_fmt(max(v))} |")
-    keys = list(result["times"])
-    rows = [("save, vs DCP default", med[keys[1]] / med[keys[0]], "≤ 1.1×"),
-            ("load (verified), vs DCP default", med[keys[3]] / med[keys[2]], "≤ 1.1×"),
-            ("async_save blocking, vs DCP default", med[keys[5]] / med[keys[4]], "≤ 1×")]
+        print(f"| {k} | {_fmt(statistics.median(v))} | {_fmt(min(v))} – {_fmt(max(v))} |")
     print("\n| ratio | measured | target |")
     print("| --- | --- | --- |")
-    for name, ratio, target in rows:
+    for name, ratio, target, _ in ratios(result):
         print(f"| {name} | {ratio:.2f}× | {target} |")
     print(f"\nlogical digest: {result['digest']}")
     return 0

@@ -11,7 +11,8 @@ in rounds so that noise falls on all of them alike. Files go to a temp dir
 under ``--dir`` (default: benchmarks/; the committed RESULTS.md uses tmpfs,
 ``--dir /dev/shm``, see its header for why). Peak memory is measured in a
 subprocess (ru_maxrss high-water mark minus the mark after the objects
-exist). Targets come from issue 15 ("Performance II"), which revised those of
+exist). The last section runs benchmarks/dcp_bench.py (tensorcanon.dcp against
+DCP's default, 2 ranks in processes of their own). Targets come from issue 15 ("Performance II"), which revised those of
 issue 5 ("As fast as the hardware"); RESULTS.md says why.
 """
 
@@ -36,6 +37,9 @@ import xxhash
 import tensorcanon
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import dcp_bench  # noqa: E402 - benchmarks/dcp_bench.py, beside this file
+
 MiB = 1 << 20
 
 
@@ -759,6 +763,22 @@ def main(argv=None) -> int:
         del obj, gpu_obj
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+    # 8. distributed checkpoints: tensorcanon.dcp against DCP's default, in processes of their own
+    dcp_world, dcp_mib = 2, 16 if quick else 256
+    dcp_runs = runs if quick else max(runs, 7)
+    result = dcp_bench.run(dcp_world, dcp_mib, dcp_runs, args.dir)
+    times = result["times"]
+    rep.table(f"Distributed checkpoints: {dcp_world} ranks (gloo) x {dcp_mib} MiB of DTensor shards, "
+              f"{dcp_runs} rounds in fresh processes (benchmarks/dcp_bench.py)",
+              {k: statistics.median(v) for k, v in times.items()},
+              spread={k: (min(v), max(v)) for k, v in times.items()})
+    for name, ratio, target, ok in dcp_bench.ratios(result):
+        rep.check(f"DCP {name}", target, f"{ratio:.2f}×", ok,
+                  "tensorcanon.dcp's save includes the logical digest (every split tensor hashed "
+                  "once more in C order)" if name.startswith("save") else
+                  "tensorcanon.dcp hashes every chunk it loads; DCP's default verifies nothing"
+                  if name.startswith("load") else "")
 
     elapsed = time.time() - started
     load_after = _load_average()
