@@ -319,9 +319,8 @@ def check_keys(meta: dict) -> None:
         )
 
 
-def decode(meta: dict) -> Decoded:
-    """Check ``__metadata__``'s keys and decode the manifest it holds: base64 and msgpack, both in
-    canonical form, the top-level keys, version and algorithm, and the recorded file digest."""
+def _manifest_bytes(meta: dict) -> bytes:
+    """Check ``__metadata__``'s keys; the manifest bytes its text holds, in canonical base64."""
     check_keys(meta)
     text = meta[KEY_MANIFEST]
     try:
@@ -330,12 +329,24 @@ def decode(meta: dict) -> Decoded:
         raise _bad("is not valid base64") from None
     if base64.b64encode(raw).decode("ascii") != text:  # e.g. "AS==" decodes like "AQ=="
         raise _bad("base64 is not in canonical form (non-zero padding bits)")
-    obj, algorithm = unpack(raw)
+    return raw
 
+
+def _recorded_digest(meta: dict) -> tuple[str, str, bytes]:
+    """The file digest ``__metadata__`` records: ``(its text, algorithm, raw digest)``."""
     recorded = meta.get(KEY_DIGEST)
     if not isinstance(recorded, str) or not digest.is_text(recorded):
         raise _bad(f"__metadata__[{KEY_DIGEST!r}] is missing or malformed")
-    recorded_algorithm, recorded_raw = digest.parse_text(recorded)
+    algorithm, raw = digest.parse_text(recorded)
+    return recorded, algorithm, raw
+
+
+def decode(meta: dict) -> Decoded:
+    """Check ``__metadata__``'s keys and decode the manifest it holds: base64 and msgpack, both in
+    canonical form, the top-level keys, version and algorithm, and the recorded file digest."""
+    raw = _manifest_bytes(meta)
+    obj, algorithm = unpack(raw)
+    recorded, recorded_algorithm, recorded_raw = _recorded_digest(meta)
     if recorded_algorithm != algorithm:
         raise _bad(
             f"__metadata__[{KEY_DIGEST!r}] is a {recorded_algorithm} digest but the manifest "
@@ -367,18 +378,8 @@ def read(meta: dict, limits: Limits) -> Manifest:
     then turned into table rows and dropped. Loading many small tensors so
     leaves the garbage collector the rows only, not also a dict per row.
     """
-    check_keys(meta)
-    text = meta[KEY_MANIFEST]
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise _bad("is not valid base64") from None
-    if base64.b64encode(raw).decode("ascii") != text:
-        raise _bad("base64 is not in canonical form (non-zero padding bits)")
-    recorded = meta.get(KEY_DIGEST)
-    if not isinstance(recorded, str) or not digest.is_text(recorded):
-        raise _bad(f"__metadata__[{KEY_DIGEST!r}] is missing or malformed")
-    algorithm, recorded_raw = digest.parse_text(recorded)
+    raw = _manifest_bytes(meta)
+    _, algorithm, recorded_raw = _recorded_digest(meta)
     actual = digest.manifest_digest(raw, algorithm)
     if recorded_raw != actual:
         raise IntegrityError("the manifest does not match the file digest")
