@@ -371,23 +371,33 @@ def remove_stale_temps(folder: str, base: str) -> list[str]:
     only when no process with that pid exists on this machine. A live writer's
     temp file (this process's included) is never touched.
     """
-    removed: list[str] = []
     prefix = f".{base}."
+
+    def stale(name: str) -> bool:
+        m = _TEMP_RE.fullmatch(name[len(prefix):]) if name.startswith(prefix) else None
+        return m is not None and not _pid_alive(int(m.group(1)))
+
+    return remove_files(folder, stale)
+
+
+def remove_files(folder: str, which: Callable[[str], bool]) -> list[str]:
+    """Delete the files of ``folder`` whose names ``which`` accepts; the names deleted.
+
+    Best effort: a folder that cannot be listed or a file that cannot be deleted
+    (gone already, no permission) is left as it is.
+    """
+    removed: list[str] = []
     try:
         names = os.listdir(folder)
     except OSError:
         return removed
     for name in names:
-        if not name.startswith(prefix):
-            continue
-        m = _TEMP_RE.fullmatch(name[len(prefix):])
-        if m is None or _pid_alive(int(m.group(1))):
-            continue
-        try:
-            os.unlink(os.path.join(folder, name))
-            removed.append(name)
-        except OSError:
-            pass
+        if which(name):
+            try:
+                os.unlink(os.path.join(folder, name))
+                removed.append(name)
+            except OSError:
+                pass
     return removed
 
 

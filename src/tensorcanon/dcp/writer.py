@@ -373,19 +373,8 @@ def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, d
 
 def remove_unreferenced(folder: str, keep: set[str]) -> list[str]:
     """After an index is committed: delete rank files it does not name, and partial files."""
-    removed: list[str] = []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return removed
-    for name in names:
-        if (layout.RANK_FILE_RE.fullmatch(name) and name not in keep) or _PARTIAL_RE.fullmatch(name):
-            try:
-                os.unlink(os.path.join(folder, name))
-                removed.append(name)
-            except OSError:
-                pass
-    return removed
+    return writer.remove_files(folder, lambda name: bool(
+        (layout.RANK_FILE_RE.fullmatch(name) and name not in keep) or _PARTIAL_RE.fullmatch(name)))
 
 
 __all__ = ["Writer", "LOGICAL_DIGEST", "TensorCanonError"]
