@@ -20,3 +20,28 @@ def torch_dtypes(*names: str) -> list:
     """The named torch dtypes that the running torch has (for random sampling, where a dtype
     missing from an older torch is left out rather than skipping the whole test)."""
     return [d for d in (getattr(torch, n, None) for n in names) if isinstance(d, torch.dtype)]
+
+
+def count_hashed_bytes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make every tensor hasher record the size of each piece it hashes; the list they append to.
+
+    (Patched where the reader and the lazy index look it up: ``tensorcanon.digest.tensor_hasher``.)
+    """
+    from tensorcanon import digest
+
+    hashed: list[int] = []
+    real = digest.tensor_hasher
+
+    class Counting:
+        def __init__(self, h):
+            self.h = h
+
+        def update(self, data):
+            hashed.append(memoryview(data).nbytes)
+            self.h.update(data)
+
+        def digest(self):
+            return self.h.digest()
+
+    monkeypatch.setattr(digest, "tensor_hasher", lambda *a: Counting(real(*a)))
+    return hashed

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import digest as digest_module
+
+from support import count_hashed_bytes
 
 
 def _thousand():
@@ -33,21 +34,7 @@ def test_keys_and_values_match_load(tmp_path):
 def test_reading_one_of_1000_hashes_only_its_bytes(tmp_path, monkeypatch):
     p = tmp_path / "big.st"
     tensorcanon.save(_thousand(), p)
-    hashed = []
-    real = digest_module.tensor_hasher
-
-    class Counting:
-        def __init__(self, h):
-            self.h = h
-
-        def update(self, data):
-            hashed.append(memoryview(data).nbytes)
-            self.h.update(data)
-
-        def digest(self):
-            return self.h.digest()
-
-    monkeypatch.setattr(digest_module, "tensor_hasher", lambda *a: Counting(real(*a)))
+    hashed = count_hashed_bytes(monkeypatch)
     with tensorcanon.open(p) as f:
         assert len(f) == 1000
         t = f['$["layers"]["l0500"]']

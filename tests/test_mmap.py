@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import digest as digest_module
+
+from support import count_hashed_bytes
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 
@@ -121,21 +122,7 @@ def test_every_byte_is_hashed_before_anything_is_returned(tmp_path, monkeypatch)
     obj = {f"t{i}": torch.full((50_000,), float(i)) for i in range(40)}  # 8 MB: the threaded path too
     obj["small"] = torch.ones(3)
     tensorcanon.save(obj, p)
-    hashed = []
-    real = digest_module.tensor_hasher
-
-    class Counting:
-        def __init__(self, h):
-            self.h = h
-
-        def update(self, data):
-            hashed.append(memoryview(data).nbytes)
-            self.h.update(data)
-
-        def digest(self):
-            return self.h.digest()
-
-    monkeypatch.setattr(digest_module, "tensor_hasher", lambda *a: Counting(real(*a)))
+    hashed = count_hashed_bytes(monkeypatch)
     tensorcanon.load(p, mmap=True)
     assert sum(hashed) == 40 * 200_000 + 12
 
