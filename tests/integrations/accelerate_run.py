@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate import Accelerator
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from noisy_data import Noisy
+from torch.utils.data import DataLoader, TensorDataset
 
 import tensorcanon
 from tensorcanon.integrations import accelerate as tca
@@ -29,18 +30,6 @@ N, BATCH, EPOCHS, CRASH_AT = 40, 4, 3, 16  # 10 steps per epoch
 TOTAL = EPOCHS * N // BATCH
 SAVE_AT = (10, 15)
 WORKERS = (0, 2)
-
-
-class Noisy(Dataset):
-    def __init__(self, base: TensorDataset) -> None:
-        self.base = base
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, i: int):
-        x, y = self.base[i]
-        return x + 0.1 * torch.randn_like(x), y
 
 
 class Ema:

@@ -21,7 +21,8 @@ from pathlib import Path
 import lightning.pytorch as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from noisy_data import Noisy
+from torch.utils.data import DataLoader, TensorDataset
 
 import tensorcanon
 from tensorcanon.integrations.lightning import CanonicalCheckpointIO, ExactResume
@@ -31,20 +32,6 @@ CONFIGS = [(w, r) for w in (0, 2) for r in (0, 1)]
 # checkpoint file -> the step it resumes at: the last batch of epoch 0 (ModelCheckpoint with
 # every_n_train_steps), mid epoch 1, and the end of epoch 0 after validation (the default ModelCheckpoint)
 RESUME_FROM = {"step=10": 10, "step=15": 15, "epoch=0": 10}
-
-
-class Noisy(Dataset):
-    """Samples with augmentation noise drawn from the global torch RNG in __getitem__."""
-
-    def __init__(self, base: TensorDataset) -> None:
-        self.base = base
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, i: int):
-        x, y = self.base[i]
-        return x + 0.1 * torch.randn_like(x), y
 
 
 class Data(L.LightningDataModule):
