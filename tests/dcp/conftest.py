@@ -3,7 +3,8 @@
 Fast tier: every rank of a process group is a thread of this process, through
 torch's threaded in-process process group
 (``torch.testing._internal.distributed.multi_threaded_pg``). It is a private
-torch API, so the tier is skipped (importorskip) if it moves. DCP, DTensor and
+torch API: if a torch release moves it, these tests fail (they never skip), and
+threaded.py is the one place to update. DCP, DTensor and
 FSDP2 run on it unchanged; a 4-rank save takes a few hundredths of a second.
 
 Real tier (test_spawned.py): separate processes on gloo, see spawn.py.

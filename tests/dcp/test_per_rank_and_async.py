@@ -103,9 +103,12 @@ def test_bad_executor_name():
         tcd.async_save({}, "unused", executor="fork")
 
 
-@pytest.mark.skipif(_compat.AsyncCheckpointerType is not None,
-                    reason="this torch's DCP has the process executor (test_spawned.py runs it)")
-def test_the_process_executor_is_refused_where_dcp_lacks_it(tmp_path):
+def test_the_process_executor_is_used_where_dcp_has_it_and_refused_where_not(tmp_path):
+    if _compat.AsyncCheckpointerType is not None:  # torch >= 2.7 (test_spawned.py saves with it too)
+        process = _compat.AsyncCheckpointerType.PROCESS
+        assert _compat.async_kwargs("process") == {"async_checkpointer_type": process}
+        assert _compat.async_kwargs(process) == {"async_checkpointer_type": process}
+        return
     with pytest.raises(tensorcanon.UsageError, match=r"executor='process' needs torch >= 2\.7") as e:
         tcd.async_save({"w": torch.ones(2)}, str(tmp_path / "p"), executor="process")
     assert torch.__version__ in str(e.value) and "executor='thread'" in str(e.value)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 import tensorcanon
 import tensorcanon.dcp as tcd
@@ -22,8 +21,6 @@ from helpers import FSDP2_ON_CPU, NO_FSDP2_ON_CPU, rank_files
 from models import train_state
 from spawn import launch
 from states import logical_digest, logical_state
-
-pytestmark = pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs gloo")
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 torch's threaded in-process process group
 (``torch.testing._internal.distributed.multi_threaded_pg``) is a private torch
-API, so :func:`run_ranks` skips the calling test (importorskip) if it moves.
+API: if a torch release moves it, the tests fail here (they never skip).
 DCP, DTensor and FSDP2 run on it unchanged; a 4-rank save takes a few
 hundredths of a second. The real tier (test_spawned.py) uses gloo processes.
 """
@@ -27,7 +27,7 @@ def run_ranks(world: int, fn: Callable[[int], Any], timeout: float = 120.0) -> l
     collectives) and is re-raised here, naming the rank. A rank still running after
     ``timeout`` seconds fails the test (a hang is a failure, never a stuck run).
     """
-    mtpg = pytest.importorskip("torch.testing._internal.distributed.multi_threaded_pg")
+    from torch.testing._internal.distributed import multi_threaded_pg as mtpg
     with _lock:
         world_obj = mtpg._install_threaded_pg()
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
