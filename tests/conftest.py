@@ -1,6 +1,31 @@
-"""Fixtures only: helpers that test modules import live in support.py."""
+"""Fixtures, and CI's guard against skipped tests; helpers that test modules import live in
+support.py."""
+
+import os
 
 import pytest
+
+# With TENSORCANON_ONLY_CUDA_SKIPS=1 (.ci/run sets it), a test skipped for any reason but the lack
+# of a CUDA device fails the run: a skipped test proves nothing, and the integration and
+# distributed tests must run wherever CI runs.
+_ALLOWED_SKIP = ("CUDA",)
+_skipped: list = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and isinstance(report.longrepr, tuple):
+        _skipped.append((report.nodeid, str(report.longrepr[2])))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("TENSORCANON_ONLY_CUDA_SKIPS") != "1":
+        return
+    bad = [(node, why) for node, why in _skipped if not any(a in why for a in _ALLOWED_SKIP)]
+    if bad:
+        lines = "\n".join(f"  {node}: {why}" for node, why in bad)
+        print(f"\n{len(bad)} tests skipped for a reason other than a missing CUDA device (a skipped "
+              f"test proves nothing; make them run here):\n{lines}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture
