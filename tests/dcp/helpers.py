@@ -92,3 +92,12 @@ def zeros_like_state(state: Any, memo: dict | None = None) -> Any:
 
 def rank_files(folder: str) -> dict[str, bytes]:
     return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder))}
+
+
+def flip_byte(path: str, offset: int, mask: int = 0x10) -> None:
+    """Damage a file in place: XOR the byte at ``offset`` (negative: from the end) with ``mask``."""
+    with open(path, "r+b") as fh:
+        fh.seek(offset, os.SEEK_END if offset < 0 else os.SEEK_SET)
+        b = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([b[0] ^ mask]))

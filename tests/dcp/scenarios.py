@@ -18,7 +18,7 @@ import tensorcanon
 import tensorcanon.dcp as tcd
 from tensorcanon.sharded import layout
 
-from helpers import FSDP2_ON_CPU, unsharded, zeros_like_state
+from helpers import FSDP2_ON_CPU, flip_byte, unsharded, zeros_like_state
 from models import batch, build, train_state
 from states import logical_digest, sharded_state
 
@@ -95,12 +95,7 @@ def damaged_chunk(rank, world, folder):
     target = os.path.join(folder, "damaged")
     if rank == 0:
         shutil.copytree(os.path.join(folder, "state-a"), target)
-        path = layout.read(target).file_path(1)
-        with open(path, "r+b") as fh:
-            fh.seek(-5, os.SEEK_END)
-            b = fh.read(1)
-            fh.seek(-5, os.SEEK_END)
-            fh.write(bytes([b[0] ^ 1]))
+        flip_byte(layout.read(target).file_path(1), -5, 1)
     dist.barrier()
     return _load_error(target, world, rank)
 

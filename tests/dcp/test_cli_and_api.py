@@ -14,6 +14,7 @@ import tensorcanon.dcp as tcd
 from tensorcanon.cli import main
 from tensorcanon.sharded import layout
 
+from helpers import flip_byte
 from states import logical_digest, logical_state, sharded_state
 from threaded import run_ranks
 
@@ -61,11 +62,7 @@ def test_verify_names_the_damage(ckpts, tmp_path, capsys):
     broken = str(tmp_path / "broken")
     shutil.copytree(two, broken)
     path = layout.read(broken).file_path(0)
-    with open(path, "r+b") as fh:
-        fh.seek(-1, os.SEEK_END)
-        b = fh.read(1)
-        fh.seek(-1, os.SEEK_END)
-        fh.write(bytes([b[0] ^ 4]))
+    flip_byte(path, -1, 4)
     code, out, _ = _cli(capsys, "verify", broken)
     assert code == 1 and out.startswith("CORRUPT") and os.path.basename(path) in out
     os.unlink(os.path.join(broken, layout.INDEX_NAME))

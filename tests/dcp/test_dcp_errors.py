@@ -16,7 +16,7 @@ import tensorcanon
 import tensorcanon.dcp as tcd
 from tensorcanon.sharded import layout
 
-from helpers import Partial, Replicate, _StridedShard, unsharded, zeros_like_state
+from helpers import Partial, Replicate, _StridedShard, flip_byte, unsharded, zeros_like_state
 from states import logical_digest, logical_state, sharded_state
 from threaded import run_ranks
 
@@ -63,17 +63,9 @@ def _chunk(folder, name, rank_file=None):
     return path, start, key, c
 
 
-def _flip(path, offset):
-    with open(path, "r+b") as fh:
-        fh.seek(offset)
-        b = fh.read(1)
-        fh.seek(offset)
-        fh.write(bytes([b[0] ^ 0x10]))
-
-
 def test_a_flipped_byte_names_file_tensor_and_offsets_on_every_rank(copy):
     path, start, key, chunk = _chunk(copy, "model.layer.weight")
-    _flip(path, start + 3)
+    flip_byte(path, start + 3)
     errors = _load_everywhere(copy)
     assert all(isinstance(e, tensorcanon.IntegrityError) for e in errors), errors
     assert len({str(e) for e in errors}) == 1                      # the same error on every rank
@@ -126,7 +118,7 @@ def test_a_missing_index_is_an_incomplete_checkpoint(copy):
 
 def test_an_edited_index(copy):
     path = os.path.join(copy, layout.INDEX_NAME)
-    _flip(path, os.path.getsize(path) // 2)
+    flip_byte(path, os.path.getsize(path) // 2)
     errors = _load_everywhere(copy)
     assert all(isinstance(e, tensorcanon.TensorCanonError) for e in errors), errors
     assert layout.INDEX_NAME in str(errors[0])

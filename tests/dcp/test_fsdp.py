@@ -21,6 +21,17 @@ def _single_process_digest(steps: int) -> str:
     return tensorcanon.fingerprint(train_state(None, steps)[2])
 
 
+def _loaded(world: int, folder: str) -> tuple:
+    """On one rank of ``world``: a fresh FSDP2 model and optimizer with the checkpoint in
+    ``folder`` loaded into them; ``(model, optim, the state dict loaded)``."""
+    model, optim = build(world, steps=0)
+    model_sd, optim_sd = get_state_dict(model, optim)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0, "cfg": None}
+    tcd.load(state, folder)
+    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return model, optim, state
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_fsdp2_checkpoint_digest_equals_the_single_process_models(world, tmp_path):
     """With 2 or 4 ranks on one batch, FSDP2's gradient averages are exact, so the sharded
@@ -53,11 +64,7 @@ def test_fsdp2_resume_on_another_world_size_is_bitwise(tmp_path):
     run_ranks(2, lambda r: tcd.save(train_state(2, steps=1)[2], folder))
 
     def resume(rank):
-        model, optim = build(4, steps=0)
-        model_sd, optim_sd = get_state_dict(model, optim)
-        state = {"model": model_sd, "optim": optim_sd, "step": 0, "cfg": None}
-        tcd.load(state, folder)
-        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        model, optim, state = _loaded(4, folder)
         x, y = batch()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optim.step()
@@ -76,11 +83,7 @@ def test_fsdp2_reshard_2_to_3_restores_every_value(tmp_path):
     digest = run_ranks(2, lambda r: tcd.save(train_state(2)[2], folder))[0]
 
     def load(rank):
-        model, optim = build(3, steps=0)
-        model_sd, optim_sd = get_state_dict(model, optim)
-        state = {"model": model_sd, "optim": optim_sd, "step": 0, "cfg": None}
-        tcd.load(state, folder)
-        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        model, optim, state = _loaded(3, folder)
         model_sd, optim_sd = get_state_dict(model, optim)
         return tensorcanon.fingerprint(unsharded({"model": model_sd, "optim": optim_sd, "step": state["step"],
                                                   "cfg": state["cfg"]}))
