@@ -4,6 +4,7 @@ second conftest module of that name would shadow it.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import pickletools
@@ -56,6 +57,14 @@ def run_script(script: str, *args: str, timeout: int = 300) -> None:
     if proc.returncode != 0:
         pytest.fail(f"{script} {' '.join(args)} exited {proc.returncode}:\n"
                     f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+
+
+def first_and_resume(script: str, out: Path) -> tuple[dict, dict]:
+    """Run ``script first OUT``, then ``script resume OUT`` in a fresh interpreter; the results
+    each wrote (``first.json``, ``resume.json``)."""
+    run_script(script, "first", str(out))
+    run_script(script, "resume", str(out))
+    return json.loads((out / "first.json").read_text()), json.loads((out / "resume.json").read_text())
 
 
 def is_pickle_or_zip(data: bytes) -> bool:

@@ -10,11 +10,10 @@ from __future__ import annotations
 # First: importing integration_support sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE, which the
 # Hugging Face libraries read when they are first imported. restore_determinism_settings is an
 # autouse fixture: importing it is what applies it.
-from integration_support import is_pickle_or_zip, restore_determinism_settings, run_script  # noqa: F401 (a fixture)
+from integration_support import first_and_resume, is_pickle_or_zip, restore_determinism_settings  # noqa: F401 (a fixture)
 
 # isort: split
 
-import json
 import os
 
 import pytest
@@ -33,9 +32,8 @@ import accelerate_run
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[dict, dict, object]:
     out = tmp_path_factory.mktemp("accelerate")
-    run_script("accelerate_run.py", "first", str(out))
-    run_script("accelerate_run.py", "resume", str(out))  # a fresh interpreter
-    return json.loads((out / "first.json").read_text()), json.loads((out / "resume.json").read_text()), out
+    first, resume = first_and_resume("accelerate_run.py", out)
+    return first, resume, out
 
 
 CASES = [(w, s) for w in accelerate_run.WORKERS for s in accelerate_run.SAVE_AT]

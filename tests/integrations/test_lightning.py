@@ -11,15 +11,14 @@ from __future__ import annotations
 # Hugging Face libraries read when they are first imported. restore_determinism_settings is an
 # autouse fixture: importing it is what applies it.
 from integration_support import (  # noqa: F401 (fixtures: pytest finds them here by name)
+    first_and_resume,
     is_pickle_or_zip,
     no_unpickling,
     restore_determinism_settings,
-    run_script,
 )
 
 # isort: split
 
-import json
 import warnings
 from pathlib import Path
 
@@ -39,9 +38,7 @@ import lightning_run
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[dict, dict]:
     out = tmp_path_factory.mktemp("lightning")
-    run_script("lightning_run.py", "first", str(out))
-    run_script("lightning_run.py", "resume", str(out))  # a fresh interpreter
-    return json.loads((out / "first.json").read_text()), json.loads((out / "resume.json").read_text())
+    return first_and_resume("lightning_run.py", out)
 
 
 CASES = [(w, r, f) for w, r in lightning_run.CONFIGS for f in lightning_run.RESUME_FROM]

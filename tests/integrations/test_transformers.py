@@ -13,7 +13,7 @@ from __future__ import annotations
 # First: importing integration_support sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE, which the
 # Hugging Face libraries read when they are first imported. restore_determinism_settings is an
 # autouse fixture: importing it is what applies it.
-from integration_support import is_pickle_or_zip, restore_determinism_settings, run_script  # noqa: F401 (a fixture)
+from integration_support import first_and_resume, is_pickle_or_zip, restore_determinism_settings  # noqa: F401 (a fixture)
 
 # isort: split
 
@@ -73,9 +73,8 @@ def test_from_pretrained_reads_a_tensorcanon_file(name, tmp_path):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[dict, dict, object]:
     out = tmp_path_factory.mktemp("transformers")
-    run_script("transformers_run.py", "first", str(out))
-    run_script("transformers_run.py", "resume", str(out))  # a fresh interpreter
-    return json.loads((out / "first.json").read_text()), json.loads((out / "resume.json").read_text()), out
+    first, resume = first_and_resume("transformers_run.py", out)
+    return first, resume, out
 
 
 @pytest.mark.parametrize("step", transformers_run.RESUME_FROM)
