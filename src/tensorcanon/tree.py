@@ -470,28 +470,30 @@ class Decoder:
         if (len(node) - start) % 2:
             raise self.error(f"{node[0]!r} has an odd number of keys and values")
         prev: Any = _NO_KEY
+        prev_sk: Any = None  # the previous key's sort key; None when it was an ASCII str (not built)
         seen: set = set()  # (OrderedDict) ASCII str keys as they are, other keys by sort key
         path = self._path
         for i in range(start, len(node), 2):
             k = node[i]
             if type(k) is str and k.isascii():  # decode() returns it as it is
                 if ordered:
-                    if prev is not _NO_KEY and not (prev < k if type(prev) is str and prev.isascii()
-                                                    else sort_key(prev) < sort_key(k)):
+                    if prev is not _NO_KEY and not (prev < k if prev_sk is None else prev_sk < sort_key(k)):
                         raise self.error("dict keys are not in canonical order (or repeat)")
                 elif k in seen:
                     raise self.error(f"OrderedDict key {paths.show(k)} repeats")
                 else:
                     seen.add(k)
+                prev_sk = None
             else:
                 k, sk = self._key(k, depth)
                 if ordered:
-                    if prev is not _NO_KEY and not sort_key(prev) < sk:
+                    if prev is not _NO_KEY and not (sort_key(prev) if prev_sk is None else prev_sk) < sk:
                         raise self.error("dict keys are not in canonical order (or repeat)")
                 elif sk in seen:
                     raise self.error(f"OrderedDict key {paths.show(k)} repeats")
                 else:
                     seen.add(sk)
+                prev_sk = sk
             prev = k
             path.append(k)
             if self.visit is not None:
