@@ -8,6 +8,7 @@ written for the built-ins keeps catching them.
 
 from __future__ import annotations
 
+import errno as _errno
 from typing import Any
 
 __all__ = [
@@ -161,4 +162,8 @@ class FileAccessError(TensorCanonError, OSError):
 
 
 class MissingFileError(FileAccessError, FileNotFoundError):
-    """A file (or the folder a file is saved into) does not exist. Also a ``FileNotFoundError``."""
+    """A file (or the folder a file is saved into) does not exist. Also a ``FileNotFoundError``,
+    whose ``errno`` is ``ENOENT``."""
+
+    def __init__(self, message: str, *, filename: str | None = None, errno: int | None = _errno.ENOENT) -> None:
+        super().__init__(message, filename=filename, errno=errno)

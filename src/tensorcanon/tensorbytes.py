@@ -21,7 +21,7 @@ if sys.byteorder != "little":  # pragma: no cover - no such host in CI
     raise ImportError("tensorcanon supports little-endian hosts only")
 
 
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # int dtype of each item size
 
 # Dtypes whose bytes numpy can expose directly (bool is not here: it needs the 0/1 check).
 _NUMPY_VIEWABLE = frozenset(
@@ -134,9 +134,9 @@ def host_bytes(value: Any, kind: str) -> memoryview:
     t = resolved(value)
     if t.device.type != "cpu":
         t = t.cpu()
-    if t.dtype.itemsize in _SAME_SIZE_INT:
+    if t.dtype.itemsize in SAME_SIZE_INT:
         # copy kernels exist for every int dtype but not for sub-byte or some float8 dtypes
-        t = t.view(_SAME_SIZE_INT[t.dtype.itemsize])
+        t = t.view(SAME_SIZE_INT[t.dtype.itemsize])
     flat = t.contiguous().reshape(-1)
     if flat.numel() and flat.stride(0) != 1:  # size-1 dims may keep any stride
         flat = flat.clone(memory_format=torch.contiguous_format)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import shutil
@@ -100,8 +101,10 @@ def test_a_missing_rank_file(copy):
     assert all(isinstance(e, tcd.CheckpointNotFoundError) and isinstance(e, FileNotFoundError) for e in errors)
     assert "missing" in str(errors[0]) and os.path.basename(path) in str(errors[0])
     assert "offsets" in str(errors[0])
-    with pytest.raises(tcd.CheckpointNotFoundError):
+    assert all(e.filename == path for e in errors)  # kept through the added context
+    with pytest.raises(tcd.CheckpointNotFoundError) as e:
         tcd.load_unsharded(copy)
+    assert e.value.filename == path and e.value.errno == errno.ENOENT
 
 
 def test_a_missing_index_is_an_incomplete_checkpoint(copy):

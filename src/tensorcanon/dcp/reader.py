@@ -32,13 +32,13 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from .. import tensorbytes
 from ..errors import FormatError, TensorCanonError, UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded import layout
 from ..sharded.files import RankFiles, with_context
+from ..sharded.read import chunk_info
 from .load_planner import FailedIndex, LoadMark, LoadPlanner
-
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 _REFUSED = (
     "tensorcanon.dcp.Reader refuses to run with {name}: DCP's default load planner loads non-tensor "
@@ -134,12 +134,7 @@ class Reader(StorageReader):
                 _, t, c = reqs[0]
                 what = functools.partial(index.describe, t, c)
                 try:
-                    f = files.get(c.rank)
-                    info = index.logical.tensors[t]
-                    row = f.info(index.key(t, c), what)
-                    if row.dtype is not info.dtype or row.shape != tuple(c.sizes) or row.kind != "tensor":
-                        raise FormatError(f"the rank file stores it as {row.kind} {row.dtype.name}"
-                                          f"{list(row.shape)}, not {info.dtype.name}{list(c.sizes)}")
+                    f, row = chunk_info(files, index, t, c)  # the row the index promises
                     src = f.tensor(row, what)
                 except TensorCanonError as e:
                     raise with_context(e, f"{what()}: ") from None
@@ -196,7 +191,7 @@ def _add_dcp_names(index: layout.Index, md: dict, storage: dict, limits: Limits)
 def _copy(target: torch.Tensor, source: torch.Tensor) -> None:
     """``target.copy_(source)`` for equal dtypes, through same-size ints so that every dtype
     (float8, sub-byte ints) has a copy kernel and no value is ever converted."""
-    as_int = _SAME_SIZE_INT.get(source.element_size())
+    as_int = tensorbytes.SAME_SIZE_INT.get(source.element_size())
     if as_int is not None and source.dtype is not as_int:
         target.view(as_int).copy_(source.view(as_int))
     else:

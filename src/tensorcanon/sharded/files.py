@@ -33,15 +33,13 @@ if TYPE_CHECKING:
 def with_context(e: TensorCanonError, prefix: str) -> TensorCanonError:
     """A copy of ``e`` (same class, same attributes) whose message starts with ``prefix``.
 
-    Built without calling the class's ``__init__`` (whose signatures differ), so it
-    works for every tensorcanon error.
+    Rebuilt as unpickling rebuilds it (:meth:`TensorCanonError.__reduce__`), without calling
+    the class's ``__init__`` (whose signatures differ), so it works for every tensorcanon error
+    and keeps an ``OSError``'s ``filename`` and ``errno``.
     """
-    cls = type(e)
-    out = cls.__new__(cls)
-    out.__dict__.update(e.__dict__)
+    rebuild, (cls, _, state) = e.__reduce__()
     message = str(e)
-    out.args = (message if message.startswith(prefix) else prefix + message,)
-    return out
+    return rebuild(cls, (message if message.startswith(prefix) else prefix + message,), state)
 
 
 def read_index_file(path: str, limits: Limits = DEFAULT) -> tuple[Any, str, str]:

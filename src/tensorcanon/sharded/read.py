@@ -25,7 +25,7 @@ from .files import RankFile, RankFiles, with_context
 _PIECE = 1 << 20  # hash and copy in pieces that stay in the CPU cache
 
 
-def _chunk_info(files: RankFiles, index: layout.Index, t: int, c: layout.Chunk) -> tuple[RankFile, TensorInfo]:
+def chunk_info(files: RankFiles, index: layout.Index, t: int, c: layout.Chunk) -> tuple[RankFile, TensorInfo]:
     """The rank-file row of a chunk, checked against what the index says it holds."""
     info = index.logical.tensors[t]
     what = functools.partial(index.describe, t, c)
@@ -53,7 +53,7 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
     chunks = index.chunks[t]
     algorithm = index.algorithm
     itemsize = info.dtype.itemsize
-    rows = [_chunk_info(files, index, t, c) for c in chunks]
+    rows = [chunk_info(files, index, t, c) for c in chunks]
     whole = len(chunks) == 1 and tuple(chunks[0].sizes) == tuple(info.shape)
     h = digest.tensor_hasher(info.dtype.name, info.shape, algorithm)
     per_chunk = [digest.tensor_hasher(info.dtype.name, c.sizes, algorithm) if check_chunks and not whole else None
