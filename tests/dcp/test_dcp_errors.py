@@ -75,11 +75,22 @@ def test_a_flipped_byte_names_file_tensor_and_offsets_on_every_rank(copy):
     assert f"offsets {list(chunk.offsets)}" in text
     with pytest.raises(tensorcanon.IntegrityError, match="model.layer.weight"):
         tcd.verify(copy)
-    with pytest.raises(tensorcanon.IntegrityError, match="model.layer.weight"):
-        tcd.load_unsharded(copy)
-    with pytest.raises(tensorcanon.IntegrityError):
-        tcd.consolidate(copy, os.path.join(copy, "..", "out.safetensors"))
-    assert not os.path.exists(os.path.join(copy, "..", "out.safetensors"))
+    # loading and consolidating prove bytes by the logical digest, then name the damaged chunk too
+    out = os.path.join(copy, "..", "out.safetensors")
+    for fn in (lambda: tcd.load_unsharded(copy), lambda: tcd.consolidate(copy, out)):
+        with pytest.raises(tensorcanon.IntegrityError, match="model.layer.weight") as e:
+            fn()
+        assert f"offsets {list(chunk.offsets)}" in str(e.value) and "its digest in the rank file" in str(e.value)
+    assert not os.path.exists(out)
+
+
+def test_a_bool_chunk_holding_a_2_is_a_damaged_chunk(copy):
+    path, start, _, chunk = _chunk(copy, "optim.state.1.mask")
+    flip_byte(path, start, 2)  # 0 or 1 becomes 2 or 3: the digests say so before the 0/1 rule does
+    for fn in (tcd.verify, tcd.load_unsharded):
+        with pytest.raises(tensorcanon.IntegrityError, match="optim.state.1.mask") as e:
+            fn(copy)
+        assert f"offsets {list(chunk.offsets)}" in str(e.value)
 
 
 def test_a_truncated_rank_file(copy):

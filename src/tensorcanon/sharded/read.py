@@ -45,9 +45,12 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
     """Feed logical tensor ``t``'s bytes in C order to ``sink`` and return its digest.
 
     Raises :class:`IntegrityError` naming the tensor when the digest differs from the
-    logical manifest's, and (``check_chunks``) naming the chunk when a chunk's bytes
-    differ from its rank file's digest. Nothing is verified before it is given to
-    ``sink``: callers that keep the bytes discard them when this raises.
+    logical manifest's, and naming the chunk when a chunk's bytes differ from its rank
+    file's digest. With ``check_chunks`` (verify) every chunk is also hashed against
+    its own digest as it passes; without (loading, consolidating) the logical digest
+    alone proves every byte, and the chunks are hashed only when it differs, to name
+    the damaged one. Nothing is verified before it is given to ``sink``: callers that
+    keep the bytes discard them when this raises.
     """
     info = index.logical.tensors[t]
     chunks = index.chunks[t]
@@ -59,6 +62,7 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
     per_chunk = [digest.tensor_hasher(info.dtype.name, c.sizes, algorithm) if check_chunks and not whole else None
                  for c in chunks]
     views: dict[int, memoryview] = {}
+    is_bool, bad_bool = info.dtype.name == "bool", None
     for j, start, count in tiling.runs(info.shape, [c.box for c in chunks]):
         view = views.get(j)
         if view is None:
@@ -71,9 +75,13 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
             chunk_hasher = per_chunk[j]
             if chunk_hasher is not None:
                 chunk_hasher.update(piece)
+            if is_bool and bad_bool is None and len(piece.tobytes().translate(None, b"\x00\x01")):
+                bad_bool = j  # raised once the digests are checked: a damaged file is an IntegrityError
             if sink is not None:
                 sink(piece)
     actual = h.digest()
+    if actual != info.digest and not check_chunks:  # hash the chunks now, to name the damaged one
+        stream(index, files, t, check_chunks=True)
     for j, (c, (f, row)) in enumerate(zip(chunks, rows, strict=True)):
         chunk_hasher = per_chunk[j]
         chunk_actual = actual if whole else chunk_hasher.digest() if chunk_hasher is not None else None
@@ -93,9 +101,8 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
             "the checkpoint is damaged or its index does not belong to these files",
             path=info.name, expected=index.logical.text(info.digest), actual=index.logical.text(actual),
         )
-    if info.dtype.name == "bool" and check_chunks:
-        for f, row in rows:
-            f.verified(row, lambda: index.describe(t))  # also checks bytes are 0 or 1
+    if bad_bool is not None:
+        raise FormatError(f"{index.describe(t, chunks[bad_bool])} is bool but holds a byte other than 0 or 1")
     return actual
 
 
@@ -110,7 +117,7 @@ def read_tensor(index: layout.Index, files: RankFiles, t: int, map_location: Any
         mv[pos : pos + len(piece)] = piece
         pos += len(piece)
 
-    stream(index, files, t, copy)
+    stream(index, files, t, copy, check_chunks=False)
     value = tensorbytes.finish(buf, info.dtype, info.shape, info.kind, info.name)
     return placement.as_recorded(value, info, map_location, lambda: info.name)
 
@@ -212,7 +219,7 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
         f.write(header)
         with RankFiles(index, limits) as files:
             for t in order:
-                stream(index, files, t, f.write)
+                stream(index, files, t, f.write, check_chunks=False)
         return index.logical_digest
 
     try:
