@@ -57,8 +57,7 @@ def _plain_rows(header: container.Header) -> list[TensorInfo]:
     rows = []
     for i, e in enumerate(header.entries):
         dtype = dtypes.from_safetensors(e.dtype)
-        if dtype is None:  # (container.parse admits only the dtypes dtypes.py knows)
-            raise FormatError(f"header: tensor {e.name!r} has unsupported dtype {e.dtype!r}")
+        assert dtype is not None, e.dtype  # container.parse admits only the dtypes dtypes.py knows
         rows.append(TensorInfo(i, e.name, dtype, e.shape, "tensor", False, b"", "cpu", e.begin, e.end))
     return rows
 
@@ -310,7 +309,7 @@ class CheckedFile:
         """True for a small tensor read in a run: it stays on the CPU (its recorded device is in
         ``cpu``, see :meth:`_cpu_bound`) and is built by one copy."""
         return (0 < info.end - info.begin <= _SMALL and info.kind != "ndarray" and info.device in cpu
-                and info.dtype is not None and info.dtype.torch in tensorbytes.NUMPY_VIEWABLE
+                and info.dtype.torch in tensorbytes.NUMPY_VIEWABLE
                 and info.memory_format is None)
 
     def _cpu_bound(self, map_location: Any, devices: set[str] | None = None) -> set[str]:

@@ -96,21 +96,9 @@ class Source:
 
     def readinto(self, buf: memoryview, what: str) -> None:
         """Fill ``buf`` with the next ``len(buf)`` bytes (see :meth:`read`)."""
-        n = len(buf)
-        if self.data is not None:
-            if self.pos + n > len(self.data):
-                raise FormatError(f"file ends inside the {what}", offset=len(self.data))
-            buf[:] = self.data[self.pos : self.pos + n]
-            self.pos += n
-            return
-        done = 0
-        while done < n:
-            got = self.f.readinto(buf[done:])  # type: ignore[union-attr]
-            if not got:
-                raise FormatError(f"file ends inside the {what}: {n - done} bytes missing",
-                                  offset=self.pos + done)
-            done += got
-        self.pos += n
+        got = self.fill(buf)
+        if got < len(buf):
+            raise FormatError(f"file ends inside the {what}: {len(buf) - got} bytes missing", offset=self.pos)
 
     def fill(self, buf: memoryview) -> int:
         """Read up to ``len(buf)`` bytes into ``buf``, as many as the file still has; the count.

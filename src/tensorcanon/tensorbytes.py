@@ -211,13 +211,6 @@ def copied(dtype: DType, shape: tuple[int, ...], kind: str, src: int, nbytes: in
     return value
 
 
-def copy_to(value: torch.Tensor, offset: int, src: int, nbytes: int) -> None:
-    """Copy ``nbytes`` from address ``src`` to byte ``offset`` of contiguous CPU tensor ``value``."""
-    if offset < 0 or offset + nbytes > value.numel() * value.element_size():
-        raise ValueError("copy out of bounds")  # never happens: the callers compute both from the header
-    _memmove(value.data_ptr() + offset, src, nbytes)
-
-
 def viewed(mapped: torch.Tensor, dtype: DType, shape: tuple[int, ...], kind: str) -> Any:
     """The tensor (or array) of ``dtype`` and ``shape`` that views the uint8 tensor ``mapped``
     (no copy); None where its bytes must be copied (a dtype torch cannot view at that
