@@ -115,7 +115,25 @@ def key_text(key: Any) -> str:
     return _value_text(key)
 
 
+def _compound(key: Any, leaf: Callable[[Any], str]) -> str:
+    """A key's text with tuples and frozensets (members in canonical order) written the same way
+    in every version; ``leaf`` writes every other key."""
+    t = type(key)
+    if t is tuple:
+        inner = ", ".join(_compound(k, leaf) for k in key)
+        return f"({inner},)" if len(key) == 1 else f"({inner})"
+    if t is frozenset:
+        if not key:
+            return "frozenset()"
+        return "frozenset({" + ", ".join(_compound(k, leaf) for k in sorted_keys(key)) + "})"
+    return leaf(key)
+
+
 def _value_text(key: Any) -> str:
+    return _compound(key, _leaf_text)
+
+
+def _leaf_text(key: Any) -> str:
     t = type(key)
     if t is str:
         return quoted(key)
@@ -127,27 +145,16 @@ def _value_text(key: Any) -> str:
         return repr(key)  # "None", "True", "False"
     if t is bytes:
         return bytes_text(key)
-    if t is tuple:
-        inner = ", ".join(_value_text(k) for k in key)
-        return f"({inner},)" if len(key) == 1 else f"({inner})"
-    if t is frozenset:
-        if not key:
-            return "frozenset()"
-        return "frozenset({" + ", ".join(_value_text(k) for k in sorted_keys(key)) + "})"
     raise TypeError(f"{t.__name__} is not a key type")
 
 
 def _v1_text(key: Any) -> str:
     """Version 1's rendering: ``repr()``, frozenset members in canonical order."""
-    t = type(key)
-    if t is tuple:
-        inner = ", ".join(_v1_text(k) for k in key)
-        return f"({inner},)" if len(key) == 1 else f"({inner})"
-    if t is frozenset:
-        if not key:
-            return "frozenset()"
-        return "frozenset({" + ", ".join(_v1_text(k) for k in sorted_keys(key)) + "})"
-    if t is int and key.bit_length() > _V1_MAX_BITS:
+    return _compound(key, _v1_leaf)
+
+
+def _v1_leaf(key: Any) -> str:
+    if type(key) is int and key.bit_length() > _V1_MAX_BITS:
         raise FormatError(
             f"manifest: a version-1 file names a tensor below an int key of {key.bit_length()} bits; "
             "the version-1 writer could not name such a tensor (Python's int-to-str limit), so the "
