@@ -89,6 +89,22 @@ def test_damaged_random_state_is_an_error_not_a_silent_skip(run, tmp_path):
     assert isinstance(info.value, FileNotFoundError)
 
 
+def test_a_process_state_of_the_wrong_kind_is_refused_before_anything_loads(run, tmp_path):
+    run.train(stop_at=3)
+    tca.save_state(run.acc, tmp_path)
+    path = tmp_path / "process_0.safetensors"
+    process = tensorcanon.load(path)
+    tensorcanon.save({**process, "settings": {"deterministic": True}}, path)  # not DeterminismSettings
+    before = {k: v.clone() for k, v in run.acc.unwrap_model(run.acc._models[0]).state_dict().items()}
+    run.train(stop_at=5)  # the model moves on: a load that started would put the saved weights back
+    moved = {k: v.clone() for k, v in run.acc.unwrap_model(run.acc._models[0]).state_dict().items()}
+    assert any(not torch.equal(before[k], moved[k]) for k in before)
+    with pytest.raises(tensorcanon.FormatError, match="process_0.safetensors is not a"):
+        tca.load_state(run.acc, tmp_path)
+    after = run.acc.unwrap_model(run.acc._models[0]).state_dict()
+    assert all(torch.equal(moved[k], after[k]) for k in moved)
+
+
 def test_load_needs_the_same_registered_objects(run, tmp_path):
     tca.save_state(run.acc, tmp_path)
     other = accelerate_run.Run(workers=0)

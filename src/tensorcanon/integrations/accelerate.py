@@ -230,9 +230,10 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str] | Non
     if type(training) is not dict or training.get("layout") != LAYOUT:
         raise FormatError(f"{os.path.join(folder, TRAINING)} is not a {LAYOUT} training state")
     process = _load(folder, _process_file(accelerator.process_index), verify, limits)
-    if type(process) is not dict or set(process) != {"rng", "settings", "dataloaders"}:
+    if type(process) is not dict or set(process) != {"rng", "settings", "dataloaders"} \
+            or not isinstance(process["rng"], RngState) or not isinstance(process["settings"], DeterminismSettings):
         raise FormatError(f"{os.path.join(folder, _process_file(accelerator.process_index))} is not a "
-                          f"{LAYOUT} process state")
+                          f"{LAYOUT} process state (an RngState, DeterminismSettings and DataLoader positions)")
 
     models = list(accelerator._models)
     for hook in accelerator._load_model_state_pre_hook.values():
@@ -273,10 +274,7 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str] | Non
     accelerator.project_configuration.iteration = training["save_iteration"]
 
     _apply_settings(process["settings"], apply_settings)
-    rng = process["rng"]
-    if not isinstance(rng, RngState):
-        raise FormatError("the process state's 'rng' is not an RngState")
-    rng.restore(strict=strict_rng)  # last: nothing may draw between this and training
+    process["rng"].restore(strict=strict_rng)  # last: nothing may draw between this and training
     return folder
 
 
