@@ -115,6 +115,11 @@ class Index:
     def key(self, tensor: int, chunk: Chunk) -> str:
         return chunk_key(self.logical.tensors[tensor].name, chunk.offsets)
 
+    def consolidated_header(self) -> tuple[bytes, int]:
+        """``(header bytes, data size)`` of the one file :func:`sharded.consolidate` writes."""
+        meta = manifest.header_metadata(self.logical.raw, [], self.algorithm)
+        return manifest.canonical_header(self.logical.tensors, meta)
+
     def describe(self, tensor: int, chunk: Chunk | None = None) -> str:
         """Words naming a tensor (and a chunk of it) for error messages."""
         text = f"tensor {self.logical.tensors[tensor].name!r}"
@@ -208,7 +213,8 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
             raise FormatError("manifest: 'meta' must be nil in a sharded checkpoint's logical manifest")
         place(infos)
         logical = manifest.Manifest(raw=raw, root=obj["root"], meta=None, tensors=infos,
-                                    digest=_digest.manifest_digest(raw, algorithm), algorithm=algorithm)
+                                    digest=_digest.manifest_digest(raw, algorithm), algorithm=algorithm,
+                                    version=obj["version"])
         _check_tree(logical, limits)  # the tree's structure, the table's order and names
     except TensorCanonError as e:
         raise files.with_context(e, f"{where}: logical manifest: ") from None
@@ -274,7 +280,7 @@ def _check_tree(m: manifest.Manifest, limits: Limits) -> None:
         decoder.decode(m.root)
     except RecursionError:
         raise FormatError("the object tree is nested deeper than Python's recursion limit allows") from None
-    decoder.check_table([info.name for info in m.tensors])
+    decoder.check_table([info.name for info in m.tensors], m.version)
 
 
 def _int_list(v: Any, n: int) -> bool:

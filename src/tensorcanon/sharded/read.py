@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from .. import container, digest, dtypes, manifest, placement, tensorbytes, writer
+from .. import digest, placement, tensorbytes, writer
 from ..errors import FormatError, IntegrityError, TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..manifest import TensorInfo
@@ -209,11 +209,8 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
     """
     index = _open(folder, limits)
     infos = index.logical.tensors
-    order = sorted(range(len(infos)), key=lambda i: container.data_order(infos[i].name, infos[i].dtype.itemsize))
-    entries = [container.Entry(infos[t].name, infos[t].dtype.st,
-                               tuple(dtypes.header_shape(infos[t].dtype, infos[t].shape)), infos[t].begin,
-                               infos[t].end) for t in order]  # offsets placed by layout.read
-    header = container.build(entries, manifest.header_metadata(index.logical.raw, [], index.algorithm))
+    header, _ = index.consolidated_header()
+    order = sorted(range(len(infos)), key=lambda t: infos[t].begin)  # data order
 
     def fill(f: BinaryIO, tmp: str) -> str:
         f.write(header)

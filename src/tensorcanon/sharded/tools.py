@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from .. import container, dtypes, manifest
 from ..limits import DEFAULT, Limits
 from . import layout, read
 
@@ -41,12 +40,8 @@ def content_digest(path: str | os.PathLike, *, verify: bool = True, limits: Limi
 def consolidated_size(path: str | os.PathLike, limits: Limits = DEFAULT) -> int:
     """The size in bytes of the file ``consolidate`` writes: the checkpoint's size as one file,
     the same for every world size (lockfiles record it)."""
-    index = layout.read(path, limits)
-    infos = index.logical.tensors
-    entries = [container.Entry(i.name, i.dtype.st, tuple(dtypes.header_shape(i.dtype, i.shape)), i.begin, i.end)
-               for i in sorted(infos, key=lambda i: container.data_order(i.name, i.dtype.itemsize))]
-    header = container.build(entries, manifest.header_metadata(index.logical.raw, [], index.algorithm))
-    return len(header) + sum(i.nbytes for i in infos)
+    header, data_size = layout.read(path, limits).consolidated_header()
+    return len(header) + data_size
 
 
 def loaded(path: str | os.PathLike, limits: Limits = DEFAULT) -> Loaded:
