@@ -349,12 +349,7 @@ def _print_diff(result: DiffResult, out: _Out, indent: str = "", limit: int | No
 def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
     loaded = []
     for path in (args.a, args.b):
-        try:
-            if os.path.isdir(path):  # a sharded checkpoint: compared by its logical content
-                from .sharded import tools
-
-                loaded.append(tools.loaded(path))
-                continue
+        try:  # (a directory is a sharded checkpoint, compared by its logical content)
             loaded.append(load_file(path, wrap=out.wrap("read")))
         except _READ_ERRORS as e:
             out.error(_message(e, path))

@@ -16,7 +16,8 @@ computed in float64 (complex128 for complex dtypes).
 
 Files. A ``str`` or path-like argument is read as a file: a tensorcanon file,
 a plain safetensors file, a ``.pt`` file (through ``torch.load`` with
-``weights_only=True``, never plain pickle), a ``.npz`` or a ``.npy`` file.
+``weights_only=True``, never plain pickle), a ``.npz`` or a ``.npy`` file; a
+directory, as a sharded checkpoint (``tensorcanon.dcp``), by its logical state.
 Tensors are loaded to the CPU; the devices a tensorcanon file records are still
 compared. To compare two ``str`` values, wrap them: ``diff([a], [b])``.
 
@@ -250,9 +251,12 @@ def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
               wrap: Callable[[Any, int], Any] | None = None) -> Loaded:
     """Read any supported file (see :func:`detect_format`) with its tensors on the CPU.
 
+    A directory is read as a sharded checkpoint (what ``tensorcanon.dcp``
+    writes): its logical state, every chunk verified, as one file would hold it.
     ``wrap(file, size)`` may wrap the opened file (the command line uses it to
-    draw progress). Only safe loaders are used: tensorcanon's own reader,
-    ``torch.load(weights_only=True)`` and ``numpy.load(allow_pickle=False)``.
+    draw progress; not for a directory). Only safe loaders are used:
+    tensorcanon's own reader, ``torch.load(weights_only=True)`` and
+    ``numpy.load(allow_pickle=False)``.
 
     Example::
 
@@ -260,6 +264,10 @@ def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
         loaded.value["fc.weight"]
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        from .sharded import tools
+
+        return tools.loaded(path, limits)
     fmt = detect_format(path)
     if fmt in ("tensorcanon", "safetensors"):
         with open_path(path) as fh:

@@ -12,6 +12,7 @@ import pytest
 import tensorcanon
 import tensorcanon.dcp as tcd
 from tensorcanon.cli import main
+from tensorcanon.diff import load_file
 from tensorcanon.sharded import layout
 
 from helpers import flip_byte
@@ -81,6 +82,17 @@ def test_diff_compares_logical_content(ckpts, capsys):
     tcd.consolidate(two, consolidated)
     code, _, _ = _cli(capsys, "diff", consolidated, three)         # a file against a directory
     assert code == 0
+
+
+def test_diff_api_reads_directories_as_the_command_line_does(ckpts):
+    _, two, three, other = ckpts
+    assert tensorcanon.diff(two, three).identical
+    result = tensorcanon.diff(two, other)
+    assert not result.identical and result.a == two and result.b == other
+    assert '$["model"]["layer.weight"]' in [d.path for d in result.differences]
+    assert tensorcanon.diff(logical_state(), three).identical  # an object against a directory
+    loaded = load_file(two)
+    assert loaded.format == "tensorcanon-sharded" and loaded.path == two
 
 
 def test_inspect_shows_the_logical_tree_and_the_layout(ckpts, capsys):
