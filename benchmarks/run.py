@@ -124,19 +124,43 @@ def median_time(fn, runs: int, setup=None, teardown=None) -> float:
     return statistics.median(times)
 
 
-def interleaved_medians(ops: dict, runs: int) -> dict:
-    """Median seconds of each op, taking the runs in rounds (op 1, op 2, ..., then again).
+class Timings(dict):
+    """{op: median seconds} of operations timed in the same rounds, with each round's times kept,
+    so that two of them can be compared round by round (:meth:`ratio`)."""
+
+    def __init__(self, medians: dict, rounds: dict) -> None:
+        super().__init__(medians)
+        self.rounds = rounds
+
+    def ratio(self, a: str, b: str) -> float:
+        """Median over rounds of (``a``'s time / ``b``'s time in the same round).
+
+        A slow stretch of the machine (another process, the VM's host, writeback) slows every
+        operation of the rounds it falls in; the per-round ratio cancels it, where a ratio of
+        two medians can take its two medians from different stretches.
+        """
+        return statistics.median(x / y for x, y in zip(self.rounds[a], self.rounds[b], strict=True))
+
+
+def interleaved_medians(ops: dict, runs: int) -> Timings:
+    """Median seconds of each op, taking the runs in rounds (every op once, then again).
 
     Writes of hundreds of MiB make the kernel's dirty-page writeback kick in at
     moments no benchmark controls; one op's five runs back to back can all land
     in a writeback storm that the next op escapes. Rounds spread that noise
-    over every op alike, so ratios between ops are fair.
+    over every op alike, so ratios between ops are fair. Each round starts one
+    op later than the one before (op 2, op 3, ..., op 1), so no op always runs
+    first, or always right after the same other op (which leaves it, say, a
+    freshly freed file's pages or a cold cache).
     """
+    names = list(ops)
     times: dict = {name: [] for name in ops}
     cpu: dict = {name: [] for name in ops}
     disturbed: dict = {name: 0 for name in ops}
-    for _ in range(runs):
-        for name, fn in ops.items():
+    for i in range(runs):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            fn = ops[name]
             gc.collect()
             b0 = _busy()
             c0 = time.process_time()
@@ -153,7 +177,7 @@ def interleaved_medians(ops: dict, runs: int) -> dict:
     SPREAD.update({name: (min(ts), max(ts)) for name, ts in times.items()})
     CPU.update({name: statistics.median(ts) for name, ts in cpu.items()})
     DISTURBED.update({name: (n, runs) for name, n in disturbed.items()})
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return Timings({name: statistics.median(ts) for name, ts in times.items()}, times)
 
 
 try:
@@ -496,12 +520,11 @@ def lazy_bytes_hashed(bench: Bench, count: int) -> int:
 
 # ----------------------------------------------------------------- GPU
 
-def gpu_bench(bench: Bench, obj) -> dict | None:
+def gpu_bench(bench: Bench, obj) -> tuple[Timings, Timings] | None:
+    """Saves of ``obj`` moved to CUDA, then loads onto CUDA, each set in rounds of its own."""
     if not torch.cuda.is_available():
         return None
     from safetensors.torch import load_file, save_file
-
-    cuda = {}
 
     def to_cuda(o):
         if isinstance(o, torch.Tensor):
@@ -521,10 +544,6 @@ def gpu_bench(bench: Bench, obj) -> dict | None:
         with open(P("g.st"), "wb") as f:
             tensorcanon.save(g, f)
 
-    cuda["tensorcanon save (cuda, file object)"] = median_time(tc_save, bench.runs)
-    cuda["torch.save (cuda)"] = median_time(lambda: torch.save(g, P("g.pt")), bench.runs)
-    cuda["safetensors save_file (cuda)"] = median_time(lambda: save_file(flat, P("gs.st")), bench.runs)
-
     def sync(fn):
         def inner():
             out = fn()
@@ -532,15 +551,20 @@ def gpu_bench(bench: Bench, obj) -> dict | None:
             return out
         return inner
 
-    cuda["tensorcanon load map_location=cuda (verify)"] = median_time(
-        sync(lambda: tensorcanon.load(P("g.st"), map_location="cuda")), bench.runs)
-    cuda["torch.load map_location=cuda"] = median_time(
-        sync(lambda: torch.load(P("g.pt"), map_location="cuda", weights_only=True)), bench.runs)
-    cuda["safetensors load_file device=cuda"] = median_time(
-        sync(lambda: load_file(P("gs.st"), device="cuda")), bench.runs)
+    saves = interleaved_medians({
+        "tensorcanon save (cuda, file object)": tc_save,
+        "torch.save (cuda)": lambda: torch.save(g, P("g.pt")),
+        "safetensors save_file (cuda)": lambda: save_file(flat, P("gs.st")),
+    }, bench.runs)
+    loads = interleaved_medians({
+        "tensorcanon load map_location=cuda (verify)": sync(lambda: tensorcanon.load(P("g.st"), map_location="cuda")),
+        "torch.load map_location=cuda": sync(
+            lambda: torch.load(P("g.pt"), map_location="cuda", weights_only=True)),
+        "safetensors load_file device=cuda": sync(lambda: load_file(P("gs.st"), device="cuda")),
+    }, bench.runs)
     for n in ("g.st", "g.pt", "gs.st"):
         bench.rm(n)
-    return cuda
+    return saves, loads
 
 
 # ----------------------------------------------------------------- report
@@ -657,46 +681,42 @@ def main(argv=None) -> int:
         sv = bench.save_ops(obj, sv_runs)
         rep.table(f"Large saves to an open file: {large_mib} MiB in 128 tensors ({sv_runs} rounds)",
                   sv, size=size, spread=SPREAD, cpu=CPU)
-        s_tc, s_raw = sv["tensorcanon save (file object)"], sv["raw write"]
-        rep.check("save large, vs raw write", "≤ 1.1×", f"{s_tc / s_raw:.2f}×", s_tc <= 1.1 * s_raw)
-        s_tcp = r["tensorcanon save (path: atomic + fsync)"]
-        s_rawp = r["raw atomic write (new temp file + fsync + rename)"]
-        rep.check("save large to a path (atomic), vs raw atomic write", "≤ 1.1×",
-                  f"{s_tcp / s_rawp:.2f}×", s_tcp <= 1.1 * s_rawp)
-        s_tc9 = r["tensorcanon save (file object)"]  # (torch.save is timed in the table above only)
-        rep.check("save large, vs torch.save", "faster", f"{r['torch.save'] / s_tc9:.2f}× faster",
-                  s_tc9 < r["torch.save"])
-        s_st = sv["safetensors save_file"]
-        rep.check("save large to a file object, vs safetensors save_file", "≤ 1×", f"{s_tc / s_st:.2f}×",
-                  s_tc <= s_st, "" if s_tc <= s_st else
-                  f"safetensors save_file costs {s_st / s_raw:.2f}× a raw write of the same bytes here, "
-                  f"tensorcanon {s_tc / s_raw:.2f}×, both within this VM's run-to-run spread of a raw write "
-                  "(fastest – slowest above). tensorcanon hashes every byte on a second thread while this one "
-                  "writes (with the hashing replaced by nothing it took as long); what it adds on the writing "
-                  "thread, planning the tree, names and header and handing each tensor to the hashing thread, "
-                  "measured 4–7 ms of CPU time for these 512 MiB (1–3%)")
+        tc_raw = sv.ratio("tensorcanon save (file object)", "raw write")
+        rep.check("save large, vs raw write", "≤ 1.1×", f"{tc_raw:.2f}×", tc_raw <= 1.1)
+        atomic = r.ratio("tensorcanon save (path: atomic + fsync)", "raw atomic write (new temp file + fsync + rename)")
+        rep.check("save large to a path (atomic), vs raw atomic write", "≤ 1.1×", f"{atomic:.2f}×", atomic <= 1.1)
+        vs_torch = r.ratio("torch.save", "tensorcanon save (file object)")  # (timed in the table above only)
+        rep.check("save large, vs torch.save", "faster", f"{vs_torch:.2f}× faster", vs_torch > 1)
+        tc_st = sv.ratio("tensorcanon save (file object)", "safetensors save_file")
+        st_raw = sv.ratio("safetensors save_file", "raw write")
+        rep.check("save large to a file object, vs safetensors save_file", "≤ 1×", f"{tc_st:.2f}×", tc_st <= 1,
+                  f"safetensors save_file costs {st_raw:.2f}× a raw write of the same bytes here, tensorcanon "
+                  f"{tc_raw:.2f}×. tensorcanon hashes every byte on a second thread while this one writes; "
+                  "what it adds on the writing thread is planning the tree, names and header and handing "
+                  "each tensor to the hashing thread")
         mm_runs = runs if quick else max(runs, 21)
         m = bench.mmap_ops(obj, mm_runs)
         rep.table(f"Memory-mapped loads: {large_mib} MiB in 128 tensors, every page read ({mm_runs} rounds)",
                   m, size=size, spread=SPREAD, cpu=CPU)
-        m_tc = m["tensorcanon load(mmap=True) (verified) + read every page"]
-        m_st = m["safetensors load_file + read every page"]
-        m_torch = m["torch.load(mmap=True) + read every page"]
-        c_tc, c_st = CPU["tensorcanon load(mmap=True) (verified) + read every page"], \
-            CPU["safetensors load_file + read every page"]
+        tc_mm, st_mm = "tensorcanon load(mmap=True) (verified) + read every page", \
+            "safetensors load_file + read every page"
+        m_tc = m[tc_mm]
+        c_tc, c_st = CPU[tc_mm], CPU[st_mm]
+        vs_st = m.ratio(tc_mm, st_mm)
         rep.check("load(mmap=True) large, verified, + read every page, vs safetensors load_file + read "
-                  "every page", "≤ 1.3×", f"{m_tc / m_st:.2f}×", m_tc <= 1.3 * m_st,
+                  "every page", "≤ 1.3×", f"{vs_st:.2f}×", vs_st <= 1.3,
                   f"both fault in every page of the map (safetensors: {fmt_t(c_st)} of CPU time); tensorcanon "
                   f"also hashes every byte in place before returning anything, on two threads: "
                   f"{fmt_t(c_tc)} of CPU time in {fmt_t(m_tc)}. It needs the second core free: a round in "
                   "which another process holds one costs it about its CPU time")
         rep.check("load(mmap=True) large, verified, + read every page, vs torch.load (eager)", "faster",
                   f"{r['torch.load'] / m_tc:.2f}× faster", m_tc < r["torch.load"])
+        vs_mm = m.ratio("torch.load(mmap=True) + read every page", tc_mm)
         rep.check("load(mmap=True) large, verified, + read every page, vs torch.load(mmap=True) + read "
-                  "every page", "faster", f"{m_torch / m_tc:.2f}× faster", m_tc < m_torch)
+                  "every page", "faster", f"{vs_mm:.2f}× faster", vs_mm > 1)
         l_tc = r["tensorcanon load (verify=True)"]
         rep.info("eager load large (verify), vs torch.load (no target: see below)",
-                 f"{r['torch.load'] / l_tc:.2f}× as fast",
+                 f"{r.ratio('torch.load', 'tensorcanon load (verify=True)'):.2f}× as fast",
                  f"an eager load fills fresh memory with every byte: raw read into fresh buffers takes "
                  f"{fmt_t(r['raw read (fresh buffers)'])}, tensorcanon without verification "
                  f"{fmt_t(r['tensorcanon load (verify=False)'])}, with it {fmt_t(l_tc)}")
@@ -704,9 +724,9 @@ def main(argv=None) -> int:
         rep.check("fingerprint", "≥ 10 GB/s", f"{size / fp / 1e9:.1f} GB/s", size / fp >= 10e9)
         r = verify_bench(bench, obj)
         rep.table(f"Verify: {large_mib} MiB in 128 tensors", r, size=size, spread=SPREAD, cpu=CPU)
-        v_raw, v_tc = r["raw read + xxh3-128 (1 MiB buffer)"], r["tensorcanon.verify (path)"]
+        speed = r.ratio("raw read + xxh3-128 (1 MiB buffer)", "tensorcanon.verify (path)")
         rep.check("verify large, speed vs raw read + xxh3-128 of the same bytes", "≥ 0.9×",
-                  f"{v_raw / v_tc:.2f}×", v_raw >= 0.9 * v_tc,
+                  f"{speed:.2f}×", speed >= 0.9,
                   "tensorcanon reads and hashes on two threads (positional reads, each releasing the GIL)")
         del obj
         gc.collect()
@@ -717,17 +737,19 @@ def main(argv=None) -> int:
         rep.table(f"Small: {small_n} tensors of 1 KiB", r, per=small_n, spread=SPREAD, cpu=CPU)
         us = lambda key: r[key] / small_n * 1e6  # noqa: E731
         sv, sv_st = us("tensorcanon save (file object)"), us("safetensors save_file")
+        q = r.ratio("tensorcanon save (file object)", "safetensors save_file")
         rep.check("save small, per tensor, vs safetensors save_file", "≤ 1× (aim: 10 µs)",
-                  f"{sv:.1f} µs vs {sv_st:.1f} µs ({sv / sv_st:.2f}×)", sv <= sv_st,
+                  f"{sv:.1f} µs vs {sv_st:.1f} µs ({q:.2f}×)", q <= 1,
                   f"raw write: {us('raw write'):.1f} µs per tensor; with the garbage collector paused "
                   "(as tensorcanon used to, issue 12): "
                   f"{us('tensorcanon save (file object), collector paused'):.1f} µs")
         ld, ld_st = us("tensorcanon load (verify=True)"), us("safetensors load_file + touch")
+        q = r.ratio("tensorcanon load (verify=True)", "safetensors load_file + touch")
         rep.check("load small (verify), per tensor, vs safetensors load_file + touch", "≤ 1× (aim: 10 µs)",
-                  f"{ld:.1f} µs vs {ld_st:.1f} µs ({ld / ld_st:.2f}×)", ld <= ld_st,
+                  f"{ld:.1f} µs vs {ld_st:.1f} µs ({q:.2f}×)", q <= 1,
                   f"raw read: {us('raw read (fresh buffers)'):.1f} µs per tensor; with the garbage "
                   f"collector paused: {us('tensorcanon load (verify=True), collector paused'):.1f} µs"
-                  + ("" if ld <= ld_st else
+                  + ("" if q <= 1 else
                      ". With it running, a load of this many tensors also pays about one full collection, "
                      "whose cost grows with every object the process holds (torch's own included); "
                      "tensorcanon keeps about 4 objects per tensor alive while it parses (the msgpack "
@@ -748,15 +770,13 @@ def main(argv=None) -> int:
         rep.table(f"GPT-2-small-shaped state_dict{scale}: {params / 1e6:.1f}M params + AdamW state, "
                   f"{size / MiB:.0f} MiB", r, size=size, spread=SPREAD, cpu=CPU)
         rep.md += [f"(GPT-2 figures: medians of {min(runs, 3)} runs)", ""]
-        rep.check("GPT-2 save, vs torch.save", "faster",
-                  f"{r['torch.save'] / r['tensorcanon save (file object)']:.2f}× faster",
-                  r["tensorcanon save (file object)"] < r["torch.save"])
+        q = r.ratio("torch.save", "tensorcanon save (file object)")
+        rep.check("GPT-2 save, vs torch.save", "faster", f"{q:.2f}× faster", q > 1)
         rep.info("GPT-2 eager load (verify), vs torch.load (no target)",
-                 f"{r['torch.load'] / r['tensorcanon load (verify=True)']:.2f}× as fast",
+                 f"{r.ratio('torch.load', 'tensorcanon load (verify=True)'):.2f}× as fast",
                  f"raw read into fresh buffers takes {fmt_t(r['raw read (fresh buffers)'])} here")
-        g_tc = r["tensorcanon load(mmap=True) (verified) + read every page"]
         rep.info("GPT-2 load(mmap=True), verified, + read every page, vs torch.load(mmap=True) + read every "
-                 "page (no target)", f"{r['torch.load(mmap=True) + read every page'] / g_tc:.2f}× as fast",
+                 "page (no target)", f"{r.ratio('torch.load(mmap=True) + read every page', tc_mm):.2f}× as fast",
                  f"safetensors load_file + read every page: {fmt_t(r['safetensors load_file + read every page'])}")
         gpu_obj = obj
 
@@ -767,11 +787,10 @@ def main(argv=None) -> int:
         # 5. lazy open
         r = lazy_open_bench(bench, lazy_n)
         rep.table(f"Lazy open: read 1 tensor of {lazy_n} (medians of {max(runs, 41)} rounds)", r)
-        st1 = r["safetensors safe_open + get_tensor 1"]
         for how in ("path", "name"):
-            t1 = r[f"tensorcanon.open + read 1 by {how} (verified)"]
+            q = r.ratio(f"tensorcanon.open + read 1 by {how} (verified)", "safetensors safe_open + get_tensor 1")
             rep.check(f"lazy open + read 1 of {lazy_n} by {how} (verified), vs safe_open + get_tensor",
-                      "≤ 3×", f"{t1 / st1:.2f}×", t1 <= 3 * st1,
+                      "≤ 3×", f"{q:.2f}×", q <= 3,
                       "open proves the manifest authentic (digest) and outlines it; the read proves that "
                       "tensor's row, header entry and bytes; the whole file is checked when keys(), len "
                       "or iteration need it" if how == "path" else "")
@@ -791,11 +810,17 @@ def main(argv=None) -> int:
             rep.md += ["### GPU (CUDA)", "", "not run: no GPU on this machine", ""]
             print("GPU: not run: no GPU", flush=True)
         else:
-            rep.table("GPU: GPT-2 state on CUDA", g, size=size)
-            ts, tt = g["tensorcanon save (cuda, file object)"], g["torch.save (cuda)"]
-            rep.check("CUDA save, vs torch.save", "≥ 2× faster", f"{tt / ts:.2f}× faster", tt >= 2 * ts)
-            tl, sl = g["tensorcanon load map_location=cuda (verify)"], g["safetensors load_file device=cuda"]
-            rep.check("CUDA load, vs safetensors device=cuda", "≤ 1× (as fast or faster)", f"{tl / sl:.2f}×", tl <= sl)
+            saves, loads = g
+            rep.table(f"GPU ({torch.cuda.get_device_name(0)}): GPT-2 state saved from CUDA", saves,
+                      size=size, spread=SPREAD, cpu=CPU)
+            rep.table(f"GPU ({torch.cuda.get_device_name(0)}): GPT-2 state loaded onto CUDA", loads,
+                      size=size, spread=SPREAD, cpu=CPU)
+            q = saves.ratio("torch.save (cuda)", "tensorcanon save (cuda, file object)")
+            rep.check("CUDA save, vs torch.save", "≥ 2× faster", f"{q:.2f}× faster", q >= 2)
+            q = loads.ratio("tensorcanon load map_location=cuda (verify)", "safetensors load_file device=cuda")
+            rep.check("CUDA load (verified), vs safetensors load_file(device=\"cuda\")", "≤ 1×", f"{q:.2f}×", q <= 1)
+            q = loads.ratio("torch.load map_location=cuda", "tensorcanon load map_location=cuda (verify)")
+            rep.info("CUDA load (verified), vs torch.load(map_location=\"cuda\")", f"{q:.2f}× as fast")
         del obj, gpu_obj
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -824,8 +849,12 @@ def main(argv=None) -> int:
     head = [
         "# tensorcanon benchmark results", "",
         f"Generated by `{command}` on {now} ({elapsed:.0f} s). Medians of {runs} runs in one "
-        f"process, taken in rounds (every operation once, then again); files on {filesystem_of(tmp)}, "
-        "page cache warm. Targets: issue 15, which revised issue 5's (see \"Why these targets\"). "
+        f"process, taken in rounds (every operation once, then again, each round starting one operation "
+        f"later than the one before); files on {filesystem_of(tmp)}, page cache warm. A ratio between two "
+        "operations timed in the same rounds is the median of their per-round ratios, so a slow stretch "
+        "of the machine, which slows every operation of its rounds, cancels out of it (a ratio of two "
+        "medians could take them from different stretches). Targets: issue 15, which revised issue 5's "
+        "(see \"Why these targets\"). "
         f"Load average (1, 5, 15 min) before the run: {load_before}; after it: {load_after}. \"CPU time\" "
         "is this process's, all threads together: above the median, an operation used more than one core. "
         "\"Rounds disturbed\": rounds in which other processes on the machine used half a core or more "
@@ -839,9 +868,10 @@ def main(argv=None) -> int:
         "software does, which is what the ratios to raw I/O are about (`--dir` chooses). One effect "
         "remains: memory the VM has not touched recently is slow to fault in, so any operation that "
         "fills freshly allocated pages (a write to a new file, a load into new buffers) sometimes "
-        "takes 1-2 s instead of 0.3 s. Rounds spread these outliers over all operations and the "
-        "median drops them, but a single ratio can still be off by tens of percent; rerun before "
-        "reading much into one.", "",
+        "takes 1-2 s instead of 0.3 s. Rounds spread these outliers over all operations, the "
+        "median drops them and per-round ratios cancel the slower stretches, but the fastest – "
+        "slowest columns show how far one run can stray; rerun before reading much into a ratio "
+        "within a few percent of its target.", "",
         "## Machine", "",
         *[f"- {k}: {v}" for k, v in info.items()], "",
         "## Targets", "",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -26,3 +27,20 @@ def test_quick_benchmark_run_writes_every_section(tmp_path):
     assert "| save large, vs raw write | ≤ 1.1× |" in text
     assert "| lazy open + read 1 of 1000 by path (verified), vs safe_open + get_tensor | ≤ 3× |" in text
     assert [p.name for p in tmp_path.iterdir()] == ["RESULTS.md"], "the harness must clean up its files"
+
+
+def test_rounds_rotate_and_ratios_pair_rounds(monkeypatch):
+    """Each round starts one operation later, and a ratio is the median of per-round ratios."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # run.py puts benchmarks/ on it; undone after
+    spec = importlib.util.spec_from_file_location("tc_bench_run", os.path.join(ROOT, "benchmarks", "run.py"))
+    bench_run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_run)
+    calls = []
+    ops = {name: (lambda n=name: calls.append(n)) for name in ("a", "b", "c")}
+    timings = bench_run.interleaved_medians(ops, 4)
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert all(len(ts) == 4 for ts in timings.rounds.values())
+    # ratios pair the rounds: a round twice as slow for both cancels out
+    fake = bench_run.Timings({}, {"x": [1.0, 2.0, 10.0], "y": [2.0, 4.0, 8.0]})
+    assert fake.ratio("x", "y") == 0.5  # per round: 0.5, 0.5, 1.25
+    assert fake.ratio("y", "x") == 2.0
