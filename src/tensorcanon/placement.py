@@ -63,6 +63,11 @@ def _available(device: torch.device) -> tuple[bool, str]:
     return ok and (device.index or 0) < count, have
 
 
+def device_exists(device: torch.device) -> bool:
+    """Whether ``device`` (its type, and its index where given) exists on this machine."""
+    return _available(device)[0]
+
+
 def check_device(device: torch.device, recorded: str, map_location: Any, where: Callable[[], str]) -> None:
     """Raise :class:`DeviceUnavailableError` when ``device`` does not exist on this machine.
 

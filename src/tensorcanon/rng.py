@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import devices, paths, tree
+from . import devices, paths, placement, tree
 from .errors import DeviceUnavailableError, TensorCanonError
 
 __all__ = ["RngState", "RngRestoreError", "RngRestoreWarning"]
@@ -239,17 +239,6 @@ def _check_torch_state(device: Any, state: Any) -> str | None:
 
 def _u8(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-def _device_available(dev: torch.device) -> bool:
-    if dev.type == "cpu":
-        return True
-    mod = getattr(torch, dev.type, None)
-    if mod is None or not mod.is_available():
-        return False
-    if dev.type == "mps":
-        return True
-    return dev.index is None or dev.index < mod.device_count()
 
 
 # --------------------------------------------------------------------------- encoders
@@ -463,7 +452,7 @@ def _dec_torch(dec: tree.Decoder, node: list, depth: int) -> torch.Generator | N
     if not dec.build_objects:
         return None
     dev = torch.device(device)
-    if not _device_available(dev):
+    if not placement.device_exists(dev):
         where = paths.join(tuple(dec._path))
         raise DeviceUnavailableError(
             f"a torch.Generator at {where} was saved on {device}, which this machine does not have; "

@@ -12,6 +12,7 @@ from ..data import ResumableSampler
 from ..determinism import DeterminismSettings, DeterminismWarning
 from ..errors import UnsupportedTypeError
 from ..limits import DEFAULT, Limits
+from ..placement import device_exists
 
 
 def sampler_of(loader: Any) -> ResumableSampler | None:
@@ -58,14 +59,4 @@ def apply_settings(saved: DeterminismSettings, apply: bool) -> None:
 def cpu_when_missing(tensor: torch.Tensor, recorded: str) -> torch.Tensor | None:
     """``map_location`` callable: tensors recorded on a device this machine lacks go to
     the CPU (as Lightning's and accelerate's loaders do); the others keep their device."""
-    device = torch.device(recorded)
-    if device.type == "cpu":
-        return None
-    if device.type == "cuda":
-        ok = torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()
-    elif device.type == "mps":
-        ok = torch.backends.mps.is_available()
-    else:
-        backend = getattr(torch, device.type, None)
-        ok = bool(getattr(backend, "is_available", lambda: False)())
-    return None if ok else tensor
+    return None if device_exists(torch.device(recorded)) else tensor
