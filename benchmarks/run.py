@@ -495,7 +495,7 @@ def lazy_bytes_hashed(bench: Bench, count: int) -> int:
     p = bench.path("lazy_count.st")
     tensorcanon.save(obj, p)
     seen = [0]
-    real = digest_module.tensor_hasher
+    real = digest_module.constructor  # every tensor hasher is made through it
 
     class Counting:
         def __init__(self, h):
@@ -508,12 +508,12 @@ def lazy_bytes_hashed(bench: Bench, count: int) -> int:
         def digest(self):
             return self.h.digest()
 
-    digest_module.tensor_hasher = lambda *a: Counting(real(*a))
+    digest_module.constructor = lambda algorithm: lambda prefix: Counting(real(algorithm)(prefix))
     try:
         with tensorcanon.open(p) as f:
             f[f"$[\"layer{count // 2:04d}\"]"]
     finally:
-        digest_module.tensor_hasher = real
+        digest_module.constructor = real
         bench.rm("lazy_count.st")
     return seen[0]
 

@@ -34,12 +34,13 @@ def torch_dtypes(*names: str) -> list:
 def count_hashed_bytes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Make every tensor hasher record the size of each piece it hashes; the list they append to.
 
-    (Patched where the reader and the lazy index look it up: ``tensorcanon.digest.tensor_hasher``.)
+    (Patched where every tensor hasher is made: ``tensorcanon.digest.constructor``; a reader
+    opened before the call keeps the hashers it made.)
     """
     from tensorcanon import digest
 
     hashed: list[int] = []
-    real = digest.tensor_hasher
+    real = digest.constructor
 
     class Counting:
         def __init__(self, h):
@@ -52,5 +53,5 @@ def count_hashed_bytes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         def digest(self):
             return self.h.digest()
 
-    monkeypatch.setattr(digest, "tensor_hasher", lambda *a: Counting(real(*a)))
+    monkeypatch.setattr(digest, "constructor", lambda algorithm: lambda prefix: Counting(real(algorithm)(prefix)))
     return hashed

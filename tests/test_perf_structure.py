@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 import tensorcanon
-from tensorcanon import reader, writer
+from tensorcanon import digest
 
 MiB = 1 << 20
 
@@ -33,10 +33,11 @@ class _CountingHasher:
         return self.real.digest()
 
 
-def _count_hashing(monkeypatch, module):
+def _count_hashing(monkeypatch):
     log: list[int] = []
-    real = module.digest.tensor_hasher
-    monkeypatch.setattr(module.digest, "tensor_hasher", lambda *a: _CountingHasher(real(*a), log))
+    real = digest.constructor
+    monkeypatch.setattr(digest, "constructor",
+                        lambda algorithm: lambda prefix: _CountingHasher(real(algorithm)(prefix), log))
     return log
 
 
@@ -48,7 +49,7 @@ def _obj():
 def test_each_tensor_hashed_once_when_saving_to_a_seekable_target(monkeypatch, tmp_path):
     obj = _obj()
     sizes = sorted([4000, 4800, 308, 6, 0])
-    log = _count_hashing(monkeypatch, writer)
+    log = _count_hashing(monkeypatch)
     tensorcanon.save(obj, tmp_path / "x.st")
     assert sorted(log) == sizes
     log.clear()
@@ -59,7 +60,7 @@ def test_each_tensor_hashed_once_when_saving_to_a_seekable_target(monkeypatch, t
 def test_each_tensor_hashed_once_when_loading(monkeypatch, tmp_path):
     p = tmp_path / "x.st"
     tensorcanon.save(_obj(), p)
-    log = _count_hashing(monkeypatch, reader)
+    log = _count_hashing(monkeypatch)
     tensorcanon.load(p)
     assert sorted(log) == sorted([4000, 4800, 308, 6, 0])
     log.clear()
@@ -160,7 +161,7 @@ def test_a_large_save_to_a_file_hashes_on_a_second_thread_with_the_same_bytes(tm
     obj = {f"t{i}": torch.rand(1 << 20, generator=g) for i in range(6)}  # 24 MiB
     obj["small"] = torch.ones(5)
     threads: set[str] = set()
-    log = _count_hashing(monkeypatch, writer)
+    log = _count_hashing(monkeypatch)
     real_update = _CountingHasher.update
 
     def update(self, data):

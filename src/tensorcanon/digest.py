@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import xxhash
@@ -71,18 +72,40 @@ def tensor_prefix(dtype_name: str, shape: tuple[int, ...] | list[int]) -> bytes:
     return f"{dtype_name}[{','.join(map(str, shape))}]".encode("ascii")
 
 
-def tensor_hasher(dtype_name: str, shape: tuple[int, ...] | list[int], algorithm: str = DEFAULT,
-                  prefix: bytes | None = None) -> Hasher:
-    """A streaming hasher (``update``, ``digest``) already fed with the tensor's dtype and shape.
+def constructor(algorithm: str) -> Callable[[bytes], Hasher]:
+    """The hash object constructor of ``algorithm`` (called with the first bytes to hash). Every
+    tensor hasher is made through it: wrap it to watch what is hashed (the tests do)."""
+    new: Callable[[bytes], Hasher] = hashlib.sha256 if check(algorithm) == "sha256" else xxhash.xxh3_128
+    return new
 
-    ``prefix``, when given, is :func:`tensor_prefix` of the same dtype and shape,
-    computed once by a caller that hashes many tensors of one shape.
+
+def tensor_hasher(dtype_name: str, shape: tuple[int, ...] | list[int], algorithm: str = DEFAULT) -> Hasher:
+    """A streaming hasher (``update``, ``digest``) already fed with the tensor's dtype and shape
+    (:class:`Hashers` makes them for many tensors)."""
+    return constructor(algorithm)(tensor_prefix(dtype_name, shape))
+
+
+class Hashers:
+    """Makes tensor hashers (:func:`tensor_hasher`) for one file's tensors, building each (dtype, shape)
+    prefix once: a file of many tensors has few distinct shapes.
+
+    Shapes must be tuples of ints (as torch gives them and the reader validates
+    them): as a key, ``(True,)`` would pass for ``(1,)``.
     """
-    if prefix is None:
-        prefix = tensor_prefix(dtype_name, shape)
-    if check(algorithm) == "sha256":
-        return hashlib.sha256(prefix)
-    return xxhash.xxh3_128(prefix)
+
+    __slots__ = ("algorithm", "_new", "_prefixes")
+
+    def __init__(self, algorithm: str) -> None:
+        self.algorithm = check(algorithm)
+        self._new = constructor(algorithm)
+        self._prefixes: dict[tuple[str, tuple[int, ...]], bytes] = {}
+
+    def __call__(self, dtype_name: str, shape: tuple[int, ...]) -> Hasher:
+        key = (dtype_name, shape)
+        prefix = self._prefixes.get(key)
+        if prefix is None:
+            prefix = self._prefixes[key] = tensor_prefix(dtype_name, shape)
+        return self._new(prefix)
 
 
 def manifest_digest(manifest: bytes, algorithm: str = DEFAULT) -> bytes:

@@ -100,7 +100,7 @@ class CheckedFile:
         self.rows: list[TensorInfo] = (
             self.manifest.tensors if self.manifest is not None else _plain_rows(self.header))
         self._decoder: Decoder | None = None
-        self._prefixes: dict[tuple, bytes] = {}
+        self._hashers = digest.Hashers(self.manifest.algorithm) if self.manifest is not None else None
         self._ordered: list[TensorInfo] | None = None
         self._run_buf: bytearray | None = None
         self._run_view: memoryview | None = None
@@ -243,13 +243,9 @@ class CheckedFile:
         return buf, mv
 
     def _hasher(self, info: TensorInfo, verify: bool) -> Any:
-        if not verify or self.manifest is None:
+        if not verify or self._hashers is None:
             return None
-        key = (info.dtype.name, info.shape)  # validated ints: no (True,) posing as (1,)
-        prefix = self._prefixes.get(key)
-        if prefix is None:
-            prefix = self._prefixes[key] = digest.tensor_prefix(*key)
-        return digest.tensor_hasher(info.dtype.name, info.shape, self.manifest.algorithm, prefix)
+        return self._hashers(info.dtype.name, info.shape)  # validated ints: no (True,) posing as (1,)
 
     def _check(self, info: TensorInfo, hasher: Any) -> None:
         if hasher is None:
@@ -344,19 +340,16 @@ class CheckedFile:
         assert view is not None
         start = self.src.pos
         got = self.src.fill(view[:total])
-        check = verify and self.manifest is not None
-        algorithm = self.manifest.algorithm if check else ""  # type: ignore[union-attr]
-        copied, pos, prefixes, hasher = tensorbytes.copied, 0, self._prefixes, digest.tensor_hasher
+        hashers = self._hashers if verify else None
+        copied, pos = tensorbytes.copied, 0
         for k in range(i, j):
             info = rows[k]
             m = info.end - info.begin
             if pos + m > got:
                 raise FormatError(f"file ends inside the data of tensor {info.name!r}: {pos + m - got} "
                                   "bytes missing", offset=start + got)
-            if check:  # _check_bytes, inline: the hot loop of loading many small tensors
-                key = (info.dtype.name, info.shape)
-                prefix = prefixes.get(key) or prefixes.setdefault(key, digest.tensor_prefix(*key))
-                h = hasher(key[0], key[1], algorithm, prefix)
+            if hashers is not None:  # _check_bytes, inline: the hot loop of loading many small tensors
+                h = hashers(info.dtype.name, info.shape)
                 h.update(view[pos : pos + m])
                 if h.digest() != info.digest:
                     raise self.integrity_error(info, h.digest())

@@ -42,7 +42,7 @@ class Plan:
     version: int = manifest.VERSION
 
     _packed: manifest.Packed | None = None  # the manifest, packed once; only digests change
-    _prefixes: dict | None = None           # digest prefix of each (dtype, shape) seen
+    _hashers: digest.Hashers | None = None
 
     @property
     def layout(self) -> list[container.Entry]:
@@ -81,15 +81,11 @@ class Plan:
         self._first = (built, meta)
         return built, raw
 
-    def prefix(self, s: TensorSource) -> bytes:
-        """The digest prefix of ``s`` (dtype and shape), computed once per (dtype, shape)."""
-        if self._prefixes is None:
-            self._prefixes = {}
-        key = (s.dtype.name, s.shape)  # shapes here are tuples of ints from torch or numpy
-        found = self._prefixes.get(key)
-        if found is None:
-            found = self._prefixes[key] = digest.tensor_prefix(*key)
-        return found
+    def hasher(self, s: TensorSource) -> digest.Hasher:
+        """A hasher for ``s``, fed its dtype and shape (each (dtype, shape) prefix built once)."""
+        if self._hashers is None:
+            self._hashers = digest.Hashers(self.algorithm)
+        return self._hashers(s.dtype.name, s.shape)  # shapes here are tuples of ints from torch or numpy
 
     def file_digest(self, raw: bytes) -> str:
         """The file digest, as text, of manifest bytes ``raw``."""
@@ -249,7 +245,7 @@ def _hash(src: TensorSource, p: Plan, out: _Staging | None = None, lane: ThreadP
     GIL, so a save costs about what the write alone costs. (CUDA chunks come
     from a reused staging ring, so they are hashed here, before they are written.)
     """
-    h = digest.tensor_hasher(src.dtype.name, src.shape, p.algorithm, p.prefix(src))
+    h = p.hasher(src)
     chunks = _chunks(src)
     last = None
     try:
