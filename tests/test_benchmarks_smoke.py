@@ -41,6 +41,13 @@ def test_rounds_rotate_and_ratios_pair_rounds(monkeypatch):
     assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
     assert all(len(ts) == 4 for ts in timings.rounds.values())
     # ratios pair the rounds: a round twice as slow for both cancels out
-    fake = bench_run.Timings({}, {"x": [1.0, 2.0, 10.0], "y": [2.0, 4.0, 8.0]})
+    fake = bench_run.Timings({"x": [1.0, 2.0, 10.0], "y": [2.0, 4.0, 8.0]}, {"x": [1.0] * 3, "y": [2.0] * 3},
+                             {"x": 0, "y": 1})
+    assert fake["x"] == 2.0 and fake["y"] == 4.0  # medians
     assert fake.ratio("x", "y") == 0.5  # per round: 0.5, 0.5, 1.25
     assert fake.ratio("y", "x") == 2.0
+    # processes' rounds pool into one set: the ratio is over all of them
+    other = bench_run.Timings({"x": [3.0], "y": [1.0]}, {"x": [3.0], "y": [1.0]}, {"x": 1, "y": 0})
+    pooled = bench_run.Timings.pooled([fake.to_json(), other.to_json(), other.to_json()])
+    assert pooled.rounds["x"] == [1.0, 2.0, 10.0, 3.0, 3.0] and pooled.disturbed == {"x": 2, "y": 1}
+    assert pooled.ratio("x", "y") == 1.25  # per round: 0.5, 0.5, 1.25, 3, 3
