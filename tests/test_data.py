@@ -62,6 +62,23 @@ def test_track_finishes_the_epoch_and_the_next_iteration_is_the_next_epoch(drop_
     assert sum(again, []) == s.order(1)[: 8 if drop_last else 10] and s.epoch == 2
 
 
+def test_finish_epoch_moves_on_from_any_position_and_reseeds():
+    s = tensorcanon.ResumableSampler(_ids(10), seed=2)
+    s.advance(3)
+    s.finish_epoch()
+    assert (s.epoch, s.position, s.remaining) == (1, 0, 10)
+    assert list(s) == s.order(1)
+    fresh = tensorcanon.ResumableSampler(_ids(10), seed=2)
+    fresh.set_epoch(1)
+    assert s.generator.get_state().equal(fresh.generator.get_state())  # as if epoch 1 began normally
+    empty = tensorcanon.ResumableSampler(_ids(1), num_replicas=2, rank=1, drop_last=True)
+    assert len(empty) == 0 and empty.remaining == 0
+    empty.advance(empty.remaining)  # counting nothing finishes nothing
+    assert empty.epoch == 0
+    empty.finish_epoch()  # an empty shard's epoch still ends
+    assert (empty.epoch, empty.position) == (1, 0)
+
+
 def test_advance_to_the_end_moves_to_the_next_epoch():
     s = tensorcanon.ResumableSampler(_ids(10), seed=2)
     s.advance(6)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 import random
-from collections.abc import Iterator, Sized
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 import numpy as np
@@ -245,18 +245,33 @@ class ResumableSampler(Sampler[int]):
         """Count ``n`` more samples (of this rank) as consumed; what :meth:`track` does per batch.
 
         Counting the last sample of the epoch finishes it: the sampler moves to
-        the next epoch at position 0. ``advance(sampler.remaining)`` finishes the
-        epoch by hand (e.g. when a DataLoader with ``drop_last=True`` leaves a
-        partial batch unread).
+        the next epoch at position 0. :meth:`finish_epoch` finishes it by hand.
         """
         n = _as_count(n, "advance(n): n")
         self.position = min(self.position + n, len(self))
         if self.position == len(self) and n > 0:
-            self._finish_epoch()
+            self.finish_epoch()
 
-    def _finish_epoch(self) -> None:
+    def finish_epoch(self) -> None:
+        """Move to the next epoch at position 0, whatever is left of this one (e.g. the partial
+        batch a DataLoader with ``drop_last=True`` leaves unread, or the rest of an epoch a
+        training loop cut short)."""
         self.epoch, self.position = min(self.epoch + 1, U64), 0
         self._reseed()
+
+    def _count(self, batches: Iterable[Any], batch_size: int, epoch: int | None) -> Iterator[Any]:
+        """Yield ``batches``, counting each as ``batch_size`` samples of ``epoch`` (None: the
+        epoch the sampler is in when the first batch arrives, after the loader's own
+        ``set_epoch``); at the end, finish that epoch if counting did not (``drop_last``, or a
+        shard without a batch). What :meth:`track` and the integrations' ``track`` share."""
+        for batch in batches:
+            if epoch is None:
+                epoch = self.epoch
+            if self.epoch == epoch:
+                self.advance(batch_size)
+            yield batch
+        if epoch is not None and self.epoch == epoch:
+            self.finish_epoch()
 
     def track(self, loader: torch.utils.data.DataLoader) -> Iterator[Any]:
         """Iterate ``loader`` (built on this sampler), counting each batch as it is received.
@@ -278,13 +293,7 @@ class ResumableSampler(Sampler[int]):
         if bs is None:
             raise UsageError("track(loader) needs a DataLoader with batch_size set (not a batch_sampler)")
         self._reseed()  # the iterator's base seed depends on (seed, epoch, rank) only
-        epoch = self.epoch
-        for batch in loader:
-            if self.epoch == epoch:
-                self.advance(bs)
-            yield batch
-        if self.epoch == epoch:  # not finished by the last advance (drop_last, or an empty shard)
-            self._finish_epoch()
+        yield from self._count(loader, bs, self.epoch)
 
     # ------------------------------------------------------------------ state
 

@@ -308,16 +308,5 @@ def track(dataloader: Any) -> Iterator[Any]:
             "sampler cannot count this process's samples. Do not prepare() it: build "
             "ResumableSampler(ds, num_replicas=accelerator.num_processes, rank=accelerator.process_index) "
             "and register it with accelerator.register_for_checkpointing(sampler)")
-    epoch = None
-    for batch in dataloader:
-        if epoch is None:
-            epoch = sampler.epoch  # after the loader's own set_epoch (accelerate calls it in __iter__)
-        if sampler.epoch == epoch:
-            sampler.advance(bs)  # counting the epoch's last sample moves the sampler to the next epoch
-        yield batch
-    if epoch is None:  # an empty epoch
-        return
-    if sampler.epoch == epoch:  # not finished by counting (drop_last)
-        sampler.advance(sampler.remaining)
-        if sampler.epoch == epoch:
-            sampler.set_epoch(epoch + 1)
+    # The epoch is read at the first batch: accelerate calls the sampler's set_epoch in __iter__.
+    yield from sampler._count(dataloader, bs, None)

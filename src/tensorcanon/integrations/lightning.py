@@ -292,7 +292,7 @@ class ExactResume(pl.Callback):
         sampler.advance(self._batch_size)  # counting the epoch's last sample moves to the next epoch
         if sampler.epoch == epoch and batch_idx + 1 >= trainer.num_training_batches:
             # Lightning ends the epoch after this batch with samples left (drop_last, limit_train_batches)
-            sampler.advance(sampler.remaining)
+            sampler.finish_epoch()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._sampler is not None:
