@@ -5,9 +5,11 @@ Run from the repository root::
     python benchmarks/run.py            # full run, writes benchmarks/RESULTS.md
     python benchmarks/run.py --quick    # small sizes, a smoke test (writes RESULTS-quick.md)
 
-Every figure is a median of N runs taken in the same process, in the same run
-as the figures it is compared against, with the runs of all operations taken
-in rounds so that noise falls on all of them alike. Files go to a temp dir
+Every figure is a median of N runs taken in the same run as the figures it is
+compared against, with the runs of all operations taken in rounds so that noise
+falls on all of them alike, and every ratio a median of per-round ratios. The
+large saves run in fresh processes of their own, their rounds pooled (see
+``Bench.save_ops_in_processes``); everything else runs in one process. Files go to a temp dir
 under ``--dir`` (default: benchmarks/; the committed RESULTS.md uses tmpfs,
 ``--dir /dev/shm``, see its header for why). Peak memory is measured in a
 subprocess (ru_maxrss high-water mark minus the mark after the objects
@@ -250,17 +252,20 @@ class Bench:
         except FileNotFoundError:
             pass
 
-    def io_ops(self, obj, with_fsync: bool, with_gc_paused: bool = False, with_mmap: bool = True) -> dict:
+    def io_ops(self, obj, with_gc_paused: bool = False, with_mmap: bool = True) -> dict:
         """Time every save/load variant for one object; returns {op: seconds}. ``with_mmap=False``
-        leaves out the memory-mapped loads (:meth:`mmap_ops` times them in rounds of their own)."""
+        leaves out the memory-mapped loads (:meth:`mmap_ops` times them in rounds of their own).
+        The atomic saves to a path are in :meth:`save_ops`."""
         from safetensors.torch import load_file, save_file
 
         flat = {k: v.contiguous() for k, v in flat_tensors(obj).items()}
         r = {}
         P = self.path
 
-        def raw_write(sync=False):
-            raw_write_to(P("raw.bin"), sync)
+        def raw_write():
+            with open(P("raw.bin"), "wb") as f:
+                for t in flat.values():
+                    f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
 
         def raw_read():
             with open(P("raw.bin"), "rb", buffering=0) as f:
@@ -270,25 +275,6 @@ class Bench:
                     f.readinto(memoryview(b.numpy()))
                     out.append(b)
             return out
-
-        def raw_atomic():
-            fd, tmp = tempfile.mkstemp(prefix=".raw.", dir=self.tmp)  # a fresh name, as a real atomic writer uses
-            os.close(fd)
-            raw_write_to(tmp, True)
-            os.replace(tmp, P("raw.bin"))
-            fd = os.open(self.tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-        def raw_write_to(path, sync):
-            with open(path, "wb") as f:
-                for t in flat.values():
-                    f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
-                if sync:
-                    f.flush()
-                    os.fsync(f.fileno())
 
         def tc_save_file():
             with open(P("tc.file"), "wb") as f:
@@ -325,15 +311,8 @@ class Bench:
                     gc.enable()
             return run
 
-        ops = {"raw write": raw_write}
-        if with_fsync:
-            ops["raw write + fsync"] = lambda: raw_write(True)
-            ops["raw atomic write (new temp file + fsync + rename)"] = raw_atomic
-        ops["tensorcanon save (file object)"] = tc_save_file
-        if with_fsync:
-            ops["tensorcanon save (path: atomic + fsync)"] = lambda: tensorcanon.save(obj, P("tc.st"))
-        else:
-            tensorcanon.save(obj, P("tc.st"))
+        ops = {"raw write": raw_write, "tensorcanon save (file object)": tc_save_file}
+        tensorcanon.save(obj, P("tc.st"))
         ops.update({
             "torch.save": lambda: torch.save(obj, P("torch.pt")),
             "safetensors save_file": lambda: save_file(flat, P("st.st")),
@@ -357,36 +336,54 @@ class Bench:
 
 
     def save_ops(self, obj, runs: int) -> Timings:
-        """The large saves to an open file (raw write, tensorcanon, safetensors), timed in ``runs``
-        rounds of their own (:meth:`save_ops_in_processes` runs this in fresh processes)."""
+        """The large saves (raw write, tensorcanon, safetensors; to an open file, and atomically to
+        a path), timed in ``runs`` rounds of their own (:meth:`save_ops_in_processes` runs this
+        in fresh processes)."""
         from safetensors.torch import save_file
 
         P = self.path
         flat = {k: v.contiguous() for k, v in flat_tensors(obj).items()}
         views = [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in flat.values()]
 
-        def raw_write():
-            with open(P("raw.bin"), "wb") as f:
+        def raw_write_to(path, sync):
+            with open(path, "wb") as f:
                 for v in views:
                     f.write(v)
+                if sync:
+                    f.flush()
+                    os.fsync(f.fileno())
+
+        def raw_atomic():
+            fd, tmp = tempfile.mkstemp(prefix=".raw.", dir=self.tmp)  # a fresh name, as a real atomic writer uses
+            os.close(fd)
+            raw_write_to(tmp, True)
+            os.replace(tmp, P("raw.st"))
+            fd = os.open(self.tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
         def tc_save():
             with open(P("tc.file"), "wb") as f:
                 tensorcanon.save(obj, f)
 
         r = interleaved_medians({
-            "raw write": raw_write,
+            "raw write": lambda: raw_write_to(P("raw.bin"), False),
             "tensorcanon save (file object)": tc_save,
             "safetensors save_file": lambda: save_file(flat, P("st.st")),
+            "raw write + fsync": lambda: raw_write_to(P("raw.bin"), True),
+            "raw atomic write (new temp file + fsync + rename)": raw_atomic,
+            "tensorcanon save (path: atomic + fsync)": lambda: tensorcanon.save(obj, P("tc.st")),
         }, runs)
-        for name in ("raw.bin", "tc.file", "st.st"):
+        for name in ("raw.bin", "raw.st", "tc.file", "tc.st", "st.st"):
             self.rm(name)
         return r
 
     def save_ops_in_processes(self, large_mib: int, processes: int, runs: int) -> Timings:
         """:meth:`save_ops` in ``processes`` fresh processes, ``runs`` rounds each, pooled.
 
-        The three differ by a few percent, and so does one process from the next: where the
+        They differ by a few percent, and so does one process from the next: where the
         allocator and tmpfs happen to place each file's pages persists for a process's life and
         moves its ratios by up to ±5% (one process measured tensorcanon at 1.03× a raw write,
         the next at 1.11×). Rounds cannot cancel that; pooling the rounds of several processes
@@ -712,15 +709,16 @@ def main(argv=None) -> int:
         # 1. large tensors
         obj = large_tensors(large_mib)
         size = nbytes(obj)
-        r = bench.io_ops(obj, with_fsync=True, with_mmap=False)
+        r = bench.io_ops(obj, with_mmap=False)
         rep.table(f"Large: {large_mib} MiB in 128 float32 tensors", r, size=size, spread=SPREAD, cpu=CPU)
         sv_procs, sv_runs = (2, runs) if quick else (5, max(runs, 9))
         sv = bench.save_ops_in_processes(large_mib, sv_procs, sv_runs)
-        rep.table(f"Large saves to an open file: {large_mib} MiB in 128 tensors ({sv_procs} processes of "
+        rep.table(f"Large saves: {large_mib} MiB in 128 tensors ({sv_procs} processes of "
                   f"their own, {sv_runs} rounds each)", sv, size=size, spread=SPREAD, cpu=CPU)
         tc_raw = sv.ratio("tensorcanon save (file object)", "raw write")
         rep.check("save large, vs raw write", "≤ 1.1×", f"{tc_raw:.2f}×", tc_raw <= 1.1)
-        atomic = r.ratio("tensorcanon save (path: atomic + fsync)", "raw atomic write (new temp file + fsync + rename)")
+        atomic = sv.ratio("tensorcanon save (path: atomic + fsync)",
+                          "raw atomic write (new temp file + fsync + rename)")
         rep.check("save large to a path (atomic), vs raw atomic write", "≤ 1.1×", f"{atomic:.2f}×", atomic <= 1.1)
         vs_torch = r.ratio("torch.save", "tensorcanon save (file object)")  # (timed in the table above only)
         rep.check("save large, vs torch.save", "faster", f"{vs_torch:.2f}× faster", vs_torch > 1)
@@ -770,7 +768,7 @@ def main(argv=None) -> int:
 
         # 2. small tensors
         obj = small_tensors(small_n)
-        r = bench.io_ops(obj, with_fsync=False, with_gc_paused=True)
+        r = bench.io_ops(obj, with_gc_paused=True)
         rep.table(f"Small: {small_n} tensors of 1 KiB", r, per=small_n, spread=SPREAD, cpu=CPU)
         us = lambda key: r[key] / small_n * 1e6  # noqa: E731
         sv, sv_st = us("tensorcanon save (file object)"), us("safetensors save_file")
@@ -798,15 +796,15 @@ def main(argv=None) -> int:
         # 3. GPT-2 small + AdamW
         obj = gpt2_state(gpt_layers, vocab=5000, ctx=256) if quick else gpt2_state(gpt_layers)
         size = nbytes(obj)
-        bench.runs = min(runs, 3)  # the largest workload: 3 runs keep the whole run short
-        r = bench.io_ops(obj, with_fsync=False)
+        bench.runs = min(runs, 5)  # the largest workload: 5 runs keep the whole run short
+        r = bench.io_ops(obj)
         bench.runs = runs
         params = sum(t.numel() for t in obj["model"].values())
         scale = "" if gpt_layers == 12 and not quick else \
             f" (scaled down: {gpt_layers} of 12 blocks{', vocab 5000, context 256' if quick else ''})"
         rep.table(f"GPT-2-small-shaped state_dict{scale}: {params / 1e6:.1f}M params + AdamW state, "
                   f"{size / MiB:.0f} MiB", r, size=size, spread=SPREAD, cpu=CPU)
-        rep.md += [f"(GPT-2 figures: medians of {min(runs, 3)} runs)", ""]
+        rep.md += [f"(GPT-2 figures: medians of {min(runs, 5)} runs)", ""]
         q = r.ratio("torch.save", "tensorcanon save (file object)")
         rep.check("GPT-2 save, vs torch.save", "faster", f"{q:.2f}× faster", q > 1)
         rep.info("GPT-2 eager load (verify), vs torch.load (no target)",
@@ -886,8 +884,9 @@ def main(argv=None) -> int:
     head = [
         "# tensorcanon benchmark results", "",
         f"Generated by `{command}` on {now} ({elapsed:.0f} s). Medians of {runs} runs in one "
-        f"process, taken in rounds (every operation once, then again, each round starting one operation "
-        f"later than the one before); files on {filesystem_of(tmp)}, page cache warm. A ratio between two "
+        "process (the large saves: of several processes, as their table says), taken in rounds (every "
+        "operation once, then again, each round starting one operation later than the one before); "
+        f"files on {filesystem_of(tmp)}, page cache warm. A ratio between two "
         "operations timed in the same rounds is the median of their per-round ratios, so a slow stretch "
         "of the machine, which slows every operation of its rounds, cancels out of it (a ratio of two "
         "medians could take them from different stretches). Targets: issue 15, which revised issue 5's "
