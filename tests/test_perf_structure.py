@@ -12,10 +12,11 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import digest
+from tensorcanon import digest, writer
 
 MiB = 1 << 20
 
@@ -178,3 +179,89 @@ def test_a_large_save_to_a_file_hashes_on_a_second_thread_with_the_same_bytes(tm
     assert p.read_bytes() == tensorcanon.dumps(obj)
     assert tensorcanon.save(obj, tmp_path / "atomic.st") == digest
     assert (tmp_path / "atomic.st").read_bytes() == p.read_bytes()
+
+
+def _big():
+    g = torch.Generator().manual_seed(5)
+    return {f"t{i}": torch.rand(1 << 20, generator=g) for i in range(6)}  # 24 MiB: hashed on the lane
+
+
+def _hash_threads():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name.startswith("tensorcanon-hash")]
+
+
+def test_the_hashing_thread_stays_at_most_two_tensors_behind(tmp_path, monkeypatch):
+    # A hash slower than the write makes the writer wait: no more than two tensors (and so no more
+    # than two copies of non-contiguous ones) are handed over and not yet hashed.
+    import time
+
+    obj = {k: v.reshape(1024, 1024).t() for k, v in _big().items()}  # not contiguous: copied to write
+    handed, hashed, behind = [0], [0], []
+    real = digest.constructor
+
+    class Slow:
+        def __init__(self, h):
+            self.h = h
+
+        def update(self, data):
+            time.sleep(0.05)  # far slower than writing 4 MiB
+            self.h.update(data)
+
+        def digest(self):
+            hashed[0] += 1
+            return self.h.digest()
+
+    monkeypatch.setattr(digest, "constructor", lambda algorithm: lambda prefix: Slow(real(algorithm)(prefix)))
+    real_hash = writer._Lane.hash
+
+    def hash_(self, src, h, data):
+        real_hash(self, src, h, data)
+        handed[0] += 1
+        behind.append(handed[0] - hashed[0])
+
+    monkeypatch.setattr(writer._Lane, "hash", hash_)
+    with open(tmp_path / "slow.st", "wb") as f:
+        tensorcanon.save(obj, f)
+    monkeypatch.undo()
+    assert len(behind) == 6 and max(behind) == 2  # the slow lane did fall behind, by two at most
+    assert (tmp_path / "slow.st").read_bytes() == tensorcanon.dumps(obj)
+    assert _hash_threads() == []
+
+
+def test_an_error_on_the_hashing_thread_fails_the_save_and_leaves_no_thread(tmp_path, monkeypatch):
+    real = digest.constructor
+
+    class Broken:
+        def __init__(self, h):
+            self.h = h
+
+        def update(self, data):
+            if memoryview(data).nbytes > 1 << 20:
+                raise MemoryError("hash failed")
+            self.h.update(data)
+
+        def digest(self):
+            return self.h.digest()
+
+    monkeypatch.setattr(digest, "constructor", lambda algorithm: lambda prefix: Broken(real(algorithm)(prefix)))
+    with open(tmp_path / "x.st", "wb") as f, pytest.raises(MemoryError, match="hash failed"):
+        tensorcanon.save(_big(), f)
+    assert _hash_threads() == []
+
+
+def test_an_error_while_writing_waits_for_the_hashing_thread_and_is_the_one_raised(tmp_path, monkeypatch):
+    real = writer._write_all
+    calls = [0]
+
+    def failing(f, data):
+        calls[0] += 1
+        if calls[0] == 4:  # the reserved header, then the third tensor
+            raise OSError(28, "No space left on device")
+        real(f, data)
+
+    monkeypatch.setattr(writer, "_write_all", failing)
+    with open(tmp_path / "x.st", "wb") as f, pytest.raises(OSError, match="No space left"):
+        tensorcanon.save(_big(), f)
+    assert _hash_threads() == []
