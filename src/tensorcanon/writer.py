@@ -449,13 +449,16 @@ def remove_files(folder: str, which: Callable[[str], bool]) -> list[str]:
     return removed
 
 
-def replace_atomically(path: str | os.PathLike, fill: Callable[[BinaryIO, str], _T]) -> _T:
+def replace_atomically(path: str | os.PathLike, fill: Callable[[BinaryIO, str], _T],
+                       named: Callable[[_T], str] | None = None) -> _T:
     """Create the file at ``path`` all at once and return what ``fill`` returns.
 
     ``fill(f, tmp)`` writes a temp file beside ``path``, through the open binary
     file ``f`` or by its path ``tmp``; the temp file is then flushed, fsynced,
     given the usual permissions and renamed over ``path``, and the folder is
-    fsynced last.
+    fsynced last. With ``named``, the file is renamed to ``named(result)`` in
+    the same folder instead (a name known only once the file is written, such
+    as one made from its digest); ``path`` then only names the temp file.
 
     A crash at any point leaves the previous file at ``path`` untouched; at
     worst a ``.<name>.<pid>.*.tensorcanon-tmp`` file remains beside it, which
@@ -484,7 +487,7 @@ def replace_atomically(path: str | os.PathLike, fill: Callable[[BinaryIO, str], 
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        os.replace(tmp, path if named is None else os.path.join(folder, named(result)))
     except BaseException as e:
         try:
             os.unlink(tmp)

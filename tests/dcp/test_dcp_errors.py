@@ -359,3 +359,25 @@ def test_a_rank_that_fails_to_write_does_not_leave_the_others_waiting(tmp_path, 
     errors = _save_errors(3, lambda r: sharded_state(3, r), str(tmp_path / "flaky"))
     assert all(isinstance(e, OSError) and "simulated on rank 1" in str(e) for e in errors), errors
     assert not os.path.exists(os.path.join(str(tmp_path / "flaky"), layout.INDEX_NAME))
+
+
+def test_a_rank_file_appears_under_its_content_name_in_one_rename(tmp_path, monkeypatch):
+    """The temp file is renamed once, straight to the name made from its digest: no name in
+    between that a crash could leave behind, and one folder fsync per rank file."""
+    import tensorcanon.dcp.writer as w
+
+    renames = []
+    real = os.replace
+
+    def recording(src, dst):
+        renames.append((os.path.basename(src), os.path.basename(dst)))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", recording)
+    state = {"w": torch.arange(6.0), "step": 3}
+    digest, per_key = w.write_rank_file(str(tmp_path), 1, 2, state, "xxh3-128", tensorcanon.Limits())
+    assert [dst for _, dst in renames] == [layout.rank_file_name(1, 2, digest)]
+    assert renames[0][0].startswith("..rank-00001-of-00002.") and renames[0][0].endswith(".tensorcanon-tmp")
+    assert os.listdir(tmp_path) == [layout.rank_file_name(1, 2, digest)]
+    assert tensorcanon.verify(tmp_path / layout.rank_file_name(1, 2, digest)) == digest
+    assert set(per_key) == {"w"}

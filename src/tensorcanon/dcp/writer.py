@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +49,6 @@ from .staging import staged_copy
 
 OUTCOME_FQN = "@tensorcanon.rank"  # the WriteResult that carries a rank's file digest
 LOGICAL_DIGEST = "tensorcanon.logical_digest"  # key in the Metadata.storage_data every rank gets back
-_PARTIAL_RE = re.compile(r"\.rank-\d{5,}-of-\d{5,}\.partial\Z")
 
 
 @dataclass
@@ -308,14 +306,14 @@ def write_rank_file(folder: str, rank: int, world: int, obj: dict, algorithm: st
                     limits: Limits) -> tuple[str, dict[str, bytes]]:
     """Write one rank's file; return its digest and each top-level tensor's digest by key.
 
-    Written whole under a temporary name first (writer.write_atomic), then renamed to its
-    content name, so a crash never leaves a partial file under a name an index could use.
+    Written whole under a temporary name, then renamed to its content name (one rename, one
+    folder fsync: writer.replace_atomically), so a crash never leaves a partial file under a
+    name an index could use.
     """
     p = writer.plan(obj, None, limits, algorithm)
-    partial = os.path.join(folder, f".rank-{rank:05d}-of-{world:05d}.partial")
-    file_digest = writer.write_atomic(p, partial)
-    os.replace(partial, os.path.join(folder, layout.rank_file_name(rank, world, file_digest)))
-    _fsync_dir(folder)
+    file_digest = writer.replace_atomically(
+        os.path.join(folder, f".rank-{rank:05d}-of-{world:05d}"),  # names the temp file only
+        lambda f, tmp: writer.write(p, f), named=lambda digest: layout.rank_file_name(rank, world, digest))
     digests = {}
     root = p.root  # ["dict", key, node, key, node, ...]
     for i in range(1, len(root) - 1, 2):
@@ -323,19 +321,6 @@ def write_rank_file(folder: str, rank: int, world: int, obj: dict, algorithm: st
         if type(node) is list and node and node[0] == "tensor":
             digests[root[i]] = p.tensors[node[1]].digest
     return file_digest, digests
-
-
-def _fsync_dir(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, digests: list,
@@ -372,9 +357,8 @@ def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, d
 
 
 def remove_unreferenced(folder: str, keep: set[str]) -> list[str]:
-    """After an index is committed: delete rank files it does not name, and partial files."""
-    return writer.remove_files(folder, lambda name: bool(
-        (layout.RANK_FILE_RE.fullmatch(name) and name not in keep) or _PARTIAL_RE.fullmatch(name)))
+    """After an index is committed: delete rank files it does not name."""
+    return writer.remove_files(folder, lambda name: bool(layout.RANK_FILE_RE.fullmatch(name) and name not in keep))
 
 
 __all__ = ["Writer", "LOGICAL_DIGEST", "TensorCanonError"]
