@@ -163,6 +163,8 @@ def test_lockfile_rejects_other_versions_and_duplicates():
         lockfile.parse_lock(f"tensorcanon-lock 1\n{line}\n{line}\n")
     with pytest.raises(FormatError, match="line 2"):
         lockfile.parse_lock("tensorcanon-lock 1\nxxh3-128:00 4 a\n")
+    with pytest.raises(FormatError, match="line 2"):  # Python refuses int() of over 4,300 digits
+        lockfile.parse_lock(f"tensorcanon-lock 2\nxxh3-128:{'0' * 32} {'1' * 5000} a\n")
     entries = lockfile.parse_lock(f"tensorcanon-lock 1\r\n{line}\r\n")  # checked out with CRLF
     assert entries == [lockfile.LockEntry("a.safetensors", "xxh3-128:" + "0" * 32, 4)]
     assert lockfile.format_lock(entries) == f"tensorcanon-lock 2\n{line}\n"

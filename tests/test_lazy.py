@@ -107,6 +107,9 @@ def test_keys_render_every_key_type_as_error_paths_do(tmp_path):
         assert set(f.keys()) == {paths.join(((1, "a"),)), paths.join((3, "w")), paths.join((b"k", 0))}
         assert torch.equal(f[paths.join(((1, "a"),))], torch.zeros(1))
         assert torch.equal(f[paths.join((b"k", 0))], t)
+        with pytest.raises(KeyError):  # no path writes an int of 5,000 digits (beyond 64 bits: hex)
+            f[f"$[{'3' * 5000}][\"w\"]"]
+        assert torch.equal(f[paths.join((3, "w"))], t) and paths.join((2**70,)) == "$[0x400000000000000000]"
 
 
 # ----------------------------------------------------------------- what open proves, and when

@@ -223,7 +223,7 @@ class QuickIndex:
             raise NotQuick
         close = raw.find(b"]", where + len(key))
         numbers = raw[where + len(key) : close].split(b",")
-        if len(numbers) != 2 or not all(n.isdigit() for n in numbers):
+        if len(numbers) != 2 or not all(n.isdigit() and len(n) <= 20 for n in numbers):  # 20: < 2**64
             raise NotQuick
         begin, end = int(numbers[0]), int(numbers[1])
         dt = info.dtype
@@ -267,6 +267,8 @@ def _parse_path(key: str) -> tuple | None:
                 out.append(json.loads(text))
             except ValueError:
                 return None
+        elif len(text) > 21:  # paths.join writes ints beyond 64 bits in hex: no path has this one
+            return None
         else:
             out.append(int(text))
         pos = m.end()

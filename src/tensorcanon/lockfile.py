@@ -233,10 +233,10 @@ def _parse(text: str, where: str) -> tuple[int, list[LockEntry]]:
     for number, line in enumerate(lines[1:], start=2):
         parts = line.split(" ", 2)
         if len(parts) != 3 or not _digest.is_text(parts[0]) or not parts[1].isdigit() \
-                or not parts[1].isascii() or not parts[2]:
+                or not parts[1].isascii() or len(parts[1]) > 20 or not parts[2]:  # 20 digits: < 2**64
             raise FormatError(
                 f"{where}, line {number}: expected '<digest> <size> <path>' with a digest like "
-                f"'xxh3-128:<32 hex digits>', found {line[:80]!r}"
+                f"'xxh3-128:<32 hex digits>' and a size in bytes, found {line[:80]!r}"
             )
         if parts[2] in seen:
             raise FormatError(f"{where}, line {number}: {parts[2]!r} is listed twice")

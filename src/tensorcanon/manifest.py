@@ -24,7 +24,7 @@ import base64
 import binascii
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,17 +187,31 @@ def channels_last_differs(name: str, shape: tuple[int, ...]) -> bool:
             and any(d > 1 for d in shape[2:]))
 
 
+def _entries(text: str, key: str, count: int, omit: str) -> Iterator[tuple[int, str, str]]:
+    """``(index, value, entry)`` for each comma-separated ``index:value`` entry of
+    ``__metadata__[key]`` for a table of ``count`` rows; canonical form is the caller's check.
+
+    ``omit`` says when a writer leaves the key out (for the message about empty text).
+    """
+    if not text:
+        raise _bad(f"__metadata__[{key!r}] is empty (omit it {omit})")
+    for item in text.split(","):
+        index, sep, value = item.partition(":")
+        # (20 digits: any table index; more would only feed int() hostile work, or exceed Python's
+        # 4,300-digit limit and raise its ValueError)
+        if not sep or not index.isascii() or not index.isdigit() or len(index) > 20 \
+                or not int(index) < count:
+            raise _bad(f"__metadata__[{key!r}] has a malformed entry {item[:80]!r}")
+        yield int(index), value, item
+
+
 def _parse_memory_formats(text: str, infos: list[TensorInfo]) -> None:
     """Apply ``__metadata__["tensorcanon.memory_formats"]`` to the table, accepting only canonical text."""
     key = KEY_MEMORY_FORMATS
-    if not text:
-        raise _bad(f"__metadata__[{key!r}] is empty (omit it when no tensor is channels-last)")
-    for item in text.split(","):
-        index, sep, name = item.partition(":")
-        if not sep or not index.isdigit() or not index.isascii() or not 0 <= int(index) < len(infos) \
-                or name not in MEMORY_FORMAT_NDIM:
+    for index, name, item in _entries(text, key, len(infos), "when no tensor is channels-last"):
+        if name not in MEMORY_FORMAT_NDIM:
             raise _bad(f"__metadata__[{key!r}] has a malformed entry {item[:80]!r}")
-        info = infos[int(index)]
+        info = infos[index]
         if info.kind == "ndarray":
             raise _bad(f"tensor {info.name!r} is a numpy array but is given memory format {name!r}")
         if not channels_last_differs(name, info.shape):
@@ -220,14 +234,8 @@ def _parse_devices(text: str, infos: list[TensorInfo]) -> None:
 def devices_of(text: str, count: int, name_of: Callable[[int], str]) -> dict[int, str]:
     """``{table index: device}`` from ``__metadata__["tensorcanon.devices"]`` of a table of
     ``count`` rows, accepting only canonical text (``name_of(i)`` names row ``i`` in errors)."""
-    if not text:
-        raise _bad(f"__metadata__[{KEY_DEVICES!r}] is empty (omit it when every tensor is on the CPU)")
     out: dict[int, str] = {}
-    for item in text.split(","):
-        index, sep, device = item.partition(":")
-        if not sep or not index.isdigit() or not index.isascii() or not 0 <= int(index) < count:
-            raise _bad(f"__metadata__[{KEY_DEVICES!r}] has a malformed entry {item[:80]!r}")
-        i = int(index)
+    for i, device, _ in _entries(text, KEY_DEVICES, count, "when every tensor is on the CPU"):
         problem = devices.of_tensor(device)
         if problem is not None:
             raise _bad(f"tensor {name_of(i)!r}: {problem}")

@@ -4,7 +4,9 @@ Each attack is one file ``<name>.bin`` plus a row in ``expected.json`` giving
 the exception class it must raise and a fragment of its message.
 tests/test_hostile.py loads every file listed there. The files are committed
 so the corpus stays fixed even if this script's helpers change; rerun it only
-to add attacks (the output is deterministic).
+to add attacks (the output is deterministic). It rewrites every file in the
+current format version: keep the committed files of the attacks that were
+already there (``git checkout`` them) unless an attack itself changed.
 """
 
 from __future__ import annotations
@@ -103,6 +105,13 @@ def attacks() -> dict[str, tuple[bytes, str, str]]:
         "pickle_torch_save": (_torch_save_bytes(), "FormatError", "never unpickles"),
         "pickle_global_reduce": (pickle.dumps(_Evil(), protocol=2), "FormatError", "never unpickles"),
         "pickle_protocol_0": (b"cos\nsystem\n(S'echo pwned'\ntR.", "FormatError", "never unpickles"),
+        # numbers of more than 4,300 digits, which Python refuses to convert (ValueError, not ours)
+        "metadata_devices_huge_index": (_with_metadata(valid, "tensorcanon.devices", "0" * 5000 + "1:cuda"),
+                                        "FormatError", "malformed entry"),
+        "metadata_memory_formats_huge_index": (
+            _with_metadata(valid, "tensorcanon.memory_formats", "0" * 5000 + "1:channels_last"),
+            "FormatError", "malformed entry"),
+        "offsets_huge_digits": (_huge_offset(valid), "FormatError", "not valid JSON"),
     }
     return out
 
@@ -121,6 +130,21 @@ def _wrong_digest(valid: bytes) -> bytes:
     at = valid.index(b"xxh3-128:") + len(b"xxh3-128:")
     digit = b"1" if valid[at : at + 1] != b"1" else b"2"
     return valid[:at] + digit + valid[at + 1 :]
+
+
+def _with_metadata(valid: bytes, key: str, value: str) -> bytes:
+    """``valid`` with ``__metadata__[key] = value`` (its digest and manifest untouched)."""
+    header, body = h.split(valid)
+    header["__metadata__"][key] = value
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return h.with_header_text(text + b" " * (-len(text) % 8), body)
+
+
+def _huge_offset(valid: bytes) -> bytes:
+    """``valid`` with its first data offset written with 5,000 leading zeros (not JSON)."""
+    (n,) = struct.unpack("<Q", valid[:8])
+    text = valid[8 : 8 + n].rstrip(b" ").replace(b'"data_offsets":[0,', b'"data_offsets":[' + b"0" * 5000 + b",", 1)
+    return h.with_header_text(text + b" " * (-len(text) % 8), valid[8 + n :])
 
 
 def _deep(depth: int):
