@@ -378,8 +378,7 @@ class CheckedFile:
             return None
         if verify and self.manifest is not None:
             self._check_bytes(info, self.src.data[start : start + n])  # type: ignore[index]
-        if info.dtype.name == "bool" and n and bool(mapped.max() > 1):
-            raise FormatError(f"tensor {info.name!r} is bool but holds a byte other than 0 or 1")
+        tensorbytes.check_bool(mapped, info.dtype, info.name)
         value = tensorbytes.viewed(mapped, info.dtype, info.shape, info.kind)
         if value is None:
             return None

@@ -166,10 +166,15 @@ def empty_buffer(nbytes: int, kind: str) -> tuple[Any, memoryview]:
     return t, t.numpy().data
 
 
+def check_bool(buffer: Any, dtype: DType, name: str) -> None:
+    """Refuse the flat uint8 bytes of a bool tensor unless each is 0 or 1 (all a writer stores)."""
+    if dtype.name == "bool" and len(buffer) and bool(buffer.max() > 1):
+        raise FormatError(f"tensor {name!r} is bool but holds a byte other than 0 or 1")
+
+
 def finish(buffer: Any, dtype: DType, shape: tuple[int, ...], kind: str, name: str) -> Any:
     """Reinterpret a filled flat uint8 buffer as the recorded dtype and shape."""
-    if dtype.name == "bool" and len(buffer) and buffer.max() > 1:
-        raise FormatError(f"tensor {name!r} is bool but holds a byte other than 0 or 1")
+    check_bool(buffer, dtype, name)
     if kind == "ndarray":
         if len(shape) > _NUMPY_MAX_DIMS:
             raise UnsupportedTypeError(
