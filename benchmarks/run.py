@@ -383,11 +383,11 @@ class Bench:
     def save_ops_in_processes(self, large_mib: int, processes: int, runs: int) -> Timings:
         """:meth:`save_ops` in ``processes`` fresh processes, ``runs`` rounds each, pooled.
 
-        They differ by a few percent, and so does one process from the next: where the
-        allocator and tmpfs happen to place each file's pages persists for a process's life and
-        moves its ratios by up to ±5% (one process measured tensorcanon at 1.03× a raw write,
-        the next at 1.11×). Rounds cannot cancel that; pooling the rounds of several processes
-        does.
+        They differ by a few percent, and so does one process from the next: something that
+        lasts a process's life (where its memory and its files' pages happen to land, we think;
+        not measured) moves its ratios by up to ±5% (one process measured tensorcanon at 1.03×
+        a raw write, the next at 1.11×). Rounds cannot cancel that; pooling the rounds of
+        several processes does.
         """
         parts = []
         for _ in range(processes):
