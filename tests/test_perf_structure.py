@@ -222,10 +222,21 @@ def test_the_hashing_thread_stays_at_most_two_tensors_behind(tmp_path, monkeypat
         behind.append(handed[0] - hashed[0])
 
     monkeypatch.setattr(writer._Lane, "hash", hash_)
+    made, alive = [0], []
+    real_host_bytes = writer.host_bytes
+
+    def host_bytes(value, kind):
+        out = real_host_bytes(value, kind)
+        made[0] += 1
+        alive.append(made[0] - hashed[0])  # copies made and not yet hashed, this one included
+        return out
+
+    monkeypatch.setattr(writer, "host_bytes", host_bytes)
     with open(tmp_path / "slow.st", "wb") as f:
         tensorcanon.save(obj, f)
     monkeypatch.undo()
     assert len(behind) == 6 and max(behind) == 2  # the slow lane did fall behind, by two at most
+    assert max(alive) == 2  # a copy is made only once there is room for it on the lane
     assert (tmp_path / "slow.st").read_bytes() == tensorcanon.dumps(obj)
     assert _hash_threads() == []
 
@@ -265,3 +276,12 @@ def test_an_error_while_writing_waits_for_the_hashing_thread_and_is_the_one_rais
     with open(tmp_path / "x.st", "wb") as f, pytest.raises(OSError, match="No space left"):
         tensorcanon.save(_big(), f)
     assert _hash_threads() == []
+
+
+def test_a_plan_hashes_with_the_algorithm_it_holds_now():
+    # tensorcanon.dcp sets the logical plan's algorithm after planning: its hashers must follow.
+    p = writer.plan({"w": torch.ones(3)})
+    src = p.tensors[0]
+    assert p.hasher(src).digest() == digest.tensor_hasher("float32", (3,), "xxh3-128").digest()
+    p.algorithm = "sha256"
+    assert p.hasher(src).digest() == digest.tensor_hasher("float32", (3,), "sha256").digest()

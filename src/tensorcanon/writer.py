@@ -8,8 +8,8 @@ each tensor is hashed and written, then the real header in the reserved
 space. A non-seekable target gets a hashing pass first, then the header and
 the data (each tensor re-hashed as it is written, to catch a tensor that
 changed in between). At most two tensors at a time are ever copied (a tensor
-that is not contiguous, or not on the CPU, is copied to canonical bytes: one
-being written, and one the hashing thread of a large save has not finished).
+that is not contiguous, or not on the CPU, is copied to canonical bytes): the
+one being written, and one the hashing thread of a large save has not finished.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Plan:
 
     def hasher(self, s: TensorSource) -> digest.Hasher:
         """A hasher for ``s``, fed its dtype and shape (each (dtype, shape) prefix built once)."""
-        if self._hashers is None:
+        if self._hashers is None or self._hashers.algorithm != self.algorithm:
             self._hashers = digest.Hashers(self.algorithm)
         return self._hashers(s.dtype.name, s.shape)  # shapes here are tuples of ints from torch or numpy
 
@@ -286,9 +286,14 @@ class _Lane:
         self._thread = threading.Thread(target=self._run, name="tensorcanon-hash", daemon=True)
         self._thread.start()
 
-    def hash(self, src: TensorSource, h: digest.Hasher, data: memoryview) -> None:
-        """Feed ``data`` to ``h`` on the lane and record the digest as ``src.digest``."""
+    def reserve(self) -> None:
+        """Wait for room on the lane: call before making the bytes that :meth:`hash` hands over,
+        so that no more than ``ahead`` copies exist at once."""
         self._room.acquire()
+
+    def hash(self, src: TensorSource, h: digest.Hasher, data: memoryview) -> None:
+        """Feed ``data`` to ``h`` on the lane and record the digest as ``src.digest`` (after
+        :meth:`reserve`)."""
         self._work.put((src, h, data))
 
     def _run(self) -> None:
@@ -303,6 +308,10 @@ class _Lane:
             finally:
                 item = src = h = data = None  # a tensor's bytes are not kept alive while waiting
                 self._room.release()
+
+    def release(self) -> None:
+        """Give back a :meth:`reserve` that no :meth:`hash` followed."""
+        self._room.release()
 
     def close(self) -> BaseException | None:
         """Wait until every tensor handed over is hashed (and no longer read); return the first
@@ -329,7 +338,12 @@ def _stream(p: Plan, out: _Staging, lane: _Lane | None) -> None:
             if lane is None or src.nbytes <= _STAGED or src.device != "cpu":
                 src.digest = _hash(src, p, out)
                 continue
-            data = host_bytes(src.value, src.kind)
+            lane.reserve()
+            try:
+                data = host_bytes(src.value, src.kind)
+            except BaseException:
+                lane.release()
+                raise
             lane.hash(src, p.hasher(src), data)
             out.flush()
             _write_all(out.f, data)
