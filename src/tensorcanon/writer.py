@@ -434,12 +434,14 @@ def remove_stale_temps(folder: str, base: str) -> list[str]:
     temp file (this process's included) is never touched.
     """
     prefix = f".{base}."
+    return remove_files(folder, lambda name: stale_temp(name, prefix))
 
-    def stale(name: str) -> bool:
-        m = _TEMP_RE.fullmatch(name[len(prefix):]) if name.startswith(prefix) else None
-        return m is not None and not _pid_alive(int(m.group(1)))
 
-    return remove_files(folder, stale)
+def stale_temp(name: str, prefix: str) -> bool:
+    """True for a temp file named ``<prefix><pid>.<random>.tensorcanon-tmp`` whose process no
+    longer exists on this machine."""
+    m = _TEMP_RE.fullmatch(name[len(prefix):]) if name.startswith(prefix) else None
+    return m is not None and not _pid_alive(int(m.group(1)))
 
 
 def remove_files(folder: str, which: Callable[[str], bool]) -> list[str]:

@@ -381,3 +381,19 @@ def test_a_rank_file_appears_under_its_content_name_in_one_rename(tmp_path, monk
     assert os.listdir(tmp_path) == [layout.rank_file_name(1, 2, digest)]
     assert tensorcanon.verify(tmp_path / layout.rank_file_name(1, 2, digest)) == digest
     assert set(per_key) == {"w"}
+
+
+def test_committing_removes_dead_writers_rank_temp_files_of_any_world_size(tmp_path):
+    import tensorcanon.dcp.writer as w
+
+    suffix = ".abcd_123.tensorcanon-tmp"
+    dead = f"..rank-00003-of-00004.999999999{suffix}"        # no such pid: a crashed save's leftover
+    live = f"..rank-00001-of-00002.{os.getpid()}{suffix}"      # a save still running
+    other = f".notes.999999999{suffix}"                         # not a rank file's temp
+    old_rank = layout.rank_file_name(0, 2, "xxh3-128:" + "0" * 32)
+    kept = layout.rank_file_name(0, 2, "xxh3-128:" + "1" * 32)
+    for name in (dead, live, other, old_rank, kept):
+        (tmp_path / name).write_bytes(b"x")
+    removed = w.remove_unreferenced(str(tmp_path), {kept})
+    assert sorted(removed) == sorted([dead, old_rank])
+    assert sorted(os.listdir(tmp_path)) == sorted([live, other, kept])

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,7 +313,7 @@ def write_rank_file(folder: str, rank: int, world: int, obj: dict, algorithm: st
     """
     p = writer.plan(obj, None, limits, algorithm)
     file_digest = writer.replace_atomically(
-        os.path.join(folder, f".rank-{rank:05d}-of-{world:05d}"),  # names the temp file only
+        os.path.join(folder, f".rank-{rank:05d}-of-{world:05d}"),  # names the temp file only (_RANK_TEMP)
         lambda f, tmp: writer.write(p, f), named=lambda digest: layout.rank_file_name(rank, world, digest))
     digests = {}
     root = p.root  # ["dict", key, node, key, node, ...]
@@ -356,9 +357,19 @@ def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, d
     return out
 
 
+_RANK_TEMP = re.compile(r"\.\.rank-\d{5,}-of-\d{5,}\.")  # how write_rank_file's temp files begin
+
+
 def remove_unreferenced(folder: str, keep: set[str]) -> list[str]:
-    """After an index is committed: delete rank files it does not name."""
-    return writer.remove_files(folder, lambda name: bool(layout.RANK_FILE_RE.fullmatch(name) and name not in keep))
+    """After an index is committed: delete rank files it does not name, and the temp files of
+    rank-file writes whose process died (of any rank and world size)."""
+    def unwanted(name: str) -> bool:
+        if layout.RANK_FILE_RE.fullmatch(name):
+            return name not in keep
+        m = _RANK_TEMP.match(name)
+        return m is not None and writer.stale_temp(name, m.group(0))
+
+    return writer.remove_files(folder, unwanted)
 
 
 __all__ = ["Writer", "LOGICAL_DIGEST", "TensorCanonError"]
