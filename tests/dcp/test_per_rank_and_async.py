@@ -161,6 +161,27 @@ def test_staged_copy_keeps_everything_a_save_records():
     assert torch.equal(m["whole"], torch.arange(12.0)) and m["w"].abs().sum() > 0 and staged["n"] == [1, {2}]
 
 
+def test_staged_copy_stages_what_a_tensor_reads_and_leaves_unsaveable_ones_to_the_save():
+    from tensorcanon.dcp.staging import staged_copy
+
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    x = torch.arange(4.0)
+    sparse = torch.eye(2).to_sparse()
+    state = {"conj": z.conj(), "neg": x._neg_view(), "sparse": sparse, "meta": torch.empty(2, device="meta")}
+    staged = staged_copy(state)
+    assert torch.equal(staged["conj"], z.conj()) and not staged["conj"].is_conj()
+    assert torch.equal(staged["neg"], -x) and not staged["neg"].is_neg()
+    z.zero_()
+    x.zero_()
+    assert torch.equal(staged["conj"], torch.tensor([1 - 2j, 3 + 1j]))
+    assert torch.equal(staged["neg"], -torch.arange(4.0))
+    assert staged["sparse"] is sparse and staged["meta"] is state["meta"]
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match="sparse"):  # refused as save refuses it
+        tensorcanon.dumps({"sparse": staged["sparse"]})
+    assert tensorcanon.dumps({"c": staged["conj"], "n": staged["neg"]}) == \
+        tensorcanon.dumps({"c": torch.tensor([1 - 2j, 3 + 1j]), "n": -torch.arange(4.0)})
+
+
 @dataclasses.dataclass
 class Schedule:
     warmup: int

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .. import tensorbytes
 from ..walk import METADATA
 from ._compat import DTensor
 from .perrank import PerRank
@@ -54,7 +55,14 @@ def staged_copy(state: Any) -> Any:
             out = DTensor.from_local(memory(v._local_tensor), v.device_mesh, v.placements, run_check=False,
                                      shape=v.shape, stride=v.stride())
         elif t is torch.Tensor or t is torch.nn.Parameter:
-            out = memory(v) if v.device.type != "meta" else v
+            if tensorbytes.unsaveable(v) is not None:
+                out = v  # meta, sparse, quantized...: saving refuses it (or plans it) as without staging
+            elif v.is_conj() or v.is_neg():
+                # its storage holds other values than it reads: stage what it reads (alias_key never
+                # lets such a tensor share a stored tensor's storage anyway)
+                out = tensorbytes.resolved(v).cpu()
+            else:
+                out = memory(v)
         elif isinstance(v, torch.Tensor):
             out = v  # another tensor subclass: saving refuses it, with the same words as without staging
         elif t is dict or t is collections.OrderedDict:
