@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
+import numpy as np
+
 from .. import digest, placement, tensorbytes, writer
 from ..errors import FormatError, IntegrityError, TensorCanonError
 from ..limits import DEFAULT, Limits
@@ -75,7 +77,7 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
             chunk_hasher = per_chunk[j]
             if chunk_hasher is not None:
                 chunk_hasher.update(piece)
-            if is_bool and bad_bool is None and len(piece.tobytes().translate(None, b"\x00\x01")):
+            if is_bool and bad_bool is None and len(piece) and np.frombuffer(piece, np.uint8).max() > 1:
                 bad_bool = j  # raised once the digests are checked: a damaged file is an IntegrityError
             if sink is not None:
                 sink(piece)
