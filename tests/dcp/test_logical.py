@@ -223,9 +223,12 @@ def test_a_process_group_that_is_not_the_default_one(tmp_path):
         target = zeros_like_state(state)
         if not save_ok[g]:
             calls = (tcd.save, tcd.async_save, tcd.load)
-            return [refusal(call, state, folder, process_group=mine) for call in calls]
+            return [refusal(call, state, folder, process_group=mine) for call in calls] + [
+                refusal(tcd.Writer, folder, process_group=mine),  # also for dcp.save/load called directly
+                refusal(tcd.LoadPlanner, process_group=mine)]
         digest = tcd.save(state, folder, process_group=mine)
         if not load_ok[g]:
+            assert "has 2 of the 4 ranks" in refusal(tcd.LoadPlanner, process_group=mine)
             return digest, refusal(tcd.load, target, folder, process_group=mine)
         tcd.load(target, folder, process_group=mine)
         same = torch.equal(target["w"].full_tensor(), state["w"].full_tensor())

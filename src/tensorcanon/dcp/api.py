@@ -97,7 +97,6 @@ def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: 
                                       "ckpt/step100")
     """
     single = not _distributed(process_group)
-    _compat.check_process_group(process_group)
     writer = Writer(checkpoint_dir, process_group=process_group, algorithm=algorithm, limits=limits)
     with _quiet(single):
         md = _run(lambda: dcp.save(state_dict, storage_writer=writer, planner=SavePlanner(limits=limits),
@@ -123,7 +122,6 @@ def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
     """
     kind = _compat.async_kwargs(executor)
     single = not _distributed(process_group)
-    _compat.check_process_group(process_group)
     writer = Writer(checkpoint_dir, process_group=process_group, algorithm=algorithm, limits=limits)
     with _quiet(single):
         started = _run(lambda: dcp.async_save(
@@ -165,7 +163,6 @@ def load(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     """
     single = not _distributed(process_group)
-    _compat.check_process_group(process_group, loading=True)
     reader = Reader(checkpoint_dir, limits=limits)
     planner = LoadPlanner(process_group=process_group, keep_per_rank_on_resize=keep_per_rank_on_resize,
                           limits=limits)

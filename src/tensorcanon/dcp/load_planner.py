@@ -39,6 +39,7 @@ from ..sharded.files import RankFiles, decode_subtree
 from ..sharded.read import read_tensor
 from ..tree import Decoder, tag_of
 from ..walk import METADATA
+from . import _compat
 from ._compat import DTensor, object_coll_device
 from .perrank import PerRank
 
@@ -73,6 +74,7 @@ class LoadPlanner(DefaultLoadPlanner):
     def __init__(self, *, process_group: dist.ProcessGroup | None = None,
                  keep_per_rank_on_resize: bool = False, limits: Limits = DEFAULT) -> None:
         super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False, allow_partial_load=False)
+        _compat.check_process_group(process_group, loading=True)  # before any collective, also for dcp.load
         self.process_group = process_group
         self.keep_per_rank_on_resize = keep_per_rank_on_resize
         self.limits = limits

@@ -94,6 +94,7 @@ class Writer(StorageWriter):
     def __init__(self, path: str | os.PathLike, *, process_group: dist.ProcessGroup | None = None,
                  algorithm: str = _digest.DEFAULT, limits: Limits = DEFAULT) -> None:
         super().__init__()
+        _compat.check_process_group(process_group)  # before any collective, also for a direct dcp.save
         self.path = os.fspath(path)
         self.process_group = process_group
         self.algorithm = _digest.check(algorithm)
