@@ -3,6 +3,7 @@ random state across workers and resumes)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 import random
 
@@ -468,8 +469,17 @@ def test_plain_indices_are_refused(workers):
     other = tensorcanon.ResumableSampler(range(8))  # not the one SeededDataset wraps
     for loader in (DataLoader(seeded, batch_size=2, shuffle=True, num_workers=workers),
                    DataLoader(seeded, batch_size=2, sampler=other, num_workers=workers)):
-        with pytest.raises(tensorcanon.UsageError, match="sampler=<the ResumableSampler"):
-            next(iter(loader))
+        it = iter(loader)
+        try:
+            with pytest.raises(tensorcanon.UsageError, match="sampler=<the ResumableSampler"):
+                next(it)
+        finally:
+            # The failed iterator's workers and queue threads must be gone before the next loader
+            # forks its own: forking while they ran once left a worker deadlocked (torch 2.4). The
+            # exception's traceback keeps the iterator alive, so its __del__ would come too late.
+            if workers:
+                it._shutdown_workers()
+        assert multiprocessing.active_children() == []
     with pytest.raises(tensorcanon.UsageError):
         seeded[3]
 
