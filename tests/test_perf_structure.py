@@ -10,6 +10,7 @@ import io
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -22,12 +23,18 @@ MiB = 1 << 20
 
 
 class _CountingHasher:
+    # Each hasher adds to its own slot: the writer's hash thread may still be feeding one tensor's
+    # hasher after the main thread has made the next one.
+    _lock = threading.Lock()
+
     def __init__(self, real, log):
         self.real, self.log = real, log
-        log.append(0)
+        with self._lock:
+            self.slot = len(log)
+            log.append(0)
 
     def update(self, data):
-        self.log[-1] += memoryview(data).nbytes
+        self.log[self.slot] += memoryview(data).nbytes
         self.real.update(data)
 
     def digest(self):
