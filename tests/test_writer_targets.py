@@ -61,3 +61,23 @@ def test_a_target_that_accepts_nothing_is_an_error():
 def test_tensor_in_metadata_is_named_by_its_path():
     with pytest.raises(tensorcanon.UnsupportedTypeError, match=r'found one at metadata \$\["a"\]\[0\]'):
         tensorcanon.dumps({}, metadata={"a": [torch.ones(1)]})
+
+
+@pytest.mark.parametrize("how", ["mode", "flag"])
+def test_a_file_opened_for_appending_gets_the_file_after_what_it_holds(tmp_path, how):
+    # Every write to such a file lands at its end, so the header cannot be written back over a
+    # placeholder: the save must write it first (two passes, as for a pipe).
+    import os
+
+    p = tmp_path / "appended.bin"
+    p.write_bytes(b"prefix")
+    if how == "mode":
+        f = open(p, "ab")
+    else:  # O_APPEND set below Python: the file object's mode says "wb"
+        f = os.fdopen(os.open(p, os.O_WRONLY | os.O_APPEND), "wb")
+    with f:
+        digest = tensorcanon.save(OBJ, f)
+    data = p.read_bytes()
+    assert data == b"prefix" + tensorcanon.dumps(OBJ)
+    assert tensorcanon.verify(io.BytesIO(data[len(b"prefix"):])) == digest
+

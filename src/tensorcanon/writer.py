@@ -5,11 +5,12 @@ byte is touched. Digests have a fixed size set by the algorithm (16 bytes for
 xxh3-128, 32 for sha256), so the header's length is known from the plan:
 a seekable target gets a reserved header, then one streaming pass in which
 each tensor is hashed and written, then the real header in the reserved
-space. A non-seekable target gets a hashing pass first, then the header and
-the data (each tensor re-hashed as it is written, to catch a tensor that
-changed in between). At most two tensors at a time are ever copied (a tensor
-that is not contiguous, or not on the CPU, is copied to canonical bytes): the
-one being written, and one the hashing thread of a large save has not finished.
+space. A non-seekable target, or one opened for appending, gets a
+hashing pass first, then the header and the data (each tensor re-hashed as it
+is written, to catch a tensor that changed in between). At most two tensors at
+a time are ever copied (a tensor that is not contiguous, or not on the CPU, is
+copied to canonical bytes): the one being written, and one the hashing thread
+of a large save has not finished.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 from . import container, digest, dtypes, manifest, paths
 from .errors import FileAccessError, LimitError, MissingFileError, TensorCanonError, UnsupportedTypeError
@@ -362,11 +368,25 @@ def fingerprint(p: Plan) -> str:
     return p.file_digest(p.manifest_bytes())
 
 
+def _appends(f: BinaryIO) -> bool:
+    """True when ``f`` writes everything at its end (opened with ``"a"``, or ``O_APPEND``):
+    a header written back over its placeholder would land after the data instead."""
+    mode = getattr(f, "mode", None)
+    if isinstance(mode, str) and "a" in mode:
+        return True
+    if fcntl is None:
+        return False
+    try:
+        return bool(fcntl.fcntl(f.fileno(), fcntl.F_GETFL) & os.O_APPEND)
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def write(p: Plan, f: BinaryIO) -> str:
     """Write the planned file to ``f`` and return its digest."""
     seekable = False
     try:
-        seekable = f.seekable()
+        seekable = f.seekable() and not _appends(f)
     except (AttributeError, OSError):
         pass
     out = _Staging(f)
