@@ -5,7 +5,8 @@ byte is touched. Digests have a fixed size set by the algorithm (16 bytes for
 xxh3-128, 32 for sha256), so the header's length is known from the plan:
 a seekable target gets a reserved header, then one streaming pass in which
 each tensor is hashed and written, then the real header in the reserved
-space. A non-seekable target, or one opened for appending, gets a
+space (the file's blocks are reserved first where the file system allows:
+preallocate.py). A non-seekable target, or one opened for appending, gets a
 hashing pass first, then the header and the data (each tensor re-hashed as it
 is written, to catch a tensor that changed in between). At most two tensors at
 a time are ever copied (a tensor that is not contiguous, or not on the CPU, is
@@ -30,7 +31,7 @@ try:
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
-from . import container, digest, dtypes, manifest, paths
+from . import container, digest, dtypes, manifest, paths, preallocate
 from .errors import FileAccessError, LimitError, MissingFileError, TensorCanonError, UnsupportedTypeError
 from .limits import DEFAULT, Limits
 from .tensorbytes import host_bytes
@@ -393,6 +394,7 @@ def write(p: Plan, f: BinaryIO) -> str:
     if seekable:
         start = f.tell()
         reserved = len(p.header()[0])
+        preallocate.reserve(f, start, reserved + p.data_size)
         _write_all(f, bytes(reserved))
         _stream(p, out, _lane_for(p, f))
         out.flush()
