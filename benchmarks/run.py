@@ -971,7 +971,10 @@ def main(argv=None) -> int:
         "takes 1-2 s instead of 0.3 s. Rounds spread these outliers over all operations, the "
         "median drops them and per-round ratios cancel the slower stretches, but the fastest – "
         "slowest columns show how far one run can stray; rerun before reading much into a ratio "
-        "within a few percent of its target.", "",
+        "within a few percent of its target. One table writes to a disk folder (`--disk-dir`) on "
+        "purpose, to measure what the file system adds to a large save: there every operation starts "
+        "with the disk synced (`os.sync()`, untimed), as between two checkpoints of a training loop, "
+        "and writes over its own file of the round before, as a loop saving to one name does.", "",
         "## Machine", "",
         *[f"- {k}: {v}" for k, v in info.items()], "",
         "## Targets", "",
