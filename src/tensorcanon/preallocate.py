@@ -14,6 +14,10 @@ allocates the pages that the writes would have allocated anyway, but up front,
 before the hashing thread can overlap with any of it, and a large save measured a
 few percent slower with it than without.
 
+One side effect to know: btrfs writes data into reserved blocks without
+compressing it, so on a btrfs volume mounted with compression a saved file
+takes its full size on disk (tensor data rarely compresses much anyway).
+
 Best effort, never an error: a file system without ``fallocate`` (or a pipe, a
 socket, another platform) is written exactly as before, and a disk too full for
 the reservation is left for the writes themselves to report. ``posix_fallocate``
