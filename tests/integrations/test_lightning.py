@@ -15,10 +15,12 @@ from integration_support import (  # noqa: F401 (fixtures: pytest finds them her
     is_pickle_or_zip,
     no_unpickling,
     restore_determinism_settings,
+    run_script,
 )
 
 # isort: split
 
+import json
 import warnings
 from pathlib import Path
 
@@ -29,8 +31,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 import tensorcanon
+from tensorcanon.determinism import DeterminismWarning
 from tensorcanon.integrations.lightning import CanonicalCheckpointIO, ExactResume, load_from_checkpoint
 
+import lightning_ddp_run
 import lightning_run
 
 # ------------------------------------------------------------------ resumption across processes
@@ -67,6 +71,52 @@ def test_fit_resumed_in_a_fresh_process_is_bit_identical(runs, workers, reload, 
     assert sorted(res["losses"], key=int) == [str(s) for s in range(step, 30)]
     assert {k: full["losses"][k] for k in res["losses"]} == res["losses"]
     assert res["digest"] == full["digest"]
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory) -> tuple[dict, dict]:
+    # Two launches of 2 DDP processes each (Lightning starts rank 1 by running the script again):
+    # the fit that never stops (and writes the checkpoints), then the resumed fits.
+    out = tmp_path_factory.mktemp("lightning_ddp")
+    run_script("lightning_ddp_run.py", "first", str(out))
+    run_script("lightning_ddp_run.py", "resume", str(out))
+    read = lambda name: json.loads((out / name).read_text())  # noqa: E731
+    return ({r: read(f"first-rank{r}.json")["full"] for r in (0, 1)},
+            {r: read(f"resume-rank{r}.json") for r in (0, 1)}, out)
+
+
+@pytest.mark.parametrize("ckpt", list(lightning_ddp_run.RESUME_FROM))
+def test_ddp_fit_with_rank_dependent_random_state_resumes_bit_identical(ddp_runs, ckpt):
+    full, resumed, out = ddp_runs
+    step = lightning_ddp_run.RESUME_FROM[ckpt]
+    steps = [str(s) for s in range(step, full[0]["steps"])]
+    # The ranks drew differently (each reseeds with its rank), and the checkpoint holds each rank's state.
+    assert full[0]["losses"] != full[1]["losses"]
+    state = tensorcanon.load(out / "ckpts" / f"{ckpt}.ckpt")["callbacks"]["ExactResume"]
+    by_rank = state["rng_by_rank"]
+    assert len(by_rank) == 2 and tensorcanon.dumps(by_rank[0]) != tensorcanon.dumps(by_rank[1])
+    for rank in (0, 1):
+        res = resumed[rank][ckpt]
+        # Each rank's every loss after the resume point, and the final weights and optimizer state.
+        assert sorted(res["losses"], key=int) == steps
+        assert res["losses"] == {k: full[rank]["losses"][k] for k in steps}, f"rank {rank}"
+        assert res["digest"] == full[rank]["digest"]
+
+
+def test_a_multi_process_resume_from_one_random_state_warns():
+    # A checkpoint with one state (one process saved it, or an earlier tensorcanon), resumed by two
+    # processes; or one saved by 3 processes resumed by 2: rank 0's state, with a warning.
+    from tensorcanon.integrations import lightning as tl
+
+    one, other = tensorcanon.RngState.capture(), tensorcanon.RngState.capture()
+    with pytest.warns(DeterminismWarning, match="all 2 processes resume it"):
+        assert tl._rank_state(one, None, 2, 1) is one
+    with pytest.warns(DeterminismWarning, match="saved by 3 processes and is resumed by 2"):
+        assert tl._rank_state(one, [one, other, other], 2, 1) is one
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tl._rank_state(one, [one, other], 2, 1) is other
+        assert tl._rank_state(one, None, 1, 0) is one
 
 
 # ------------------------------------------------------------------ in-process checks

@@ -42,16 +42,18 @@ import json
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import lightning.pytorch as pl
+import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 
 from .. import api
 from ..data import ResumableSampler
-from ..determinism import DeterminismSettings
+from ..determinism import DeterminismSettings, DeterminismWarning
 from ..digest import DEFAULT as _DEFAULT_ALGORITHM
 from ..errors import FormatError, UnsupportedTypeError, UsageError
 from ..limits import DEFAULT, Limits
@@ -166,7 +168,10 @@ class ExactResume(pl.Callback):
     Each checkpoint gets, under this callback's state key: the random state of
     every generator (:class:`tensorcanon.RngState`), the determinism settings
     (:class:`tensorcanon.DeterminismSettings`) and the training sampler's
-    position (:meth:`tensorcanon.ResumableSampler.state_dict`). On resume:
+    position (:meth:`tensorcanon.ResumableSampler.state_dict`); with several
+    processes, every rank's random state too (gathered from all ranks: every rank
+    must build each checkpoint, as Lightning's own saving does), and each rank
+    resumes its own. On resume:
 
     - the sampler position is restored when the checkpoint is loaded, before
       Lightning builds the training iterator (which reads the sampler ahead
@@ -306,21 +311,33 @@ class ExactResume(pl.Callback):
     # ------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": RngState.capture(), "settings": DeterminismSettings.capture(),
-                "sampler": self._sampler.state_dict() if self._sampler is not None else None}
+        rng = RngState.capture()
+        state = {"rng": rng, "settings": DeterminismSettings.capture(),
+                 "sampler": self._sampler.state_dict() if self._sampler is not None else None}
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size > 1:
+            state["rng_by_rank"] = _every_rank(trainer, rng)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if type(state_dict) is not dict or set(state_dict) != {"rng", "settings", "sampler"}:
+        if type(state_dict) is not dict or not {"rng", "settings", "sampler"} <= set(state_dict) \
+                or not set(state_dict) <= {"rng", "settings", "sampler", "rng_by_rank"}:
             raise FormatError("ExactResume state in the checkpoint must be a dict with the keys "
-                              "'rng', 'settings' and 'sampler'")
+                              "'rng', 'settings' and 'sampler' (and 'rng_by_rank' when several "
+                              "processes saved it)")
         rng, settings, sampler_state = state_dict["rng"], state_dict["settings"], state_dict["sampler"]
+        by_rank = state_dict.get("rng_by_rank")
         if not isinstance(rng, RngState) or not isinstance(settings, DeterminismSettings):
             raise FormatError("ExactResume state: 'rng' must be an RngState and 'settings' "
                               "DeterminismSettings")
+        if by_rank is not None and (type(by_rank) is not list or len(by_rank) < 2
+                                    or not all(isinstance(r, RngState) for r in by_rank)):
+            raise FormatError("ExactResume state: 'rng_by_rank' must be a list of an RngState per rank")
         trainer = self._trainer
         if trainer is None or trainer.state.fn != TrainerFn.FITTING:
             return  # validate/test/predict from a checkpoint: nothing to resume
         apply_settings(settings, self.apply_settings)
+        rng = _rank_state(rng, by_rank, trainer.world_size, trainer.global_rank)
         if sampler_state is not None:
             sampler = self._find(trainer)
             if sampler is None:
@@ -342,6 +359,43 @@ class ExactResume(pl.Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = None
         self._pending_rng = None
+
+
+def _every_rank(trainer: pl.Trainer, rng: RngState) -> list[RngState]:
+    """Every rank's random state, in rank order, gathered to each rank.
+
+    A collective: every rank must call it, as every rank builds each checkpoint in
+    Lightning (``trainer.save_checkpoint`` runs on all of them; rank 0 writes). The
+    states travel as tensorcanon bytes (no pickle) in uint8 tensors, padded to one size.
+    """
+    data = torch.frombuffer(bytearray(api.dumps(rng)), dtype=torch.uint8)
+    device = trainer.strategy.root_device
+    counts = trainer.strategy.all_gather(torch.tensor([data.numel()], dtype=torch.int64, device=device))
+    sizes = [int(n) for n in counts.reshape(-1).tolist()]
+    padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+    padded[: data.numel()] = data.to(device)
+    gathered = trainer.strategy.all_gather(padded).reshape(len(sizes), -1).cpu()
+    states = [api.loads(gathered[i, :n].numpy().tobytes()) for i, n in enumerate(sizes)]
+    if not all(isinstance(r, RngState) for r in states):
+        raise FormatError("ExactResume: a rank sent something other than its random state")
+    return states
+
+
+def _rank_state(rng: RngState, by_rank: list[RngState] | None, world_size: int, rank: int) -> RngState:
+    """The random state this rank resumes: its own when the checkpoint holds one per rank of
+    the same world size; else the one state it holds, with a warning when that is not exact."""
+    if by_rank is not None and len(by_rank) == world_size:
+        return by_rank[rank]
+    if by_rank is not None:
+        warnings.warn(f"ExactResume: the checkpoint was saved by {len(by_rank)} processes and is resumed "
+                      f"by {world_size}; every process resumes rank 0's random state, so the resume is not "
+                      "bit-exact", DeterminismWarning, stacklevel=3)
+    elif world_size > 1:
+        warnings.warn(f"ExactResume: the checkpoint holds one random state (saved by one process, or "
+                      f"by an earlier tensorcanon); all {world_size} processes resume it, so the resume "
+                      "is not bit-exact if the ranks drew random numbers differently",
+                      DeterminismWarning, stacklevel=3)
+    return rng
 
 
 def load_from_checkpoint(cls: type[_M], checkpoint_path: str | os.PathLike[str], *,
