@@ -74,7 +74,7 @@ def test_fit_resumed_in_a_fresh_process_is_bit_identical(runs, workers, reload, 
 
 
 @pytest.fixture(scope="module")
-def ddp_runs(tmp_path_factory) -> tuple[dict, dict]:
+def ddp_runs(tmp_path_factory) -> tuple[dict, dict, Path]:
     # Two launches of 2 DDP processes each (Lightning starts rank 1 by running the script again):
     # the fit that never stops (and writes the checkpoints), then the resumed fits.
     out = tmp_path_factory.mktemp("lightning_ddp")
@@ -117,6 +117,15 @@ def test_a_multi_process_resume_from_one_random_state_warns():
         warnings.simplefilter("error")
         assert tl._rank_state(one, [one, other], 2, 1) is other
         assert tl._rank_state(one, None, 1, 0) is one
+
+
+@pytest.mark.parametrize("extra", [{"rng_by_rank": "not a list"}, {"rng_by_rank": []},
+                                   {"rng_by_rank": [1, 2]}, {"surprise": 1}])
+def test_a_malformed_exact_resume_state_is_refused(extra):
+    state = {"rng": tensorcanon.RngState.capture(), "settings": tensorcanon.DeterminismSettings.capture(),
+             "sampler": None, **extra}
+    with pytest.raises(tensorcanon.FormatError, match="ExactResume state"):
+        ExactResume().load_state_dict(state)
 
 
 # ------------------------------------------------------------------ in-process checks
