@@ -163,8 +163,6 @@ def test_fast_byte_path_gives_the_general_paths_bytes(monkeypatch):
 def test_a_large_save_to_a_file_hashes_on_a_second_thread_with_the_same_bytes(tmp_path, monkeypatch):
     # Over 16 MiB to a real file, large tensors are hashed on a second thread while written:
     # same bytes as dumps(), every tensor hashed exactly once, on that thread.
-    import threading
-
     g = torch.Generator().manual_seed(4)
     obj = {f"t{i}": torch.rand(1 << 20, generator=g) for i in range(6)}  # 24 MiB
     obj["small"] = torch.ones(5)
@@ -194,8 +192,6 @@ def _big():
 
 
 def _hash_threads():
-    import threading
-
     return [t for t in threading.enumerate() if t.name.startswith("tensorcanon-hash")]
 
 

@@ -1,7 +1,7 @@
 """A real Lightning DDP fit (2 CPU processes, gloo) for tests/integrations/test_lightning.py.
 
 ``python lightning_ddp_run.py first OUT`` fits once without stopping and writes
-checkpoints every 5 steps on the way (ModelCheckpoint through CanonicalCheckpointIO;
+checkpoints every 3 steps on the way (ModelCheckpoint through CanonicalCheckpointIO;
 writing one draws no random number, so this fit is also the uninterrupted one).
 ``python lightning_ddp_run.py resume OUT`` resumes, in fresh processes, from the
 checkpoints of RESUME_FROM, one fit after the other. Lightning's launcher runs this

@@ -162,6 +162,9 @@ def check_checkpoint(trainer: pl.Trainer) -> None:
 _HPARAM = re.compile(r'^\$\["hyper_parameters"\]\[("(?:[^"\\]|\\.)*")\]')
 
 
+_STATE_KEYS = {"rng", "settings", "sampler"}  # and "rng_by_rank" when several processes saved it
+
+
 class ExactResume(pl.Callback):
     """Saves and restores what a bit-exact resume needs beyond the weights.
 
@@ -320,8 +323,7 @@ class ExactResume(pl.Callback):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if type(state_dict) is not dict or not {"rng", "settings", "sampler"} <= set(state_dict) \
-                or not set(state_dict) <= {"rng", "settings", "sampler", "rng_by_rank"}:
+        if type(state_dict) is not dict or not _STATE_KEYS <= set(state_dict) <= _STATE_KEYS | {"rng_by_rank"}:
             raise FormatError("ExactResume state in the checkpoint must be a dict with the keys "
                               "'rng', 'settings' and 'sampler' (and 'rng_by_rank' when several "
                               "processes saved it)")
