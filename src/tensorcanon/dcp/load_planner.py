@@ -259,7 +259,7 @@ class _Walk:
             else:
                 raise UsageError(
                     f"{paths.join(where)} is in the state dict but not in the checkpoint (which holds "
-                    f"{sorted(map(repr, saved))[:8]} there); remove it from the state dict to load the rest"
+                    f"{sorted(map(paths.show, saved))[:8]} there); remove it from the state dict to load the rest"
                 )
 
     def per_rank_value(self, target: dict, k: Any, where: tuple) -> None:
@@ -316,4 +316,4 @@ class _Walk:
                 info = self.infos[node[1]]
                 return f"a tensor {info.dtype.name}{list(info.shape)}"
             return f"a {node[0]}"
-        return f"the value {node!r}"[:100]
+        return f"the value {paths.show(node)}"

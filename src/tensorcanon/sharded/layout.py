@@ -21,6 +21,14 @@ would write for the whole state held in one process, without its per-rank
 values; its digest is the checkpoint's *logical digest*, equal to
 ``tensorcanon.fingerprint`` of that state whatever the world size. Every name
 is derived from these fields, so the index names nothing twice.
+
+:func:`read` is the one place that validates an index. What it returns can be
+used as it is: every logical tensor's shape is within the limits and its byte
+size fits in 64 bits (its bytes are still only claimed: readers find each
+chunk's row in its rank file, whose header the file's size bounds, before
+allocating anything), and every per-rank path is a key that the logical state
+lacks, of a dict reached through dicts and lists, so a per-rank value never
+replaces, or hides inside, a value that the logical digest covers.
 """
 
 from __future__ import annotations
@@ -29,15 +37,17 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import container, digest as _digest, manifest
-from ..errors import FormatError, TensorCanonError
+import msgpack
+
+from .. import container, digest as _digest, manifest, paths as _paths
+from ..errors import FormatError, LimitError, TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..ordering import UnorderableKey, sort_key
-from ..tree import Decoder, tensor_names
+from ..tree import Decoder, tag_of, tensor_names
 from . import files, tiling
 from .errors import CheckpointNotFoundError
 
@@ -47,6 +57,10 @@ INDEX_NAME = "index.safetensors"
 #: Upper bound on the world size an index may declare (a hostile index cannot make
 #: a reader allocate per-rank state for more ranks than this).
 MAX_WORLD_SIZE = 1 << 20
+#: Upper bound on a logical tensor's size in bytes (and so its element count): what a 64-bit
+#: signed size holds, as torch's sizes and file offsets are. A reader still allocates a tensor
+#: only once its chunks' rows, whose sizes each rank file's own size bounds, have been found.
+MAX_TENSOR_BYTES = 2**63 - 1
 _INDEX_KEYS = ["chunks", "files", "format", "layout", "logical", "per_rank"]
 RANK_FILE_RE = re.compile(r"rank-(\d{5,})-of-(\d{5,})\.([0-9a-f]{32}|[0-9a-f]{64})\.safetensors\Z")
 PER_RANK_SUFFIX = "@rank"
@@ -64,8 +78,13 @@ def chunk_key(name: str, offsets: Iterable[int]) -> str:
 
 
 def per_rank_keys(paths: list[tuple]) -> list[str]:
-    """The keys of per-rank values in every rank file, from their paths in the state
-    (tensor naming rules, docs/FORMAT.md §3, then ``@rank``)."""
+    """The keys of per-rank values in every rank file, from their paths in the state, in the
+    index's order: the unique names (docs/FORMAT.md §3.4) of the paths, then ``@rank``.
+
+    Unique names: paths whose base names collide (``("a.b",)`` and ``("a", "b")``) get
+    distinct keys (``a.b@rank``, ``a.b~1@rank``), so no two paths share a value. A per-rank
+    key never equals a chunk key: its last ``@`` is followed by ``rank``, a chunk key's by
+    digits and commas."""
     return [n + PER_RANK_SUFFIX for n in tensor_names(paths)]
 
 
@@ -179,8 +198,10 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
     """Read and validate a checkpoint's index; raise a tensorcanon error naming what is wrong.
 
     Validates the index file like any tensorcanon file, then every field: the
-    logical manifest (canonical, with a well-formed tree), one digest per rank
-    in the logical manifest's algorithm, chunks that tile each tensor exactly,
+    logical manifest (canonical, with a well-formed tree; each tensor at most
+    ``limits.max_ndim`` dimensions and :data:`MAX_TENSOR_BYTES` bytes), one digest
+    per rank in the logical manifest's algorithm, chunks that tile each tensor
+    exactly, per-rank paths outside the logical state (:func:`_check_per_rank`),
     and canonical order everywhere. Rank files are not opened here.
     """
     folder = os.fspath(folder)
@@ -199,9 +220,9 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
     if type(root) is not dict or sorted(root) != _INDEX_KEYS or not all(type(k) is str for k in root):
         raise bad(f"must be a dict with exactly the keys {_INDEX_KEYS}")
     if root["format"] != FORMAT:
-        raise bad(f"'format' is {root['format']!r}, not {FORMAT!r}: not a sharded checkpoint index")
+        raise bad(f"'format' is {_paths.show(root['format'])}, not {FORMAT!r}: not a sharded checkpoint index")
     if type(root["layout"]) is not int or root["layout"] != LAYOUT_VERSION:
-        raise bad(f"layout version {root['layout']!r} is not supported (this tensorcanon reads "
+        raise bad(f"layout version {_paths.show(root['layout'])} is not supported (this tensorcanon reads "
                   f"version {LAYOUT_VERSION}); upgrade tensorcanon to read it")
     raw = root["logical"]
     if type(raw) is not bytes:
@@ -209,6 +230,8 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
     try:
         obj, algorithm = manifest.unpack(raw)
         infos = manifest.read_table(obj["tensors"], algorithm, limits)
+        for info in infos:
+            _check_shape(info, limits)
         if obj["meta"] is not None:
             raise FormatError("manifest: 'meta' must be nil in a sharded checkpoint's logical manifest")
         place(infos)
@@ -226,7 +249,7 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
         raise bad(f"'files' must list one digest per rank (1 to {MAX_WORLD_SIZE})")
     for r, d in enumerate(digests):
         if not _digest.is_text(d) or _digest.algorithm_of(d) != algorithm:
-            raise bad(f"'files'[{r}] must be a {algorithm} digest text, found {str(d)[:80]!r}")
+            raise bad(f"'files'[{r}] must be a {algorithm} digest text, found {_paths.show(d)}")
     world = len(digests)
 
     table = root["chunks"]
@@ -242,7 +265,7 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
             if (type(entry) is not list or len(entry) != 3 or type(entry[0]) is not int
                     or not 0 <= entry[0] < world or not _int_list(entry[1], len(info.shape))
                     or not _int_list(entry[2], len(info.shape))):
-                raise FormatError(f"{what}: malformed chunk {str(entry)[:80]}: expected [rank < {world}, "
+                raise FormatError(f"{what}: malformed chunk {_paths.show(entry)}: expected [rank < {world}, "
                                   f"offsets, sizes] with {len(info.shape)} non-negative ints each")
             out.append(Chunk(entry[0], tiling.Box(tuple(entry[1]), tuple(entry[2]))))
         if [_chunk_order(c) for c in out] != sorted({_chunk_order(c) for c in out}):
@@ -259,6 +282,7 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
         raise bad("'per_rank' holds a path with a key that is not a key value") from None
     if any(not a < b for a, b in itertools.pairwise(keys)):
         raise bad("'per_rank' paths are not in canonical order (or repeat)")
+    _check_per_rank(logical.root, paths, limits, bad)
     return Index(folder, own_digest, list(digests), logical, chunks, list(paths), per_rank_keys(list(paths)))
 
 
@@ -281,6 +305,86 @@ def _check_tree(m: manifest.Manifest, limits: Limits) -> None:
     except RecursionError:
         raise FormatError("the object tree is nested deeper than Python's recursion limit allows") from None
     decoder.check_table([info.name for info in m.tensors], m.version)
+
+
+def _check_shape(info: manifest.TensorInfo, limits: Limits) -> None:
+    """A logical tensor's claimed shape: at most ``limits.max_ndim`` dimensions (as a file's header
+    must have) and at most :data:`MAX_TENSOR_BYTES` bytes. Checked before anything uses the shape."""
+    where = f"tensor {info.name!r}"
+    if len(info.shape) > limits.max_ndim:
+        raise LimitError(f"{where} has {len(info.shape)} dimensions, over max_ndim={limits.max_ndim}",
+                         limit="max_ndim")
+    nbytes = math.prod(info.shape) * info.dtype.itemsize  # Python ints: no overflow
+    if nbytes > MAX_TENSOR_BYTES:
+        raise FormatError(f"{where} claims shape {_paths.show(list(info.shape))} of {info.dtype.name}: "
+                          f"{nbytes} bytes, more than any tensor can hold (2**63 - 1 bytes)")
+
+
+def _check_per_rank(root: Any, per_rank: list[tuple], limits: Limits, bad: Callable[[str], FormatError]) -> None:
+    """Refuse a per-rank path that is not where a writer puts per-rank values (docs/FORMAT.md §14.6).
+
+    Walking the logical tree (its nodes; nothing is built): every key of the path but
+    the last leads through a dict or OrderedDict (by key) or a list (by index), as the
+    writer allows; the last one's parent is a dict or OrderedDict that lacks it, both in
+    canonical order and by Python equality (a key ``True`` would overwrite the key ``1``),
+    and no other per-rank path ends in a key of that dict equal to it. So a per-rank value
+    never replaces a value the logical digest covers, nor another per-rank value, and no
+    per-rank path leads through another one.
+    """
+    decoder = Decoder([], limits.max_depth)  # for key nodes only (the tree was checked)
+    dicts: dict[int, tuple[dict, set]] = {}  # id(dict node) -> ({sort key: value node}, {key})
+    listed = {sort_key(p) for p in per_rank}
+    finals: dict[int, set] = {}  # id(dict node) -> the last keys of the per-rank paths in it
+
+    def entries(node: Any) -> tuple[dict, set]:
+        found = dicts.get(id(node))
+        if found is None:
+            pairs = [(decoder.decode(node[i]), node[i + 1])
+                     for i in range(1 if node[0] == "dict" else 2, len(node) - 1, 2)]
+            found = dicts[id(node)] = ({sort_key(k): v for k, v in pairs}, {k for k, _ in pairs})
+        return found
+
+    def refuse(problem: str) -> FormatError:
+        return bad(f"{problem}; a per-rank value is the value of a dict key that the logical state lacks, "
+                   "reached from the root through dicts and lists (docs/FORMAT.md §14.6): this index was "
+                   "not written by tensorcanon.dcp, or was edited")
+
+    for path in per_rank:
+        node = root
+        for i, k in enumerate(path):
+            last = i == len(path) - 1
+            tag = tag_of(node)
+            if tag in ("dict", "odict"):
+                by_order, keys = entries(node)
+                child = by_order.get(sort_key(k))
+                if not last and child is None:
+                    inside = sort_key(path[: i + 1]) in listed
+                    raise refuse(f"per-rank path {_paths.join(path)} leads through {_paths.join(path[: i + 1])}, "
+                                 + ("another per-rank path" if inside else "which the logical state does not hold"))
+                if last:
+                    if child is not None or k in keys:
+                        raise refuse(f"per-rank path {_paths.join(path)} names a value of the logical state")
+                    taken = finals.setdefault(id(node), set())
+                    if k in taken:  # ("d", (1,)) and ("d", (True,)): one key to Python
+                        raise refuse(f"per-rank path {_paths.join(path)} and another one are the same key "
+                                     "to Python (no dict holds both)")
+                    taken.add(k)
+            elif tag == "list" and not last and type(k) is int and 0 <= k < len(node) - 1:
+                child = node[k + 1]
+            else:
+                held = ("a list" if last else f"a list without an item {_paths.show(k)}") if tag == "list" \
+                    else _kind(node)
+                raise refuse(f"per-rank path {_paths.join(path)}: its {'parent' if last else 'ancestor'} "
+                             f"{_paths.join(path[:i])} is {held} in the logical state")
+            node = child
+
+
+def _kind(node: Any) -> str:
+    """What a tree node holds, in words for a message (``a tuple``, ``an int``, ``None``...)."""
+    if node is None:
+        return "None"
+    kind = "int" if type(node) is msgpack.ExtType else tag_of(node) or type(node).__name__
+    return {"obj": "a registered object"}.get(kind, ("an " if kind[0] in "aeiou" else "a ") + kind)
 
 
 def _int_list(v: Any, n: int) -> bool:

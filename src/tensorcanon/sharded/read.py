@@ -20,6 +20,7 @@ from .. import digest, placement, tensorbytes, writer
 from ..errors import FormatError, IntegrityError, TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..manifest import TensorInfo
+from ..ordering import sort_key
 from ..tree import Decoder
 from . import layout, tiling
 from .files import RankFile, RankFiles, with_context
@@ -36,14 +37,25 @@ def chunk_info(files: RankFiles, index: layout.Index, t: int, c: layout.Chunk) -
     if row.dtype is not info.dtype or row.shape != tuple(c.sizes) or row.kind != "tensor" or row.requires_grad:
         raise FormatError(
             f"{what()}: the rank file stores it as {row.kind} {row.dtype.name}{list(row.shape)}"
-            f"{' requiring grad' if row.requires_grad else ''}, but the index expects tensor "
-            f"{info.dtype.name}{list(c.sizes)}"
+            f"{' requiring grad' if row.requires_grad else ''}, but the index "
+            f"{layout.index_path(index.folder)} expects tensor {info.dtype.name}{list(c.sizes)}"
         )
     return f, row
 
 
+def chunk_rows(index: layout.Index, files: RankFiles, t: int) -> list[tuple[RankFile, TensorInfo]]:
+    """The rank-file rows of every chunk of logical tensor ``t`` (:func:`chunk_info`), in index order.
+
+    Finding them bounds the tensor's claimed size by bytes that exist: each row's size is
+    bounded by its rank file's size (the file's header was checked against it when it was
+    opened), the rows have the chunks' sizes, and the chunks tile the tensor (layout.read).
+    Call it before allocating anything for the tensor.
+    """
+    return [chunk_info(files, index, t, c) for c in index.chunks[t]]
+
+
 def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memoryview], object] | None = None,
-           *, check_chunks: bool = True) -> bytes:
+           *, check_chunks: bool = True, rows: list[tuple[RankFile, TensorInfo]] | None = None) -> bytes:
     """Feed logical tensor ``t``'s bytes in C order to ``sink`` and return its digest.
 
     Raises :class:`IntegrityError` naming the tensor when the digest differs from the
@@ -52,13 +64,15 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
     its own digest as it passes; without (loading, consolidating) the logical digest
     alone proves every byte, and the chunks are hashed only when it differs, to name
     the damaged one. Nothing is verified before it is given to ``sink``: callers that
-    keep the bytes discard them when this raises.
+    keep the bytes discard them when this raises. ``rows``: :func:`chunk_rows`, if the
+    caller found them already.
     """
     info = index.logical.tensors[t]
     chunks = index.chunks[t]
     algorithm = index.algorithm
     itemsize = info.dtype.itemsize
-    rows = [chunk_info(files, index, t, c) for c in chunks]
+    if rows is None:
+        rows = chunk_rows(index, files, t)
     whole = len(chunks) == 1 and tuple(chunks[0].sizes) == tuple(info.shape)
     h = digest.tensor_hasher(info.dtype.name, info.shape, algorithm)
     per_chunk = [digest.tensor_hasher(info.dtype.name, c.sizes, algorithm) if check_chunks and not whole else None
@@ -109,8 +123,14 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
 
 
 def read_tensor(index: layout.Index, files: RankFiles, t: int, map_location: Any = None) -> Any:
-    """Logical tensor ``t`` assembled from its chunks, verified, with its recorded kind."""
+    """Logical tensor ``t`` assembled from its chunks, verified, with its recorded kind.
+
+    Its buffer is allocated only once every chunk's row is found (:func:`chunk_rows`), so
+    an index that claims more bytes than its rank files hold is refused, naming the chunk,
+    before anything of that size is allocated.
+    """
     info = index.logical.tensors[t]
+    rows = chunk_rows(index, files, t)
     buf, mv = tensorbytes.empty_buffer(info.nbytes, info.kind)
     pos = 0
 
@@ -119,7 +139,7 @@ def read_tensor(index: layout.Index, files: RankFiles, t: int, map_location: Any
         mv[pos : pos + len(piece)] = piece
         pos += len(piece)
 
-    stream(index, files, t, copy, check_chunks=False)
+    stream(index, files, t, copy, check_chunks=False, rows=rows)
     value = tensorbytes.finish(buf, info.dtype, info.shape, info.kind, info.name)
     return placement.as_recorded(value, info, map_location, lambda: info.name)
 
@@ -139,7 +159,9 @@ def load_unsharded(folder: str | os.PathLike, *, rank: int | None = None, map_lo
 
     ``rank=None`` (the default) gives the logical state, whose
     ``tensorcanon.fingerprint`` is the checkpoint's logical digest; per-rank values
-    are left out. ``rank=r`` adds rank ``r``'s per-rank values at their paths.
+    are left out. ``rank=r`` adds rank ``r``'s per-rank values at their paths, which
+    the index guarantees are keys the logical state lacks (layout.read), so the
+    logical state's values are exactly those that :func:`verify` covers either way.
     """
     index = _open(folder, limits)
     if rank is not None and (type(rank) is not int or not 0 <= rank < index.world_size):
@@ -159,10 +181,15 @@ def load_unsharded(folder: str | os.PathLike, *, rank: int | None = None, map_lo
 
 
 def _insert(root: Any, path: tuple, value: Any) -> None:
-    """Put a per-rank value back at its path (its parent is a dict in the logical state)."""
+    """Put a per-rank value back at its path. layout.read checked the path against the logical
+    tree: it leads through dicts (by key, in canonical order) and lists to a dict that lacks
+    its last key."""
     parent = root
     for k in path[:-1]:
-        parent = parent[k]
+        if type(parent) is list or k in parent:
+            parent = parent[k]
+        else:  # a key equal to itself only canonically: a NaN (Python's == says no)
+            parent = next(v for key, v in parent.items() if sort_key(key) == sort_key(k))
     parent[path[-1]] = value
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from .. import paths
 from ..limits import DEFAULT, Limits
 from . import layout, read
 
@@ -66,7 +67,7 @@ def describe(path: str | os.PathLike, limits: Limits = DEFAULT) -> dict[str, Any
         "files": [os.path.basename(index.file_path(r)) for r in range(index.world_size)],
         "chunks": {info.name: [{"rank": c.rank, "offsets": list(c.offsets), "sizes": list(c.sizes)}
                                for c in index.chunks[t]] for t, info in enumerate(index.logical.tensors)},
-        "per_rank": [list(map(repr, p)) for p in index.per_rank],
+        "per_rank": [paths.join(p) for p in index.per_rank],  # (repr fails on an int of 4,300+ digits)
         "size": sum(os.path.getsize(os.path.join(index.folder, n)) for n in
                     [layout.INDEX_NAME] + [os.path.basename(index.file_path(r)) for r in range(index.world_size)]),
     }
