@@ -495,14 +495,14 @@ def _fingerprint(path: str) -> tuple[str, str]:
         import xxhash
 
         h = xxhash.xxh3_128()
-        with open(path, "rb") as fh:
+        with open_path(path) as fh:
             while chunk := fh.read(1 << 20):
                 h.update(chunk)
         return digest.to_text(h.digest()), "bytes"
 
 
 def _first_byte_difference(a: str, b: str) -> str:
-    with open(a, "rb") as fa, open(b, "rb") as fb:
+    with open_path(a) as fa, open_path(b) as fb:
         offset = 0
         while True:
             x, y = fa.read(1 << 16), fb.read(1 << 16)

@@ -131,12 +131,15 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
     A folder contributes every file under it with a suffix in :data:`SUFFIXES`.
     Raises :class:`~tensorcanon.MissingFileError` (a ``FileNotFoundError``) for a path that does
     not exist or a glob that matches nothing, so a typo never produces an empty lockfile.
+    Anything else that is not a folder is listed too, a FIFO or a device included: hashing it
+    then refuses it, naming it (it is never opened as a stream, which could wait forever).
     """
     found: set[str] = set()
     skip = os.path.abspath(exclude) if exclude else None
     for pattern in patterns:
         if _has_magic(pattern):
-            matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m) or _checkpoint(m)]
+            matches = [m for m in glob.glob(pattern, recursive=True)
+                       if (os.path.exists(m) and not os.path.isdir(m)) or _checkpoint(m)]
             if not matches:
                 raise MissingFileError(f"no file matches {pattern!r}", filename=pattern)
         elif os.path.isdir(pattern):
@@ -149,7 +152,7 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
                 matches.extend(os.path.join(root, name) for name in names if name.lower().endswith(SUFFIXES))
             if not matches:
                 raise MissingFileError(f"folder {pattern!r} holds no {'/'.join(SUFFIXES)} files", filename=pattern)
-        elif os.path.isfile(pattern):
+        elif os.path.exists(pattern):  # a file, or a FIFO or device that make_lock refuses by name
             matches = [pattern]
         else:
             raise MissingFileError(f"{pattern!r} does not exist", filename=pattern)
@@ -272,7 +275,7 @@ def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
     version, entries = _read(lock_path)
     for entry in entries:
         path = os.path.join(base, *entry.path.split("/"))
-        if not (os.path.isfile(path) or os.path.isdir(path)):
+        if not os.path.exists(path):  # (a FIFO or a device is there: "unreadable", below)
             results.append(CheckResult(entry, "missing", message="file not found"))
             continue
         size = os.path.getsize(path) if os.path.isfile(path) else None

@@ -16,11 +16,12 @@ import errno
 import functools
 import mmap
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from .errors import FileAccessError, FormatError, MissingFileError, UsageError
+from .errors import FileAccessError, FormatError, MissingFileError, TensorCanonError, UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -152,6 +153,23 @@ class Source:
         lo = (base + offset) & ~(_PAGE - 1)
         return madvise(lo, base + offset + n - lo, _MADV_POPULATE_READ) == 0
 
+    def shrunk(self) -> bool:
+        """True when the mapped file is now shorter than its map: another process truncated it,
+        and reading the lost pages would kill the process with SIGBUS.
+
+        Asks Linux whether the map's last page can still be read (``MADV_POPULATE_READ``,
+        5.14 and later); False where that cannot be known (no map, another system, an
+        older kernel). A file cut short after this check, while its pages are read, still
+        raises SIGBUS: the check narrows that window to one read, it does not close it.
+        """
+        if self.mapped is None or not self.mapped.numel():
+            return False
+        madvise = _madvise()
+        if madvise is None:
+            return False
+        last = (self.mapped.data_ptr() + self.mapped.numel() - 1) & ~(_PAGE - 1)
+        return madvise(last, _PAGE, _MADV_POPULATE_READ) != 0 and ctypes.get_errno() == errno.EFAULT
+
     def release(self) -> None:
         """Drop this Source's view of its bytes; a mapping is unmapped once no tensor views it."""
         if self.data is not None:
@@ -187,15 +205,69 @@ def _os_error(e: OSError, path: str, doing: str) -> FileAccessError:
     return FileAccessError(f"cannot {doing} {path!r}: {e.strerror or e}", filename=path, errno=e.errno)
 
 
-def open_path(path: str | os.PathLike, doing: str = "read", what: str = "a tensorcanon file") -> BinaryIO:
-    """``open(path, "rb", buffering=0)`` with the library's errors (a folder is a FormatError)."""
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def _not_regular(path: str, mode: int, doing: str, what: str) -> TensorCanonError:
+    """The error for a path that names no regular file (a directory keeps its own error)."""
+    if stat.S_ISDIR(mode):
+        return FormatError(f"{path!r} is a directory, not {what}")
+    kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+    return FileAccessError(
+        f"cannot {doing} {path!r}: it is {kind}, not a regular file; tensorcanon opens only regular files "
+        "by path, as reading anything else could wait forever. To read a stream deliberately, pass an open "
+        "binary file object: tensorcanon.load(open(path, 'rb')) or tensorcanon.load(sys.stdin.buffer)",
+        filename=path)
+
+
+# Opening never waits (a FIFO with no writer would block open() itself), never makes a terminal the
+# controlling one, and the descriptor does not leak into child processes.
+_READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+
+
+def open_fd(path: str | os.PathLike, doing: str = "read", what: str = "a tensorcanon file") -> int:
+    """A read-only descriptor of the *regular* file at ``path`` (a symlink to one is followed).
+
+    Every file the library opens by path goes through here. It is opened without
+    blocking and checked with ``fstat`` before anything is read: a FIFO, a socket
+    or a device (``/dev/zero``, ``/dev/stdin`` when it is a pipe) is refused with a
+    :class:`FileAccessError` that says what it is, as reading one could block
+    forever or never end; a folder is a :class:`FormatError`. The descriptor reads
+    normally (blocking) once returned; the caller closes it.
+    """
     name = os.fspath(path)
     try:
-        return open(name, "rb", buffering=0)
+        fd = os.open(name, _READ_FLAGS)
     except IsADirectoryError:
         raise FormatError(f"{name!r} is a directory, not {what}") from None
     except OSError as e:
+        if e.errno == errno.ENXIO:  # a socket cannot be opened at all: say what it is
+            try:
+                mode = os.stat(name).st_mode
+            except OSError:
+                mode = stat.S_IFREG
+            if not stat.S_ISREG(mode):
+                raise _not_regular(name, mode, doing, what) from None
         raise _os_error(e, name, doing) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(name, mode, doing, what)
+        if _READ_FLAGS & getattr(os, "O_NONBLOCK", 0):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_path(path: str | os.PathLike, doing: str = "read", what: str = "a tensorcanon file") -> BinaryIO:
+    """The regular file at ``path``, as ``open(path, "rb", buffering=0)`` gives it, checked by :func:`open_fd`."""
+    name = os.fspath(path)
+    fd = open_fd(name, doing, what)
+    return open(name, "rb", buffering=0, opener=lambda _name, _flags: fd)
 
 
 def map_file(name: str) -> Source:
