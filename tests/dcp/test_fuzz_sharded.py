@@ -35,7 +35,6 @@ from tensorcanon.sharded import layout
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz"))
 
 import hostile_lib as h
-
 from helpers import Shard, distribute_tensor
 from threaded import run_ranks
 
@@ -73,8 +72,8 @@ def base(tmp_path_factory) -> str:
 # under a list, under a leaf, under another per-rank path), and keys whose names collide.
 PATHS = [("rng",), ("step",), ("b",), ("b", 0), ("b", 9), ("model",), ("model", "w"), ("model", "b"),
          ("model", "new"), ("cfg",), ("cfg", "name"), ("cfg", "pair"), ("cfg", "pair", 0), ("cfg", "new"),
-         ("new",), ("new", "deeper"), ("rng", "rank"), ("rng", "x"), ("step", "x"), ("a.b",), ("a", "b"), ("groups", 0, "new"),
-         ("groups", 0, "lr"), ("groups", 1, "new"), ("groups", 0),
+         ("new",), ("new", "deeper"), ("rng", "rank"), ("rng", "x"), ("step", "x"), ("a.b",), ("a", "b"),
+         ("groups", 0, "new"), ("groups", 0, "lr"), ("groups", 1, "new"), ("groups", 0),
          (0,), (1.5,), ("flags",)]
 
 
