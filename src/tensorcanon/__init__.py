@@ -33,7 +33,7 @@ from .limits import Limits
 from .manifest import VERSION as FORMAT_VERSION
 from .registry import register, unregister
 from .rng import RngRestoreError, RngState  # importing rng registers the generator tags
-from .seeded import SeededDataset
+from .seeded import SeededCollator, SeededDataset
 
 __version__ = "0.1.0"
 
@@ -46,5 +46,5 @@ __all__ = [
     "UnsupportedTypeError", "DeviceUnavailableError", "UnsupportedAlgorithmError", "UsageError",
     "FileAccessError", "MissingFileError",
     "RngState", "RngRestoreError", "seed_everything", "DeterminismSettings",
-    "seed_worker", "ResumableSampler", "SamplerStateError", "SeededDataset",
+    "seed_worker", "ResumableSampler", "SamplerStateError", "SeededDataset", "SeededCollator",
 ]

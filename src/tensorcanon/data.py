@@ -86,13 +86,19 @@ def _as_count(value: Any, what: str) -> int:
 
 
 class SampleIndex(int):
-    """A dataset index that carries the sampler's ``seed`` and the ``epoch`` it belongs to.
+    """A dataset index that carries the sampler's ``seed``, the ``epoch`` it belongs to and its
+    ``position`` in that epoch's order.
 
     A :class:`ResumableSampler` wrapped by :class:`tensorcanon.SeededDataset`
     yields these instead of plain ints, so the epoch reaches ``__getitem__``
-    even in a persistent worker whose copy of the sampler is stale. It is an
-    ``int`` (equal to, and hashing like, the plain index), so any other dataset
-    indexed with it behaves as with the plain index.
+    even in a persistent worker whose copy of the sampler is stale, and the
+    position of a batch's first sample reaches :class:`tensorcanon.SeededCollator`.
+    It is an ``int`` (equal to, and hashing like, the plain index), so any
+    other dataset indexed with it behaves as with the plain index.
+
+    ``position`` counts the samples of the epoch's order before this one, over
+    all ranks: rank ``r`` of ``R``'s ``p``-th sample is at ``p·R + r``
+    (None when the index was made by hand without one).
 
     Example::
 
@@ -100,9 +106,10 @@ class SampleIndex(int):
     """
 
     _key: tuple[int, int]  # (epoch, seed), shared by the indices of one epoch
+    _position: int | None
 
-    def __new__(cls, index: int, epoch: int, seed: int) -> SampleIndex:
-        return _sample_index(index, (epoch, seed))
+    def __new__(cls, index: int, epoch: int, seed: int, position: int | None = None) -> SampleIndex:
+        return _sample_index(index, (epoch, seed), position)
 
     @property
     def epoch(self) -> int:
@@ -112,16 +119,22 @@ class SampleIndex(int):
     def seed(self) -> int:
         return self._key[1]
 
+    @property
+    def position(self) -> int | None:
+        return self._position
+
     def __reduce__(self) -> tuple:
-        return (_sample_index, (int(self), self._key))
+        return (_sample_index, (int(self), self._key, self._position))
 
     def __repr__(self) -> str:
-        return f"SampleIndex({int(self)}, epoch={self.epoch}, seed={self.seed})"
+        at = "" if self._position is None else f", position={self._position}"
+        return f"SampleIndex({int(self)}, epoch={self.epoch}, seed={self.seed}{at})"
 
 
-def _sample_index(index: int, key: tuple[int, int]) -> SampleIndex:
+def _sample_index(index: int, key: tuple[int, int], position: int | None = None) -> SampleIndex:
     self = int.__new__(SampleIndex, index)
     self._key = key
+    self._position = position
     return self
 
 
@@ -227,8 +240,8 @@ class ResumableSampler(Sampler[int]):
         self._reseed()
         rest = self.order()[self.position:]
         if self._sample_indices:
-            key = (self.epoch, self.seed)
-            return (_sample_index(i, key) for i in rest)
+            key, replicas, rank = (self.epoch, self.seed), self.num_replicas, self.rank
+            return (_sample_index(i, key, p * replicas + rank) for p, i in enumerate(rest, self.position))
         return iter(rest)
 
     # ------------------------------------------------------------------ position
