@@ -45,7 +45,20 @@ def test_resume_in_a_fresh_process_is_bit_identical(runs, workers, step):
     full, res = first[f"w{workers}"], resumed[f"w{workers}"][str(step)]
     assert full["steps"] == accelerate_run.TOTAL and full["crashed_at"] == accelerate_run.CRASH_AT
     assert res["resumed_at"] == step and res["steps"] == accelerate_run.TOTAL
+    assert res["losses"] == full["losses"][step:]  # every batch after the resume point
     assert res["digest"] == full["full"]  # model, optimizer, scheduler, registered object, sampler
+
+
+@pytest.mark.parametrize("step", accelerate_run.SKIP["save_at"])
+def test_resume_through_skip_first_batches_with_gradient_accumulation_is_bit_identical(runs, step):
+    # accelerate's own resume pattern (skip_first_batches, no track), a random collate_fn in 2
+    # workers, gradient_accumulation_steps=2; the crashed run stopped inside an accumulation window.
+    first, resumed, _ = runs
+    full, res = first["skip"], resumed["skip"][str(step)]
+    assert full["steps"] == accelerate_run.TOTAL and full["crashed_at"] == accelerate_run.SKIP["crash_at"]
+    assert res["resumed_at"] == step and res["steps"] == accelerate_run.TOTAL
+    assert res["losses"] == full["losses"][step:]
+    assert res["digest"] == full["full"]
 
 
 def test_saved_folder_holds_only_canonical_files(runs):

@@ -73,6 +73,22 @@ def test_fit_resumed_in_a_fresh_process_is_bit_identical(runs, workers, reload, 
     assert res["digest"] == full["digest"]
 
 
+@pytest.mark.parametrize("ckpt", list(lightning_run.ACCUMULATE["resume_from"]))
+def test_fit_with_gradient_accumulation_resumed_mid_epoch_is_bit_identical(runs, ckpt):
+    # accumulate_grad_batches=2, 2 workers, a random collate_fn; crashed inside a window after step 7.
+    first, resumed = runs
+    name = lightning_run.ACCUMULATE["name"]
+    full, crashed, res = first[name]["full"], first[name]["crashed"], resumed[name][ckpt]
+    step = lightning_run.ACCUMULATE["resume_from"][ckpt]
+    batches = lightning_run.EPOCHS * lightning_run.N // lightning_run.BATCH
+    assert full["steps"] == batches // 2 and len(full["micro"]) == batches
+    assert crashed["steps"] == lightning_run.ACCUMULATE["crash_at"] and len(crashed["micro"]) % 2 == 1
+    assert res["steps"] == full["steps"]
+    # Every batch's loss after the resume point (2 per optimizer step), and the final state.
+    assert res["micro"] == full["micro"][2 * step:]
+    assert res["digest"] == full["digest"]
+
+
 @pytest.fixture(scope="module")
 def ddp_runs(tmp_path_factory) -> tuple[dict, dict, Path]:
     # Two launches of 2 DDP processes each (Lightning starts rank 1 by running the script again):

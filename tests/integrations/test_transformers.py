@@ -5,7 +5,10 @@
   by from_pretrained bit for bit (GPT-2, BERT, Llama);
 - CanonicalTrainer's checkpoints hold no pickle, and a Trainer run resumed from
   one in a fresh process (torch.load and pickle patched to raise) ends with the
-  digest of a run that never stopped.
+  digest of a run that never stopped;
+- so does a BERT trained with a random data collator (MLM masking), gradient
+  accumulation and DataLoader workers, resumed mid-epoch: the same loss at every
+  micro-batch, whatever the number of workers.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def test_from_pretrained_reads_a_tensorcanon_file(name, tmp_path):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[dict, dict, object]:
+    # One fresh process trains every scenario uninterrupted and crashed, another resumes them all.
     out = tmp_path_factory.mktemp("transformers")
     first, resume = first_and_resume("transformers_run.py", out)
     return first, resume, out
@@ -80,8 +84,9 @@ def runs(tmp_path_factory) -> tuple[dict, dict, object]:
 @pytest.mark.parametrize("step", transformers_run.RESUME_FROM)
 def test_trainer_resumed_in_a_fresh_process_is_bit_identical(runs, step):
     first, resumed, _ = runs
-    assert first["steps"] == 30 and resumed[str(step)]["steps"] == 30
-    assert resumed[str(step)]["digest"] == first["digest"]   # model, optimizer, scheduler
+    full, res = first["gpt2"]["full"], resumed["gpt2"][str(step)]
+    assert full["steps"] == 30 and res["steps"] == 30
+    assert res["digest"] == full["digest"]   # model, optimizer, scheduler
 
 
 def test_trainer_checkpoint_holds_no_pickle(runs):
@@ -108,3 +113,59 @@ def test_trainer_refuses_to_resume_without_the_random_state(runs, tmp_path):
     trainer = transformers_run.trainer(tmp_path / "run", save=False, crash=False)
     with pytest.raises(tensorcanon.MissingFileError, match="rng_state.safetensors"):
         trainer.train(resume_from_checkpoint=str(folder))  # the stock Trainer logs and goes on
+
+
+MLM_CASES = [(c, k) for c in transformers_run.MLM_CONFIGS for k in transformers_run.MLM_RESUME_FROM]
+
+
+@pytest.mark.parametrize("config,step", MLM_CASES, ids=[f"{c}-from{k}" for c, k in MLM_CASES])
+def test_trainer_with_a_random_collator_resumes_mid_epoch_bit_identical(runs, config, step):
+    # The stock Trainer (and CanonicalTrainer before it seeded the data) fails from steps 4 and 8:
+    # the first loss after the resume already differs.
+    first, resumed, _ = runs
+    full, crashed = first["mlm"][config]["full"], first["mlm"][config]["crashed"]
+    res = resumed["mlm"][config][str(step)]
+    assert full["steps"] == res["steps"] == 12 and crashed["steps"] == transformers_run.MLM_CRASH_AFTER
+    assert len(full["losses"]) == 24  # 2 micro-batches per optimizer step
+    # Every micro-batch's loss after the resume point, and the final model, optimizer and scheduler.
+    assert res["losses"] == [entry for entry in full["losses"] if entry[0] >= step]
+    assert res["digest"] == full["digest"]
+
+
+def test_trainer_batches_do_not_depend_on_the_workers(runs):
+    first, _, _ = runs
+    digests = {c: first["mlm"][c]["full"]["digest"] for c in transformers_run.MLM_CONFIGS}
+    assert len(set(digests.values())) == 1, digests  # workers 0, 2, persistent; seeded by the user or not
+
+
+def test_no_checkpoint_of_the_random_collator_runs_holds_a_pickle(runs):
+    _, _, out = runs
+    folders = sorted((out / "mlm").glob("*/crashed/checkpoint-*"))
+    assert len(folders) == 4 * len(transformers_run.MLM_CONFIGS)  # steps 2, 4, 6, 8
+    for folder in folders:
+        for f in folder.iterdir():
+            assert not is_pickle_or_zip(f.read_bytes()) and not f.name.endswith((".pt", ".pth", ".bin")), f
+
+
+def test_trainer_seeds_the_training_data_where_it_can(tmp_path):
+    t = transformers_run.mlm_trainer("w0", tmp_path, save=False, crash=False)
+    loader = t.get_train_dataloader()
+    sampler = loader.batch_sampler.sampler
+    assert isinstance(sampler, tensorcanon.ResumableSampler) and sampler.shuffle and sampler.seed == t.args.seed
+    assert isinstance(loader.dataset, tensorcanon.SeededDataset)
+    assert isinstance(loader.collate_fn, tensorcanon.SeededCollator)  # outermost: it gets the batch's key
+    assert loader.base_dataloader.generator is sampler.generator       # no draw from the global generator
+    t.args.train_sampling_strategy = "sequential"
+    assert not t.get_train_dataloader().batch_sampler.sampler.shuffle
+    t.args.train_sampling_strategy = "group_by_length"                 # the Trainer's own sampler, unseeded
+    loader = t.get_train_dataloader()
+    assert not isinstance(loader.dataset, tensorcanon.SeededDataset)
+    assert not isinstance(loader.collate_fn, tensorcanon.SeededCollator)
+
+    class OwnSampler(transformers_run.Recording):
+        def _get_train_sampler(self, train_dataset=None):
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+
+    own = OwnSampler(model=t.model, args=transformers_run.mlm_trainer("w0", tmp_path, False, False).args,
+                     train_dataset=t.train_dataset, data_collator=t.data_collator)
+    assert isinstance(own.get_train_dataloader().batch_sampler.sampler, torch.utils.data.SequentialSampler)

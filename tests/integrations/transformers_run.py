@@ -1,11 +1,24 @@
 """Real transformers Trainer runs for tests/integrations/test_transformers.py, as fresh processes.
 
-``python transformers_run.py first OUT`` trains a tiny GPT-2 (built from a
-config: nothing is downloaded) with CanonicalTrainer, once without stopping and
-once saving a checkpoint every 5 steps and crashing at step 16.
-``python transformers_run.py resume OUT`` resumes from checkpoint-10 (end of
-epoch 0) and checkpoint-15 (mid epoch 1) in a fresh process, with torch.load
-and pickle patched to raise for the whole resumed run, and trains to the end.
+Two scenarios, each run once without stopping and once saving checkpoints and
+crashing (``python transformers_run.py first OUT``), then resumed in a fresh
+process from several checkpoints, with torch.load and pickle patched to raise
+for the whole resumed run (``python transformers_run.py resume OUT``):
+
+- ``gpt2``: a tiny GPT-2 (built from a config: nothing is downloaded), 3 epochs
+  of 10 steps, a checkpoint every 5 steps, a crash at step 16; resumed from
+  checkpoint-10 (end of epoch 0) and checkpoint-15 (mid epoch 1).
+- ``mlm``: a tiny BertForMaskedLM (the tokenizer from an in-memory vocabulary)
+  with DataCollatorForLanguageModeling (masks drawn from torch's global
+  generator in the collator), dropout, gradient_accumulation_steps=2 and a
+  linear schedule with warm-up: 48 samples, batch 4, 2 epochs of 6 optimizer
+  steps, a checkpoint every 2 steps, a crash inside the accumulation window
+  after step 9; for every configuration of MLM_CONFIGS (workers 0 and 2,
+  persistent workers, the collator as it is and wrapped in SeededCollator by the
+  user), resumed from MLM_RESUME_FROM (mid epoch 0, the end of epoch 0, mid
+  epoch 1). Each run records the loss of every micro-batch (as hex floats).
+
+Every run records the digest of its final model, optimizer and scheduler.
 """
 
 from __future__ import annotations
@@ -14,17 +27,33 @@ import json
 import os
 import pickle
 import sys
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
+from tokenizers import Tokenizer, models
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments, set_seed
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    DataCollatorForLanguageModeling,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
+    TrainerCallback,
+    TrainingArguments,
+    set_seed,
+)
 
 import tensorcanon
 from tensorcanon.integrations.transformers import CanonicalTrainer
+
+torch.set_num_threads(1)  # tiny models: more threads only wait on each other (and on other tests' processes)
+
+# ------------------------------------------------------------------ gpt2: a plain Trainer run
 
 N, BATCH, EPOCHS, EVERY, CRASH_AT = 40, 4, 3, 5, 16  # 10 steps per epoch
 RESUME_FROM = (10, 15)
@@ -61,36 +90,121 @@ def trainer(out: Path, save: bool, crash: bool) -> CanonicalTrainer:
                             callbacks=[Crash()] if crash else [])
 
 
+# ------------------------------------------------------------------ mlm: a random collator
+
+MLM_N, MLM_ACCUMULATE, MLM_EPOCHS, MLM_EVERY, MLM_CRASH_AFTER = 48, 2, 2, 2, 9  # 6 optimizer steps per epoch
+MLM_RESUME_FROM = (4, 6, 8)
+# name -> (dataloader_num_workers, persistent workers, collator wrapped in SeededCollator by the user)
+MLM_CONFIGS = {"w0": (0, False, False), "w2": (2, False, False), "w2-persistent-seeded": (2, True, True)}
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {t: i for i, t in enumerate(SPECIAL + [f"w{i}" for i in range(59)])}  # 64 tokens
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")),
+                                   pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+                                   mask_token="[MASK]")
+
+
+class Sentences(Dataset):
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(3)
+        self.ids = torch.randint(len(SPECIAL), 64, (MLM_N, 10), generator=g)
+
+    def __len__(self) -> int:
+        return MLM_N
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": [2, *self.ids[i].tolist(), 3]}  # [CLS] ... [SEP]
+
+
+class Recording(CanonicalTrainer):
+    """Records the loss of every micro-batch with the optimizer step it belongs to."""
+
+    losses: list
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.losses.append([self.state.global_step, loss.item().hex()])
+        return loss
+
+
+class CrashInWindow(TrainerCallback):
+    def on_substep_end(self, args, state, control, **kwargs):  # after a micro-batch inside a window
+        if state.global_step == MLM_CRASH_AFTER:
+            raise RuntimeError("simulated crash")
+
+
+def mlm_trainer(config: str, out: Path, save: bool, crash: bool) -> Recording:
+    workers, persistent, user_seeded = MLM_CONFIGS[config]
+    set_seed(0)
+    model = BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=64, max_position_embeddings=16))  # dropout 0.1
+    collator = DataCollatorForLanguageModeling(tokenizer(), mlm_probability=0.3)
+    args = TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=BATCH, gradient_accumulation_steps=MLM_ACCUMULATE,
+        num_train_epochs=MLM_EPOCHS, learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=3,
+        save_strategy="steps" if save else "no", save_steps=MLM_EVERY, logging_strategy="no", report_to=[],
+        seed=0, use_cpu=True, dataloader_num_workers=workers, dataloader_persistent_workers=persistent,
+        disable_tqdm=True)
+    t = Recording(model=model, args=args, train_dataset=Sentences(),
+                  data_collator=tensorcanon.SeededCollator(collator) if user_seeded else collator,
+                  callbacks=[CrashInWindow()] if crash else [])
+    t.losses = []
+    return t
+
+
+# ------------------------------------------------------------------ running them
+
 def digest(t: CanonicalTrainer) -> str:
     return tensorcanon.fingerprint({"model": dict(t.model.state_dict()), "optimizer": t.optimizer.state_dict(),
                                     "scheduler": t.lr_scheduler.state_dict()})
+
+
+def _record(t: CanonicalTrainer) -> dict:
+    return {"digest": digest(t), "steps": t.state.global_step, "losses": getattr(t, "losses", None)}
 
 
 def _refuse(*args, **kwargs):
     raise AssertionError("torch.load / pickle was called while resuming")
 
 
+def _first(make) -> dict:
+    full = make(save=False, crash=False)
+    full.train()
+    crashed = make(save=True, crash=True)
+    try:
+        crashed.train()
+    except RuntimeError as e:
+        assert "simulated crash" in str(e)
+    return {"full": _record(full), "crashed": _record(crashed)}
+
+
+def _resume(t: CanonicalTrainer, checkpoint: Path) -> dict:
+    saved = torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler
+    torch.load = torch.serialization.load = pickle.load = pickle.loads = pickle.Unpickler = _refuse
+    try:
+        t.train(resume_from_checkpoint=str(checkpoint))
+    finally:
+        torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler = saved
+    return _record(t)
+
+
 def main(mode: str, out: Path) -> None:
+    warnings.simplefilter("ignore")
     if mode == "first":
-        full = trainer(out / "full", save=False, crash=False)
-        full.train()
-        crashed = trainer(out / "crashed", save=True, crash=True)
-        try:
-            crashed.train()
-        except RuntimeError as e:
-            assert "simulated crash" in str(e)
-        result = {"digest": digest(full), "steps": full.state.global_step}
+        result = {"gpt2": _first(lambda save, crash: trainer(out / ("crashed" if crash else "full"), save, crash)),
+                  "mlm": {c: _first(lambda save, crash, c=c: mlm_trainer(c, out / "mlm" / c /
+                                                                        ("crashed" if crash else "full"),
+                                                                        save, crash))
+                          for c in MLM_CONFIGS}}
     else:
-        result = {}
-        for step in RESUME_FROM:
-            t = trainer(out / f"resumed{step}", save=False, crash=False)
-            saved = torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler
-            torch.load = torch.serialization.load = pickle.load = pickle.loads = pickle.Unpickler = _refuse
-            try:
-                t.train(resume_from_checkpoint=str(out / "crashed" / f"checkpoint-{step}"))
-            finally:
-                torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler = saved
-            result[str(step)] = {"digest": digest(t), "steps": t.state.global_step}
+        result = {"gpt2": {str(k): _resume(trainer(out / f"resumed{k}", save=False, crash=False),
+                                           out / "crashed" / f"checkpoint-{k}") for k in RESUME_FROM},
+                  "mlm": {c: {str(k): _resume(mlm_trainer(c, out / "mlm" / c / f"resumed{k}", save=False, crash=False),
+                                              out / "mlm" / c / "crashed" / f"checkpoint-{k}")
+                              for k in MLM_RESUME_FROM}
+                          for c in MLM_CONFIGS}}
     (out / f"{mode}.json").write_text(json.dumps(result))
 
 

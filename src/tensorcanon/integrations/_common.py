@@ -3,7 +3,9 @@ restoring settings. Imports no framework."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -13,6 +15,21 @@ from ..determinism import DeterminismSettings, DeterminismWarning
 from ..errors import UnsupportedTypeError
 from ..limits import DEFAULT, Limits
 from ..placement import device_exists
+
+
+@contextlib.contextmanager
+def framework_import(extra: str, *packages: str) -> Iterator[None]:
+    """Around an integration's framework imports: a missing ``packages`` raises a
+    ``ModuleNotFoundError`` that says which extra installs it; other import errors pass unchanged."""
+    try:
+        yield
+    except ImportError as e:
+        missing = (e.name or "").partition(".")[0]
+        if missing not in packages:
+            raise
+        raise ModuleNotFoundError(
+            f"tensorcanon.integrations.{extra} needs the {missing} package, which cannot be imported "
+            f"({e}); install it with: pip install \"tensorcanon[{extra}]\"", name=e.name) from e
 
 
 def sampler_of(loader: Any) -> ResumableSampler | None:

@@ -50,17 +50,18 @@ import shutil
 from collections.abc import Iterator
 from typing import Any
 
-from accelerate import Accelerator
-from accelerate.data_loader import BatchSamplerShard
-from accelerate.utils import DistributedType
-
 from .. import api
 from ..determinism import DeterminismSettings
 from ..digest import DEFAULT as _DEFAULT_ALGORITHM
 from ..errors import FormatError, MissingFileError, UsageError
 from ..limits import DEFAULT, Limits
 from ..rng import RngState
-from ._common import apply_settings, batch_size_of, sampler_of
+from ._common import apply_settings, batch_size_of, framework_import, sampler_of
+
+with framework_import("accelerate", "accelerate"):
+    from accelerate import Accelerator
+    from accelerate.data_loader import BatchSamplerShard
+    from accelerate.utils import DistributedType
 
 __all__ = ["save_state", "load_state", "track", "LAYOUT"]
 

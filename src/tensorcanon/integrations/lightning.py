@@ -46,10 +46,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import lightning.pytorch as pl
 import torch
-from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
-from lightning.pytorch.trainer.states import TrainerFn
 
 from .. import api
 from ..data import ResumableSampler
@@ -58,7 +55,12 @@ from ..digest import DEFAULT as _DEFAULT_ALGORITHM
 from ..errors import FormatError, UnsupportedTypeError, UsageError
 from ..limits import DEFAULT, Limits
 from ..rng import RngState
-from ._common import apply_settings, batch_size_of, check_saveable, cpu_when_missing, sampler_of
+from ._common import apply_settings, batch_size_of, check_saveable, cpu_when_missing, framework_import, sampler_of
+
+with framework_import("lightning", "lightning"):
+    import lightning.pytorch as pl
+    from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning.pytorch.trainer.states import TrainerFn
 
 __all__ = ["CanonicalCheckpointIO", "ExactResume", "check_checkpoint", "load_from_checkpoint"]
 

@@ -28,6 +28,20 @@ Example::
     trainer = CanonicalTrainer(model=model, args=args, train_dataset=ds)   # same arguments as Trainer
     trainer.train(resume_from_checkpoint=True)
 
+It also makes the training data's randomness resumable: the training set is
+read through a :class:`tensorcanon.ResumableSampler` (seeded with ``data_seed``,
+else ``seed``) and :class:`tensorcanon.SeededDataset`, and the data collator runs
+under :class:`tensorcanon.SeededCollator`, so random masking in the collator
+(``DataCollatorForLanguageModeling``) and augmentation in ``__getitem__`` draw
+from a state derived from ``(seed, epoch, sample or batch position)`` and never
+from the global generators. The stock Trainer, resuming mid-epoch, collates
+the first ``gradient_accumulation_steps`` batches (and accelerate's one-batch
+look-ahead) before it restores the random state, and in the run that never
+stopped those batches were collated before the checkpoint was taken: no saved
+state can reproduce both. With the data drawing nothing from the global
+generators, the state restored is exactly the one dropout draws from next.
+docs/INTEGRATIONS.md has the details.
+
 Everything else is the Trainer's own logic: when to save, which batches to
 skip on resume, when to restore the random state. Supported: one process or
 DDP; FSDP, DeepSpeed, SageMaker model parallel and TPU keep their engines' own
@@ -37,17 +51,24 @@ checkpoint files and raise here.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import Any
 
 import torch
-from transformers import Trainer
+from torch.utils.data import DataLoader, IterableDataset
 
 from .. import api
+from ..data import ResumableSampler
 from ..determinism import DeterminismSettings
 from ..errors import FormatError, MissingFileError, UsageError
 from ..rng import RngState
-from ._common import apply_settings
+from ..seeded import SeededCollator, SeededDataset
+from ._common import apply_settings, framework_import
+
+with framework_import("transformers", "transformers", "accelerate"):
+    from transformers import Trainer
+    from transformers.trainer_utils import has_length
 
 __all__ = ["CanonicalTrainer"]
 
@@ -56,6 +77,13 @@ SCHEDULER = "scheduler.safetensors"
 SCALER = "scaler.safetensors"
 TRAINING_ARGS = "training_args.json"
 _PICKLED_ARGS = "training_args.bin"
+
+
+def _is_hf_dataset(dataset: Any) -> bool:
+    """Whether ``dataset`` is a ``datasets.Dataset``, whose unused columns the Trainer removes itself
+    (one exists only once the ``datasets`` package is imported)."""
+    datasets = sys.modules.get("datasets")
+    return datasets is not None and isinstance(dataset, datasets.Dataset)
 
 
 def _rng_file(trainer: Trainer) -> str:
@@ -70,12 +98,67 @@ class CanonicalTrainer(Trainer):
     Takes exactly the Trainer's arguments. Checkpoint folders hold no pickle
     (see the module docstring for the layout), and resuming
     (``train(resume_from_checkpoint=...)``) reads them without ``torch.load``;
-    a resumed run is bit-identical to one that never stopped, as far as the
-    Trainer's own resumption is (tested for a tiny GPT-2). A random state that
-    cannot be restored raises :class:`tensorcanon.RngRestoreError` instead of
-    being skipped; determinism settings that differ from the saved run are
-    reported as :class:`~tensorcanon.determinism.DeterminismWarning`.
+    a resumed run is bit-identical to one that never stopped, at any step,
+    mid-epoch included, with random data collators, dropout, gradient
+    accumulation and DataLoader workers (tested for a tiny GPT-2 and a BERT
+    with ``DataCollatorForLanguageModeling``). A random state that cannot be
+    restored raises :class:`tensorcanon.RngRestoreError` instead of being
+    skipped; determinism settings that differ from the saved run are reported
+    as :class:`~tensorcanon.determinism.DeterminismWarning`.
+
+    The training data is seeded as the module docstring says when the
+    training set is map-style with a length and ``train_sampling_strategy`` is
+    ``"random"`` (the default) or ``"sequential"``; the order of the samples is
+    then :class:`tensorcanon.ResumableSampler`'s, not the stock Trainer's.
+    Other strategies, and a subclass that overrides ``_get_train_sampler``,
+    keep the Trainer's sampler and collate unseeded.
     """
+
+    _seeding_collator = False  # True while get_train_dataloader builds the seeded training loader
+
+    # ------------------------------------------------------------------ the training data
+
+    def _training_sampler(self) -> ResumableSampler | None:
+        """The sampler that seeds the training data, or None where the Trainer's own is kept."""
+        ds = self.train_dataset
+        if ds is None or isinstance(ds, IterableDataset) or not has_length(ds):
+            return None
+        if type(self)._get_train_sampler is not Trainer._get_train_sampler:
+            return None  # a subclass chose its own sampler: keep it
+        strategy = getattr(self.args, "train_sampling_strategy", "random")
+        if strategy not in ("random", "sequential") or getattr(self.args, "group_by_length", False):
+            return None
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        return ResumableSampler(ds, shuffle=strategy == "random", seed=seed)
+
+    def get_train_dataloader(self) -> DataLoader:
+        """The Trainer's training DataLoader, reading the data through a ResumableSampler,
+        SeededDataset and SeededCollator (see the class docstring)."""
+        sampler = self._training_sampler()
+        if sampler is None:
+            return super().get_train_dataloader()
+        dataset: Any = self.train_dataset
+        if _is_hf_dataset(dataset):
+            dataset = self._remove_unused_columns(dataset, description="Training")  # as the Trainer would
+        self._seeding_collator = True
+        try:
+            loader = self._get_dataloader(dataset=SeededDataset(dataset, sampler), description="Training",
+                                          batch_size=self._train_batch_size, sampler_fn=lambda _: sampler,
+                                          is_training=True)
+        finally:
+            self._seeding_collator = False
+        # Without a generator each iterator draws its workers' base seed from the global torch RNG:
+        # a resumed run creates iterators where the uninterrupted one did not (persistent workers).
+        base = getattr(loader, "base_dataloader", loader)
+        if isinstance(base, DataLoader) and base.generator is None:
+            base.generator = sampler.generator
+        return loader
+
+    def _get_collator_with_removed_columns(self, data_collator: Any, description: str | None = None) -> Any:
+        collator = super()._get_collator_with_removed_columns(data_collator, description=description)
+        # Outermost, so it receives the SeededBatch itself; a SeededCollator of the user's inside it
+        # (wrapped by the Trainer's RemoveColumnsCollator) gets the batch's key from this one.
+        return SeededCollator(collator) if self._seeding_collator else collator
 
     def _check_engine(self) -> None:
         engines = {"FSDP": getattr(self, "is_fsdp_enabled", False),
