@@ -21,17 +21,23 @@ pytestmark = pytest.mark.usefixtures("keep_determinism_settings")  # tests/conft
 
 
 SCRIPT = """
-import json, os, random, warnings, numpy as np, torch, tensorcanon
+import json, os, random, subprocess, sys, warnings, numpy as np, torch, tensorcanon
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
     r = tensorcanon.seed_everything(1234)
+    draws = [random.random(), float(np.random.rand()), torch.rand(2).tolist()]
+    tensorcanon.seed_everything(1234)  # a second call: the hash-seed warning is not repeated
+child = subprocess.run([sys.executable, "-c", "import tensorcanon; "
+                        "print(tensorcanon.DeterminismSettings.capture().pythonhashseed)"],
+                       capture_output=True, text=True, check=True).stdout.strip()
 print(json.dumps({
     "ret": r, "warnings": [str(x.message) for x in w],
     "det": torch.are_deterministic_algorithms_enabled(),
     "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
     "cudnn": [torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark],
     "cublas": os.environ.get("CUBLAS_WORKSPACE_CONFIG"), "hashseed": os.environ.get("PYTHONHASHSEED"),
-    "draws": [random.random(), float(np.random.rand()), torch.rand(2).tolist()],
+    "draws": draws, "randomized": sys.flags.hash_randomization,
+    "captured": tensorcanon.DeterminismSettings.capture().pythonhashseed, "child": child,
 }))
 """
 
@@ -48,14 +54,34 @@ def test_seed_everything_recipe_in_fresh_processes():
     assert a["ret"] == 1234 and a["det"] is True and a["warn_only"] is False
     assert a["cudnn"] == [True, False]
     assert a["cublas"] == ":4096:8" and a["hashseed"] == "1234"
-    assert any("PYTHONHASHSEED only takes effect when an interpreter starts" in m for m in a["warnings"])
+    # Warned once for two calls; the settings record what is true here (hashes randomized, whatever
+    # the variable now says) and in a child started afterwards (which inherits the variable).
+    assert len(a["warnings"]) == 1 and "PYTHONHASHSEED only takes effect when an interpreter starts" in a["warnings"][0]
+    assert a["randomized"] == 1 and a["captured"] is None and a["child"] == "1234"
     b = _run({"PYTHONHASHSEED": "5", "CUBLAS_WORKSPACE_CONFIG": ":16:8"})
     assert b["warnings"] == [] and b["hashseed"] == "5" and b["cublas"] == ":16:8"  # left as set
+    assert b["captured"] == "5" and b["child"] == "5"
     assert a["draws"] == b["draws"]
 
 
-def test_seed_everything_in_process():
+def test_the_hash_seed_recorded_is_the_one_this_interpreter_uses(monkeypatch):
+    from tensorcanon import determinism
+
+    monkeypatch.setattr(determinism, "_STARTUP_HASHSEED", "0")  # set after start-up: does not apply
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    assert DeterminismSettings.capture().pythonhashseed == ("0" if not sys.flags.hash_randomization else None)
+    for started_with in ("7", "random", None):
+        monkeypatch.setattr(determinism, "_STARTUP_HASHSEED", started_with)
+        expected = "0" if not sys.flags.hash_randomization else started_with
+        assert DeterminismSettings.capture().pythonhashseed == expected
+
+
+def test_seed_everything_in_process(monkeypatch):
+    from tensorcanon import determinism
+
     os.environ.pop("PYTHONHASHSEED", None)
+    monkeypatch.setattr(determinism, "_hashes_randomized", lambda: True)  # as when started without it
+    monkeypatch.setattr(determinism, "_hashseed_warned", False)
     with pytest.warns(DeterminismWarning, match="PYTHONHASHSEED"):
         seed_everything(7, warn_only=True)
     assert torch.is_deterministic_algorithms_warn_only_enabled()
@@ -84,12 +110,18 @@ def test_settings_round_trip_and_validation():
     data = tensorcanon.dumps({"settings": s})
     loaded = tensorcanon.loads(data)["settings"]
     assert loaded == s and type(loaded) is DeterminismSettings
-    bad = dataclasses.replace(s, num_threads="2")
-    with pytest.raises(tensorcanon.FormatError, match="num_threads"):
-        tensorcanon.loads(tensorcanon.dumps(bad))
-    bad = dataclasses.replace(s, gpu_names=("a",), gpu_sm_counts=())
-    with pytest.raises(tensorcanon.FormatError, match="gpu_sm_counts"):
-        tensorcanon.loads(tensorcanon.dumps(bad))
+    # What a reader rejects can be neither built nor saved (one check: determinism.settings_problem;
+    # the reader's side is tests/test_conformance.py::test_determinism_settings_reader_rejects_bad_fields)
+    for change in ({"num_threads": "2"}, {"gpu_names": ("a",), "gpu_sm_counts": ()},
+                   {"float32_matmul_precision": "ieee"}, {"cudnn_version": True}):
+        field = sorted(change)[-1]
+        with pytest.raises(tensorcanon.UsageError, match=field):
+            dataclasses.replace(s, **change)
+        bad = dataclasses.replace(s)
+        for k, v in change.items():
+            object.__setattr__(bad, k, v)  # (a frozen dataclass can still be changed this way)
+        with pytest.raises(tensorcanon.UnsupportedTypeError, match=field):
+            tensorcanon.dumps(bad)
 
 
 def test_apply_restores_switches():

@@ -99,9 +99,11 @@ def _decode_path(state: Any) -> pathlib.PurePath:
     if type(state) is not list or len(state) != 2 or state[0] not in _PATH_KINDS or type(state[1]) is not str:
         raise ValueError(f"a path is [kind, text] with kind one of {sorted(_PATH_KINDS)}")
     kind, text = state
+    if "\x00" in text:
+        raise ValueError(f"path text {text[:80]!r} holds U+0000, which no path can")
     pure = _PURE[kind]
     canonical = posix_text_is_canonical(text) if pure is pathlib.PurePosixPath else str(pure(text)) == text
-    if not canonical or "\x00" in text:
+    if not canonical:
         raise ValueError(f"path text {text[:80]!r} is not in canonical form")
     try:
         return _PATH_KINDS[kind](text)
@@ -224,14 +226,44 @@ def _decode_namespace(state: Any) -> argparse.Namespace:
 # ------------------------------------------------------------------ registration
 
 
-def _install(cls: type, name: str, encode: Callable, decode: Callable) -> None:
-    existing = registry.by_name(name)
-    if existing is not None and existing.cls is cls and existing.encode is encode:
-        return  # already enabled
-    try:
-        registry.register(cls, name=name, encode=encode, decode=decode)
-    except UsageError as e:
-        raise UsageError(f"cannot enable the built-in codec {name!r}: {e}") from None
+def _checked(encode: Callable, decode: Callable) -> Callable:
+    """``encode``, then ``decode`` of the state it made, before anything is written: the writer
+    refuses exactly the states a reader rejects (docs/FORMAT.md §6.9), by the reader's own checks."""
+    def checked_encode(value: Any) -> Any:
+        state = encode(value)
+        try:
+            decode(state)
+        except ValueError as e:
+            raise UnsupportedTypeError(f"this {type(value).__qualname__} cannot be saved: {e}") from None
+        return state
+
+    return checked_encode
+
+
+_Codec = tuple[type, Callable[[Any], Any], Callable[[Any], Any]]  # (class, encode, decode)
+_UNCHECKED: dict[str, _Codec] = {
+    PATH: (pathlib.PurePath, _encode_path, _decode_path),
+    DATE: (_dt.date, _encode_date, _decode_date),
+    TIME: (_dt.time, _encode_time, _decode_time),
+    DATETIME: (_dt.datetime, _encode_datetime, _decode_datetime),
+    TIMEDELTA: (_dt.timedelta, _encode_timedelta, _decode_timedelta),
+    NAMESPACE: (argparse.Namespace, _encode_namespace, _decode_namespace),
+}
+# each encode checked once, so that enabling a codec twice finds the same functions (a no-op)
+_CODECS: dict[str, _Codec] = {name: (cls, _checked(encode, decode), decode)
+                              for name, (cls, encode, decode) in _UNCHECKED.items()}
+
+
+def _install(*names: str) -> None:
+    for name in names:
+        cls, encode, decode = _CODECS[name]
+        existing = registry.by_name(name)
+        if existing is not None and existing.cls is cls and existing.encode is encode:
+            continue  # already enabled
+        try:
+            registry.register(cls, name=name, encode=encode, decode=decode)
+        except UsageError as e:
+            raise UsageError(f"cannot enable the built-in codec {name!r}: {e}") from None
 
 
 def register_paths() -> None:
@@ -246,7 +278,7 @@ def register_paths() -> None:
         tensorcanon.codecs.register_paths()
         tensorcanon.loads(tensorcanon.dumps(pathlib.Path("/data")))  # PosixPath('/data')
     """
-    _install(pathlib.PurePath, PATH, _encode_path, _decode_path)
+    _install(PATH)
 
 
 def register_datetime() -> None:
@@ -262,10 +294,7 @@ def register_datetime() -> None:
         tensorcanon.codecs.register_datetime()
         tensorcanon.save({"started": datetime.datetime.now(datetime.timezone.utc)}, path)
     """
-    _install(_dt.date, DATE, _encode_date, _decode_date)
-    _install(_dt.time, TIME, _encode_time, _decode_time)
-    _install(_dt.datetime, DATETIME, _encode_datetime, _decode_datetime)
-    _install(_dt.timedelta, TIMEDELTA, _encode_timedelta, _decode_timedelta)
+    _install(DATE, TIME, DATETIME, TIMEDELTA)
 
 
 def register_namespace() -> None:
@@ -276,7 +305,7 @@ def register_namespace() -> None:
         tensorcanon.codecs.register_namespace()
         tensorcanon.save({"args": parser.parse_args()}, path)
     """
-    _install(argparse.Namespace, NAMESPACE, _encode_namespace, _decode_namespace)
+    _install(NAMESPACE)
 
 
 def register_all() -> None:

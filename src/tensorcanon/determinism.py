@@ -13,6 +13,7 @@ import dataclasses
 import os
 import platform
 import random
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from . import registry
-from .errors import UsageError
+from .errors import UnsupportedTypeError, UsageError
 
 __all__ = ["seed_everything", "DeterminismSettings", "SettingDifference", "DeterminismWarning"]
 
@@ -30,6 +31,29 @@ CUBLAS_DETERMINISTIC = ":4096:8"
 
 class DeterminismWarning(UserWarning):
     """A determinism setting could not take effect (e.g. set after CUDA started)."""
+
+
+# PYTHONHASHSEED as this interpreter found it, read when tensorcanon is imported: seed_everything
+# sets the variable later, for child processes, but the interpreter's own hashing never changes.
+_STARTUP_HASHSEED = os.environ.get("PYTHONHASHSEED")
+_hashseed_warned = False  # seed_everything warns about randomized str hashes once per process
+
+
+def _interpreter_hashseed() -> str | None:
+    """The PYTHONHASHSEED that applies to this interpreter: ``"0"`` when str hashing is not
+    randomized, the value it started with when that fixes the hashes (or says ``"random"``),
+    None when hashes are randomized because it was not set."""
+    if not sys.flags.hash_randomization:
+        return "0"
+    if sys.flags.ignore_environment:  # python -E: the variable was never read
+        return None
+    # "0" with randomized hashing means the variable was set after start-up (before tensorcanon
+    # was imported): it does not apply.
+    return None if _STARTUP_HASHSEED == "0" else _STARTUP_HASHSEED
+
+
+def _hashes_randomized() -> bool:
+    return _interpreter_hashseed() in (None, "", "random")
 
 
 def seed_everything(seed: int, *, deterministic: bool = True, warn_only: bool = False) -> int:
@@ -44,8 +68,9 @@ def seed_everything(seed: int, *, deterministic: bool = True, warn_only: bool = 
     has already initialized, since cuBLAS reads it at start-up).
 
     PYTHONHASHSEED only takes effect when an interpreter starts: when it is
-    not set, this sets it for child processes started later and warns that
-    this process keeps randomized ``str`` hashes. Returns ``seed``.
+    not set, this sets it for child processes started later. When this
+    process's own ``str`` hashes are randomized (it started without a fixed
+    PYTHONHASHSEED) it warns once per process. Returns ``seed``.
 
     Example::
 
@@ -66,10 +91,14 @@ def seed_everything(seed: int, *, deterministic: bool = True, warn_only: bool = 
         torch.backends.cudnn.benchmark = False
     if os.environ.get("PYTHONHASHSEED") in (None, "", "random"):
         os.environ["PYTHONHASHSEED"] = str(seed)
+    global _hashseed_warned
+    if not _hashseed_warned and _hashes_randomized():
+        _hashseed_warned = True
         warnings.warn(
-            "PYTHONHASHSEED only takes effect when an interpreter starts: it is now set for child "
-            "processes, but str hashes (and set iteration order) in this process stay randomized; "
-            f"start Python with PYTHONHASHSEED={seed} to fix them too",
+            "PYTHONHASHSEED only takes effect when an interpreter starts: it is set for child "
+            "processes, but str hashes (and so the iteration order of sets of strings) in this process "
+            f"stay randomized; start Python with PYTHONHASHSEED={os.environ['PYTHONHASHSEED']} to fix them "
+            "too (this is said once per process)",
             DeterminismWarning, stacklevel=2)
     random.seed(seed)
     np.random.seed(seed)
@@ -142,6 +171,11 @@ class DeterminismSettings:
     gpu_names: tuple = ()
     gpu_sm_counts: tuple = ()
 
+    def __post_init__(self) -> None:
+        problem = settings_problem({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        if problem is not None:
+            raise UsageError(f"DeterminismSettings: {problem}")
+
     @classmethod
     def capture(cls) -> DeterminismSettings:
         """Record the current settings, versions and hardware."""
@@ -160,7 +194,7 @@ class DeterminismSettings:
             cuda_matmul_allow_tf32=bool(torch.backends.cuda.matmul.allow_tf32),
             float32_matmul_precision=str(torch.get_float32_matmul_precision()),
             cublas_workspace_config=os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-            pythonhashseed=os.environ.get("PYTHONHASHSEED"),
+            pythonhashseed=_interpreter_hashseed(),
             num_threads=int(torch.get_num_threads()),
             torch_version=str(torch.__version__),
             numpy_version=str(np.__version__),
@@ -215,27 +249,50 @@ _TYPES: dict[type | tuple[type, None], tuple[str, ...]] = {  # (T, None): T or N
     (int, None): ("cudnn_version",),
     int: ("num_threads",),
 }
+_WANT = {bool: "a bool", str: "a str", (str, None): "a str or None", (int, None): "an int (not a bool) or None",
+         int: "an int (not a bool)"}
 _FIELD_NAMES = {f.name for f in dataclasses.fields(DeterminismSettings)}
 
 
-def _encode(s: DeterminismSettings) -> dict:
-    return {f.name: getattr(s, f.name) for f in dataclasses.fields(s)}
+PRECISIONS = ("highest", "high", "medium")  # what torch.get_float32_matmul_precision() returns
 
 
-def _decode(state: Any) -> DeterminismSettings:
+def settings_problem(state: Any) -> str | None:
+    """What keeps ``state`` (field name -> value) from being a DeterminismSettings, or None.
+
+    docs/FORMAT.md §6.7.2. The one check: the constructor, the writer and the reader all use it,
+    so what can be built can be saved and what is saved loads.
+    """
     if type(state) is not dict or set(state) != _FIELD_NAMES:
-        raise ValueError(f"expected a dict with exactly the fields {sorted(_FIELD_NAMES)}")
+        return f"expected exactly the fields {sorted(_FIELD_NAMES)}"
     for kind, names in _TYPES.items():
         for name in names:
             v = state[name]
             ok = (type(v) is kind) if isinstance(kind, type) else (v is None or type(v) is kind[0])
             if not ok:
-                raise ValueError(f"field {name!r} has type {type(v).__name__}")
+                return f"field {name!r} must be {_WANT[kind]}, not {type(v).__name__}"
+    if state["float32_matmul_precision"] not in PRECISIONS:
+        return f"field 'float32_matmul_precision' must be one of {PRECISIONS}"
     names, sms = state["gpu_names"], state["gpu_sm_counts"]
     if type(names) is not tuple or not all(type(n) is str for n in names):
-        raise ValueError("field 'gpu_names' must be a tuple of str")
+        return "field 'gpu_names' must be a tuple of str"
     if type(sms) is not tuple or not all(type(n) is int for n in sms) or len(sms) != len(names):
-        raise ValueError("field 'gpu_sm_counts' must be a tuple of ints, one per GPU")
+        return "field 'gpu_sm_counts' must be a tuple of ints, one per GPU of gpu_names"
+    return None
+
+
+def _encode(s: DeterminismSettings) -> dict:
+    state = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)}
+    problem = settings_problem(state)  # (a frozen value can still be changed with object.__setattr__)
+    if problem is not None:
+        raise UnsupportedTypeError(f"DeterminismSettings cannot be saved: {problem}")
+    return state
+
+
+def _decode(state: Any) -> DeterminismSettings:
+    problem = settings_problem(state)
+    if problem is not None:
+        raise ValueError(problem)
     return DeterminismSettings(**state)
 
 

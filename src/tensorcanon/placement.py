@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import DeviceUnavailableError, UsageError
-from .tensorbytes import MEMORY_FORMATS
+from .tensorbytes import in_memory_format
 
 if TYPE_CHECKING:
     from .manifest import TensorInfo
@@ -120,7 +120,7 @@ def as_recorded(value: Any, row: TensorInfo, map_location: Any, where: Callable[
         value = place(value, row.device, map_location, where)
     fmt = getattr(row, "memory_format", None)
     if fmt is not None:
-        value = value.contiguous(memory_format=MEMORY_FORMATS[fmt])
+        value = in_memory_format(value, fmt)  # (also for dtypes torch has no copy kernel for)
     if row.kind == "parameter":
         return torch.nn.Parameter(value, requires_grad=row.requires_grad)
     if row.requires_grad:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -77,14 +78,47 @@ def _namedtuple_codec(cls: type) -> Codec:
     return encode, decode
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are one value as a file holds them: of one type, floats by their bits (so a
+    NaN is itself and ``-0.0`` is not ``0.0``), lists and tuples item by item, others by ``==``."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return struct.pack(">d", a) == struct.pack(">d", b)
+    if type(a) is complex:
+        return same_value(a.real, b.real) and same_value(a.imag, b.imag)
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(map(same_value, a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values without a truth value for == (tensors, arrays)
+        return False
+
+
 def _enum_codec(cls: type[enum.Enum]) -> Codec:
+    def member(value: Any) -> Any:
+        """The member whose value a file holding ``value`` means (docs/FORMAT.md §6.6): the one member
+        whose value is the same value (a NaN found by its bits, not by ``==``), else what ``cls(value)``
+        gives (a Flag combination) if its value is the same."""
+        found = {id(m): m for m in cls.__members__.values() if same_value(m.value, value)}
+        if len(found) > 1:
+            raise ValueError(f"{len(found)} members of {cls.__qualname__} have the value {value!r}, which a "
+                             "file cannot tell apart")
+        m = next(iter(found.values())) if found else cls(value)
+        if not same_value(m.value, value):
+            raise ValueError(f"{value!r} is not the value of a {cls.__qualname__} member")
+        return m
+
     def encode(obj: Any) -> Any:
+        try:
+            found = member(obj.value)
+        except ValueError as e:
+            raise UnsupportedTypeError(f"{obj!r} cannot be saved: {e}") from None
+        if found is not obj:
+            raise UnsupportedTypeError(f"{obj!r} cannot be saved: its value names {found!r}")
         return obj.value
 
-    def decode(state: Any) -> Any:
-        return cls(state)
-
-    return encode, decode
+    return encode, member
 
 
 def register(
@@ -117,8 +151,8 @@ def register(
         raise UsageError(f"register() takes a class, not {type(cls).__name__}")
     if name is None:
         name = f"{cls.__module__}.{cls.__qualname__}"
-    if not isinstance(name, str) or not name:
-        raise UsageError("register(name=...) must be a non-empty str")
+    if type(name) is not str or not name or not _is_unicode(name):
+        raise UsageError(f"register(name=...) must be a non-empty str of valid Unicode, not {name!r}")
     if (encode is None) != (decode is None):
         raise UsageError("register() needs both encode and decode, or neither")
     automatic = encode is None
@@ -154,6 +188,15 @@ def register(
     _BY_NAME[name] = reg
     _BY_MRO.clear()
     return cls
+
+
+def _is_unicode(text: str) -> bool:
+    """False for a str with a lone surrogate, which a file cannot hold (docs/FORMAT.md §6.1)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def unregister(cls: type) -> None:

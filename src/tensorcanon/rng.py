@@ -53,6 +53,7 @@ TORCH_STATE_SIZES = {"cpu": 5056, "cuda": 16, "xpu": 16, "mps": 36}
 """Byte length of ``torch.Generator.get_state()`` per device type."""
 
 MT_WORDS = 624
+MAX_POOL_SIZE = 1024  # of a SeedSequence (numpy allows more; a file's bound on the work it asks for)
 U128 = 2**128 - 1
 U64 = 2**64 - 1
 U32 = 2**32 - 1
@@ -151,6 +152,35 @@ def bitgen_state(name: str, fields: tuple | list) -> dict:
     return out
 
 
+def check_seed_seq(value: Any) -> str | None:
+    """None when ``value`` is a valid seed-sequence tuple ``(entropy, spawn_key, pool_size,
+    n_children_spawned)`` (docs/FORMAT.md §6.7), else what is wrong. The ranges are numpy's own,
+    so every valid tuple rebuilds a ``SeedSequence``."""
+    if type(value) is not tuple or len(value) != 4:
+        return "a seed sequence must be nil or a 4-tuple (entropy, spawn_key, pool_size, n_children_spawned)"
+    entropy, spawn_key, pool_size, n_children = value
+    ints = entropy if type(entropy) is tuple else (entropy,)
+    if not ints or not all(type(e) is int and e >= 0 for e in ints):
+        return "seed sequence entropy must be a non-negative int or a non-empty tuple of them"
+    if type(spawn_key) is not tuple or not all(type(k) is int and 0 <= k for k in spawn_key):
+        return "seed sequence spawn_key must be a tuple of non-negative ints"
+    if type(pool_size) is not int or not 4 <= pool_size <= MAX_POOL_SIZE:
+        return f"seed sequence pool_size must be an int in [4, {MAX_POOL_SIZE}]"
+    if type(n_children) is not int or not 0 <= n_children <= U32:
+        return "seed sequence n_children_spawned must be an int in [0, 2**32-1] (numpy holds it in 32 bits)"
+    return None
+
+
+def check_gauss(has_gauss: Any, gauss: Any) -> str | None:
+    """None for a valid ``rng.legacy`` cache (``has_gauss`` 0 or 1, ``gauss`` a float that is +0.0
+    when ``has_gauss`` is 0, as numpy leaves it when it uses the value), else what is wrong."""
+    if type(has_gauss) is not int or has_gauss not in (0, 1) or type(gauss) is not float:
+        return "'rng.legacy' takes has_gauss (0 or 1) and gauss (a float)"
+    if has_gauss == 0 and (gauss != 0.0 or math.copysign(1.0, gauss) < 0):
+        return "'rng.legacy' with has_gauss 0 must have gauss 0.0"
+    return None
+
+
 def _mt_bytes(words: Sequence[int]) -> bytes:
     return np.asarray(words, dtype="<u4").tobytes()
 
@@ -230,10 +260,13 @@ def check_torch_state(kind: str, state: Any) -> str | None:
 
 
 def _check_torch_state(device: Any, state: Any) -> str | None:
+    """docs/FORMAT.md §6.7: the device is ``cpu`` (no index), ``cuda:N`` or ``xpu:N`` (an index),
+    ``mps`` or ``mps:0`` (torch's one MPS generator), as torch prints a generator's device."""
     parsed = devices.parse(device)
-    if parsed is None or parsed[0] not in TORCH_STATE_SIZES or (parsed[0] in ("cuda", "xpu") and parsed[1] is None):
-        return (f"device {paths.show(device)} must be canonical (cuda and xpu with an index) and of a type in "
-                f"{sorted(TORCH_STATE_SIZES)}")
+    if parsed is None or not (parsed == ("cpu", None) or parsed[0] in ("cuda", "xpu") and parsed[1] is not None
+                              or parsed[0] == "mps" and parsed[1] in (None, 0)):
+        return (f"device {paths.show(device)} of a torch.Generator is not canonical: it must be cpu, cuda:<index>, "
+                "xpu:<index>, mps or mps:0")
     return check_torch_state(parsed[0], state)
 
 
@@ -255,17 +288,23 @@ def _enc_seed_seq(enc: tree.Encoder, bg: Any, depth: int) -> Any:
         raise enc.unsupported(f"a bit generator whose seed sequence is a {type(ss).__qualname__} "
                               "cannot be saved (only numpy.random.SeedSequence)")
     entropy: int | tuple[int, ...]
-    if isinstance(ss.entropy, int):
+    if isinstance(ss.entropy, (int, np.integer)):  # a SeedSequence keeps the entropy it was given
         entropy = int(ss.entropy)
     else:
         assert ss.entropy is not None  # a SeedSequence draws entropy when it is given none
         entropy = tuple(int(e) for e in ss.entropy)
     value = (entropy, tuple(int(k) for k in ss.spawn_key), int(ss.pool_size), int(ss.n_children_spawned))
+    problem = check_seed_seq(value)
+    if problem is not None:
+        raise enc.unsupported(f"{type(bg).__name__} cannot be saved: {problem}")
     return enc.encode(value, depth)
 
 
 def _enc_bitgen(enc: tree.Encoder, bg: Any, depth: int) -> list:
     name, fields = bitgen_fields(bg.state)
+    problem = check_bitgen_fields(name, fields)
+    if problem is not None:  # a state set by hand (bg.state = ...) that numpy took as it was
+        raise enc.unsupported(f"{name} cannot be saved: {problem}")
     return ["rng.bitgen", name, _enc_seed_seq(enc, bg, depth), *(enc.encode(f, depth) for f in fields)]
 
 
@@ -282,12 +321,20 @@ def _enc_randomstate(enc: tree.Encoder, rs: np.random.RandomState, depth: int) -
     bg = rs._bit_generator
     if type(bg) not in _BITGEN_NAME_BY_TYPE:
         raise enc.unsupported(f"RandomState with bit generator {type(bg).__qualname__} is not supported")
-    return ["rng.legacy", int(st["has_gauss"]), float(st["gauss"]), enc.encode(bg, depth)]
+    has_gauss, gauss = int(st["has_gauss"]), float(st["gauss"])
+    problem = check_gauss(has_gauss, gauss)
+    if problem is not None:  # a state set by hand (set_state) that numpy took as it was
+        raise enc.unsupported(f"RandomState cannot be saved: {problem}")
+    return ["rng.legacy", has_gauss, gauss, enc.encode(bg, depth)]
 
 
 def _enc_random(enc: tree.Encoder, r: random.Random, depth: int) -> list:
     version, internal, gauss = r.getstate()
-    return ["rng.random", version, _mt_bytes(internal[:MT_WORDS]), internal[MT_WORDS], gauss]
+    key = _mt_bytes(internal[:MT_WORDS])
+    problem = _check_random_state(version, key, internal[MT_WORDS], gauss)
+    if problem is not None:  # setstate() takes any gauss_next
+        raise enc.unsupported(f"random.Random cannot be saved: {problem}")
+    return ["rng.random", version, key, internal[MT_WORDS], gauss]
 
 
 def _enc_torch(enc: tree.Encoder, g: torch.Generator, depth: int) -> list:
@@ -301,19 +348,34 @@ def _enc_torch(enc: tree.Encoder, g: torch.Generator, depth: int) -> list:
     return ["rng.torch", device, state]
 
 
+def _rngstate_problem(s: RngState) -> str | None:
+    """What keeps ``s`` from being saved and loaded back equal, or None: each part must have the
+    shape :meth:`RngState.capture` gives and pass the checks the reader makes (``_dec_rngstate``)."""
+    py, npy = s.python, s.numpy
+    if not (type(py) is tuple and len(py) == 3 and type(py[1]) is tuple and len(py[1]) == MT_WORDS + 1
+            and all(type(w) is int and 0 <= w <= U32 for w in py[1][:MT_WORDS])):
+        return "python must be random.getstate(): (3, a tuple of 624 uint32 words and a position, gauss_next)"
+    if not (type(npy) is tuple and len(npy) == 4 and type(npy[1]) is tuple):
+        return "numpy must be (bit generator name, tuple of its state fields, has_gauss, gauss)"
+    if type(s.cuda) is not tuple or type(s.xpu) is not tuple:
+        return "cuda and xpu must be tuples of generator states"
+    if len(s.cuda) > _MAX_DEVICES or len(s.xpu) > _MAX_DEVICES:
+        return f"at most {_MAX_DEVICES} cuda and {_MAX_DEVICES} xpu states"
+    version, key, pos, gauss = s._python_fields()
+    return (_check_random_state(version, key, pos, gauss) or check_bitgen_fields(npy[0], npy[1])
+            or check_gauss(npy[2], npy[3]) or check_torch_state("cpu", s.torch_cpu)
+            or next((p for kind, states in (("cuda", s.cuda), ("xpu", s.xpu)) for st in states
+                     if (p := check_torch_state(kind, st)) is not None), None)
+            or (None if s.mps is None else check_torch_state("mps", s.mps)))
+
+
 def _enc_rngstate(enc: tree.Encoder, s: RngState, depth: int) -> list:
     enc.check_depth(depth + 1)  # its parts are at ``depth``, numpy's bit generator one deeper
-    version, key, pos, gauss = s._python_fields()
-    np_name, np_fields, has_gauss, gauss_np = s.numpy
-    problem = (_check_random_state(version, key, pos, gauss) or check_bitgen_fields(np_name, np_fields)
-               or check_torch_state("cpu", s.torch_cpu)
-               or next((p for kind, states in (("cuda", s.cuda), ("xpu", s.xpu)) for st in states
-                        if (p := check_torch_state(kind, st)) is not None), None)
-               or (None if s.mps is None else check_torch_state("mps", s.mps)))
-    if problem is None and (len(s.cuda) > _MAX_DEVICES or len(s.xpu) > _MAX_DEVICES):
-        problem = f"at most {_MAX_DEVICES} cuda and {_MAX_DEVICES} xpu states"
+    problem = _rngstate_problem(s)
     if problem is not None:
         raise enc.unsupported(f"RngState cannot be saved: {problem}")
+    version, key, pos, gauss = s._python_fields()
+    np_name, np_fields, has_gauss, gauss_np = s.numpy
     return [
         "rng.state",
         ["rng.random", version, key, pos, gauss],
@@ -354,18 +416,9 @@ def _dec_seed_seq(dec: tree.Decoder, node: Any, depth: int) -> tuple | None:
     if node is None:
         return None
     v = dec.decode(node, depth)
-    if type(v) is not tuple or len(v) != 4:
-        raise dec.error("a seed sequence must be nil or a 4-tuple")
-    entropy, spawn_key, pool_size, n_children = v
-    ints = entropy if type(entropy) is tuple else (entropy,)
-    if not ints or not all(type(e) is int and e >= 0 for e in ints):
-        raise dec.error("seed sequence entropy must be a non-negative int or a non-empty tuple of them")
-    if type(spawn_key) is not tuple or not all(type(k) is int and 0 <= k for k in spawn_key):
-        raise dec.error("seed sequence spawn_key must be a tuple of non-negative ints")
-    if type(pool_size) is not int or not 4 <= pool_size <= 1024:
-        raise dec.error("seed sequence pool_size must be an int in [4, 1024]")
-    if type(n_children) is not int or not 0 <= n_children <= U64:
-        raise dec.error("seed sequence n_children_spawned must be an int in [0, 2**64-1]")
+    problem = check_seed_seq(v)
+    if problem is not None:
+        raise dec.error(problem)
     return v
 
 
@@ -389,12 +442,15 @@ def _dec_bitgen(dec: tree.Decoder, node: list, depth: int) -> np.random.BitGener
         bg._legacy_seeding(0)
     else:
         entropy, spawn_key, pool_size, n_children = seed_seq
-        bg = cls(np.random.SeedSequence(list(entropy) if type(entropy) is tuple else entropy,
-                                        spawn_key=spawn_key, pool_size=pool_size,
-                                        n_children_spawned=n_children))
+        try:
+            bg = cls(np.random.SeedSequence(list(entropy) if type(entropy) is tuple else entropy,
+                                            spawn_key=spawn_key, pool_size=pool_size,
+                                            n_children_spawned=n_children))
+        except (ValueError, TypeError, OverflowError) as e:  # not expected: check_seed_seq uses numpy's ranges
+            raise dec.error(f"numpy rejected the seed sequence: {e}") from None
     try:
         bg.state = bitgen_state(name, fields)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, OverflowError) as e:
         raise dec.error(f"numpy rejected the {name} state: {e}") from None
     return bg
 
@@ -407,11 +463,9 @@ def _dec_numpy(dec: tree.Decoder, node: list, depth: int) -> np.random.Generator
 
 
 def _check_gauss(dec: tree.Decoder, has_gauss: Any, gauss: Any) -> None:
-    if type(has_gauss) is not int or has_gauss not in (0, 1) or type(gauss) is not float:
-        raise dec.error("'rng.legacy' takes has_gauss (0 or 1) and gauss (a float)")
-    if has_gauss == 0 and (gauss != 0.0 or math.copysign(1.0, gauss) < 0):
-        # numpy clears the cached value when it uses it: any other value is not a saved state
-        raise dec.error("'rng.legacy' with has_gauss 0 must have gauss 0.0")
+    problem = check_gauss(has_gauss, gauss)
+    if problem is not None:
+        raise dec.error(problem)
 
 
 def _dec_legacy(dec: tree.Decoder, node: list, depth: int) -> np.random.RandomState | None:
@@ -506,8 +560,9 @@ def _dec_rngstate(dec: tree.Decoder, node: list, depth: int) -> RngState:
     if problem is not None:
         raise dec.error(f"'rng.state' torch CPU state: {problem}")
     cuda_t = _bytes_list(dec, cuda, "cuda", "'rng.state' CUDA states")
-    if mps is not None and (type(mps) is not bytes or len(mps) != TORCH_STATE_SIZES["mps"]):
-        raise dec.error(f"'rng.state' MPS state must be nil or {TORCH_STATE_SIZES['mps']} bytes")
+    problem = None if mps is None else check_torch_state("mps", mps)
+    if problem is not None:
+        raise dec.error(f"'rng.state' MPS state must be nil or valid: {problem}")
     xpu_t = _bytes_list(dec, xpu, "xpu", "'rng.state' XPU states")
     return RngState(
         python=_random_state_from(*py[1:]),

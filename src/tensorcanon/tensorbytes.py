@@ -80,6 +80,19 @@ def memory_format(t: torch.Tensor) -> str | None:
     return entry[0]
 
 
+def in_memory_format(t: torch.Tensor, name: str) -> torch.Tensor:
+    """``t`` laid out in the memory format ``name`` of :data:`MEMORY_FORMATS` (a copy unless it
+    already is), for every dtype of the table: torch has no copy kernel for some (the sub-byte
+    ints, ``float8_e8m0fnu``, ``float4_e2m1fn_x2``), so those are laid out as the int of their size."""
+    fmt = MEMORY_FORMATS[name]
+    if t.is_contiguous(memory_format=fmt):
+        return t
+    same = SAME_SIZE_INT.get(t.dtype.itemsize)
+    if same is None:  # complex128
+        return t.contiguous(memory_format=fmt)
+    return t.view(same).contiguous(memory_format=fmt).view(t.dtype)
+
+
 def unsaveable(t: torch.Tensor) -> str | None:
     """Why tensor ``t`` cannot be saved and what to save instead, or None if it can be."""
     name = f"{type(t).__module__}.{type(t).__qualname__}"

@@ -165,6 +165,8 @@ def same(a, b) -> bool:
         return False
     if isinstance(a, torch.Tensor):
         def raw(t: torch.Tensor) -> bytes:
+            same = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.dtype.itemsize)
+            t = t.detach() if same is None else t.detach().view(same)  # (sub-byte dtypes have no copy kernel)
             return bytes(t.reshape(-1).view(torch.uint8).numpy())
 
         return a.dtype == b.dtype and a.shape == b.shape and raw(a) == raw(b)
