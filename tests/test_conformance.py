@@ -13,12 +13,16 @@ one that fires).
 
 from __future__ import annotations
 
+import argparse
 import ast
 import base64
 import collections
+import dataclasses
+import enum
 import io
 import json
 import pathlib
+import random
 import re
 import struct
 import sys
@@ -521,3 +525,172 @@ def test_manifest_base64_must_be_canonical():
     header = dict(header, __metadata__=dict(header["__metadata__"], **{"tensorcanon.manifest": bumped}))
     with pytest.raises(FormatError, match="base64 is not in canonical form"):
         tensorcanon.loads(h.with_header(header, body))
+
+
+# ------------------------------------------------------------------ issue 20: writers refuse what readers reject
+# (§8), and the rules that left two readings open. Crafted files come from the conformance corpus's builders
+# (tests/conformance/build_corpus.py), which also puts each of them in the corpus.
+
+sys.path.insert(0, str(ROOT / "tests" / "conformance"))
+import build_corpus as corpus
+
+
+def _new_invalid(name: str) -> bytes:
+    return corpus.NEW_INVALID[name][0]()
+
+
+def _nan_object(bits: int = 0x7FF8000000000000) -> float:
+    return struct.unpack(">d", struct.pack(">Q", bits))[0]  # a new float object each time
+
+
+def test_ordered_dict_keys_that_tie_are_refused_and_rejected():
+    a, b = _nan_object(), _nan_object()
+    assert a is not b and len(collections.OrderedDict([(a, 1), (b, 2)])) == 2  # two keys for Python
+    for od in (collections.OrderedDict([(a, 1), (b, 2)]), collections.OrderedDict([((a,), 1), ((b,), 2)])):
+        with pytest.raises(tensorcanon.UnsupportedTypeError, match="same canonical position"):
+            tensorcanon.dumps(od)
+    with pytest.raises(FormatError, match="repeats"):
+        tensorcanon.loads(_new_invalid("odict_tied_nan_keys"))
+
+
+def test_memory_formats_of_tensors_without_elements():
+    t = torch.zeros(0, 3, 2, 2).contiguous(memory_format=torch.channels_last)
+    header, _ = h.split(tensorcanon.dumps({"t": t}))
+    assert "tensorcanon.memory_formats" not in header["__metadata__"]  # never recorded
+    with pytest.raises(FormatError, match="cannot be channels_last"):
+        tensorcanon.loads(_new_invalid("memory_format_no_elements"))
+
+
+def test_the_consolidated_file_records_no_memory_format(tmp_path):
+    sys.path.insert(0, str(ROOT / "tests" / "dcp"))
+    import tensorcanon.dcp as tcd
+
+    from threaded import run_ranks
+
+    w = torch.arange(24.0).reshape(2, 3, 2, 2).contiguous(memory_format=torch.channels_last)
+    folder, out = str(tmp_path / "ckpt"), tmp_path / "one.safetensors"
+    run_ranks(1, lambda rank: tcd.save({"w": w, "step": 1}, folder))
+    tcd.consolidate(folder, out)
+    header, _ = h.split(out.read_bytes())
+    assert set(header["__metadata__"]) == {"format", "tensorcanon.digest", "tensorcanon.manifest"}
+    assert out.read_bytes() == tensorcanon.dumps({"w": w.contiguous(), "step": 1})
+    assert "tensorcanon.memory_formats" in h.split(tensorcanon.dumps({"w": w, "step": 1}))[0]["__metadata__"]
+
+
+class _Odd(enum.Enum):
+    NAN = float("nan")
+    PAIR = (float("nan"), 1)
+    NEG_ZERO = -0.0
+    ONE = 1
+
+
+class _TwoNans(enum.Enum):
+    A = float("nan")
+    B = float("nan")  # another NaN object with the same bits: no file can tell A from B
+
+
+def test_enum_members_are_found_by_their_value_as_the_file_holds_it():
+    tensorcanon.register(_Odd)
+    tensorcanon.register(_TwoNans)
+    try:
+        for member in _Odd:
+            assert tensorcanon.loads(tensorcanon.dumps(member)) is member
+        for member in _TwoNans:
+            with pytest.raises(tensorcanon.UnsupportedTypeError, match="2 members of _TwoNans"):
+                tensorcanon.dumps(member)
+        data = tensorcanon.dumps({"v": _Odd.ONE})
+        bad = _edit_manifest(data, lambda m: m["root"][2].__setitem__(2, True))  # True == 1, but not 1
+        with pytest.raises(FormatError, match="not the value of a _Odd member"):
+            tensorcanon.loads(bad)
+    finally:
+        tensorcanon.unregister(_Odd)
+        tensorcanon.unregister(_TwoNans)
+
+
+def _set_state(obj, **change):
+    state = obj.state if isinstance(obj, np.random.BitGenerator) else obj.get_state(legacy=False)
+    for k, v in change.items():
+        state[k] = v
+    if isinstance(obj, np.random.BitGenerator):
+        obj.state = state
+    else:
+        obj.set_state(state)
+    return obj
+
+
+def _random_with_gauss(gauss):
+    r = random.Random(3)
+    version, internal, _ = r.getstate()
+    r.setstate((version, internal, gauss))
+    return r
+
+
+HAND_SET_STATES = {  # states numpy, random and torch accept that §6.7 does not: the writer refuses them
+    "pcg64_has_uint32_7": (lambda: _set_state(np.random.PCG64(1), has_uint32=7), "has_uint32"),
+    "philox_buffer_pos_9": (lambda: _set_state(np.random.Philox(1), buffer_pos=9), "buffer_pos"),
+    "legacy_gauss_without_flag": (lambda: _set_state(np.random.RandomState(1), has_gauss=0, gauss=0.5), "gauss 0.0"),
+    "legacy_has_gauss_5": (lambda: _set_state(np.random.RandomState(1), has_gauss=5, gauss=0.5), "has_gauss"),
+    "random_gauss_next_int": (lambda: _random_with_gauss(5), "gauss_next"),
+    "seed_seq_pool_2000": (lambda: np.random.PCG64(np.random.SeedSequence(1, pool_size=2000)), "pool_size"),
+    "seed_seq_empty_entropy": (lambda: np.random.SFC64(np.random.SeedSequence([])), "entropy"),
+    "rngstate_wrong_shape": (lambda: dataclasses.replace(tensorcanon.RngState.capture(), python=(3, (1, 2), None)),
+                             "python must be random.getstate"),
+    "rngstate_cuda_list": (lambda: dataclasses.replace(tensorcanon.RngState.capture(), cuda=[bytes(16)]), "tuples"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND_SET_STATES))
+def test_writers_refuse_random_states_that_readers_reject(name):
+    build, match = HAND_SET_STATES[name]
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match=match):
+        tensorcanon.dumps({"v": build()})
+
+
+@pytest.mark.parametrize("name", ["seed_seq_children_2_32", "seed_seq_pool_1025", "seed_seq_empty_entropy",
+                                  "bitgen_has_uint32_7", "legacy_gauss_without_flag", "random_gauss_next_int"])
+def test_random_state_files_that_break_a_rule_are_a_format_error(name):
+    """Including a seed sequence with counters numpy cannot hold (an OverflowError before)."""
+    match = corpus.NEW_INVALID[name][4]
+    for read in (tensorcanon.loads, tensorcanon.verify):
+        with pytest.raises(FormatError, match=match):
+            read(_new_invalid(name))
+
+
+def test_generator_device_text():
+    for name in ("generator_cpu_with_index", "generator_mps_index_1"):
+        with pytest.raises(FormatError, match="not canonical"):
+            tensorcanon.verify(_new_invalid(name))
+    for name in ("mps_generator", "mps0_generator"):  # valid: which one torch prints depends on its version
+        data = corpus.NEW_VALID[name][0]()
+        assert tensorcanon.verify(data).startswith("xxh3-128:")
+    assert h.manifest_of(tensorcanon.dumps(torch.Generator(device="cpu:0")))[0]["root"][1] == "cpu"
+
+
+def test_negative_philox_offsets_are_valid():
+    state = corpus._rngstate_cuda(-4)  # offset 2**64 - 4 as torch counts it
+    back = tensorcanon.loads(tensorcanon.dumps({"v": state}))["v"]
+    assert back == state and struct.unpack("<q", back.cuda[0][8:])[0] == -4
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match="multiple of 4"):
+        tensorcanon.dumps(corpus._rngstate_cuda(-2))
+    with pytest.raises(FormatError, match="multiple of 4"):
+        tensorcanon.loads(_new_invalid("philox_offset_not_multiple_of_4"))
+
+
+@pytest.mark.parametrize("name", ["settings_precision_ieee", "settings_num_threads_str", "settings_sm_counts_length"])
+def test_determinism_settings_reader_rejects_bad_fields(name):
+    with pytest.raises(FormatError, match=corpus.NEW_INVALID[name][4]):
+        tensorcanon.loads(_new_invalid(name))
+    assert tensorcanon.verify(_new_invalid(name))  # a verifying reader builds no object (§6.6)
+
+
+def test_builtin_codec_states_a_reader_rejects_are_refused_by_the_writer():
+    tensorcanon.register_builtin_codecs()
+    odd = argparse.Namespace(a=1)
+    odd.__dict__[0] = 2  # a key setattr cannot make
+    for value, match in [(pathlib.PurePosixPath("a\x00b"), "U\\+0000"), (pathlib.PureWindowsPath("a\x00b"), "U\\+0000"),
+                         (odd, "str keys")]:
+        with pytest.raises(tensorcanon.UnsupportedTypeError, match=match):
+            tensorcanon.dumps({"v": value})
+    for name in ("path_with_nul", "namespace_int_key"):
+        with pytest.raises(FormatError, match=corpus.NEW_INVALID[name][4].replace("+", "\\+")):
+            tensorcanon.loads(_new_invalid(name))

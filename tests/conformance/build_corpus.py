@@ -1,0 +1,355 @@
+"""Build the conformance corpus in this folder: ``python tests/conformance/build_corpus.py``.
+
+Writes ``valid/`` (the golden vectors of tests/golden, version 2 and version 1, and a few files for
+rules settled in issue 20), ``invalid/`` (the hostile files of tests/attacks and one file per rule
+settled in issue 20) and ``manifest.json``, which gives each file's expected outcome (README.md).
+The output is deterministic: running it twice gives the same bytes. tests/test_conformance_corpus.py
+checks that the committed corpus is what this script builds and that tensorcanon passes it.
+
+Run it from a checkout (it reads tests/golden and tests/attacks, and crafts files with
+tests/fuzz/hostile_lib.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import pathlib
+import struct
+import sys
+from collections.abc import Callable
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+GOLDEN = ROOT / "tests" / "golden"
+ATTACKS = ROOT / "tests" / "attacks"
+sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
+
+import numpy as np
+import torch
+
+import tensorcanon
+
+import hostile_lib as h
+
+CORPUS_VERSION = 1
+
+CATEGORIES = {
+    "format": "the file is not one a conforming writer produces (tensorcanon: FormatError)",
+    "limit": "the file declares more than the reader's limits allow, §9.4 (tensorcanon: LimitError, a FormatError)",
+    "integrity": "a digest does not match, §9.2 item 5 and §9.3 item 1 (tensorcanon: IntegrityError)",
+    "unsupported": "a valid file this reader cannot build: an unregistered type, a dtype or device it lacks "
+                   "(tensorcanon: UnsupportedTypeError, DeviceUnavailableError)",
+}
+
+# The section and the requirement (an id of tests/golden/conformance.json) each hostile file of
+# tests/attacks breaks. An attack added there without a row here is left out of the corpus.
+ATTACK_RULES = {
+    "bool_byte_2": ("9.3", "bool-bytes"),
+    "data_bit_flip": ("9.3", "hash-and-name"),
+    "dtype_unknown": ("9.1", "header-checks"),
+    "empty": ("9.1", "header-checks"),
+    "header_bad_utf8": ("9.1", "header-checks"),
+    "header_deep_json": ("9.1", "header-checks"),
+    "header_duplicate_key": ("9.1", "header-checks"),
+    "header_length_huge": ("9.4", "limits"),
+    "header_length_lies": ("9.1", "header-checks"),
+    "header_length_tiny": ("9.1", "header-checks"),
+    "header_nan": ("9.1", "header-checks"),
+    "header_not_json": ("9.1", "header-checks"),
+    "manifest_deep_tree": ("9.4", "limits"),
+    "manifest_deep_tree_damaged_data": ("9.3", "hash-and-name"),
+    "manifest_digest_mismatch": ("9.2", "manifest-checks"),
+    "manifest_key_renamed": ("2.4", "metadata-exact-members"),
+    "manifest_obj_os_system": ("6.6", "no-name-resolution"),
+    "manifest_tensor_out_of_range": ("6.2", "tags-arity-args"),
+    "manifest_unknown_tag": ("6.2", "tags-arity-args"),
+    "metadata_devices_huge_index": ("5.5", "devices-reader"),
+    "metadata_memory_formats_huge_index": ("5.6", "memory-formats-reader"),
+    "ndim_over_limit": ("9.4", "limits"),
+    "negative_dim": ("9.1", "header-checks"),
+    "offsets_gap": ("9.1", "header-checks"),
+    "offsets_huge_digits": ("9.1", "header-checks"),
+    "offsets_overlap": ("9.1", "header-checks"),
+    "offsets_reversed": ("9.1", "header-checks"),
+    "pickle_global_reduce": ("9.1", "header-checks"),
+    "pickle_protocol_0": ("9.1", "header-checks"),
+    "pickle_torch_save": ("9.1", "header-checks"),
+    "tensor_1tb": ("9.1", "header-checks"),
+    "tensor_1tb_shape_product": ("9.1", "header-checks"),
+    "trailing_bytes": ("9.1", "header-checks"),
+    "truncated_data": ("9.1", "header-checks"),
+    "truncated_header": ("9.1", "header-checks"),
+    "truncated_length": ("9.1", "header-checks"),
+}
+
+ERROR_CATEGORY = {"FormatError": "format", "LimitError": "limit", "IntegrityError": "integrity",
+                  "UnsupportedTypeError": "unsupported", "DeviceUnavailableError": "unsupported"}
+
+# Valid files that a conforming reader may still fail to build, and why (category -> reason).
+MAY_REJECT = {
+    "dtypes_u8": {"unsupported": "a reader whose torch lacks a dtype of §4.1 fails naming it (§4.5)"},
+    "registered": {"unsupported": "a reader that did not register golden.GoldenConfig (§6.6)"},
+    "builtin_codecs": {"unsupported": "a reader that did not enable the built-in codecs (§6.9)"},
+    "v1/dtypes_u8": {"unsupported": "a reader whose torch lacks a dtype of §4.1 fails naming it (§4.5)"},
+    "v1/registered": {"unsupported": "a reader that did not register golden.GoldenConfig (§6.6)"},
+    "v1/names": {"format": "a reader not written in Python MAY reject version-1 names below such keys (§3.5)"},
+    "mps_generator": {"unsupported": "a reader on a machine without an MPS device cannot build it (§6.7)"},
+    "mps0_generator": {"unsupported": "a reader on a machine without an MPS device cannot build it (§6.7)"},
+}
+
+
+# ------------------------------------------------------------------ crafting files
+
+
+def _nan(bits: int) -> float:
+    return struct.unpack(">d", struct.pack(">Q", bits))[0]
+
+
+def _edit_value(value: object, edit: Callable[[list], object]) -> bytes:
+    """The file of ``{"v": value}`` with the node of ``v`` replaced by ``edit(node)`` (a msgpack
+    list, changed in place or replaced), its manifest digest recomputed so that only the edit is wrong."""
+    data = tensorcanon.dumps({"v": value})
+    m, header, body = h.manifest_of(data)
+    node = m["root"][2]
+    out = edit(node)
+    m["root"][2] = node if out is None else out
+    return h.rebuild(data, h.repack(m), header, body)
+
+
+def _with_header_member(value: object, key: str, text: str) -> bytes:
+    """The file of ``value`` with ``__metadata__[key] = text`` (the header is outside every digest)."""
+    header, body = h.split(tensorcanon.dumps(value))
+    header["__metadata__"][key] = text
+    return h.with_header(header, body)
+
+
+def _settings(**change: object) -> tensorcanon.DeterminismSettings:
+    fields = dict(deterministic_algorithms=True, deterministic_warn_only=False, cudnn_deterministic=True,
+                  cudnn_benchmark=False, cudnn_allow_tf32=True, cuda_matmul_allow_tf32=False,
+                  float32_matmul_precision="highest", cublas_workspace_config=":4096:8", pythonhashseed="0",
+                  num_threads=4, torch_version="2.13.0", numpy_version="2.4.6", cuda_version="12.8",
+                  cudnn_version=91000, machine="x86_64", gpu_names=("NVIDIA H100",), gpu_sm_counts=(132,))
+    return tensorcanon.DeterminismSettings(**{**fields, **change})
+
+
+def _set_field(name: str, value: object) -> Callable[[list], None]:
+    """Edit an ``["obj", name, ["dict", k, v, ...]]`` node: the field ``name`` gets ``value``."""
+    def edit(node: list) -> None:
+        state = node[2]
+        state[state.index(name) + 1] = value
+    return edit
+
+
+def _pcg64() -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(7)))
+
+
+def _seed_seq(index: int, value: object) -> Callable[[list], None]:
+    """Edit an ``["rng.numpy", ["rng.bitgen", name, ["tuple", entropy, spawn_key, pool, children], ...]]``."""
+    def edit(node: list) -> None:
+        node[1][2][1 + index] = value
+    return edit
+
+
+def _generator_state(device: str) -> bytes:
+    """A file whose ``rng.torch`` node names ``device`` (with the state of a fresh CPU generator when
+    the device is a CPU, else a state of that device type's length)."""
+    g = torch.Generator().manual_seed(3)
+    sizes = {"cpu": 5056, "mps": 36}
+
+    def edit(node: list) -> None:
+        node[1] = device
+        if not device.startswith("cpu"):
+            node[2] = bytes(sizes[device.split(":")[0]])
+    return _edit_value(g, edit)
+
+
+def _rngstate_cuda(offset: int) -> tensorcanon.RngState:
+    r = np.random.RandomState(11).get_state(legacy=False)
+    name, fields = tensorcanon.rng.bitgen_fields(r)
+    return tensorcanon.RngState(
+        python=__import__("random").Random(1).getstate(), numpy=(name, fields, 0, 0.0),
+        torch_cpu=bytes(torch.Generator().manual_seed(1).get_state().numpy()),
+        cuda=(struct.pack("<Qq", 5, offset),))
+
+
+def _odict_tied_nans(node: list) -> list:
+    nan = _nan(0x7FF8000000000000)
+    return ["odict", None, nan, 1, nan, 2]
+
+
+# name -> (builder, section, rule id, tensorcanon error, message fragment, what it shows, when)
+# ``when``: "always", or "building" when only a reader that builds values must reject the file.
+NEW_INVALID: dict[str, tuple] = {
+    "odict_tied_nan_keys": (
+        lambda: _edit_value(collections.OrderedDict(a=1, b=2), _odict_tied_nans), "6.3", "odict-tied-keys",
+        "FormatError", "repeats", "an OrderedDict whose two keys are NaNs with the same bits", "always"),
+    "memory_format_no_elements": (
+        lambda: _with_header_member({"t": torch.zeros(0, 3, 2, 2)}, "tensorcanon.memory_formats", "0:channels_last"),
+        "5.6", "memory-formats-no-elements", "FormatError", "cannot be channels_last",
+        "a memory format recorded for a tensor with no elements", "always"),
+    "generator_cpu_with_index": (
+        lambda: _generator_state("cpu:0"), "6.7", "rng-torch-device", "FormatError", "not canonical",
+        "a torch generator on device text cpu:0 (torch prints cpu)", "always"),
+    "generator_mps_index_1": (
+        lambda: _generator_state("mps:1"), "6.7", "rng-torch-device", "FormatError", "not canonical",
+        "a torch generator on mps:1 (torch has one MPS generator)", "always"),
+    "seed_seq_children_2_32": (
+        lambda: _edit_value(_pcg64(), _seed_seq(3, 2**32)), "6.7", "rng-fields-checked", "FormatError",
+        "n_children_spawned", "a SeedSequence that spawned 2^32 children (numpy holds 32 bits)", "always"),
+    "seed_seq_pool_1025": (
+        lambda: _edit_value(_pcg64(), _seed_seq(2, 1025)), "6.7", "rng-fields-checked", "FormatError",
+        "pool_size", "a SeedSequence pool of 1025 words", "always"),
+    "seed_seq_empty_entropy": (
+        lambda: _edit_value(_pcg64(), _seed_seq(0, ["tuple"])), "6.7", "rng-fields-checked", "FormatError",
+        "entropy", "a SeedSequence with empty entropy", "always"),
+    "bitgen_has_uint32_7": (
+        lambda: _edit_value(np.random.PCG64(np.random.SeedSequence(7)),
+                            lambda node: node.__setitem__(5, 7)), "6.7", "rng-fields-checked", "FormatError",
+        "has_uint32", "a bare PCG64 whose has_uint32 is 7", "always"),
+    "legacy_gauss_without_flag": (
+        lambda: _edit_value(np.random.RandomState(5), lambda node: node.__setitem__(2, 0.5)), "6.7",
+        "rng-legacy-gauss", "FormatError", "must have gauss 0.0",
+        "a RandomState whose cached Gaussian is 0.5 while has_gauss is 0", "always"),
+    "random_gauss_next_int": (
+        lambda: _edit_value(__import__("random").Random(3), lambda node: node.__setitem__(4, 5)), "6.7",
+        "rng-fields-checked", "FormatError", "gauss_next", "a random.Random whose gauss_next is the int 5",
+        "always"),
+    "philox_offset_not_multiple_of_4": (
+        lambda: _edit_value(_rngstate_cuda(8), lambda node: node[4].__setitem__(1, struct.pack("<Qq", 5, -2))),
+        "6.7.1", "philox-offset", "FormatError", "multiple of 4", "a CUDA generator state with offset -2",
+        "always"),
+    "settings_precision_ieee": (
+        lambda: _edit_value(_settings(), _set_field("float32_matmul_precision", "ieee")), "6.7.2",
+        "determinism-settings", "FormatError", "float32_matmul_precision",
+        "determinism settings whose float32_matmul_precision is 'ieee'", "building"),
+    "settings_num_threads_str": (
+        lambda: _edit_value(_settings(), _set_field("num_threads", "4")), "6.7.2", "determinism-settings",
+        "FormatError", "num_threads", "determinism settings whose num_threads is the str '4'", "building"),
+    "settings_sm_counts_length": (
+        lambda: _edit_value(_settings(), _set_field("gpu_sm_counts", ["tuple"])), "6.7.2", "determinism-settings",
+        "FormatError", "gpu_sm_counts", "determinism settings with one GPU name and no SM count", "building"),
+}
+
+
+def _path_with_nul() -> bytes:
+    tensorcanon.register_builtin_codecs()
+    import pathlib as p
+    return _edit_value(p.PurePosixPath("/data"), lambda node: node[2].__setitem__(2, "/da\x00ta"))
+
+
+def _namespace_int_key() -> bytes:
+    tensorcanon.register_builtin_codecs()
+    import argparse
+    return _edit_value(argparse.Namespace(a=1), lambda node: node[2].__setitem__(1, 0))
+
+
+NEW_INVALID.update({
+    "path_with_nul": (
+        _path_with_nul, "6.9", "builtin-codec-states", "FormatError", "U+0000",
+        "a pathlib.PurePath state whose text holds U+0000", "building"),
+    "namespace_int_key": (
+        _namespace_int_key, "6.9", "builtin-codec-states", "FormatError", "str keys",
+        "an argparse.Namespace state with the int key 0", "building"),
+})
+
+# name -> (builder, what it shows): valid files for rules settled in issue 20
+NEW_VALID: dict[str, tuple] = {
+    "philox_negative_offset": (lambda: tensorcanon.dumps({"v": _rngstate_cuda(-4)}),
+                               "an RngState whose CUDA Philox offset is -4 (2^64 - 4 as torch counts), §6.7.1"),
+    "mps_generator": (lambda: _generator_state("mps"), "a torch generator on device text mps, §6.7"),
+    "mps0_generator": (lambda: _generator_state("mps:0"), "a torch generator on device text mps:0, §6.7"),
+    "bare_bit_generator": (lambda: tensorcanon.dumps(np.random.SFC64(np.random.SeedSequence(np.uint64(9)))),
+                           "a bare SFC64 bit generator (rng.bitgen as a value on its own), whose "
+                           "SeedSequence was given a numpy int, §6.7"),
+}
+
+
+# ------------------------------------------------------------------ the corpus
+
+
+def _digest_of(data: bytes) -> str:
+    return tensorcanon.verify(data)
+
+
+def cases() -> list[tuple[str, bytes, dict]]:
+    """``(file name in this folder, bytes, manifest entry)`` for every case, in manifest order."""
+    out = []
+    golden = json.loads((GOLDEN / "digests.json").read_text())["digests"]
+    v1 = json.loads((GOLDEN / "v1" / "digests.json").read_text())["digests"]
+    covers = json.loads((GOLDEN / "conformance.json").read_text())["vectors"]
+    for version, folder, digests in ((2, GOLDEN, golden), (1, GOLDEN / "v1", v1)):
+        for name in sorted(digests):
+            key = name if version == 2 else f"v1/{name}"
+            entry = {"expect": "accept", "digest": digests[name], "version": version,
+                     "describes": covers[name] if version == 2 else f"the object of {name}, written by the "
+                                                                    "version-1 writer",
+                     "source": str((folder / f"{name}.safetensors").relative_to(ROOT))}
+            if key in MAY_REJECT:
+                entry["may_reject"] = MAY_REJECT[key]
+            out.append((f"valid/{key.replace('/', '_')}.safetensors", (folder / f"{name}.safetensors").read_bytes(),
+                        entry))
+    for name, (build, what) in NEW_VALID.items():
+        data = build()
+        entry = {"expect": "accept", "digest": _digest_of(data), "version": 2, "describes": what}
+        if name in MAY_REJECT:
+            entry["may_reject"] = MAY_REJECT[name]
+        out.append((f"valid/{name}.safetensors", data, entry))
+    expected = json.loads((ATTACKS / "expected.json").read_text())
+    for name in sorted(expected):
+        if name not in ATTACK_RULES:
+            continue
+        section, rule = ATTACK_RULES[name]
+        error = expected[name]["raises"]
+        out.append((f"invalid/{name}.bin", (ATTACKS / f"{name}.bin").read_bytes(),
+                    {"expect": "reject", "category": ERROR_CATEGORY[error], "error": error, "section": section,
+                     "rule": rule, "message": expected[name]["message"], "when": "always",
+                     "source": f"tests/attacks/{name}.bin"}))
+    for name, (build, section, rule, error, message, what, when) in NEW_INVALID.items():
+        out.append((f"invalid/{name}.bin", build(),
+                    {"expect": "reject", "category": ERROR_CATEGORY[error], "error": error, "section": section,
+                     "rule": rule, "message": message, "when": when, "describes": what}))
+    return out
+
+
+def manifest(built: list[tuple[str, bytes, dict]]) -> dict:
+    return {
+        "corpus": "tensorcanon-conformance",
+        "corpus_version": CORPUS_VERSION,
+        "format_version": tensorcanon.FORMAT_VERSION,
+        "spec": "docs/FORMAT.md",
+        "reader": {
+            "builds_values": True,
+            "builtin_codecs": True,
+            "registered": {"golden.GoldenConfig": "a dataclass with the fields lr (float), steps (int), tags (tuple)"},
+        },
+        "categories": CATEGORIES,
+        "cases": [{"file": name, "sha256": hashlib.sha256(data).hexdigest(), **entry}
+                  for name, data, entry in built],
+    }
+
+
+def render(built: list[tuple[str, bytes, dict]]) -> dict[str, bytes]:
+    """Every file of the corpus (relative path -> bytes), manifest.json included."""
+    files = {name: data for name, data, _ in built}
+    files["manifest.json"] = (json.dumps(manifest(built), indent=1, ensure_ascii=False) + "\n").encode()
+    return files
+
+
+def main() -> None:
+    files = render(cases())
+    for sub in ("valid", "invalid"):
+        for old in (HERE / sub).glob("*"):
+            if f"{sub}/{old.name}" not in files:
+                old.unlink()
+    for name, data in files.items():
+        path = HERE / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(data)
+    print(f"{len(files) - 1} files and manifest.json written to {HERE}")
+
+
+if __name__ == "__main__":
+    main()
