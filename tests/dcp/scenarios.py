@@ -129,6 +129,67 @@ def no_pickle_load(rank, world, folder):
         pickle.load, pickle.loads, torch.load = saved
 
 
+def _refusing_pickle(fn):
+    def refuse(*a, **k):
+        raise AssertionError("pickle or torch.load was called while loading")
+
+    saved = pickle.load, pickle.loads, torch.load
+    pickle.load = pickle.loads = torch.load = refuse
+    try:
+        return fn()
+    finally:
+        pickle.load, pickle.loads, torch.load = saved
+
+
+def _as_error(fn):
+    try:
+        fn()
+    except tensorcanon.TensorCanonError as e:
+        return {"error": type(e).__name__, "message": str(e)}
+    return None
+
+
+def partial_loads(rank, world, folder):
+    """The model of a model + optim checkpoint, through tcd.load and through DCP's own planner."""
+    import torch.distributed.checkpoint as dcp
+
+    source = os.path.join(folder, "state-a")
+    zero = zeros_like_state(sharded_state(world, rank))
+    model = {"model": zero["model"]}
+    _refusing_pickle(lambda: tcd.load(model, source))
+    extra = {"model": zeros_like_state(sharded_state(world, rank))["model"], "lr": 0.5}
+    missing = _as_error(lambda: tcd.load(extra, source))
+    tcd.load(extra, source, allow_partial_load=True)
+    by_dcp = {"model": zeros_like_state(sharded_state(world, rank))["model"], "step": None, "not_saved": 3}
+    _refusing_pickle(lambda: dcp.load(by_dcp, storage_reader=tcd.Reader(source),
+                                      planner=dcp.DefaultLoadPlanner(allow_partial_load=True)))
+    return {"model": tensorcanon.fingerprint(unsharded(model)), "missing": missing, "kept": extra["lr"],
+            "dcp_model": tensorcanon.fingerprint(dict(unsharded(by_dcp["model"]))),
+            "dcp_values": [by_dcp["step"], by_dcp["not_saved"]]}
+
+
+def overwrite_refused(rank, world, folder):
+    target = os.path.join(folder, "state-a")
+    before = _files(target)
+    errors = [_as_error(lambda: tcd.save(sharded_state(world, rank, seed=5), target, overwrite=False)),
+              _as_error(lambda: tcd.async_save(sharded_state(world, rank, seed=5), target,
+                                               overwrite=False).result(timeout=60))]
+    dist.barrier()
+    return [errors, _files(target) == before]
+
+
+def sharded_tensor_refused(rank, world, folder):
+    from torch.distributed._shard.sharded_tensor import empty
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+    spec = ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(world)])
+    state = {"model": {"st": empty(spec, 4, 2)}, "step": 1}
+    target = os.path.join(folder, "sharded-tensor")
+    return [_as_error(lambda: tcd.save(state, target)),
+            _as_error(lambda: tcd.async_save(state, target).result(timeout=60)),
+            os.path.exists(os.path.join(target, layout.INDEX_NAME))]
+
+
 # ------------------------------------------------------------------ three ranks
 
 def fsdp2_reshard_and_save(rank, world, folder):
@@ -191,6 +252,9 @@ BATCHES = {
         ("missing_index", missing_index),
         ("replica_mismatch", replica_mismatch),
         ("no_pickle_load", no_pickle_load),
+        ("partial_loads", partial_loads),
+        ("overwrite_refused", overwrite_refused),
+        ("sharded_tensor_refused", sharded_tensor_refused),
     ],
     "three": [
         ("fsdp2_reshard_and_save", fsdp2_reshard_and_save),

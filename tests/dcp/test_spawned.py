@@ -2,7 +2,8 @@
 
 Two launches (starting processes costs seconds here, so each runs many scenarios):
 2 ranks save (FSDP2 + AdamW, a mixed DTensor state, async thread and process executors,
-per-rank RNG state) and meet damage and refusals; then 3 ranks reshard what 2 saved,
+per-rank RNG state), load a part of a checkpoint, and meet damage and refusals (overwrite=False,
+a ShardedTensor); then 3 ranks reshard what 2 saved,
 save again, and get the same logical digest. Files written by the threaded tier in this
 process must be byte-identical to those written by the 2 processes.
 """
@@ -115,3 +116,32 @@ def test_reshard_2_to_3_and_the_per_rank_refusal(runs):
     tcd.consolidate(os.path.join(folder, "state-3"), out)
     with open(out, "rb") as fh:
         assert fh.read() == tensorcanon.dumps(logical_state())
+
+
+def test_a_part_of_a_checkpoint_loads_across_processes(runs):
+    _, two, _ = runs
+    got = _same_on_every_rank(two, "partial_loads")
+    model = logical_state()["model"]
+    assert got["model"] == tensorcanon.fingerprint({"model": model})       # tcd.load, only the model
+    assert got["missing"]["error"] == "UsageError" and '$["lr"]' in got["missing"]["message"]
+    assert got["kept"] == 0.5                                                # allow_partial_load=True
+    assert got["dcp_model"] == tensorcanon.fingerprint(dict(model))        # DCP's DefaultLoadPlanner
+    assert got["dcp_values"] == [42, 3]
+
+
+def test_overwrite_false_is_refused_on_every_rank_before_writing(runs):
+    folder, two, _ = runs
+    errors, unchanged = _same_on_every_rank(two, "overwrite_refused")
+    assert unchanged
+    for err in errors:                                                      # save, async_save
+        assert err["error"] == "CheckpointExistsError", err
+        assert os.path.join(folder, "state-a") in err["message"] and "overwrite=True" in err["message"]
+
+
+def test_a_sharded_tensor_is_refused_naming_the_path(runs):
+    _, two, _ = runs
+    *errors, committed = _same_on_every_rank(two, "sharded_tensor_refused")
+    assert not committed
+    for err in errors:                                                      # save, async_save
+        assert err["error"] == "UnsupportedTypeError", err
+        assert '$["model"]["st"]' in err["message"] and "DTensor" in err["message"]

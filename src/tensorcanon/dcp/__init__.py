@@ -32,10 +32,10 @@ from .load_planner import LoadPlanner
 from .perrank import PerRank
 from .reader import Reader
 from .save_planner import SavePlanner
-from .writer import Writer
+from .writer import CheckpointExistsError, Writer
 
 __all__ = [
     "save", "load", "async_save", "load_unsharded", "consolidate", "verify", "logical_digest",
     "PerRank", "Writer", "Reader", "SavePlanner", "LoadPlanner",
-    "CheckpointNotFoundError", "ReplicaMismatchError", "CheckpointError",
+    "CheckpointNotFoundError", "ReplicaMismatchError", "CheckpointError", "CheckpointExistsError",
 ]

@@ -57,15 +57,42 @@ def unwrap(exc: BaseException) -> BaseException:
     )
 
 
-def _run(fn: Callable[[], _T]) -> _T:
+def _run(fn: Callable[[], _T], saving: dict | None = None, limits: Limits = DEFAULT) -> _T:
     try:
         return fn()
     except CheckpointException as ce:
         raise unwrap(ce) from ce
     except (TensorCanonError, OSError):
         raise
-    except Exception as e:  # DCP's own checks outside its collectives (arguments, backends)
-        raise unwrap(e) from e
+    except Exception as e:  # DCP's own steps outside its collectives (arguments, backends, staging)
+        ours = _refusal(saving, limits) if saving is not None else None
+        raise (ours or unwrap(e)) from e
+
+
+def _refusal(state_dict: dict, limits: Limits) -> TensorCanonError | None:
+    """The library's own refusal of a state that DCP failed on before planning, or None.
+
+    DCP's Stateful check (save) and its staging (async_save) touch values before our planner
+    sees them; a ShardedTensor, or an object that raises when touched, fails there in torch's
+    words, without a path. Planning the state here names the path instead.
+    """
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    from .logical import plan_state
+
+    plain = {}
+    for k, v in state_dict.items():
+        try:
+            plain[k] = v.state_dict() if isinstance(v, Stateful) else v
+        except Exception:  # noqa: BLE001 - planning names it
+            plain[k] = v
+    try:
+        plan_state(plain, limits)
+    except TensorCanonError as e:
+        return e
+    except Exception:  # noqa: BLE001 - no better words than DCP's
+        return None
+    return None
 
 
 @contextlib.contextmanager
@@ -79,7 +106,7 @@ def _quiet(single_process: bool) -> Iterator[None]:
 
 
 def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: dist.ProcessGroup | None = None,
-         algorithm: str = _digest.DEFAULT, limits: Limits = DEFAULT) -> str:
+         algorithm: str = _digest.DEFAULT, overwrite: bool = True, limits: Limits = DEFAULT) -> str:
     """Save a (sharded) state dict as a canonical checkpoint directory; return its logical digest.
 
     Collective: every rank of ``process_group`` calls it with its own state dict
@@ -89,6 +116,8 @@ def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: 
     for every world size and sharding of the same state, and equals
     ``tensorcanon.fingerprint`` of the state held unsharded (per-rank values
     excluded). Same world size and same state give byte-identical files.
+    With ``overwrite=False``, a directory that already holds a checkpoint is refused
+    (:class:`CheckpointExistsError`, on every rank, before any rank writes).
 
     Example::
 
@@ -97,22 +126,28 @@ def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: 
                                       "ckpt/step100")
     """
     single = not _distributed(process_group)
-    writer = Writer(checkpoint_dir, process_group=process_group, algorithm=algorithm, limits=limits)
+    writer = Writer(checkpoint_dir, process_group=process_group, algorithm=algorithm, overwrite=overwrite,
+                    limits=limits)
     with _quiet(single):
         md = _run(lambda: dcp.save(state_dict, storage_writer=writer, planner=SavePlanner(limits=limits),
-                                   process_group=process_group, **_compat.dist_kwargs(dcp.save, single)))
+                                   process_group=process_group, **_compat.dist_kwargs(dcp.save, single)),
+                  state_dict, limits)
     return md.storage_data[LOGICAL_DIGEST]
 
 
 def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
                process_group: dist.ProcessGroup | None = None, executor: str = "thread",
-               algorithm: str = _digest.DEFAULT, limits: Limits = DEFAULT) -> concurrent.futures.Future:
+               algorithm: str = _digest.DEFAULT, overwrite: bool = True,
+               limits: Limits = DEFAULT) -> concurrent.futures.Future:
     """:func:`save` in the background (``dcp.async_save``); the future's result is the logical digest.
 
     The state is first copied to CPU memory (DCP's staging), so tensors may be
     changed as soon as this returns. ``executor`` is ``"thread"`` or
     ``"process"`` (a background process with its own gloo group; DCP starts it on
-    first use). A failure is raised by ``future.result()`` as the library's own error.
+    first use, with multiprocessing's spawn method, so the calling script must keep
+    its code under ``if __name__ == "__main__":``; a call from an unguarded
+    top-level statement is refused, as it would hang). A failure, ``overwrite=False``
+    included, is raised by ``future.result()`` as the library's own error.
 
     Example::
 
@@ -121,13 +156,17 @@ def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
         digest = fut.result()
     """
     kind = _compat.async_kwargs(executor)
+    if _compat.AsyncCheckpointerType is not None and \
+            kind.get("async_checkpointer_type") is _compat.AsyncCheckpointerType.PROCESS:
+        _compat.check_spawn_safe_main()
     single = not _distributed(process_group)
-    writer = Writer(checkpoint_dir, process_group=process_group, algorithm=algorithm, limits=limits)
+    writer = Writer(checkpoint_dir, process_group=process_group, algorithm=algorithm, overwrite=overwrite,
+                    limits=limits)
     with _quiet(single):
         started = _run(lambda: dcp.async_save(
             state_dict, storage_writer=writer, planner=SavePlanner(limits=limits), process_group=process_group,
             **kind, **_compat.dist_kwargs(dcp.async_save, single),
-        ))
+        ), state_dict, limits)
     upload = _compat.upload_future(started)
     out: concurrent.futures.Future = concurrent.futures.Future()
 
@@ -145,7 +184,7 @@ def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
 
 def load(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
          process_group: dist.ProcessGroup | None = None, keep_per_rank_on_resize: bool = False,
-         limits: Limits = DEFAULT) -> None:
+         allow_partial_load: bool = False, limits: Limits = DEFAULT) -> None:
     """Load a checkpoint into ``state_dict`` in place, verifying every chunk it reads.
 
     Collective, like ``dcp.load``: each rank passes its state dict, whose tensors
@@ -153,7 +192,9 @@ def load(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
     another world size, than at save time. Non-tensor values are replaced by the
     saved ones, decoded by tensorcanon (no pickle). :class:`PerRank` entries get
     this rank's own value; with another world size that is an error naming the
-    key, unless ``keep_per_rank_on_resize=True``.
+    key, unless ``keep_per_rank_on_resize=True``. The state dict may hold a part of
+    the checkpoint (only the model, say); a key of it that the checkpoint lacks is
+    an error naming it, unless ``allow_partial_load=True`` (it then keeps its value).
 
     Example::
 
@@ -165,7 +206,7 @@ def load(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
     single = not _distributed(process_group)
     reader = Reader(checkpoint_dir, limits=limits)
     planner = LoadPlanner(process_group=process_group, keep_per_rank_on_resize=keep_per_rank_on_resize,
-                          limits=limits)
+                          allow_partial_load=allow_partial_load, limits=limits)
     with _quiet(single):
         _run(lambda: dcp.load(state_dict, storage_reader=reader, planner=planner,
                               process_group=process_group, **_compat.dist_kwargs(dcp.load, single)))

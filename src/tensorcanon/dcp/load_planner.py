@@ -10,8 +10,10 @@ their meaning):
 - a :class:`PerRank` entry gets this rank's own value from this rank's file;
 - any other value is replaced by the checkpoint's value at that path, decoded by
   tensorcanon from the index (tensors inside it, if any, are read whole);
-- a target key the checkpoint lacks is an error; checkpoint keys the target
-  lacks are not loaded (as in DCP).
+- a target key the checkpoint lacks is an error naming it, unless
+  ``allow_partial_load=True`` (then it keeps its value, as with DCP's planner);
+  checkpoint keys the target lacks are not loaded (as in DCP), so a state dict
+  holding only the model loads the model of a model + optimizer checkpoint.
 
 DCP's ``load_bytes`` (which ends in ``torch.load(weights_only=False)``) is never
 reached: no read item is of the BYTE_IO kind.
@@ -20,7 +22,6 @@ reached: no read item is of the BYTE_IO kind.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import io
 from typing import Any
 
@@ -42,19 +43,7 @@ from ..walk import METADATA
 from . import _compat
 from ._compat import DTensor, object_coll_device
 from .perrank import PerRank
-
-
-@dataclasses.dataclass
-class LoadMark:
-    """Put in every local load plan by :class:`LoadPlanner`, so the Reader knows its planner."""
-
-
-@dataclasses.dataclass
-class FailedIndex:
-    """What Reader.read_metadata returns when the index cannot be read: the error is raised by
-    the next step, inside DCP's exception handling, so every rank gets it and none waits."""
-
-    error: BaseException
+from .views import CheckpointInfo, FailedIndex, canonical_view
 
 
 class LoadPlanner(DefaultLoadPlanner):
@@ -63,7 +52,9 @@ class LoadPlanner(DefaultLoadPlanner):
     ``process_group`` must be the group passed to ``dcp.load`` (None: the default
     group); it gives this rank's number for per-rank values. With
     ``keep_per_rank_on_resize=True`` a load with another world size than the save
-    keeps the target's per-rank values instead of raising.
+    keeps the target's per-rank values instead of raising. With
+    ``allow_partial_load=True`` a key of the state dict that the checkpoint lacks
+    keeps its value instead of raising.
 
     Example::
 
@@ -72,8 +63,10 @@ class LoadPlanner(DefaultLoadPlanner):
     """
 
     def __init__(self, *, process_group: dist.ProcessGroup | None = None,
-                 keep_per_rank_on_resize: bool = False, limits: Limits = DEFAULT) -> None:
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False, allow_partial_load=False)
+                 keep_per_rank_on_resize: bool = False, allow_partial_load: bool = False,
+                 limits: Limits = DEFAULT) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False,
+                         allow_partial_load=allow_partial_load)
         _compat.check_process_group(process_group, loading=True)  # before any collective, also for dcp.load
         self.process_group = process_group
         self.keep_per_rank_on_resize = keep_per_rank_on_resize
@@ -81,17 +74,22 @@ class LoadPlanner(DefaultLoadPlanner):
 
     def set_up_planner(self, state_dict: dict, metadata: Metadata | None = None,
                        is_coordinator: bool = False) -> None:
-        index = getattr(metadata, "planner_data", None)
-        if isinstance(index, FailedIndex):
-            raise index.error
-        if metadata is None or not isinstance(index, layout.Index):
+        info = getattr(metadata, "planner_data", None)
+        if isinstance(info, FailedIndex):
+            raise info.error
+        if metadata is None or not isinstance(info, CheckpointInfo):
             raise UsageError("tensorcanon.dcp.LoadPlanner reads checkpoints through tensorcanon.dcp.Reader "
                              "(pass storage_reader=tensorcanon.dcp.Reader(path) to dcp.load)")
+        index = info.index
+        # The Reader described the checkpoint by DCP's flattened names; this planner asks by
+        # tensorcanon's (and the Reader reads the storage map only after this).
+        metadata.state_dict_metadata, metadata.storage_data = canonical_view(index)
+        info.canonical = True
         if dist.is_available() and dist.is_initialized():
             rank, world = dist.get_rank(self.process_group), dist.get_world_size(self.process_group)
         else:
             rank, world = 0, 1
-        walk = _Walk(index, rank, world, self.keep_per_rank_on_resize, self.limits)
+        walk = _Walk(index, rank, world, self.keep_per_rank_on_resize, self.allow_partial_load, self.limits)
         try:
             walk.mapping(state_dict, index.logical.root, ())
             self.state_dict = walk.flat
@@ -111,8 +109,7 @@ class LoadPlanner(DefaultLoadPlanner):
     def create_local_plan(self) -> LoadPlan:
         if self.metadata is None:
             raise UsageError("tensorcanon.dcp.LoadPlanner was used before set_up_planner")
-        plan = create_default_local_load_plan(self.state_dict, self.metadata, True)
-        return dataclasses.replace(plan, planner_data=LoadMark())
+        return create_default_local_load_plan(self.state_dict, self.metadata, True)
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         raise UsageError("tensorcanon checkpoints hold no pickled values: there is nothing to load_bytes")
@@ -177,10 +174,12 @@ def _memory(t: Any) -> tuple:
 class _Walk:
     """Matches a target state dict with the checkpoint's logical tree (see the module docstring)."""
 
-    def __init__(self, index: layout.Index, rank: int, world: int, keep_per_rank: bool, limits: Limits):
+    def __init__(self, index: layout.Index, rank: int, world: int, keep_per_rank: bool, partial: bool,
+                 limits: Limits):
         self.index = index
         self.rank, self.world = rank, world
         self.keep_per_rank = keep_per_rank
+        self.partial = partial
         self.limits = limits
         self.infos = index.logical.tensors
         self.flat: dict[str, Any] = {}
@@ -256,10 +255,11 @@ class _Walk:
                 v, changed = self.value(target[k], saved[k], where)
                 if changed:
                     target[k] = v
-            else:
+            elif not self.partial:
                 raise UsageError(
                     f"{paths.join(where)} is in the state dict but not in the checkpoint (which holds "
-                    f"{sorted(map(paths.show, saved))[:8]} there); remove it from the state dict to load the rest"
+                    f"{sorted(map(paths.show, saved))[:8]} there); remove it from the state dict to load the rest, "
+                    "or pass allow_partial_load=True to keep its value"
                 )
 
     def per_rank_value(self, target: dict, k: Any, where: tuple) -> None:

@@ -16,6 +16,7 @@ Each logical tensor is handed to DCP under its tensorcanon name (docs/FORMAT.md
 from __future__ import annotations
 
 import collections
+import io
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from .. import digest, dtypes, paths, writer
-from ..errors import UnsupportedTypeError
+from ..errors import TensorCanonError, UnsupportedTypeError
 from ..limits import DEFAULT, Limits
 from ..tree import Encoder
 from ..walk import METADATA
@@ -44,6 +45,11 @@ class LogicalEncoder(Encoder):
         t = type(value)
         if isinstance(value, DTensor):
             return self._dtensor(value)
+        if isinstance(value, torch.Tensor) and t is not torch.Tensor and t is not torch.nn.Parameter:
+            raise self.unsupported(subclass_refusal(t))
+        if t is io.BytesIO:
+            raise self.unsupported("io.BytesIO values (DCP's byte items) are not supported by tensorcanon.dcp "
+                                   "yet; save their bytes instead (buf.getvalue())")
         if t is PerRank:
             raise self.unsupported(
                 "a PerRank value must be the value of a dict key (per-rank state is kept out of the "
@@ -86,6 +92,23 @@ class LogicalEncoder(Encoder):
                                view_key=view_key)
 
 
+def subclass_refusal(t: type) -> str:
+    """Why tensorcanon.dcp refuses a tensor subclass other than DTensor, and what to save instead.
+
+    Worded from the type alone: some subclasses (ShardedTensor) raise on any attribute access.
+    """
+    name = f"{t.__module__}.{t.__qualname__}"
+    if t.__name__ == "ShardedTensor":
+        return (f"{name} (torch's deprecated sharded tensor) is not supported by tensorcanon.dcp; save "
+                "DTensors instead (torch.distributed.tensor: FSDP2's fully_shard and get_state_dict give them)")
+    if "FakeTensor" in t.__name__:
+        return f"fake tensors ({name}) hold no data and cannot be saved"
+    hooks = (" (tensorcanon.dcp does not call DCP's __create_write_items__ hooks, which it defines)"
+             if hasattr(t, "__create_write_items__") else "")
+    return (f"tensor subclass {name} is not supported by tensorcanon.dcp{hooks}; save it as a DTensor "
+            "(torch.distributed.tensor) or as a plain tensor (t.as_subclass(torch.Tensor))")
+
+
 @dataclass
 class LogicalState:
     """One rank's view of the logical state: its plan, its DCP entries, its per-rank values."""
@@ -113,7 +136,13 @@ class LogicalState:
 def plan_state(state: Any, limits: Limits = DEFAULT) -> LogicalState:
     """Plan the logical state of ``state`` (this rank's state dict) and its DCP entries."""
     enc = LogicalEncoder(limits.max_depth)
-    plan = writer.plan(state, None, limits, digest.DEFAULT, encoder=enc)
+    try:
+        plan = writer.plan(state, None, limits, digest.DEFAULT, encoder=enc)
+    except TensorCanonError:
+        raise
+    except Exception as e:  # an object whose attribute access raises, found while encoding it
+        raise UnsupportedTypeError(f"cannot save the value at {enc.path()}: {type(e).__name__}: {e}",
+                                   path=enc.path()) from e
     from ..ordering import sort_key
 
     per_rank = sorted(enc.per_rank, key=lambda pv: sort_key(pv[0]))

@@ -1,15 +1,19 @@
 """Reader: DCP's StorageReader for canonical sharded checkpoints.
 
 ``read_metadata`` builds DCP's ``Metadata`` from the validated index (no
-pickle): one tensor entry per logical tensor, with its chunks, so DCP's own
-resharding plans the reads. ``read_data`` copies each requested region out of
-a memory-mapped rank file after hashing the whole chunk against its digest
-(once per chunk), so every byte that reaches the state dict is verified.
+pickle): one tensor entry per tensor, with its chunks, so DCP's own resharding
+plans the reads (views.py: the names DCP's flattening gives, which
+:class:`LoadPlanner` replaces with tensorcanon's). ``read_data`` copies each
+requested region out of a memory-mapped rank file after hashing the whole chunk
+against its digest (once per chunk), so every byte that reaches the state dict
+is verified.
 
-It refuses to run with a planner that would unpickle: DCP's
-``DefaultLoadPlanner`` loads non-tensor values with
-``torch.load(weights_only=False)``; only :class:`LoadPlanner` (or a subclass
-that keeps its ``load_bytes``) is accepted.
+Any planner may read tensors. Non-tensor values are never unpickled: a value
+that DCP's own planner asks for (a "bytes" read) is decoded by tensorcanon from
+the index (tensors inside it read and verified) and put where DCP's
+``DefaultLoadPlanner.load_bytes`` would put it, without calling that method
+(which would run ``torch.load(weights_only=False)``). A planner with a
+``load_bytes`` of its own is refused when it asks for such a value.
 """
 
 from __future__ import annotations
@@ -21,13 +25,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
-    Metadata,
-    MetadataIndex,
-    TensorProperties,
-    TensorStorageMetadata,
-)
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner as _DCPLoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
@@ -36,24 +34,25 @@ from .. import tensorbytes
 from ..errors import FormatError, TensorCanonError, UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded import layout
-from ..sharded.files import RankFiles, with_context
-from ..sharded.read import chunk_info
-from .load_planner import FailedIndex, LoadMark, LoadPlanner
+from ..sharded.files import RankFiles, decode_subtree, with_context
+from ..sharded.read import chunk_info, read_tensor
+from . import _compat
+from .views import CheckpointInfo, FailedIndex, ValueRef, dcp_view, node_at
 
-_REFUSED = (
-    "tensorcanon.dcp.Reader refuses to run with {name}: DCP's default load planner loads non-tensor "
-    "values with torch.load(weights_only=False), which runs pickle. Pass "
-    "planner=tensorcanon.dcp.LoadPlanner() to dcp.load (or use tensorcanon.dcp.load)"
+_OWN_LOAD_BYTES = (
+    "tensorcanon.dcp.Reader cannot give {what} to {name}: that planner has a load_bytes of its own, which "
+    "expects DCP's pickled bytes (tensorcanon checkpoints hold none). Load with "
+    "planner=tensorcanon.dcp.LoadPlanner() (or tensorcanon.dcp.load), or with DCP's DefaultLoadPlanner"
 )
-
-
-def _refuse_planner(planner: Any) -> None:
-    if not isinstance(planner, LoadPlanner) or type(planner).load_bytes is DefaultLoadPlanner.load_bytes:
-        raise UsageError(_REFUSED.format(name=type(planner).__name__))
 
 
 class Reader(StorageReader):
     """Reads a checkpoint written by :class:`Writer`, verifying every chunk it uses.
+
+    Works with :class:`LoadPlanner` (tensorcanon's names, containers and per-rank
+    values) and with DCP's own ``DefaultLoadPlanner`` (DCP's flattened names;
+    ``allow_partial_load`` as DCP defines it), which DCP's
+    ``_load_state_dict_from_keys`` uses too.
 
     Example::
 
@@ -61,7 +60,8 @@ class Reader(StorageReader):
                  planner=tensorcanon.dcp.LoadPlanner())
     """
 
-    def __init__(self, path: str | os.PathLike, *, limits: Limits = DEFAULT) -> None:
+    def __init__(self, path: str | os.PathLike, *, limits: Limits = DEFAULT, **dcp_options: Any) -> None:
+        _compat.refuse_storage_options("Reader", dcp_options)
         super().__init__()
         self.path = os.fspath(path)
         self.limits = limits
@@ -86,49 +86,55 @@ class Reader(StorageReader):
             index = layout.read(self.path, self.limits)
         except TensorCanonError as e:
             return Metadata({}, planner_data=FailedIndex(e))
-        md: dict = {}
-        storage: dict = {}
-        for t, info in enumerate(index.logical.tensors):
-            if info.dtype.torch is None:
-                continue  # a dtype this torch lacks: no state dict can hold it
-            md[info.name] = TensorStorageMetadata(
-                TensorProperties(dtype=info.dtype.torch), torch.Size(info.shape),
-                [ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in index.chunks[t]],
-            )
-            for c in index.chunks[t]:
-                storage[MetadataIndex(info.name, c.offsets)] = (t, c)
-        _add_dcp_names(index, md, storage, self.limits)
-        return Metadata(md, planner_data=index, storage_data=storage)
+        md, storage, info = dcp_view(index, self.limits)
+        return Metadata(md, planner_data=info, storage_data=storage)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if isinstance(metadata.planner_data, FailedIndex):
             raise metadata.planner_data.error
-        if not isinstance(metadata.planner_data, layout.Index):
+        if not isinstance(metadata.planner_data, CheckpointInfo):
             raise UsageError("tensorcanon.dcp.Reader got metadata it did not read")
-        self.index = metadata.planner_data
+        info = metadata.planner_data
+        if not info.canonical and info.dcp_error is not None:
+            raise UsageError(
+                f"DCP's own load planner cannot read {self.path}: DCP's flattening of its state failed "
+                f"({info.dcp_error}); load with planner=tensorcanon.dcp.LoadPlanner() (or tensorcanon.dcp.load)")
+        self.index = info.index
         self.storage = metadata.storage_data
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        if not isinstance(plan.planner_data, LoadMark):
-            raise UsageError(_REFUSED.format(name="a planner other than tensorcanon.dcp.LoadPlanner"))
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
 
     def read_data(self, plan: LoadPlan, planner: _DCPLoadPlanner) -> Future[None]:
-        _refuse_planner(planner)
         index = self.index
         if index is None:
             raise UsageError("tensorcanon.dcp.Reader.read_data was called before set_up_storage_reader")
         # Group by chunk, so each chunk is hashed once and its pages are read together.
         by_chunk: dict = defaultdict(list)
+        values = []
         for req in plan.items:
-            if req.type is not LoadItemType.TENSOR:
-                raise UsageError(_REFUSED.format(name="a plan that reads pickled bytes"))
-            t, c = self.storage[req.storage_index]
-            by_chunk[(c.rank, t, c.offsets)].append((req, t, c))
+            where = self.storage.get(req.storage_index)
+            if req.type is LoadItemType.BYTE_IO and isinstance(where, ValueRef):
+                if not isinstance(planner, DefaultLoadPlanner) or \
+                        type(planner).load_bytes is not DefaultLoadPlanner.load_bytes:
+                    raise UsageError(_OWN_LOAD_BYTES.format(what=repr(req.storage_index.fqn),
+                                                            name=type(planner).__name__))
+                values.append((req, where))
+            elif req.type is not LoadItemType.BYTE_IO and isinstance(where, tuple):
+                t, c = where
+                by_chunk[(c.rank, t, c.offsets)].append((req, t, c))
+            else:
+                raise UsageError(f"{req.storage_index.fqn!r}: the load plan asks for something this checkpoint "
+                                 "does not hold there (a tensor where it holds a value, or the reverse)")
         with RankFiles(index, self.limits) as files:
+            for req, ref in values:
+                node = node_at(index, ref.path, self.limits)
+                value = decode_subtree(node, len(index.logical.tensors), self.limits,
+                                       lambda t: read_tensor(index, files, t))
+                _compat.give_value(planner, req, value)
             for key in sorted(by_chunk):
                 reqs = by_chunk[key]
                 _, t, c = reqs[0]
@@ -152,40 +158,6 @@ class Reader(StorageReader):
         fut: Future = Future()
         fut.set_result(None)
         return fut
-
-
-def _add_dcp_names(index: layout.Index, md: dict, storage: dict, limits: Limits) -> None:
-    """Also list every value under the name DCP's own flattening gives it.
-
-    LoadPlanner does not need these entries. They let DCP's DefaultLoadPlanner (which
-    flattens the state its own way) plan its reads and reach ``prepare_local_plan``,
-    where it is refused with a clear message instead of failing on a "missing key".
-    """
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-
-    from ..tree import Decoder
-
-    placeholders = [torch.empty(0) for _ in index.logical.tensors]
-    which = {id(p): t for t, p in enumerate(placeholders)}
-    try:
-        decoder = Decoder(placeholders, limits.max_depth)
-        decoder.used = [True] * len(placeholders)
-        flat, _ = flatten_state_dict(decoder.decode(index.logical.root))
-    except Exception:  # noqa: BLE001 - unregistered types, keys DCP cannot flatten: skip the courtesy
-        return
-    for fqn, value in flat.items():
-        if fqn in md:
-            continue
-        t = which.get(id(value))
-        if t is None:
-            md[fqn] = BytesStorageMetadata()
-            continue
-        name = index.logical.tensors[t].name
-        if name in md:
-            md[fqn] = md[name]
-            for c in index.chunks[t]:
-                storage[MetadataIndex(fqn, c.offsets)] = (t, c)
 
 
 def _copy(target: torch.Tensor, source: torch.Tensor) -> None:

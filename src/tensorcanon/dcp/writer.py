@@ -2,9 +2,10 @@
 
 What each step of ``dcp.save`` does here:
 
-1. ``prepare_global_plan`` (coordinator): for every tensor stored in more than
-   one chunk, picks the rank that will compute its logical digest (the largest
-   first, each to the least loaded rank).
+1. ``prepare_global_plan`` (coordinator): with ``overwrite=False``, refuses a
+   directory that already holds a checkpoint (before any rank writes anything);
+   for every tensor stored in more than one chunk, picks the rank that will
+   compute its logical digest (the largest first, each to the least loaded rank).
 2. ``write_data`` (every rank): writes the rank's chunks and per-rank values as
    one ordinary tensorcanon file under a temporary name, then renames it to
    ``rank-<r>-of-<w>.<its digest>.safetensors``. If some tensor is split into
@@ -25,6 +26,7 @@ as it must be for loading with another world size.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import os
 import re
@@ -39,7 +41,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from .. import digest as _digest, tensorbytes, writer
-from ..errors import TensorCanonError, UsageError
+from ..errors import FileAccessError, TensorCanonError, UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded import layout, tiling
 from ..sharded.errors import CheckpointError
@@ -50,6 +52,11 @@ from .staging import staged_copy
 
 OUTCOME_FQN = "@tensorcanon.rank"  # the WriteResult that carries a rank's file digest
 LOGICAL_DIGEST = "tensorcanon.logical_digest"  # key in the Metadata.storage_data every rank gets back
+
+
+class CheckpointExistsError(FileAccessError, FileExistsError):
+    """A save with ``overwrite=False`` found a checkpoint (its index) in its directory.
+    Also a ``FileExistsError``; ``filename`` is the directory."""
 
 
 @dataclass
@@ -83,7 +90,11 @@ class Writer(StorageWriter):
 
     ``process_group`` must be the group passed to ``dcp.save`` (None: the default
     group). ``algorithm`` is the digest algorithm of every file (``"xxh3-128"`` or
-    ``"sha256"``).
+    ``"sha256"``). With ``overwrite=False`` a directory that already holds a
+    checkpoint is refused (:class:`CheckpointExistsError`) before any rank writes;
+    by default (as DCP's ``FileSystemWriter``) the new checkpoint replaces it, old or
+    new and never a mix. DCP's ``FileSystemWriter`` options are refused, naming why
+    (docs/DISTRIBUTED.md).
 
     Example::
 
@@ -92,12 +103,15 @@ class Writer(StorageWriter):
     """
 
     def __init__(self, path: str | os.PathLike, *, process_group: dist.ProcessGroup | None = None,
-                 algorithm: str = _digest.DEFAULT, limits: Limits = DEFAULT) -> None:
+                 algorithm: str = _digest.DEFAULT, overwrite: bool = True, limits: Limits = DEFAULT,
+                 **dcp_options: Any) -> None:
+        _compat.refuse_storage_options("Writer", dcp_options)
         super().__init__()
         _compat.check_process_group(process_group)  # before any collective, also for a direct dcp.save
         self.path = os.fspath(path)
         self.process_group = process_group
         self.algorithm = _digest.check(algorithm)
+        self.overwrite = overwrite
         self.limits = limits
         self.is_coordinator = False
         self._planner: SavePlanner | None = None
@@ -162,6 +176,12 @@ class Writer(StorageWriter):
         return dataclasses.replace(plan, storage_data=self.algorithm)
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        # One look, by the coordinator, before any rank writes: every rank gets its answer.
+        if not self.overwrite and os.path.exists(layout.index_path(self.path)):
+            raise CheckpointExistsError(
+                f"{self.path} already holds a checkpoint (its {layout.INDEX_NAME}) and overwrite=False: save "
+                "into another directory, remove that checkpoint first, or pass overwrite=True (the new "
+                "checkpoint then replaces it: old or new, never a mix)", filename=self.path, errno=errno.EEXIST)
         algorithms = sorted({p.storage_data for p in plans}, key=str)
         if len(algorithms) != 1:
             raise UsageError(f"ranks use different digest algorithms {algorithms}; give every rank's "
@@ -373,4 +393,4 @@ def remove_unreferenced(folder: str, keep: set[str]) -> list[str]:
     return writer.remove_files(folder, unwanted)
 
 
-__all__ = ["Writer", "LOGICAL_DIGEST", "TensorCanonError"]
+__all__ = ["Writer", "CheckpointExistsError", "LOGICAL_DIGEST", "TensorCanonError"]

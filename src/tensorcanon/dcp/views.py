@@ -1,0 +1,152 @@
+"""What DCP is told about a checkpoint: its ``Metadata``, in the two views its planners need.
+
+DCP's planners find the entries of a checkpoint by name. Two kinds of planner
+read a tensorcanon checkpoint, and they name things differently:
+
+- :class:`tensorcanon.dcp.LoadPlanner` walks the logical tree itself and asks
+  for each tensor under its tensorcanon name (docs/FORMAT.md §3):
+  :func:`canonical_view`;
+- DCP's own planners (``DefaultLoadPlanner``, and the planner of DCP's
+  ``_load_state_dict_from_keys``) flatten the state by DCP's rules (dotted
+  names, keys turned into text, tuples and lists without tensors kept whole as
+  one "bytes" value): :func:`dcp_view`, which flattens the checkpoint's logical
+  tree with DCP's own function, so both sides agree on every name.
+
+``Reader.read_metadata`` returns the DCP view, with a :class:`CheckpointInfo` as
+``planner_data`` (the map DCP's planners expect there, plus the validated
+index); :class:`LoadPlanner` replaces it with the canonical view when it plans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+from ..errors import UsageError
+from ..limits import Limits
+from ..sharded import layout
+from ..tree import Decoder, tag_of
+
+
+@dataclass
+class FailedIndex:
+    """What Reader.read_metadata returns when the index cannot be read: the error is raised by
+    the next step, inside DCP's exception handling, so every rank gets it and none waits."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class ValueRef:
+    """A value that DCP's flattening keeps whole (a DCP "bytes" entry): its DCP path (keys as
+    text, list indices as ints) in the checkpoint's logical tree."""
+
+    path: tuple
+
+
+class CheckpointInfo(dict):
+    """``Metadata.planner_data`` of a tensorcanon checkpoint.
+
+    As a dict it is what DCP's own planners expect there: DCP's flattening map (each DCP
+    name -> its path). ``index`` is the validated index, which :class:`LoadPlanner` uses
+    (and then sets ``canonical``); ``dcp_error`` says why DCP's flattening could not describe
+    the checkpoint, if it could not.
+    """
+
+    def __init__(self, mapping: dict, index: layout.Index, dcp_error: str | None = None) -> None:
+        super().__init__(mapping)
+        self.index = index
+        self.dcp_error = dcp_error
+        self.canonical = False  # set by LoadPlanner when it switches the metadata to canonical_view
+
+
+def _tensor_entry(index: layout.Index, t: int) -> TensorStorageMetadata | None:
+    info = index.logical.tensors[t]
+    if info.dtype.torch is None:
+        return None  # a dtype this torch lacks: no state dict can hold it
+    chunks = [ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in index.chunks[t]]
+    return TensorStorageMetadata(TensorProperties(dtype=info.dtype.torch), torch.Size(info.shape), chunks)
+
+
+def _add_tensor(index: layout.Index, t: int, name: str, md: dict, storage: dict) -> None:
+    entry = _tensor_entry(index, t)
+    if entry is None:
+        return
+    md[name] = entry
+    for c in index.chunks[t]:
+        storage[MetadataIndex(name, c.offsets)] = (t, c)
+
+
+def canonical_view(index: layout.Index) -> tuple[dict, dict]:
+    """(state_dict_metadata, storage_data): one entry per logical tensor, under its tensorcanon name."""
+    md: dict = {}
+    storage: dict = {}
+    for t, info in enumerate(index.logical.tensors):
+        _add_tensor(index, t, info.name, md, storage)
+    return md, storage
+
+
+def dcp_view(index: layout.Index, limits: Limits) -> tuple[dict, dict, CheckpointInfo]:
+    """(state_dict_metadata, storage_data, planner_data) under the names DCP's flattening gives.
+
+    A tensor is a tensor entry; every other value DCP keeps whole (numpy arrays
+    included: DCP's flattening sees no tensor in them) is a bytes entry whose storage is
+    a :class:`ValueRef` (the Reader decodes it from the index, and reads the tensors
+    inside it, verified, without pickle).
+    """
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    placeholders = [torch.empty(0) for _ in index.logical.tensors]
+    which = {id(p): t for t, p in enumerate(placeholders)}
+    try:
+        decoder = Decoder(placeholders, limits.max_depth)
+        decoder.used = [True] * len(placeholders)
+        flat, mapping = flatten_state_dict(decoder.decode(index.logical.root))
+    except Exception as e:  # noqa: BLE001 - a registered type this process lacks, keys DCP cannot flatten
+        return {}, {}, CheckpointInfo({}, index, f"{type(e).__name__}: {e}")
+    md: dict = {}
+    storage: dict = {}
+    for fqn, value in flat.items():
+        t = which.get(id(value))
+        if t is not None and index.logical.tensors[t].kind != "ndarray":
+            _add_tensor(index, t, fqn, md, storage)
+        else:
+            md[fqn] = BytesStorageMetadata()
+            storage[MetadataIndex(fqn)] = ValueRef(tuple(mapping[fqn]))
+    return md, storage, CheckpointInfo({k: v for k, v in mapping.items() if k in md}, index)
+
+
+_MISSING = object()
+
+
+def node_at(index: layout.Index, path: tuple, limits: Limits) -> Any:
+    """The logical tree's node at a DCP path (dict keys as DCP writes them: ``str(key)``)."""
+    keys = Decoder([], limits.max_depth)
+    node = index.logical.root
+    for step in path:
+        tag = tag_of(node)
+        found: Any = _MISSING
+        if tag in ("dict", "odict") and isinstance(step, str):
+            for i in range(1 if tag == "dict" else 2, len(node) - 1, 2):
+                if str(keys.decode(node[i])) == step:
+                    found = node[i + 1]
+                    break
+        elif tag == "list" and type(step) is int and 0 <= step < len(node) - 1:
+            found = node[step + 1]
+        if found is _MISSING:
+            raise UsageError(f"{'.'.join(map(str, path))}: not found in the checkpoint's tree the way DCP's "
+                             "flattening names it; load it with tensorcanon.dcp.LoadPlanner")
+        node = found
+    return node
+
+
+__all__ = ["FailedIndex", "ValueRef", "CheckpointInfo", "canonical_view", "dcp_view", "node_at"]
