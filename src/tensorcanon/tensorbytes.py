@@ -96,6 +96,16 @@ def in_memory_format(t: torch.Tensor, name: str) -> torch.Tensor:
 def unsaveable(t: torch.Tensor) -> str | None:
     """Why tensor ``t`` cannot be saved and what to save instead, or None if it can be."""
     name = f"{type(t).__module__}.{type(t).__qualname__}"
+    if type(t) not in (torch.Tensor, torch.nn.Parameter):
+        # Worded from the type alone: some subclasses (ShardedTensor) raise on any attribute access.
+        if "FakeTensor" in type(t).__name__:
+            return f"fake tensors ({name}) hold no data and cannot be saved"
+        if type(t).__name__ == "ShardedTensor":
+            return (f"{name} (torch's deprecated sharded tensor) is not supported; save DTensors with "
+                    "tensorcanon.dcp, or the full tensor")
+        hint = "t.full_tensor() for a DTensor, " if type(t).__name__ == "DTensor" else ""
+        return (f"tensor subclass {name} is not supported; save a plain tensor ({hint}"
+                "t.as_subclass(torch.Tensor)), or use tensorcanon.dcp for distributed tensors")
     if getattr(t, "is_nested", False):
         return ("nested tensors are not supported; save t.unbind() (a list of tensors) or "
                 "t.to_padded_tensor(0) with the lengths")
@@ -106,12 +116,6 @@ def unsaveable(t: torch.Tensor) -> str | None:
     if t.is_meta:
         return ("meta tensors hold no data and cannot be saved; materialize them first "
                 "(e.g. module.to_empty(device='cpu') and initialize)")
-    if type(t) not in (torch.Tensor, torch.nn.Parameter):
-        if "FakeTensor" in type(t).__name__:
-            return f"fake tensors ({name}) hold no data and cannot be saved"
-        hint = "t.full_tensor() for a DTensor, " if type(t).__name__ == "DTensor" else ""
-        return (f"tensor subclass {name} is not supported; save a plain tensor ({hint}"
-                "t.as_subclass(torch.Tensor)), or use tensorcanon.dcp for distributed tensors")
     return None
 
 
