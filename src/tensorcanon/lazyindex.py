@@ -89,8 +89,7 @@ class QuickIndex:
 
     def _outline(self, limits: Limits) -> None:
         """Where the root and each table row are in the manifest; the algorithm and version."""
-        u = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=len(self.manifest) + 1)
-        u.feed(self.manifest)
+        u = manifest.unpacker(self.manifest)
 
         def key(name: str) -> None:
             k = u.unpack()
@@ -137,8 +136,7 @@ class QuickIndex:
         if self._root is None:
             a, b = self._root_span
             try:
-                self._root = msgpack.unpackb(self.manifest[a:b], raw=False, strict_map_key=True,
-                                             use_list=False)  # tuples, as manifest.unpack gives
+                self._root = msgpack.unpackb(self.manifest[a:b], **manifest.UNPACK_OPTIONS)  # as unpack does
             except Exception:  # noqa: BLE001 - any failure: the full checks name the problem
                 raise NotQuick from None
         node = self._root
@@ -174,20 +172,19 @@ class QuickIndex:
             pattern = b"\xa4name" + msgpack.packb(name)
         except (ValueError, UnicodeEncodeError):
             return None
-        rows, found = self._rows, set()
+        rows, found = self._rows, []
         at = self.manifest.find(pattern, rows[0])
         while 0 <= at < rows[-1]:
             i = bisect.bisect_right(rows, at) - 1
             row = self._row_object(i)
             if type(row) is dict and row.get("name") == name and type(row.get("name")) is str:
-                found.add(i)
-            at = self.manifest.find(pattern, at + 1)
-        return found.pop() if len(found) == 1 else None
+                found.append(i)
+            at = self.manifest.find(pattern, rows[i + 1])  # each row decoded once, however often it matches
+        return found[0] if len(found) == 1 else None
 
     def _row_object(self, i: int) -> Any:
         try:
-            return msgpack.unpackb(self.manifest[self._rows[i] : self._rows[i + 1]], raw=False,
-                                   strict_map_key=True, use_list=False)
+            return msgpack.unpackb(self.manifest[self._rows[i] : self._rows[i + 1]], **manifest.UNPACK_OPTIONS)
         except Exception:  # noqa: BLE001 - any failure: the full checks name the problem
             raise NotQuick from None
 

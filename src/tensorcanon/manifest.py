@@ -33,6 +33,7 @@ import msgpack
 from . import container, devices, digest, dtypes, paths
 from .errors import FormatError, IntegrityError, LimitError
 from .limits import Limits
+from .ordering import MAX_SAME_HASH
 
 VERSION = 2
 """The format version this library writes (docs/FORMAT.md §1.3)."""
@@ -335,8 +336,12 @@ def _manifest_bytes(meta: dict) -> bytes:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise _bad("is not valid base64") from None
-    if base64.b64encode(raw).decode("ascii") != text:  # e.g. "AS==" decodes like "AQ=="
-        raise _bad("base64 is not in canonical form (non-zero padding bits)")
+    # Canonical: encoding ``raw`` again gives ``text``. validate=True admits only the alphabet and
+    # "=" at the end, so every group of 4 characters but the last encodes its 3 bytes the one way:
+    # compare the length and the last group (not a copy of the whole text; it may be 130 MB).
+    tail = raw[len(raw) - (len(raw) % 3 or 3):]
+    if len(text) != 4 * -(-len(raw) // 3) or base64.b64encode(tail).decode("ascii") != text[len(text) - 4:]:
+        raise _bad("base64 is not in canonical form (non-zero padding bits)")  # "AS==" decodes like "AQ=="
     return raw
 
 
@@ -401,10 +406,40 @@ def read(meta: dict, limits: Limits) -> Manifest:
                     version=version)
 
 
+def _map(obj: dict) -> dict:
+    """msgpack's ``object_hook``: keep the two maps a manifest has, refuse any other at once.
+
+    msgpack builds each map as a dict before anything else sees it: a dict costs some
+    80 bytes, an empty map one byte, so a manifest of millions of maps where the format
+    allows none would take ~64 times its size in memory before the tree check refused it.
+    """
+    keys = list(obj)
+    if keys == _ENTRY_KEYS or keys == _TOP_KEYS:
+        return obj
+    raise _bad(
+        f"holds a map with the keys {paths.show(keys)}; maps appear only as the top-level map and the "
+        f"tensor-table rows, each with exactly the keys {_TOP_KEYS} or {_ENTRY_KEYS} in that order "
+        "(the object tree holds no maps: docs/FORMAT.md §5.1)")
+
+
+UNPACK_OPTIONS: dict[str, Any] = {
+    "raw": False, "strict_map_key": True, "use_list": False, "object_hook": _map,
+    "max_map_len": len(_ENTRY_KEYS),
+}
+"""How manifest bytes are unpacked (here and in lazyindex.py): arrays as tuples (see :func:`unpack`),
+no map but the manifest's own (:func:`_map`; its keys are str, whose hash is random per process)."""
+
+
+def unpacker(raw: bytes) -> msgpack.Unpacker:
+    """An Unpacker over manifest bytes (or a part of them), with :data:`UNPACK_OPTIONS`."""
+    u = msgpack.Unpacker(max_buffer_size=len(raw) + 1, **UNPACK_OPTIONS)
+    u.feed(raw)
+    return u
+
+
 def _stream(raw: bytes, algorithm: str, limits: Limits) -> tuple[Any, Any, list[TensorInfo], int]:
     """The body of :func:`read`: ``(root, meta, table rows, version)`` of canonical manifest bytes."""
-    u = msgpack.Unpacker(raw=False, strict_map_key=True, use_list=False, max_buffer_size=len(raw) + 1)
-    u.feed(raw)
+    u = unpacker(raw)
     unpack, tell = u.unpack, u.tell
     packer = msgpack.Packer(use_bin_type=True)
     pack = packer.pack
@@ -474,12 +509,15 @@ def canonical_header(infos: list[TensorInfo], metadata: dict[str, str] | None) -
     ordered = sorted(infos, key=_name)
     ordered.sort(key=_neg_itemsize)
     members: dict[str, str] = {}  # name -> member text (a dict, not pairs: no object per row)
-    per_shape: dict = {}  # (dtype, shape) -> (bytes, header dims text): rows often share one
+    # (dtype, shape) -> (bytes, header dims text): rows often share one. By the shape tuple's id,
+    # not its value: rows of one shape share one tuple (_shared), and a file can give many
+    # shapes one hash, which would make a dict of them take quadratic time.
+    per_shape: dict = {}
     position = 0
     enc = container.encode_str
     for info in ordered:
         dt = info.dtype
-        key = (dt.name, info.shape)
+        key = (dt.name, id(info.shape))
         known = per_shape.get(key)
         if known is None:
             shape = info.shape if dt.native else (*info.shape, dt.itemsize)
@@ -511,10 +549,13 @@ def unpack(raw: bytes) -> tuple[dict, str]:
 
     msgpack arrays come back as tuples (the object tree's tagged arrays, the
     table, shapes): re-encoded they give the same bytes, and a tuple of atomic
-    values is one object fewer for the garbage collector to track.
+    values is one object fewer for the garbage collector to track. A map other
+    than the top level and the table's rows is refused as it is read (:func:`_map`).
     """
     try:
-        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=False)
+        obj = msgpack.unpackb(raw, **UNPACK_OPTIONS)
+    except FormatError:
+        raise
     except Exception as e:  # noqa: BLE001 - msgpack raises many types for bad input
         raise _bad(f"is not valid msgpack ({type(e).__name__}: {e})") from None
     try:
@@ -582,9 +623,27 @@ def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> TensorInf
                 if type(d) is not int or d < 0:
                     break
             else:  # exact ints (checked): equal tuples are the same shape
-                return TensorInfo(i, name, dtype, shapes.setdefault(shape, shape), kind, rg, dg)
+                return TensorInfo(i, name, dtype, _shared(shapes, shape), kind, rg, dg)
     _row_error(i, row, algorithm)
     raise AssertionError("internal error: _row refused a row _row_error accepts")  # never reached
+
+
+def _shared(shapes: dict, shape: tuple) -> tuple:
+    """``shape``, or the equal tuple an earlier row has (so rows of one shape share one tuple).
+
+    A file can give many shapes one Python hash (a tuple's hash is a function of its ints'),
+    and a dict of them would take time quadratic in their number: at most ``MAX_SAME_HASH``
+    shapes of one hash are kept, counted under the hash itself (an int key; shapes are tuples).
+    """
+    known = shapes.get(shape)
+    if known is not None:
+        return known
+    h = hash(shape)
+    n = shapes.get(h, 0)
+    if n < MAX_SAME_HASH:
+        shapes[h] = n + 1
+        shapes[shape] = shape
+    return shape
 
 
 def _row_error(i: int, row: Any, algorithm: str) -> None:

@@ -26,6 +26,13 @@ _RANK_NONE, _RANK_BOOL, _RANK_NUMBER, _RANK_NAN, _RANK_STR, _RANK_BYTES, _RANK_T
 
 KEY_TYPES = "None, bool, int, float, str, bytes, and tuples or frozensets of these"
 
+MAX_SAME_HASH = 64
+"""How many keys of one dict or OrderedDict, or members of one set or frozenset, other than str and
+bytes, may share one Python hash (docs/FORMAT.md §6.3). Python builds a dict or set in time quadratic
+in the number of keys with equal hashes, and the hash of an int (``n % (2**61 - 1)``), a float, and
+so of tuples and frozensets of them, is not randomized: without this bound, a small file of such
+keys would take minutes to load. str and bytes hash with a key random per process."""
+
 
 class UnorderableKey(TypeError):
     """Raised (internally) for a key type outside the canonical order."""
@@ -57,6 +64,35 @@ def sort_key(key: Any) -> tuple[Any, ...]:
     if t is frozenset:
         return (_RANK_FROZENSET, tuple(sorted(sort_key(k) for k in key)))
     raise UnorderableKey(key)
+
+
+def crowded(keys: list[Any]) -> Any:
+    """A key (or member) of ``keys`` whose Python hash more than :data:`MAX_SAME_HASH` of them share,
+    str and bytes not counted; :data:`NO_KEY` when there is none.
+
+    Linear time: the hashes are counted in a set first (in C: with fewer than MAX_SAME_HASH repeats
+    in all, no hash can be shared MAX_SAME_HASH + 1 times), then, only if that is not enough, one
+    by one. Distinct hash values rarely share a hash themselves (ints below 2**61 - 1 hash to
+    themselves; at most 4 of the 64-bit range to each value).
+    """
+    if len(keys) <= MAX_SAME_HASH or len(keys) - len(set(map(hash, keys))) < MAX_SAME_HASH:
+        return NO_KEY
+    counts: dict[int, int] = {}
+    get = counts.get
+    for k in keys:
+        t = type(k)
+        if t is str or t is bytes:
+            continue
+        h = hash(k)
+        n = get(h, 0) + 1
+        if n > MAX_SAME_HASH:
+            return k
+        counts[h] = n
+    return NO_KEY
+
+
+NO_KEY = object()
+"""What :func:`crowded` returns when no hash is shared by too many keys (None is a key)."""
 
 
 def sorted_keys(keys: Iterable[Any]) -> list[Any]:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import math
+import operator
 import types
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ import torch
 from . import codecs, devices, dtypes, paths, registry, tensorbytes, walk
 from .errors import FormatError, LimitError, UnsupportedTypeError
 from .names import tensor_names  # the name rule lives in names.py (layout imports it from here too)
-from .ordering import KEY_TYPES, UnorderableKey, sort_key, sorted_keys
+from .ordering import KEY_TYPES, MAX_SAME_HASH, NO_KEY, UnorderableKey, crowded, sort_key, sorted_keys
 
 EXT_BIGINT = 1
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
@@ -136,6 +138,18 @@ class Encoder:
         except ValueError as e:
             raise self.unsupported(str(e)) from None
 
+    def _not_crowded(self, ordered: list, tag: str) -> None:
+        """Refuse keys (set members) in canonical order of which too many share a Python hash."""
+        if not ordered or (type(ordered[0]) in _TEXT and type(ordered[-1]) in _TEXT):
+            return  # only str and bytes (they sort last but for tuples and frozensets): not counted
+        k = crowded(ordered)
+        if k is not NO_KEY:
+            raise self.unsupported(
+                f"more than {MAX_SAME_HASH} {_KEYS[tag]} of this {_KIND[tag]} share one Python hash "
+                f"(hash({paths.show(k)}) = {hash(k)}), which loading would need time quadratic in their "
+                "number to rebuild, so the format does not allow it (docs/FORMAT.md §6.3); use str keys, or "
+                "save a list of (key, value) pairs")
+
     def enc_container(self, v: Any, depth: int) -> list:
         """list, tuple, dict, OrderedDict, set, frozenset: children in the order walk.container gives."""
         c = walk.container(v, self._ordered)
@@ -149,15 +163,16 @@ class Encoder:
                 path.pop()
             return out
         if c.tag in ("set", "frozenset"):
+            self._not_crowded(c.children, c.tag)
             out.extend(self.encode(m, depth) for m in c.children)
             return out
-        if c.tag == "odict":
-            for k in c.children:  # keys keep their order, but must still be of a key type
-                if type(k) is not str:
-                    self._ordered([k])
+        if c.tag == "odict":  # keys keep their order, but must be key values, tie with none, not crowd
+            self._not_crowded(self._ordered([k for k in c.children if type(k) is not str]), c.tag)
             path.append(walk.METADATA)
             out.append(None if c.metadata is None else self.encode(c.metadata, depth))
             path.pop()
+        elif c.children and (type(c.children[0]) is not str or type(c.children[-1]) is not str):
+            self._not_crowded(c.children, c.tag)  # (str keys, the common case, are not counted)
         mapping = c.mapping
         for k in c.children:
             out.append(self.encode(k, depth))
@@ -290,6 +305,10 @@ class Encoder:
             src.name = name
 
 
+_TEXT = (str, bytes)  # key types whose hash is random per process: never counted as crowding
+_KIND = {"dict": "dict", "odict": "OrderedDict", "set": "set", "frozenset": "frozenset"}
+_KEYS = {"dict": "keys", "odict": "keys", "set": "members", "frozenset": "members"}
+
 ENCODERS: dict[type, Callable[[Encoder, Any, int], Any]] = {
     list: Encoder.enc_container,
     tuple: Encoder.enc_container,
@@ -361,6 +380,7 @@ _STATEFUL = [
 
 
 _NO_KEY = object()  # no previous key yet (Decoder._fill)
+_first = operator.itemgetter(0)
 
 
 class Decoder:
@@ -457,7 +477,16 @@ class Decoder:
                 raise self.error("set members are not in canonical order (or repeat)")
             prev = sk
             out.append(k)
+        k = crowded(out)
+        if k is not NO_KEY:
+            raise self._crowded(node[0], k)
         return out
+
+    def _crowded(self, tag: str, key: Any) -> FormatError:
+        return self.error(
+            f"more than {MAX_SAME_HASH} {_KEYS[tag]} of this {_KIND[tag]} share one Python hash (such as "
+            f"{paths.show(key)}), which would take time quadratic in their number to rebuild; no "
+            "conforming writer writes such a container (docs/FORMAT.md §6.3)")
 
     def _fill(self, node: Sequence[Any], start: int, depth: int, ordered: bool, out: dict) -> int:
         """Decode the keys and values of ``node`` from ``start`` into ``out``; the number of pairs.
@@ -471,7 +500,10 @@ class Decoder:
             raise self.error(f"{node[0]!r} has an odd number of keys and values")
         prev: Any = _NO_KEY
         prev_sk: Any = None  # the previous key's sort key; None when it was an ASCII str (not built)
-        seen: set = set()  # (OrderedDict) ASCII str keys as they are, other keys by sort key
+        seen: set = set()  # (OrderedDict) ASCII str keys
+        others: list | None = None  # (OrderedDict) (sort key, key) of the other keys: sorted, not hashed
+        hashes: dict[int, int] | None = None  # how many keys (not str or bytes) have each hash
+        crowdable = len(node) - start > 2 * MAX_SAME_HASH  # (fewer keys cannot break the bound)
         path = self._path
         for i in range(start, len(node), 2):
             k = node[i]
@@ -486,13 +518,20 @@ class Decoder:
                 prev_sk = None
             else:
                 k, sk = self._key(k, depth)
+                if crowdable and type(k) is not str and type(k) is not bytes:
+                    if hashes is None:
+                        hashes = {}
+                    h = hash(k)
+                    n = hashes[h] = hashes.get(h, 0) + 1
+                    if n > MAX_SAME_HASH:  # before out[k], which would take time quadratic in n
+                        raise self._crowded(node[0], k)
                 if ordered:
                     if prev is not _NO_KEY and not (sort_key(prev) if prev_sk is None else prev_sk) < sk:
                         raise self.error("dict keys are not in canonical order (or repeat)")
-                elif sk in seen:
-                    raise self.error(f"OrderedDict key {paths.show(k)} repeats")
+                elif others is None:
+                    others = [(sk, k)]
                 else:
-                    seen.add(sk)
+                    others.append((sk, k))
                 prev_sk = sk
             prev = k
             path.append(k)
@@ -500,6 +539,11 @@ class Decoder:
                 self.visit(tuple(path), node[i + 1])
             out[k] = self.decode(node[i + 1], depth)
             path.pop()
+        if others:  # a sort key's hash is not the key's, so not bounded by MAX_SAME_HASH: no set of them
+            others.sort(key=_first)
+            for (a, k), (b, _) in itertools.pairwise(others):
+                if a == b:
+                    raise self.error(f"OrderedDict key {paths.show(k)} repeats")
         return (len(node) - start) // 2
 
     def dec_list(self, node: Sequence[Any], depth: int) -> list:
