@@ -268,3 +268,32 @@ class NoGeneratorData(lightning_run.Data):
 def test_loader_without_the_sampler_generator_is_refused(tmp_path, quiet):
     with pytest.raises(tensorcanon.UsageError, match="generator=sampler.generator"):
         _trainer(tmp_path).fit(lightning_run.Model(), datamodule=NoGeneratorData(0))
+
+
+NOT_RESUMABLE = "your dataloader is not resumable"  # Lightning's warning on a mid-epoch resume
+
+
+def _resume_mid_epoch(tmp_path: Path, callbacks: list) -> tuple[L.Trainer, list[str]]:
+    """Resume from the step-3 checkpoint (mid epoch 0) to step 5; the warnings about resumability."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = _trainer(tmp_path, max_steps=5, callbacks=callbacks, enable_checkpointing=True)
+        trainer.fit(lightning_run.Model(), datamodule=lightning_run.Data(0), ckpt_path=tmp_path / "step=3.ckpt")
+    return trainer, [str(w.message) for w in caught if NOT_RESUMABLE in str(w.message)]
+
+
+def test_a_mid_epoch_resume_with_exact_resume_does_not_warn_that_the_loader_is_not_resumable(tmp_path, quiet):
+    every = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1, filename="{step}")
+    _trainer(tmp_path, max_steps=3, callbacks=[ExactResume(), every], enable_checkpointing=True).fit(
+        lightning_run.Model(), datamodule=lightning_run.Data(0))
+    after = ModelCheckpoint(dirpath=tmp_path / "after", every_n_train_steps=1, save_top_k=-1, filename="{step}")
+    trainer, warned = _resume_mid_epoch(tmp_path, [ExactResume(), after])
+    assert warned == []
+    # The DataLoader looked resumable to Lightning's check only: it has no state_dict now, and the
+    # checkpoints saved after the resume hold no DataLoader state (which a new DataLoader could not load).
+    assert not hasattr(trainer.train_dataloader, "state_dict")
+    for step in (4, 5):
+        loop = tensorcanon.load(tmp_path / "after" / f"step={step}.ckpt")["loops"]["fit_loop"]["state_dict"]
+        assert "combined_loader" not in loop
+    _, warned = _resume_mid_epoch(tmp_path, [])  # the control: Lightning's own resume warns
+    assert len(warned) == 1

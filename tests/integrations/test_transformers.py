@@ -8,7 +8,10 @@
   digest of a run that never stopped;
 - so does a BERT trained with a random data collator (MLM masking), gradient
   accumulation and DataLoader workers, resumed mid-epoch: the same loss at every
-  micro-batch, whatever the number of workers.
+  micro-batch, whatever the number of workers; and under DDP (2 processes, gloo),
+  where each rank resumes its own random state;
+- every tensor file of a CanonicalTrainer checkpoint, model.safetensors included,
+  passes ``tensorcanon verify``, and from_pretrained reads the model back exactly.
 """
 
 from __future__ import annotations
@@ -16,7 +19,12 @@ from __future__ import annotations
 # First: importing integration_support sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE, which the
 # Hugging Face libraries read when they are first imported. restore_determinism_settings is an
 # autouse fixture: importing it is what applies it.
-from integration_support import first_and_resume, is_pickle_or_zip, restore_determinism_settings  # noqa: F401 (a fixture)
+from integration_support import (  # noqa: F401 (a fixture)
+    first_and_resume,
+    is_pickle_or_zip,
+    restore_determinism_settings,
+    run_script,
+)
 
 # isort: split
 
@@ -26,9 +34,22 @@ import shutil
 
 import pytest
 import torch
-from transformers import AutoModel, BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from safetensors.torch import save_file
+from transformers import (
+    AutoModel,
+    BertConfig,
+    BertForMaskedLM,
+    BertModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    TrainingArguments,
+)
 
 import tensorcanon
+from tensorcanon.cli import main as tensorcanon_cli
+from tensorcanon.integrations import transformers as tt
 
 import transformers_run
 
@@ -89,6 +110,16 @@ def test_trainer_resumed_in_a_fresh_process_is_bit_identical(runs, step):
     assert res["digest"] == full["digest"]   # model, optimizer, scheduler
 
 
+def _every_file_is_canonical_or_json(folder) -> None:
+    """Every ``.safetensors`` file passes ``tensorcanon verify`` (the command line); every other file is JSON."""
+    tensor_files = sorted(str(f) for f in folder.iterdir() if f.suffix == ".safetensors")
+    assert tensor_files and tensorcanon_cli(["verify", *tensor_files]) == 0
+    for f in folder.iterdir():
+        assert not is_pickle_or_zip(f.read_bytes()) and not f.name.endswith((".pt", ".pth", ".bin")), f
+        if f.suffix != ".safetensors":
+            json.loads(f.read_text())
+
+
 def test_trainer_checkpoint_holds_no_pickle(runs):
     _, _, out = runs
     folder = out / "crashed" / "checkpoint-15"
@@ -96,11 +127,7 @@ def test_trainer_checkpoint_holds_no_pickle(runs):
     for expected in ("model.safetensors", "optimizer.safetensors", "scheduler.safetensors",
                      "rng_state.safetensors", "trainer_state.json", "training_args.json"):
         assert expected in names
-    for name in names:
-        assert not is_pickle_or_zip((folder / name).read_bytes()), name
-        assert not name.endswith((".pt", ".pth", ".bin")), name
-    for name in ("optimizer.safetensors", "scheduler.safetensors", "rng_state.safetensors"):
-        tensorcanon.verify(folder / name)
+    _every_file_is_canonical_or_json(folder)
     assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == 15
     assert isinstance(tensorcanon.load(folder / "rng_state.safetensors")["rng"], tensorcanon.RngState)
 
@@ -169,3 +196,92 @@ def test_trainer_seeds_the_training_data_where_it_can(tmp_path):
     own = OwnSampler(model=t.model, args=transformers_run.mlm_trainer("w0", tmp_path, False, False).args,
                      train_dataset=t.train_dataset, data_collator=t.data_collator)
     assert isinstance(own.get_train_dataloader().batch_sampler.sampler, torch.utils.data.SequentialSampler)
+
+
+# ------------------------------------------------------------------ the model files are tensorcanon files
+
+TIED = {  # models whose output layer is tied to the input embeddings (transformers saves such weights once)
+    "gpt2": lambda: GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)),
+    "bert-mlm": lambda: BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                                   num_attention_heads=2, intermediate_size=64,
+                                                   max_position_embeddings=16)),
+}
+
+
+def _same_model(loaded, model) -> None:
+    _same_tensors(dict(loaded.state_dict()), dict(model.state_dict()))
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
+    loaded.eval(), model.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("name", sorted(TIED))
+def test_trainer_writes_the_model_as_a_tensorcanon_file_from_pretrained_reads(name, tmp_path):
+    torch.manual_seed(0)
+    model = TIED[name]()
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[])
+    tt.CanonicalTrainer(model=model, args=args).save_model(str(tmp_path / "saved"))
+    folder = tmp_path / "saved"
+    _every_file_is_canonical_or_json(folder)
+    _same_model(type(model).from_pretrained(folder), model)
+    assert torch.equal(tensorcanon.load(folder / "model.safetensors")[next(iter(model.state_dict()))],
+                       next(iter(model.state_dict().values())))
+
+
+def test_sharded_weights_become_tensorcanon_files_from_pretrained_reads(tmp_path):
+    torch.manual_seed(0)
+    model = TIED["gpt2"]()
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    tt._make_weights_canonical(str(tmp_path))
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 1 and tensorcanon_cli(["verify", *map(str, shards)]) == 0
+    _same_model(GPT2LMHeadModel.from_pretrained(tmp_path), model)
+
+
+def test_weights_with_more_metadata_than_the_format_are_kept_as_written(tmp_path):
+    # A quantizer's metadata would be lost in a tensorcanon file: such a file stays plain safetensors.
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.ones(2)}, str(path), metadata={"format": "pt", "quant_method": "x"})
+    before = path.read_bytes()
+    tt._make_weights_canonical(str(tmp_path))
+    assert path.read_bytes() == before
+
+
+# ------------------------------------------------------------------ CanonicalTrainer under DDP
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory) -> tuple[dict, dict, object]:
+    # Two launches of 2 processes (gloo): the runs that never stop and crash, then the resumed runs.
+    out = tmp_path_factory.mktemp("transformers_ddp")
+    run_script("transformers_ddp_run.py", "first", str(out))
+    run_script("transformers_ddp_run.py", "resume", str(out))
+    read = lambda name: json.loads((out / name).read_text())  # noqa: E731
+    return {r: read(f"first-rank{r}.json") for r in (0, 1)}, {r: read(f"resume-rank{r}.json") for r in (0, 1)}, out
+
+
+@pytest.mark.parametrize("step", transformers_run.DDP_RESUME_FROM)
+def test_ddp_trainer_with_a_random_collator_resumes_every_rank_bit_identical(ddp_runs, step):
+    # Resumed from mid epoch 1, the Trainer's skipping loader did not pass set_epoch on to the sampler
+    # (SkipBatchSampler around BatchSamplerShard): both ranks read epoch 0's batches, and the first loss differed.
+    first, resumed, out = ddp_runs
+    full = {r: first[r]["full"] for r in (0, 1)}
+    assert full[0]["losses"] != full[1]["losses"]            # the ranks drew differently
+    assert full[0]["digest"] == full[1]["digest"]            # DDP keeps the replicas equal
+    folder = out / "crashed" / f"checkpoint-{step}"
+    assert tensorcanon.dumps(tensorcanon.load(folder / "rng_state_0.safetensors")["rng"]) != \
+        tensorcanon.dumps(tensorcanon.load(folder / "rng_state_1.safetensors")["rng"])
+    for rank in (0, 1):
+        res = resumed[rank][str(step)]
+        assert full[rank]["world_size"] == res["world_size"] == 2
+        assert full[rank]["steps"] == res["steps"] == 6 and len(full[rank]["losses"]) == 12
+        assert first[rank]["crashed"]["steps"] == transformers_run.DDP_CRASH_AFTER
+        # Every micro-batch's loss after the resume point, and the final model, optimizer and scheduler.
+        assert res["losses"] == [e for e in full[rank]["losses"] if e[0] >= step], f"rank {rank}"
+        assert res["digest"] == full[rank]["digest"], f"rank {rank}"
+
+
+def test_ddp_checkpoint_holds_tensorcanon_files_and_json_only(ddp_runs):
+    _, _, out = ddp_runs
+    for step in transformers_run.DDP_RESUME_FROM:
+        _every_file_is_canonical_or_json(out / "crashed" / f"checkpoint-{step}")

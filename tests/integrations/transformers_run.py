@@ -97,6 +97,9 @@ MLM_RESUME_FROM = (4, 6, 8)
 # name -> (dataloader_num_workers, persistent workers, collator wrapped in SeededCollator by the user)
 MLM_CONFIGS = {"w0": (0, False, False), "w2": (2, False, False), "w2-persistent-seeded": (2, True, True)}
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# transformers_ddp_run.py, the same BERT on 2 processes: 6 micro-batches per process and epoch, 3 optimizer
+# steps; a crash inside the window after step 4; resumed from mid epoch 0, the end of epoch 0, mid epoch 1.
+DDP_CRASH_AFTER, DDP_RESUME_FROM = 4, (1, 3, 4)
 
 
 def tokenizer() -> PreTrainedTokenizerFast:

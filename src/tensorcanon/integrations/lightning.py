@@ -288,13 +288,33 @@ class ExactResume(pl.Callback):
         self._attach(trainer)
         if self._pending_rng is not None:
             rng, self._pending_rng = self._pending_rng, None
+            if self._sampler is not None and self._sampler.position > 0:
+                self._mark_resumable(trainer.train_dataloader)
             rng.restore()
+
+    # Resumed mid-epoch, Lightning warns "your dataloader is not resumable" unless the training DataLoader
+    # has state_dict and load_state_dict (it checks after on_train_start, before the first batch). Here it
+    # is resumable: the sampler restored its position. So the DataLoader gets the two methods until that
+    # first batch, and only then: a DataLoader holding them when a checkpoint is saved would have its
+    # (empty) state saved, and a resumed fit, whose new DataLoader lacks them, would refuse that state.
+    _marked: Any = None
+
+    def _mark_resumable(self, loader: Any) -> None:
+        if not hasattr(loader, "state_dict") and not hasattr(loader, "load_state_dict"):
+            loader.state_dict, loader.load_state_dict = dict, _load_nothing
+            self._marked = loader
+
+    def _unmark(self) -> None:
+        loader, self._marked = self._marked, None
+        if loader is not None:
+            del loader.state_dict, loader.load_state_dict
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._attach(trainer)  # the loader may be new (reload_dataloaders_every_n_epochs)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
+        self._unmark()
         sampler = self._sampler
         if sampler is None or self._batch_size is None:
             return
@@ -360,9 +380,17 @@ class ExactResume(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer
 
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._unmark()
+
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._unmark()
         self._trainer = None
         self._pending_rng = None
+
+
+def _load_nothing(state: dict) -> None:
+    """The training DataLoader's ``load_state_dict`` while :class:`ExactResume` marks it resumable."""
 
 
 def _every_rank(trainer: pl.Trainer, rng: RngState) -> list[RngState]:

@@ -1,18 +1,21 @@
 """tensorcanon for transformers: a ``Trainer`` whose checkpoints hold no pickle.
 
-``save_pretrained`` already writes ``model.safetensors``, and tensorcanon reads
-and writes that format both ways (a tensorcanon file of a plain
-``dict[str, Tensor]`` named ``model.safetensors`` is read by
-``from_pretrained``). What remains pickled in a ``Trainer`` checkpoint is the
-rest of the training state: ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``
-and ``rng_state.pth`` (``torch.save``), and ``training_args.bin`` (the whole
-``TrainingArguments`` object, pickled). :class:`CanonicalTrainer` writes them
-as tensorcanon files instead and reads them back without ``torch.load``:
+The stock ``Trainer`` checkpoint pickles the training state: ``optimizer.pt``,
+``scheduler.pt``, ``scaler.pt`` and ``rng_state.pth`` (``torch.save``), and
+``training_args.bin`` (the whole ``TrainingArguments`` object).
+:class:`CanonicalTrainer` writes them as tensorcanon files instead and reads
+them back without ``torch.load``. It also rewrites the weights ``save_pretrained``
+writes (``model.safetensors``, or its shards) as tensorcanon files of the same
+tensors under the same names: a tensorcanon file of a plain ``dict[str, Tensor]``
+is a safetensors file with those tensor names and ``format: pt``, which
+``from_pretrained`` and the Trainer's resume read as before. Every tensor file of
+a checkpoint then carries digests (``tensorcanon verify``); the rest is JSON:
 
 .. code-block:: text
 
     checkpoint-<step>/
-        model.safetensors, config.json, ...   as save_pretrained writes them
+        model.safetensors                     save_pretrained's tensors, as a tensorcanon file
+        config.json, tokenizer files, ...     as save_pretrained writes them (JSON)
         trainer_state.json                    as the Trainer writes it (JSON)
         training_args.json                    TrainingArguments.to_json_string(), not a pickle
         optimizer.safetensors                 optimizer state_dict
@@ -50,6 +53,7 @@ checkpoint files and raise here.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import warnings
@@ -66,7 +70,8 @@ from ..rng import RngState
 from ..seeded import SeededCollator, SeededDataset
 from ._common import apply_settings, framework_import
 
-with framework_import("transformers", "transformers", "accelerate"):
+with framework_import("transformers", "transformers", "accelerate", "safetensors"):
+    from safetensors import safe_open  # installed with transformers
     from transformers import Trainer
     from transformers.trainer_utils import has_length
 
@@ -86,6 +91,45 @@ def _is_hf_dataset(dataset: Any) -> bool:
     return datasets is not None and isinstance(dataset, datasets.Dataset)
 
 
+class _TrainingData(SeededDataset):
+    """The training set as CanonicalTrainer reads it: a SeededDataset that also takes the Trainer's
+    ``set_epoch`` to its sampler.
+
+    accelerate's loader passes ``set_epoch`` on to the sampler only through the batch samplers it
+    knows how to open, and with several processes, resumed mid-epoch, the loader that skips the
+    done batches wraps it once more (``SkipBatchSampler`` around ``BatchSamplerShard``): the
+    sampler would stay at epoch 0. The loader then calls the dataset's ``set_epoch``, which
+    every loader copy keeps."""
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.sampler is not None:  # None in a DataLoader worker's copy
+            self.sampler.set_epoch(epoch)
+
+
+def _weight_files(folder: str) -> list[str]:
+    """The safetensors files of model weights ``save_pretrained`` writes in ``folder``: ``model.safetensors``
+    (or ``adapter_model.safetensors``), or the shards an ``*.safetensors.index.json`` lists."""
+    names = {"model.safetensors", "adapter_model.safetensors"}
+    for index in (n for n in os.listdir(folder) if n.endswith(".safetensors.index.json")):
+        with open(os.path.join(folder, index), encoding="utf-8") as f:
+            names.update(json.load(f).get("weight_map", {}).values())
+    return [os.path.join(folder, n) for n in sorted(names) if os.path.isfile(os.path.join(folder, n))]
+
+
+def _make_weights_canonical(folder: str) -> None:
+    """Rewrite the weight files ``save_pretrained`` has just written in ``folder`` as tensorcanon files.
+
+    Same file names, same tensor names and bytes, ``format: pt`` recorded: ``from_pretrained`` and the
+    Trainer's resume read them as before, and ``tensorcanon verify`` re-hashes them. A file whose
+    safetensors metadata holds more than ``format`` (a quantizer's) is kept as written: tensorcanon
+    would not carry that metadata where transformers reads it."""
+    for path in _weight_files(folder):
+        with safe_open(path, "pt") as f:
+            metadata = f.metadata()
+        if metadata == {"format": "pt"}:  # a tensorcanon file's metadata also holds its digests: not rewritten
+            api.save(api.load(path, mmap=True), path)  # atomic: the map stays on the old file
+
+
 def _rng_file(trainer: Trainer) -> str:
     if trainer.args.world_size <= 1:
         return "rng_state.safetensors"
@@ -100,8 +144,10 @@ class CanonicalTrainer(Trainer):
     (``train(resume_from_checkpoint=...)``) reads them without ``torch.load``;
     a resumed run is bit-identical to one that never stopped, at any step,
     mid-epoch included, with random data collators, dropout, gradient
-    accumulation and DataLoader workers (tested for a tiny GPT-2 and a BERT
-    with ``DataCollatorForLanguageModeling``). A random state that cannot be
+    accumulation and DataLoader workers, in one process or under DDP, where
+    each process saves and resumes its own random state (tested for a tiny
+    GPT-2 and a BERT with ``DataCollatorForLanguageModeling``, the BERT also on
+    2 processes with gloo). A random state that cannot be
     restored raises :class:`tensorcanon.RngRestoreError` instead of being
     skipped; determinism settings that differ from the saved run are reported
     as :class:`~tensorcanon.determinism.DeterminismWarning`.
@@ -142,7 +188,7 @@ class CanonicalTrainer(Trainer):
             dataset = self._remove_unused_columns(dataset, description="Training")  # as the Trainer would
         self._seeding_collator = True
         try:
-            loader = self._get_dataloader(dataset=SeededDataset(dataset, sampler), description="Training",
+            loader = self._get_dataloader(dataset=_TrainingData(dataset, sampler), description="Training",
                                           batch_size=self._train_batch_size, sampler_fn=lambda _: sampler,
                                           is_training=True)
         finally:
@@ -187,6 +233,7 @@ class CanonicalTrainer(Trainer):
                 os.remove(pickled)  # the Trainer pickles its TrainingArguments here; keep JSON instead
             with open(os.path.join(out, TRAINING_ARGS), "w", encoding="utf-8") as f:
                 f.write(self.args.to_json_string())
+            _make_weights_canonical(out)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         self._check_engine()
