@@ -5,21 +5,28 @@ from __future__ import annotations
 import io
 import os
 import warnings
+from collections.abc import Mapping
 from typing import Any, BinaryIO, Union
 
-from . import digest as _digest, reader, writer
+from . import digest as _digest, reader, storage, writer
 from .errors import FormatError, IntegrityError, UsageError
 from .limits import DEFAULT, Limits
 
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
+StorageOptions = Mapping[str, Any] | None  # credentials, endpoint_url...: passed to fsspec as they are
 
 
 def save(obj: Any, f: PathOrFile, *, metadata: dict | None = None, limits: Limits = DEFAULT,
-         algorithm: str = _digest.DEFAULT) -> str:
+         algorithm: str = _digest.DEFAULT, storage_options: StorageOptions = None) -> str:
     """Write ``obj`` canonically to ``f`` and return its content digest.
 
-    ``f`` is a path (written atomically: temp file, fsync, rename) or a binary
-    file object (written at its current position). ``metadata`` is an optional
+    ``f`` is a path (written atomically: temp file, fsync, rename), a binary
+    file object (written at its current position) or a URL of object storage
+    (``s3://bucket/key``, any fsspec protocol; ``storage_options`` go to fsspec:
+    credentials, ``endpoint_url``...). An object is written atomically too: it
+    appears complete (one PUT, or one completed multipart upload sent in parallel
+    parts) or not at all, and the same content gives the same bytes as a local
+    save (docs/STORAGE.md). ``metadata`` is an optional
     dict of str keys to saveable non-tensor values, stored in the manifest and
     covered by the digest. ``algorithm`` is the digest algorithm recorded in the
     file: ``"xxh3-128"`` (default; fast, detects accidental damage) or
@@ -31,8 +38,14 @@ def save(obj: Any, f: PathOrFile, *, metadata: dict | None = None, limits: Limit
 
         digest = tensorcanon.save({"model": model.state_dict()}, "ckpt.safetensors")
         digest = tensorcanon.save(state, "ckpt.safetensors", algorithm="sha256")  # 'sha256:…'
+        digest = tensorcanon.save(state, "s3://bucket/run1/step100.safetensors")
     """
+    f = storage.resolve(f, storage_options)
     p = writer.plan(obj, metadata, limits, algorithm)
+    if isinstance(f, storage.Location):
+        from . import remote
+
+        return remote.save(p, f)
     if isinstance(f, (str, os.PathLike)):
         return writer.write_atomic(p, f)
     return writer.write(p, f)
@@ -64,7 +77,7 @@ def fingerprint(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFA
 
 
 def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits: Limits = DEFAULT,
-         weights_only: bool | None = None, mmap: bool = False) -> Any:
+         weights_only: bool | None = None, mmap: bool = False, storage_options: StorageOptions = None) -> Any:
     """Read an object saved by :func:`save` (or a plain safetensors file).
 
     ``map_location`` works as in ``torch.load``: None restores each tensor to
@@ -74,6 +87,8 @@ def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits
     default. With ``verify=True`` (the default) every tensor is re-hashed and
     checked against its digest, with the algorithm the file records. A plain
     safetensors file loads as a flat dict of CPU tensors (or mapped as above).
+    A URL (``s3://bucket/key``...) is read with parallel ranged reads, with the
+    ``storage_options`` given (see :func:`save`).
 
     ``mmap=True`` (a path only), as in ``torch.load(mmap=True)``: CPU tensors
     are views of a private, copy-on-write memory map of the file instead of
@@ -107,6 +122,11 @@ def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits
     _check_weights_only(weights_only)
     if mmap is not False and mmap is not True:
         raise UsageError(f"mmap must be True or False, not {mmap!r}")
+    f = storage.resolve(f, storage_options)
+    if mmap and isinstance(f, storage.Location):
+        from . import remote
+
+        raise remote.refuse_mmap(f)
     if mmap and not isinstance(f, (str, os.PathLike)):
         raise UsageError(f"mmap=True needs a path to map, not {type(f).__name__}; pass the file's path, "
                          "or mmap=False to read from a file object")
@@ -135,7 +155,8 @@ def loads(data: bytes | bytearray | memoryview, *, map_location: Any = None, ver
     return reader.open_file(data, limits).load(map_location=map_location, verify=verify)
 
 
-def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits = DEFAULT) -> str:
+def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits = DEFAULT,
+           storage_options: StorageOptions = None) -> str:
     """Re-hash every byte of a file and return its digest, or raise.
 
     The file's own algorithm (``xxh3-128`` or ``sha256``, recorded in its
@@ -144,7 +165,8 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
     is given and differs from the file's digest; ``expect`` must then use the
     file's algorithm (a digest of the other algorithm is an ``IntegrityError``
     saying so). A malformed ``expect`` raises :class:`FormatError` before the
-    file is read. Tensors are streamed, never loaded whole.
+    file is read. Tensors are streamed, never loaded whole; an object in a store
+    (a URL, with ``storage_options``) is streamed by ranged reads, with no local copy.
 
     A sharded checkpoint directory (tensorcanon.dcp) is verified whole: its
     index, every rank file and every chunk; the result is its logical digest.
@@ -155,6 +177,7 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
     """
     if expect is not None and not _digest.is_text(expect):
         raise FormatError(f"expect={_digest.text_error(expect)}")
+    f = storage.resolve(f, storage_options)
     if isinstance(f, (str, os.PathLike)) and os.path.isdir(f):
         from .sharded import verify as verify_checkpoint  # a sharded checkpoint (tensorcanon.dcp)
 
@@ -174,7 +197,11 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
     return result
 
 
-def read_metadata(f: PathOrFile | bytes, *, limits: Limits = DEFAULT) -> Any:
-    """The ``metadata`` dict a file was saved with (None if none), without reading tensors."""
+def read_metadata(f: PathOrFile | bytes, *, limits: Limits = DEFAULT, storage_options: StorageOptions = None) -> Any:
+    """The ``metadata`` dict a file was saved with (None if none), without reading tensors
+    (of an object in a store: its header only)."""
+    f = storage.resolve(f, storage_options)
+    if isinstance(f, storage.Location):
+        f = f.but(sequential=False)
     with reader.open_file(f, limits) as cf:
         return cf.metadata()

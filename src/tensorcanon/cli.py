@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from . import __version__, digest, lockfile, manifest, paths, reader, tree, writer
+from . import __version__, digest, lockfile, manifest, paths, reader, storage, tree, writer
 from .diff import DiffResult, describe, detect_format, diff, load_file
 from .errors import FileAccessError, FormatError, IntegrityError, TensorCanonError
 from .limits import DEFAULT, Limits
@@ -138,9 +138,10 @@ def _table(rows: list[list[str]], right: set[int] | frozenset[int] = frozenset()
 
 def cmd_hash(args: argparse.Namespace, out: _Out) -> int:
     code, results = EXIT_OK, []
-    for path in args.files:
+    for given in args.files:
+        path: Any = storage.redact(given)  # a URL is shown without credentials
         try:
-            d, fmt = lockfile.content_digest(path, verify=args.verify, wrap=out.wrap("hash"))
+            d, fmt = lockfile.content_digest(given, verify=args.verify, wrap=out.wrap("hash"))
         except IntegrityError as e:
             code = max(code, EXIT_DIFFERENT)
             out.error(_message(e, path))
@@ -164,25 +165,31 @@ def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
     if args.expect is not None and not digest.is_text(args.expect):
         raise CommandLineError(f"--expect {digest.text_error(args.expect)}")
     code, results = EXIT_OK, []
-    for path in args.files:
+    for given in args.files:
+        path: Any = storage.redact(given)  # a URL is shown without credentials
         try:
-            if os.path.isdir(path):  # a sharded checkpoint: its index, every file, every chunk
-                from .sharded import verify as verify_checkpoint
+            target = storage.resolve(given)  # a URL: an object in a store
+            if not isinstance(target, storage.Location) and os.path.isdir(target):
+                from .sharded import verify as verify_checkpoint  # a sharded checkpoint: every file, every chunk
 
-                found = verify_checkpoint(path)
+                found = verify_checkpoint(target)
             else:
-                fmt = detect_format(path)
+                fmt = detect_format(target)
                 if fmt != "tensorcanon":
                     raise FormatError(
                         f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; "
                         "`tensorcanon hash` gives its content digest, `tensorcanon convert` makes a tensorcanon "
                         "file of it"
                     )
-                with open_path(path) as fh:
-                    wrap = out.wrap("verify")
-                    f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
-                    with reader.open_file(f, DEFAULT) as cf:
+                if isinstance(target, storage.Location):
+                    with reader.open_file(target.but(wrap=out.wrap("verify")), DEFAULT) as cf:
                         found = cf.verify()
+                else:
+                    with open_path(target) as fh:
+                        wrap = out.wrap("verify")
+                        f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
+                        with reader.open_file(f, DEFAULT) as cf:
+                            found = cf.verify()
         except IntegrityError as e:
             code = max(code, EXIT_DIFFERENT)
             results.append({"path": path, "status": "corrupt", "tensor": e.path, "error": str(e)})
@@ -251,23 +258,29 @@ def _short_repr(v: Any, limit: int = 60) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
-    path = args.file
+    path = storage.redact(args.file)  # a URL is shown without credentials
     sharded = None
     try:
         metadata, algorithm, version = None, digest.DEFAULT, manifest.VERSION
-        if os.path.isdir(path):  # a sharded checkpoint: its logical tree, and how it is laid out
+        target = storage.resolve(args.file)  # a URL: an object in a store, of which only the header is read
+        if isinstance(target, storage.Location):
+            from . import remote
+
+            target = target.but(sequential=False)
+            fmt, size = detect_format(target), remote.size(target)
+        elif os.path.isdir(target):  # a sharded checkpoint: its logical tree, and how it is laid out
             from .sharded import tools
 
-            sharded = tools.describe(path)
+            sharded = tools.describe(target)
             fmt, size = tools.FORMAT_NAME, sharded["size"]
         else:
-            fmt = detect_format(path)
-            size = os.path.getsize(path)
+            fmt = detect_format(target)
+            size = os.path.getsize(target)
         if sharded is not None:
             root, table, file_digest, algorithm = (sharded["root"], sharded["table"], sharded["digest"],
                                                    sharded["algorithm"])
         elif fmt == "tensorcanon":
-            with reader.open_file(path, DEFAULT) as cf:
+            with reader.open_file(target, DEFAULT) as cf:
                 cf.check_tree()
                 m = cf.manifest
                 assert m is not None
@@ -278,7 +291,7 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
                 except TensorCanonError as e:
                     metadata = f"<cannot decode: {e}>"
         else:
-            loaded = load_file(path, wrap=out.wrap("read"))
+            loaded = load_file(target, wrap=out.wrap("read"))
             p = writer.plan(loaded.value, None, DEFAULT)
             file_digest = writer.fingerprint(p)
             root, table = p.root, p.tensors
@@ -352,7 +365,7 @@ def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
         try:  # (a directory is a sharded checkpoint, compared by its logical content)
             loaded.append(load_file(path, wrap=out.wrap("read")))
         except _READ_ERRORS as e:
-            out.error(_message(e, path))
+            out.error(_message(e, storage.redact(path)))
             return EXIT_ERROR
         finally:
             out.close_bars()
@@ -360,8 +373,8 @@ def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
     data = result.to_dict()
     data["formats"] = [loaded[0].format, loaded[1].format]
     out.json(data)
-    out.line(f"A: {args.a} ({loaded[0].format})")
-    out.line(f"B: {args.b} ({loaded[1].format})")
+    out.line(f"A: {storage.redact(args.a)} ({loaded[0].format})")
+    out.line(f"B: {storage.redact(args.b)} ({loaded[1].format})")
     _print_diff(result, out)
     tol = f" (atol={args.atol:g}, rtol={args.rtol:g})" if args.atol or args.rtol else " (bit-exact)"
     out.line(result.summary() + tol + (", tensors only" if args.tensors_only else ""))

@@ -19,7 +19,8 @@ a plain safetensors file, a ``.pt`` file (through ``torch.load`` with
 ``weights_only=True``, never plain pickle), a ``.npz`` or a ``.npy`` file; a
 directory, as a sharded checkpoint (``tensorcanon.dcp``), by its logical state.
 Tensors are loaded to the CPU; the devices a tensorcanon file records are still
-compared. To compare two ``str`` values, wrap them: ``diff([a], [b])``.
+compared. To compare two ``str`` values, wrap them: ``diff([a], [b])``. A URL
+(``s3://bucket/key``...) is read from its store, with ``storage_options``.
 
 Example::
 
@@ -31,6 +32,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
 import struct
@@ -42,11 +45,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import dtypes, paths, reader, registry, tensorbytes, walk
+from . import dtypes, paths, reader, registry, storage, tensorbytes, walk
 from .errors import FormatError, LimitError, UsageError
 from .limits import DEFAULT, Limits
 from .ordering import UnorderableKey, sorted_keys
-from .source import open_path
+from .source import Source, open_path
 
 __all__ = ["diff", "DiffResult", "Difference", "TensorStats", "load_file", "detect_format", "Loaded"]
 
@@ -212,12 +215,18 @@ class Loaded:
     algorithm: str | None = None                  # a tensorcanon file's digest algorithm
 
 
-def detect_format(path: str | os.PathLike) -> str:
+def detect_format(path: str | os.PathLike | storage.Location, storage_options: Any = None) -> str:
     """Which of :data:`FORMATS` a file is, from its first bytes (and suffix for zips).
 
     Raises :class:`FormatError` when it is none of them.
     """
-    path = os.fspath(path)
+    target = storage.resolve(path, storage_options)
+    if isinstance(target, storage.Location):
+        return _detect_remote(target)
+    return _detect_local(os.fspath(target))
+
+
+def _detect_local(path: str) -> str:
     if os.path.isdir(path):
         raise FormatError(f"{path!r} is a directory, not a file")
     with open_path(path) as fh:
@@ -247,8 +256,51 @@ def detect_format(path: str | os.PathLike) -> str:
         return "tensorcanon" if cf.is_tensorcanon else "safetensors"
 
 
-def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
-              wrap: Callable[[Any, int], Any] | None = None) -> Loaded:
+def _detect_remote(loc: storage.Location) -> str:
+    """:func:`detect_format` of an object in a store: its first bytes, and for a zip its names."""
+    from . import remote
+
+    name = loc.display
+    suffix = os.path.splitext(loc.url.split("?", 1)[0])[1].lower()
+    with remote.open_binary(loc.but(sequential=False, wrap=None)) as fh:
+        head = fh.read(9)
+        if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+            if suffix == ".npz":
+                return "npz"
+            try:
+                with zipfile.ZipFile(fh) as z:
+                    names = z.namelist()
+            except (zipfile.BadZipFile, OSError) as e:
+                raise FormatError(f"{name}: damaged zip archive ({e})") from None
+            return "npz" if names and all(n.endswith(".npy") for n in names) else "torch"
+        if head.startswith(b"\x93NUMPY"):
+            return "npy"
+        if suffix in _TORCH_SUFFIXES and head[:1] == b"\x80":
+            return "torch"
+        if head[8:9] != b"{":
+            raise FormatError(f"{name}: not a tensorcanon, safetensors, torch (.pt), .npz or .npy file "
+                              f"(it starts with {bytes(head[:8])!r})")
+        fh.seek(0)
+        with reader.CheckedFile(Source(fh, name=name)) as cf:  # type: ignore[arg-type]  # a binary file
+            return "tensorcanon" if cf.is_tensorcanon else "safetensors"
+
+
+@contextlib.contextmanager
+def _checked(path: str | storage.Location, limits: Limits,
+             wrap: Callable[[Any, int], Any] | None) -> Iterator[reader.CheckedFile]:
+    """A local file or an object opened for reading every tensor (``wrap`` draws progress)."""
+    if isinstance(path, storage.Location):
+        with reader.open_file(path.but(sequential=True, wrap=wrap), limits) as cf:
+            yield cf
+        return
+    with open_path(path) as fh:
+        f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
+        with reader.open_file(f, limits) as cf:
+            yield cf
+
+
+def load_file(path: str | os.PathLike | storage.Location, *, limits: Limits = DEFAULT,
+              wrap: Callable[[Any, int], Any] | None = None, storage_options: Any = None) -> Loaded:
     """Read any supported file (see :func:`detect_format`) with its tensors on the CPU.
 
     A directory is read as a sharded checkpoint (what ``tensorcanon.dcp``
@@ -263,23 +315,32 @@ def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
         loaded = load_file("weights.pt")
         loaded.value["fc.weight"]
     """
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        from .sharded import tools
+    target = storage.resolve(path, storage_options)
+    if isinstance(target, storage.Location):
+        where: str | storage.Location = target
+        name = target.display
+    else:
+        where = name = os.fspath(target)
+        if os.path.isdir(name):
+            from .sharded import tools
 
-        return tools.loaded(path, limits)
-    fmt = detect_format(path)
+            return tools.loaded(name, limits)
+    fmt = detect_format(where)
     if fmt in ("tensorcanon", "safetensors"):
-        with open_path(path) as fh:
-            f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
-            with reader.open_file(f, limits) as cf:
-                value = cf.load(map_location="cpu")
-                if not cf.is_tensorcanon:
-                    return Loaded(value, fmt, path)
-                return Loaded(value, fmt, path, cf.devices(), cf.metadata(), cf.algorithm)
+        with _checked(where, limits, wrap) as cf:
+            value = cf.load(map_location="cpu")
+            if not cf.is_tensorcanon:
+                return Loaded(value, fmt, name)
+            return Loaded(value, fmt, name, cf.devices(), cf.metadata(), cf.algorithm)
+    data: Any = name
+    path = name
+    if isinstance(where, storage.Location):  # read whole, as these formats are loaded whole anyway
+        from . import remote
+
+        data = io.BytesIO(remote.read_bytes(where))
     if fmt == "torch":
         try:
-            value = torch.load(path, map_location="cpu", weights_only=True)
+            value = torch.load(data, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - torch raises many types for a bad or disallowed pickle
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise FormatError(
@@ -289,10 +350,10 @@ def load_file(path: str | os.PathLike, *, limits: Limits = DEFAULT,
         return Loaded(value, fmt, path)
     try:
         if fmt == "npz":
-            with np.load(path, allow_pickle=False) as z:
+            with np.load(data, allow_pickle=False) as z:
                 value = {k: z[k] for k in sorted(z.files)}
         else:
-            value = np.load(path, allow_pickle=False)
+            value = np.load(data, allow_pickle=False)
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
         raise FormatError(f"{path}: numpy.load(allow_pickle=False) cannot read it: {e}") from None
     return Loaded(value, fmt, path)
@@ -348,7 +409,7 @@ def _is_tensorlike(v: Any) -> bool:
 
 
 def diff(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, tensors_only: bool = False,
-         limits: Limits = DEFAULT) -> DiffResult:
+         limits: Limits = DEFAULT, storage_options: Any = None) -> DiffResult:
     """Compare ``a`` with ``b`` (objects, or paths to files) and return every difference.
 
     ``a`` is the reference ("A", "only in A") and ``b`` the candidate ("B",
@@ -361,6 +422,8 @@ def diff(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, tensors_only: 
     tensors are ignored, so a tensorcanon file compares cleanly with one that
     transformers or safetensors wrote for the same weights.
 
+    ``storage_options`` are used for whichever of ``a`` and ``b`` is a URL.
+
     Example::
 
         r = tensorcanon.diff({"w": torch.zeros(3)}, {"w": torch.tensor([0.0, 1.0, 0.0])})
@@ -370,8 +433,9 @@ def diff(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, tensors_only: 
         raise UsageError(f"atol and rtol must be finite and >= 0, got atol={atol!r}, rtol={rtol!r}")
     sides: list[tuple[Any, dict[str, str], str | None]] = []
     for value in (a, b):
-        if isinstance(value, (str, os.PathLike)):
-            loaded = load_file(value, limits=limits)
+        if isinstance(value, (str, os.PathLike, storage.Location)):
+            loc = storage.resolve(value, storage_options) if storage.is_url(value) else value
+            loaded = load_file(loc, limits=limits)
             sides.append((loaded.value, loaded.devices, loaded.path))
         elif isinstance(value, Loaded):
             sides.append((value.value, value.devices, value.path))

@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import lazyindex, paths, reader, source
+from . import lazyindex, paths, reader, source, storage
 from .errors import TensorCanonError
 from .limits import DEFAULT, Limits
 
@@ -42,17 +42,26 @@ class LazyFile(Mapping):
     and, by truncating it, make reading them kill the process with SIGBUS, as
     with any memory-mapped file; tensorcanon's own saves replace files by a
     rename, which leaves an open file's map intact.
+
+    An object in a store (a URL) is read by ranged reads instead of a map: the
+    header, then only the bytes of the tensors read (docs/STORAGE.md).
     """
 
     def __init__(self, path: str | os.PathLike | bytes, *, map_location: Any = None, verify: bool = True,
-                 limits: Limits = DEFAULT) -> None:
+                 limits: Limits = DEFAULT, storage_options: Any = None) -> None:
         self.map_location = map_location
         self.verify = verify
         self._limits = limits
         self._src: source.Source | None
+        path = storage.resolve(path, storage_options)
         if isinstance(path, (bytes, bytearray, memoryview)):  # a file's bytes, already in memory
             self.path = "<bytes>"
             self._src = source.Source(data=path)
+        elif isinstance(path, storage.Location):  # an object in a store: ranged reads
+            from . import remote
+
+            self.path = path.display
+            self._src = remote.source(path.but(sequential=False))
         else:
             self.path = os.fspath(path)
             self._src = source.map_file(self.path)
@@ -205,6 +214,8 @@ class LazyFile(Mapping):
         self._full = self._quick_reader = self._quick = None
         if src is not None:
             src.release()
+            if src.f is not None:  # an object in a store: its reader's connections and threads
+                src.f.close()
 
     def __enter__(self) -> LazyFile:
         return self
@@ -235,7 +246,7 @@ def _stub(q: lazyindex.QuickIndex) -> Any:
 
 
 def open(path: str | os.PathLike | bytes, *, map_location: Any = None, verify: bool = True,
-         limits: Limits = DEFAULT) -> LazyFile:
+         limits: Limits = DEFAULT, storage_options: Any = None) -> LazyFile:
     """Open a saved file (a path, or its bytes) for lazy, per-tensor access by path (or stored name).
 
     Before returning, checks that the manifest is the one the file's digest
@@ -244,7 +255,9 @@ def open(path: str | os.PathLike | bytes, *, map_location: Any = None, verify: b
     file is checked in full the first time something needs all of it (see
     :class:`LazyFile`). With ``verify=False`` the whole file is checked at
     open and tensor bytes are never hashed. Reading 1 tensor of 1,000 reads
-    and hashes only its bytes.
+    and hashes only its bytes. A URL (``s3://bucket/key``, with ``storage_options``
+    as for :func:`tensorcanon.load`) reads the header, then each tensor's bytes
+    by ranged reads when it is first read.
 
     Example::
 
@@ -252,7 +265,7 @@ def open(path: str | os.PathLike | bytes, *, map_location: Any = None, verify: b
             w = f['$["model"]["fc.weight"]']
             print(len(f), f.keys()[:3])   # these check the whole file first
     """
-    return LazyFile(path, map_location=map_location, verify=verify, limits=limits)
+    return LazyFile(path, map_location=map_location, verify=verify, limits=limits, storage_options=storage_options)
 
 
 __all__ = ["open", "LazyFile"]

@@ -21,6 +21,11 @@ of ``tensorcanon convert`` output. A sharded checkpoint directory
 (tensorcanon.dcp) is one entry: its logical digest, and the size of its
 consolidated file, both independent of the world size it was saved with.
 
+An object in a store is locked by its URL (``s3://bucket/ckpt/base.safetensors``),
+written as it was given (a URL holding a password or a signature is refused: give
+credentials through the environment or ``storage_options``); ``check`` reads it
+from the store again.
+
 The lockfile version says which file-format version those computed digests
 use: a version-1 lockfile (written before format version 2) holds format-1
 fingerprints, and :func:`check_lock` computes format-1 fingerprints to check
@@ -41,8 +46,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import digest as _digest, manifest, writer
-from .errors import FormatError, IntegrityError, MissingFileError, TensorCanonError
+from . import digest as _digest, manifest, storage, writer
+from .errors import FormatError, IntegrityError, MissingFileError, TensorCanonError, UsageError
 from .limits import DEFAULT, Limits
 
 __all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect",
@@ -90,20 +95,39 @@ class CheckResult:
         return self.status == "ok"
 
 
-def content_digest(path: str | os.PathLike, *, verify: bool = True, wrap: Wrap | None = None,
-                   limits: Limits = DEFAULT, format_version: int = manifest.VERSION) -> tuple[str, str]:
+def content_digest(path: str | os.PathLike | storage.Location, *, verify: bool = True, wrap: Wrap | None = None,
+                   limits: Limits = DEFAULT, format_version: int = manifest.VERSION,
+                   storage_options: Any = None) -> tuple[str, str]:
     """``(digest, format)`` of a file; see the module docstring for which digest.
 
     With ``verify=True`` a tensorcanon file is re-hashed completely
     (:func:`tensorcanon.verify`); with ``verify=False`` its recorded digest is
     read from the manifest. Other formats are always loaded and hashed, as a
-    file of format ``format_version`` would record them.
+    file of format ``format_version`` would record them. A URL is read from its
+    store (with ``storage_options``), streamed, without a local copy.
     """
+    from . import reader
+    from .diff import detect_format, load_file
+
+    loc = storage.resolve(path, storage_options)
+    if isinstance(loc, storage.Location):
+        fmt = detect_format(loc)
+        if fmt == "tensorcanon":
+            with reader.open_file(loc.but(sequential=verify, wrap=wrap if verify else None), limits) as cf:
+                recorded = cf.verify() if verify else cf.digest
+                if recorded is None:  # detect_format saw a manifest, but the object changed since
+                    raise FormatError(f"{loc} changed while it was read: it no longer holds a tensorcanon manifest")
+                return recorded, fmt
+        loaded = load_file(loc, limits=limits, wrap=wrap)
+        return writer.fingerprint(writer.plan(loaded.value, None, limits, version=format_version)), fmt
+    return _local_digest(os.fspath(loc), verify, wrap, limits, format_version)
+
+
+def _local_digest(path: str, verify: bool, wrap: Wrap | None, limits: Limits, format_version: int) -> tuple[str, str]:
     from . import reader
     from .diff import detect_format, load_file
     from .source import open_path
 
-    path = os.fspath(path)
     if os.path.isdir(path):  # a sharded checkpoint: its logical digest
         from .sharded import tools
 
@@ -125,7 +149,7 @@ def _has_magic(pattern: str) -> bool:
     return any(c in pattern for c in "*?[")
 
 
-def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
+def collect(patterns: Iterable[str], exclude: str | None = None, storage_options: Any = None) -> list[str]:
     """The files named by paths, globs (``**`` recurses) and folders, sorted, without repeats.
 
     A folder contributes every file under it with a suffix in :data:`SUFFIXES`.
@@ -133,10 +157,16 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
     not exist or a glob that matches nothing, so a typo never produces an empty lockfile.
     Anything else that is not a folder is listed too, a FIFO or a device included: hashing it
     then refuses it, naming it (it is never opened as a stream, which could wait forever).
+    A URL (``s3://bucket/ckpt/*.safetensors``, or a prefix ending in ``/``) lists objects
+    of its store, named by their URLs.
     """
     found: set[str] = set()
     skip = os.path.abspath(exclude) if exclude else None
     for pattern in patterns:
+        if storage.is_url(pattern) and storage.local_path(pattern) is None:
+            found.update(_collect_url(pattern, storage_options))
+            continue
+        pattern = storage.local_path(pattern) or pattern
         if _has_magic(pattern):
             matches = [m for m in glob.glob(pattern, recursive=True)
                        if (os.path.exists(m) and not os.path.isdir(m)) or _checkpoint(m)]
@@ -161,6 +191,32 @@ def collect(patterns: Iterable[str], exclude: str | None = None) -> list[str]:
     return sorted(found)
 
 
+def _collect_url(pattern: str, storage_options: Any = None) -> list[str]:
+    """The URLs of the objects a URL, a URL glob or a URL prefix (ending in ``/``) names."""
+    if storage.redact(pattern) != pattern:
+        raise UsageError(f"{storage.redact(pattern)!r} holds a password or a signature, which a lockfile would "
+                         "record: give credentials through the environment or storage_options instead")
+    store, path = storage.open_store(pattern, storage_options)
+    prefix = pattern.split("://", 1)[0] + "://"
+
+    def url(p: str) -> str:  # the URL of a path the store listed, spelled as the pattern was
+        return prefix + p.lstrip("/") if not p.startswith(prefix) else p
+
+    if _has_magic(path):
+        matches = [url(p) for p in store.glob(path)]
+        if not matches:
+            raise MissingFileError(f"no object matches {pattern!r}", filename=pattern)
+        return matches
+    if pattern.endswith("/") or store.isdir(path):
+        matches = [url(p) for p in store.find(path) if p.lower().endswith(SUFFIXES)]
+        if not matches:
+            raise MissingFileError(f"{pattern!r} holds no {'/'.join(SUFFIXES)} objects", filename=pattern)
+        return matches
+    if not store.exists(path):
+        raise MissingFileError(f"{pattern!r} does not exist", filename=pattern)
+    return [pattern]
+
+
 def _checkpoint(path: str) -> bool:
     """A sharded checkpoint directory (tensorcanon.dcp): locked as one entry."""
     from .sharded import tools
@@ -168,8 +224,14 @@ def _checkpoint(path: str) -> bool:
     return tools.is_checkpoint(path)
 
 
-def _size(path: str, limits: Limits = DEFAULT) -> int:
+def _size(path: str, limits: Limits = DEFAULT, storage_options: Any = None) -> int:
     """A file's size; for a checkpoint directory, the size of its consolidated file."""
+    if storage.is_url(path):
+        from . import remote
+
+        loc = remote.location(path, storage_options)
+        if loc is not None:
+            return remote.size(loc)
     if os.path.isdir(path):
         from .sharded import tools
 
@@ -178,6 +240,11 @@ def _size(path: str, limits: Limits = DEFAULT) -> int:
 
 
 def _relative(path: str, base: str) -> str:
+    if storage.is_url(path):  # an object in a store: its URL
+        rel = path
+        if any(c in rel for c in "\n\r") or rel != rel.strip(" "):
+            raise FormatError(f"URL {rel!r} cannot be written in a lockfile (line break or edge spaces)")
+        return rel
     rel = os.path.relpath(os.path.abspath(path), base).replace(os.sep, "/")
     if any(c in rel for c in "\n\r") or rel != rel.strip(" "):
         raise FormatError(f"path {rel!r} cannot be written in a lockfile (line break or edge spaces)")
@@ -185,18 +252,22 @@ def _relative(path: str, base: str) -> str:
 
 
 def make_lock(patterns: Iterable[str], lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
-              limits: Limits = DEFAULT) -> list[LockEntry]:
-    """Hash every file the patterns name and return the lockfile's entries (not yet written)."""
+              limits: Limits = DEFAULT, storage_options: Any = None) -> list[LockEntry]:
+    """Hash every file the patterns name and return the lockfile's entries (not yet written).
+
+    ``storage_options`` are used for patterns that are URLs (objects in a store)."""
     lock_path = os.fspath(lock_path)
     base = os.path.dirname(os.path.abspath(lock_path))
     entries = []
-    for path in collect(patterns, exclude=lock_path):
+    for path in collect(patterns, exclude=lock_path, storage_options=storage_options):
         rel = _relative(path, base)
+        options = storage_options if storage.is_url(path) else None
         try:
-            d, _ = content_digest(path, wrap=wrap, limits=limits)
+            d, _ = content_digest(path, wrap=wrap, limits=limits, storage_options=options)
+            size = _size(path, limits, options) if storage.is_url(path) else None
         except TensorCanonError as e:  # a file that cannot be locked: say which
             raise FormatError(f"cannot lock {rel}: {e}") from e
-        entries.append(LockEntry(rel, d, _size(path, limits)))
+        entries.append(LockEntry(rel, d, _size(path, limits) if size is None else size))
     return sorted(entries, key=lambda e: e.path.encode("utf-8"))
 
 
@@ -267,13 +338,18 @@ def _read(lock_path: str | os.PathLike) -> tuple[int, list[LockEntry]]:
 
 
 def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
-               limits: Limits = DEFAULT) -> list[CheckResult]:
-    """Re-hash every file a lockfile lists; one :class:`CheckResult` per entry, in order."""
+               limits: Limits = DEFAULT, storage_options: Any = None) -> list[CheckResult]:
+    """Re-hash every file a lockfile lists; one :class:`CheckResult` per entry, in order.
+
+    ``storage_options`` are used for the entries that are URLs (objects in a store)."""
     lock_path = os.fspath(lock_path)
     base = os.path.dirname(os.path.abspath(lock_path))
     results = []
     version, entries = _read(lock_path)
     for entry in entries:
+        if storage.is_url(entry.path) and storage.local_path(entry.path) is None:
+            results.append(_check_url(entry, version, wrap, limits, storage_options))
+            continue
         path = os.path.join(base, *entry.path.split("/"))
         if not os.path.exists(path):  # (a FIFO or a device is there: "unreadable", below)
             results.append(CheckResult(entry, "missing", message="file not found"))
@@ -294,3 +370,26 @@ def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
         status = "mismatch" if problems else "ok"
         results.append(CheckResult(entry, status, found, size, "; ".join(problems)))
     return results
+
+
+def _check_url(entry: LockEntry, version: int, wrap: Wrap | None, limits: Limits,
+               storage_options: Any) -> CheckResult:
+    """How the object a lockfile entry names by its URL compares."""
+    try:
+        size = _size(entry.path, limits, storage_options)
+    except MissingFileError:
+        return CheckResult(entry, "missing", message="object not found")
+    except (TensorCanonError, OSError) as e:
+        return CheckResult(entry, "unreadable", None, None, str(e))
+    try:
+        found, _ = content_digest(entry.path, wrap=wrap, limits=limits, format_version=FORMAT_OF[version],
+                                  storage_options=storage_options)
+    except (TensorCanonError, OSError) as e:
+        status = "corrupt" if isinstance(e, IntegrityError) else "unreadable"
+        return CheckResult(entry, status, None, size, str(e))
+    problems = []
+    if found != entry.digest:
+        problems.append(f"digest {found}, expected {entry.digest}")
+    if size != entry.size:
+        problems.append(f"size {size}, expected {entry.size}")
+    return CheckResult(entry, "mismatch" if problems else "ok", found, size, "; ".join(problems))

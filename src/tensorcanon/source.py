@@ -21,6 +21,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
+from . import storage
 from .errors import FileAccessError, FormatError, MissingFileError, TensorCanonError, UsageError
 
 if TYPE_CHECKING:
@@ -314,7 +315,19 @@ def opened(f: Any, *, use_mmap: bool = False) -> Iterator[Source]:
     A path is opened (and closed on exit); with ``use_mmap`` it is memory-mapped
     (:func:`map_file`), so the Source can hand out views of its bytes
     (:meth:`Source.view`) and tensors that view them (:meth:`Source.tensor`).
+    A URL (``s3://…``, or a :class:`~tensorcanon.storage.Location`) is read by
+    ranged reads of the object (remote.py); a ``file://`` URL is a path.
     """
+    if isinstance(f, storage.Location) or storage.is_url(f):
+        f = storage.resolve(f)
+        if isinstance(f, storage.Location):
+            from . import remote
+
+            if use_mmap:
+                raise remote.refuse_mmap(f)
+            with remote.opened(f) as src:
+                yield src
+            return
     if isinstance(f, (bytes, bytearray, memoryview)):
         yield Source(data=f)
         return
