@@ -260,3 +260,24 @@ def test_lifetime_descriptors_and_maps(tmp_path):
             tensorcanon.open(p)
     gc.collect()
     assert mapped() == 0 and len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_check_builds_no_path_text(tmp_path, monkeypatch):
+    """check() proves the tree without rendering a path per tensor use (a deep tree's paths cost
+    far more memory than its bytes); keys() builds them when asked."""
+    from tensorcanon import reader
+
+    path = tmp_path / "deep.safetensors"
+    obj = inner = {}
+    for _ in range(50):
+        inner["k"] = {}
+        inner = inner["k"]
+    inner["t"] = torch.zeros(2)
+    tensorcanon.save(obj, path)
+    real = reader.CheckedFile.uses
+    calls = []
+    monkeypatch.setattr(reader.CheckedFile, "uses", lambda self: calls.append(1) or real(self))
+    with tensorcanon.open(path) as f:
+        f.check()
+        assert not calls
+        assert f.keys() == ["$" + '["k"]' * 50 + '["t"]'] and calls == [1]

@@ -69,6 +69,7 @@ class LazyFile(Mapping):
         self._quick: lazyindex.QuickIndex | None = None
         self._quick_reader: reader.CheckedFile | None = None
         self._verified: set[int] = set()
+        self._paths: dict[str, int] | None = None  # path text -> table index (_path_index)
         try:
             if verify:
                 try:
@@ -93,13 +94,21 @@ class LazyFile(Mapping):
             src = self._open_src()
             src.seek(0)
             f = reader.CheckedFile(src, self._limits)
-            found: dict[str, int] = {}
-            for trail, index in f.uses():  # checks the whole tree, building nothing
-                found.setdefault(paths.join(trail), index)
-            self._paths = found
+            f.check_tree()  # the whole tree, building nothing (paths only when asked: _path_index)
             self._by_name = {r.name: r.index for r in f.rows}
             self._full = f
         return self._full
+
+    def _path_index(self) -> dict[str, int]:
+        """Path text -> table index of every tensor use, built on first need: the text of every
+        use of a deep tree costs far more than the bytes that encode it, and check() needs none."""
+        f = self._checked()
+        if self._paths is None:
+            found: dict[str, int] = {}
+            for trail, index in f.uses():
+                found.setdefault(paths.join(trail), index)
+            self._paths = found
+        return self._paths
 
     def check(self) -> None:
         """Check the whole file now, as :func:`tensorcanon.load` does but without hashing tensor
@@ -117,8 +126,7 @@ class LazyFile(Mapping):
     # ------------------------------------------------------------------ mapping protocol
     def keys(self) -> list[str]:  # type: ignore[override]
         """Paths of the tensors in the saved object, in canonical order."""
-        self._checked()
-        return list(self._paths)
+        return list(self._path_index())
 
     @property
     def names(self) -> list[str]:
@@ -143,12 +151,10 @@ class LazyFile(Mapping):
         return m.algorithm if m is not None else None
 
     def __iter__(self) -> Iterator[str]:
-        self._checked()
-        return iter(self._paths)
+        return iter(self._path_index())
 
     def __len__(self) -> int:
-        self._checked()
-        return len(self._paths)
+        return len(self._path_index())
 
     def __contains__(self, key: object) -> bool:
         if self._full is None and self._quick is not None:
@@ -158,13 +164,14 @@ class LazyFile(Mapping):
             except lazyindex.NotQuick:
                 pass
         self._checked()
-        return key in self._paths or key in self._by_name
+        return key in self._by_name or key in self._path_index()
 
     def _index(self, key: str) -> int:
         self._checked()
         if isinstance(key, str):
-            if key in self._paths:
-                return self._paths[key]
+            found = self._path_index()
+            if key in found:
+                return found[key]
             if key in self._by_name:
                 return self._by_name[key]
         raise KeyError(f"{key!r} is neither a tensor path (see .keys()) nor a stored tensor name in {self.path!r}")
