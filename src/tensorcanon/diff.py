@@ -229,17 +229,19 @@ def detect_format(path: str | os.PathLike | storage.Location, storage_options: A
 def _detect_local(path: str) -> str:
     if os.path.isdir(path):
         raise FormatError(f"{path!r} is a directory, not a file")
-    with open_path(path) as fh:
+    with open_path(path) as fh:  # a regular file (never a FIFO); the zip is read from this descriptor
         head = fh.read(9)
-    suffix = os.path.splitext(path)[1].lower()
+        suffix = os.path.splitext(path)[1].lower()
+        if head[:4] in (b"PK\x03\x04", b"PK\x05\x06") and suffix != ".npz":
+            try:
+                fh.seek(0)
+                with zipfile.ZipFile(fh) as z:
+                    names = z.namelist()
+            except (zipfile.BadZipFile, OSError) as e:
+                raise FormatError(f"{path}: damaged zip archive ({e})") from None
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         if suffix == ".npz":
             return "npz"
-        try:
-            with zipfile.ZipFile(path) as z:
-                names = z.namelist()
-        except (zipfile.BadZipFile, OSError) as e:
-            raise FormatError(f"{path}: damaged zip archive ({e})") from None
         if names and all(n.endswith(".npy") for n in names):
             return "npz"
         return "torch"
@@ -332,12 +334,17 @@ def load_file(path: str | os.PathLike | storage.Location, *, limits: Limits = DE
             if not cf.is_tensorcanon:
                 return Loaded(value, fmt, name)
             return Loaded(value, fmt, name, cf.devices(), cf.metadata(), cf.algorithm)
-    data: Any = name
-    path = name
     if isinstance(where, storage.Location):  # read whole, as these formats are loaded whole anyway
         from . import remote
 
-        data = io.BytesIO(remote.read_bytes(where))
+        return _load_foreign(io.BytesIO(remote.read_bytes(where)), fmt, name)
+    with open_path(name) as fh:  # the regular file checked here, not whatever the path names later
+        return _load_foreign(fh, fmt, name)
+
+
+def _load_foreign(data: Any, fmt: str, path: str) -> Loaded:
+    """A ``.pt``, ``.npy`` or ``.npz`` file's value, read from the file object ``data``, without
+    unpickling anything but what ``torch.load(weights_only=True)`` allows."""
     if fmt == "torch":
         try:
             value = torch.load(data, map_location="cpu", weights_only=True)
