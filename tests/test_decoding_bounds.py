@@ -8,14 +8,22 @@
 - Memory amplification: msgpack builds a dict for every map before any check, 80 bytes for a
   map of one byte. The manifest has two kinds of map (the top level, the table's rows); any
   other is refused as it is decoded.
-- Tensor-table shapes that share one hash, a lazy lookup's search for a name, and the paths
-  recorded for every tensor use are bounded the same way.
+- Tensor-table shapes that share one hash (in the table and in the tensor hashers' cache), a lazy
+  lookup's search for a name, and the paths recorded for every tensor use are bounded the same way.
+- Tensor names: many paths with one base name (keys ``1`` and ``"1"`` at every level) took
+  quadratic time to name, saving and loading alike.
+- Shapes with no elements but non-zero dimensions whose product times the element size reaches
+  2**63 have no tensor (docs/FORMAT.md §5.3): torch's own errors came out of ``loads``.
+- Refusals that touch nothing: an object that raises on any attribute access, a key that is not
+  valid UTF-8.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import random
+import struct
 import sys
 import tracemalloc
 
@@ -24,48 +32,19 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import digest, manifest, reader
-from tensorcanon.errors import FormatError, TensorCanonError, UnsupportedTypeError
+from tensorcanon import container, digest, fastparse, manifest, names, reader
+from tensorcanon.errors import FormatError, IntegrityError, TensorCanonError, UnsupportedTypeError
 from tensorcanon.ordering import MAX_SAME_HASH
-from tensorcanon.tree import bigint_bytes
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
 
 import hostile_lib as h
+from hostile_lib import P, colliding_keys, colliding_shapes, empty_maps
 
-P = 2**61 - 1  # Python hashes an int n to n % P (keeping its sign): every multiple of P hashes to 0
 DEADLINE = 60  # seconds: generous (shared CI cores); each check takes well under 1 s, quadratic ones took minutes
 
 
-# ----------------------------------------------------------------------------- hostile files
-
-def _with_root(root: bytes) -> bytes:
-    """A file without tensors whose manifest has ``root`` (msgpack bytes) as its tree, its digest matching."""
-    p = msgpack.Packer(use_bin_type=True)
-    raw = b"".join([p.pack_map_header(5), p.pack("algorithm"), p.pack("xxh3-128"), p.pack("meta"), p.pack(None),
-                    p.pack("root"), root, p.pack("tensors"), p.pack([]), p.pack("version"), p.pack(2)])
-    return h.rebuild(tensorcanon.dumps({"x": 0}), raw)
-
-
-def colliding_keys(n: int, tag: str = "dict") -> bytes:
-    """A ``dict`` (or ``odict``, ``set``, ``frozenset``, or ``tuple_keys``: a dict of 1-tuples) of
-    ``n`` big-int keys that all hash to 0, in canonical order: 1.5 MB for 100,000 keys."""
-    keys = [msgpack.ExtType(1, bigint_bytes(k * P)) for k in range(9, 9 + n)]  # > 2**64: ext type 1
-    if tag == "tuple_keys":
-        keys = [["tuple", k] for k in keys]
-    if tag in ("set", "frozenset"):
-        node = [tag, *keys]
-    else:
-        node = ["odict", None] if tag == "odict" else ["dict"]
-        for k in keys:
-            node += [k, None]
-    return _with_root(msgpack.packb(node, use_bin_type=True))
-
-
-def empty_maps(size: int) -> bytes:
-    """A tree that is an array of ``size`` empty maps (one byte each), where no map may be."""
-    return _with_root(msgpack.Packer().pack_array_header(size) + b"\x80" * size)
-
+# ----------------------------------------------------------------- hostile files (the builders are in hostile_lib)
 
 def deep_tensor_uses(depth: int, count: int) -> bytes:
     """A valid file: ``count`` uses of one tensor in a list ``depth`` lists deep (9 bytes each)."""
@@ -80,50 +59,6 @@ def deep_tensor_uses(depth: int, count: int) -> bytes:
                     p.pack("root"), b"\x93" + p.pack("dict") + p.pack("w") + node, p.pack("tensors"),
                     p.pack(m["tensors"]), p.pack("version"), p.pack(m["version"])])
     return h.rebuild(data, raw, header, body)
-
-
-def _tuple_hash_inverse(target: int, tail: tuple[int, ...]) -> int:
-    """The hash a tuple's first int must have for ``(first, *tail)`` to hash like a tuple
-    whose state before ``tail`` was ``target`` (CPython's xxHash-based tuple hash, 64-bit)."""
-    m, p1, p2, p5 = (1 << 64) - 1, 11400714785074694791, 14029467366897019727, 2870177450012600261
-    inv1, inv2 = pow(p1, -1, 1 << 64), pow(p2, -1, 1 << 64)
-
-    def rotr(x: int) -> int:
-        return ((x >> 31) | (x << 33)) & m
-
-    acc = target
-    for lane in reversed(tail):
-        acc = (rotr(acc * inv1 & m) - lane * p2) & m
-    return ((rotr(acc * inv1 & m) - p5) * inv2) & m
-
-
-def _tuple_state(items: tuple[int, ...]) -> int:
-    m, p1, p2, p5 = (1 << 64) - 1, 11400714785074694791, 14029467366897019727, 2870177450012600261
-    acc = p5
-    for lane in items:
-        acc = (acc + lane * p2) & m
-        acc = (((acc << 31) | (acc >> 33)) & m) * p1 & m
-    return acc
-
-
-def colliding_shapes(n: int) -> bytes:
-    """A file of ``n`` empty float32 tensors whose shapes ``(x, a, 0)`` all have one Python hash
-    (no data: each has a zero dimension). 2.4 MB for 10,000 tensors."""
-    target = _tuple_state((5, 1, 0))
-    shapes = [(5, 1, 0)]
-    a = 2
-    while len(shapes) < n:
-        x = _tuple_hash_inverse(target, (a, 0))
-        if x < P:  # an int below P hashes to itself
-            shapes.append((x, a, 0))
-        a += 1
-    data = tensorcanon.dumps({f"t{i}": torch.empty(5, i + 1, 0) for i in range(n)})
-    m, header, body = h.manifest_of(data)
-    for row, shape in zip(m["tensors"], shapes, strict=True):
-        row["shape"] = list(shape)
-        row["digest"] = digest.Hashers("xxh3-128")("float32", shape).digest()
-        header[row["name"]]["shape"] = list(shape)
-    return h.rebuild(data, h.repack(m), header, body)
 
 
 def name_in_every_row(copies: int) -> bytes:
@@ -242,3 +177,175 @@ def test_lazy_lookup_decodes_each_row_once(tmp_path):
         assert torch.equal(f["w"], torch.ones(2))  # proven by itself; the other row is damaged
         with pytest.raises(FormatError, match="digest must be 16 bytes"):
             f.check()
+
+
+def test_tensor_hashers_cache_at_most_max_same_hash_keys_of_one_hash(tmp_path):
+    """digest.Hashers caches each (dtype, shape) prefix: keys of one hash beyond MAX_SAME_HASH are
+    hashed without being cached, so 20,000 shapes of one hash cost linear time (verify of 10,000
+    took 6 s before, 20,000 took 39 s; both under 1 s now)."""
+    shapes = h.colliding_shape_list(20_000)
+    hashers = digest.Hashers("xxh3-128")
+    for s in shapes + shapes[:100]:  # (the first ones a second time: cached, or built again)
+        assert hashers("float32", s).digest() == digest.tensor_hasher("float32", s).digest()
+        per_hash = collections.Counter(hash(k) for k in hashers._prefixes)
+        assert per_hash.most_common(1)[0][1] <= MAX_SAME_HASH
+    assert len(hashers._prefixes) == MAX_SAME_HASH and len({hash(k) for k in hashers._prefixes}) == 1
+    data = colliding_shapes(20_000, damaged=True)
+    path = tmp_path / "shapes.safetensors"
+    path.write_bytes(data)
+    for read in (lambda: tensorcanon.verify(data), lambda: tensorcanon.loads(data),
+                 lambda: tensorcanon.load(path, mmap=True)):
+        with h.deadline(DEADLINE), pytest.raises(IntegrityError, match="does not match its digest"):
+            read()
+
+
+# ----------------------------------------------------------------------------- tensor names
+
+def reference_tensor_names(first_paths: list[tuple], version: int = 2) -> list[str]:
+    """names.tensor_names as it was before issue 19 (quadratic in paths of one base name): the
+    reference the linear one must equal."""
+    used: set[str] = {names.RESERVED}
+    out = []
+    for path in first_paths:
+        base = names.base_name(path, version)
+        name, n = base, 0
+        while name in used:
+            n += 1
+            name = f"{base}~{n}"
+        used.add(name)
+        out.append(name)
+    return out
+
+
+def _colliding_paths(depth: int) -> list[tuple]:
+    """Every path of ``depth`` components, each the key ``1`` or ``"1"``: one base name for all."""
+    paths: list[tuple] = [()]
+    for _ in range(depth):
+        paths = [p + (k,) for p in paths for k in (1, "1")]
+    return paths
+
+
+def test_tensor_names_are_those_of_the_reference():
+    rng = random.Random(19)
+    atoms = ["a", "b", "a~1", "a~2", "b~1", "a.b", "", "_", "__metadata__", "1", 1, 2, "~1", "1~1", "x~10"]
+    cases = 0
+    for _ in range(3000):
+        paths = [tuple(rng.choice(atoms) for _ in range(rng.randint(0, 3))) for _ in range(rng.randint(0, 30))]
+        for version in (1, 2):
+            assert names.tensor_names(paths, version) == reference_tensor_names(paths, version), paths
+            cases += 1
+    for depth in range(1, 11):  # colliding bases: 2 to 1,024 paths of one base name
+        paths = _colliding_paths(depth)
+        rng.shuffle(paths)
+        paths += [("1",) * depth + (f"~{i}",) for i in range(0, 50, 3)]  # names that look like suffixes
+        assert names.tensor_names(paths) == reference_tensor_names(paths)
+        cases += 1
+    assert cases > 6000
+
+
+def test_tensor_names_are_linear_in_paths_of_one_base_name():
+    paths = _colliding_paths(14)  # 16,384 paths of one base name: 32 s before, 0.1 s now
+    with h.deadline(DEADLINE):
+        out = names.tensor_names(paths)
+    assert out[0] == ".".join(["1"] * 14) and out[-1] == out[0] + "~16383" and len(set(out)) == len(out)
+
+
+def test_saving_and_loading_tensors_of_one_base_name_is_linear():
+    value: dict = {}
+    for path in _colliding_paths(14):  # {1: {1: ...}, "1": {...}}: 16,384 empty tensors, 14 levels deep
+        node = value
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = torch.empty(0)
+    with h.deadline(DEADLINE):
+        data = tensorcanon.dumps(value)
+        back = tensorcanon.loads(data)
+    assert back[1]["1"][1] is not None and len(h.manifest_of(data)[0]["tensors"]) == 16_384
+
+
+# ----------------------------------------------------------------------------- shapes too large for any tensor
+
+TOO_LARGE = [([2**60, 11, 0], torch.float32), ([2**62, 4, 0], torch.float32), ([0, 2**63], torch.uint8),
+             ([2**64 - 1, 0], torch.bool), ([2**59, 0, 1], torch.complex128), ([2**61, 0, 2**2], torch.bfloat16),
+             ([2**62, 0, 2], torch.float8_e4m3fn if hasattr(torch, "float8_e4m3fn") else torch.int16),
+             ([2**61, 0, 2], torch.complex32)]
+LARGEST = [([2**63 - 1, 0], torch.uint8), ([0, 2**61 - 1], torch.float32), ([2**59 - 1, 0, 1], torch.complex128),
+           ([2**60, 0, 3], torch.int16), ([2**61 - 1, 0], torch.complex32)]
+
+
+@pytest.mark.parametrize("shape, dtype", TOO_LARGE, ids=lambda x: str(x))
+def test_shapes_too_large_for_any_tensor_are_rejected_by_every_reader(shape, dtype, tmp_path):
+    """docs/FORMAT.md §5.3: a shape whose non-zero dimensions times the element size reach 2**63
+    has no tensor (torch raised its own RuntimeError or TypeError from loads)."""
+    data = h.with_shape(shape, dtype)
+    path = tmp_path / "shape.safetensors"
+    path.write_bytes(data)
+    reads = [lambda: tensorcanon.loads(data), lambda: tensorcanon.verify(data),
+             lambda: tensorcanon.load(h.Stream(data)), lambda: tensorcanon.load(path, mmap=True),
+             lambda: tensorcanon.read_metadata(data), lambda: tensorcanon.open(path)["t"],
+             lambda: tensorcanon.open(path).check()]
+    for read in reads:
+        with pytest.raises(FormatError, match=r"tensor 't' has shape .* reach 2\^63 or more"):
+            read()
+    assert h.check(data) == "FormatError"
+    # the table row alone (as lazy lookups and sharded indexes read it), and a plain safetensors file
+    header, body = h.split(data)
+    decoded = manifest.decode(header["__metadata__"])
+    with pytest.raises(FormatError, match=r"manifest: tensor 't' has shape .* reach 2\^63"):
+        manifest.read_table(decoded.obj["tensors"], decoded.algorithm, tensorcanon.Limits())
+    del header["__metadata__"]
+    with pytest.raises(FormatError, match=r"header: tensor 't' has shape .* reach 2\^63"):
+        tensorcanon.loads(h.with_header(header, body))
+
+
+@pytest.mark.parametrize("shape, dtype", LARGEST, ids=lambda x: str(x))
+def test_the_largest_allowed_shapes_load_and_save_again(shape, dtype):
+    data = h.with_shape(shape, dtype)
+    assert h.check(data) == "ok"  # every reader, and dumps of what loads gives the same bytes
+    assert tensorcanon.dumps({"t": torch.empty(shape, dtype=dtype)}) == data
+
+
+@pytest.mark.parametrize("shape, dtype", TOO_LARGE + LARGEST, ids=lambda x: str(x))
+def test_the_fast_header_parse_agrees_with_the_full_one_on_shape_sizes(shape, dtype):
+    """fastparse (the one-pass check of a canonical header) must accept exactly what the full
+    parse accepts: here it declines (None), and the full parse gives the verdict."""
+    data = h.with_shape(shape, dtype)
+    (n,) = struct.unpack("<Q", data[:8])
+    prefix, raw, limits = data[:8], data[8 : 8 + n], tensorcanon.Limits()
+    fast = fastparse.parse(prefix, raw, len(data), limits)
+    try:
+        header = container.parse_raw(prefix, raw, len(data), limits)
+        full = manifest.parse(header, limits)
+    except FormatError:
+        assert fast is None and (shape, dtype) in TOO_LARGE
+    else:
+        assert fast is not None and (shape, dtype) in LARGEST
+        assert fast[1].raw == full.raw and [i.shape for i in fast[1].tensors] == [i.shape for i in full.tensors]
+
+
+def test_the_writer_refuses_shapes_too_large_for_any_tensor():
+    with pytest.raises(UnsupportedTypeError, match=r"reach 2\^63 or more.*\(at \$\[\"w\"\]\)"):
+        tensorcanon.dumps({"w": torch.empty(2**60, 11, 0)})  # torch makes it; numpy could not
+    tensorcanon.dumps({"w": torch.empty(2**61 - 1, 0)})
+
+
+# ----------------------------------------------------------------------------- refusals that touch nothing
+
+class _Untouchable:
+    """An object that raises on any attribute access, ``__class__`` included (a proxy, a ShardedTensor)."""
+
+    def __getattribute__(self, name):
+        raise RuntimeError(f"do not touch {name}")
+
+
+def test_an_object_that_raises_when_touched_is_refused_naming_its_path():
+    with pytest.raises(UnsupportedTypeError, match=r"_Untouchable .*touching it raised") as info:
+        tensorcanon.dumps({"a": _Untouchable()})
+    assert info.value.path == '$["a"]' and '(at $["a"])' in str(info.value)
+
+
+@pytest.mark.parametrize("value", [{"\ud800": 1, 2: 3}, {("\udfff",), 1}, {frozenset({"a\ud800"}): 0, 0: 1}])
+def test_a_key_with_a_lone_surrogate_is_refused_in_the_formats_words(value):
+    with pytest.raises(UnsupportedTypeError, match="a key or set member holds a str with a lone surrogate, "
+                                                   r"which is not valid UTF-8 \(docs/FORMAT.md §6.1\)"):
+        tensorcanon.dumps(value)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring as encode_str  # json.dumps' own escaping (ensure_ascii=False)
 from typing import Any, NoReturn
 
-from . import dtypes
+from . import dtypes, paths
 from .errors import FormatError, LimitError
 from .limits import Limits
 
@@ -29,6 +29,41 @@ LENGTH_SIZE = 8
 ALIGN = 8
 META = "__metadata__"
 _ENTRY_KEYS = {"data_offsets", "dtype", "shape"}
+
+
+SIZE_BOUND = 2**63
+"""A tensor's non-zero dimensions times its element size stay below this (docs/FORMAT.md §5.3)."""
+
+
+def too_large(shape: Sequence[int], itemsize: int) -> bool:
+    """True when the non-zero dimensions of ``shape`` (non-negative ints) and ``itemsize`` multiply to
+    :data:`SIZE_BOUND` (2**63) or more: the rule of docs/FORMAT.md §5.3, the one check of it that
+    every reader (header entries, table rows) and the writer make.
+
+    torch and numpy cannot make such a tensor even when it has no elements (a zero dimension):
+    torch refuses a dimension of 2**63 or more and a running product past 2**64 - 1 ("numel:
+    integer multiplication overflow"), numpy any whose non-zero dimensions times its element size
+    pass 2**63 - 1. Stops at the first product past the bound, so a shape of many huge dimensions
+    costs no big-int arithmetic.
+    """
+    n = itemsize
+    for d in shape:
+        if d:
+            n *= d
+            if n >= SIZE_BOUND:
+                return True
+    return False
+
+
+def size_problem(shape: Sequence[int], itemsize: int) -> str | None:
+    """What is wrong with a tensor of ``shape`` and ``itemsize`` by :func:`too_large` (to follow
+    "tensor 'name' "), or None."""
+    if not too_large(shape, itemsize):
+        return None
+    size = f"{itemsize} byte{'s' if itemsize != 1 else ''}"
+    return (f"has shape {paths.show(list(shape))}, whose non-zero dimensions times its element size ({size}) "
+            "reach 2^63 or more, which the format does not allow even for a tensor without elements: numpy "
+            "cannot hold one, nor torch past 2^64 (docs/FORMAT.md §5.3)")
 
 
 def data_order(name: str, itemsize: int) -> tuple:
@@ -265,6 +300,9 @@ def parse_raw(prefix: bytes, raw: bytes, file_size: int | None, limits: Limits) 
                 f"header: {where} declares shape {shape} of {st} ({nbytes} bytes) "
                 f"but data_offsets span {end - begin} bytes"
             )
+        problem = size_problem(shape, itemsize)
+        if problem is not None:
+            raise FormatError(f"header: {where} {problem}")
         entries.append(Entry(name, st, tuple(shape), begin, end))
 
     entries.sort(key=lambda entry: (entry.begin, entry.end))

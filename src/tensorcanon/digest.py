@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import xxhash
 
 from .errors import UnsupportedAlgorithmError
+from .ordering import MAX_SAME_HASH
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -91,20 +92,30 @@ class Hashers:
 
     Shapes must be tuples of ints (as torch gives them and the reader validates
     them): as a key, ``(True,)`` would pass for ``(1,)``.
+
+    A file can give many shapes one Python hash (a tuple's hash is a function of its ints'), and
+    a dict of them takes time quadratic in their number: at most ``ordering.MAX_SAME_HASH`` keys
+    of one hash are cached (counted in ``_counts``); the prefixes of any others are built each time.
     """
 
-    __slots__ = ("algorithm", "_new", "_prefixes")
+    __slots__ = ("algorithm", "_new", "_prefixes", "_counts")
 
     def __init__(self, algorithm: str) -> None:
         self.algorithm = check(algorithm)
         self._new = constructor(algorithm)
         self._prefixes: dict[tuple[str, tuple[int, ...]], bytes] = {}
+        self._counts: dict[int, int] = {}  # hash of a key -> how many keys of that hash are cached
 
     def __call__(self, dtype_name: str, shape: tuple[int, ...]) -> Hasher:
         key = (dtype_name, shape)
         prefix = self._prefixes.get(key)
         if prefix is None:
-            prefix = self._prefixes[key] = tensor_prefix(dtype_name, shape)
+            prefix = tensor_prefix(dtype_name, shape)
+            h = hash(key)
+            n = self._counts.get(h, 0)
+            if n < MAX_SAME_HASH:
+                self._counts[h] = n + 1
+                self._prefixes[key] = prefix
         return self._new(prefix)
 
 

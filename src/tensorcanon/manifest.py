@@ -623,7 +623,8 @@ def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> TensorInf
                 if type(d) is not int or d < 0:
                     break
             else:  # exact ints (checked): equal tuples are the same shape
-                return TensorInfo(i, name, dtype, _shared(shapes, shape), kind, rg, dg)
+                if not container.too_large(shape, dtype.itemsize):
+                    return TensorInfo(i, name, dtype, _shared(shapes, shape), kind, rg, dg)
     _row_error(i, row, algorithm)
     raise AssertionError("internal error: _row refused a row _row_error accepts")  # never reached
 
@@ -660,6 +661,9 @@ def _row_error(i: int, row: Any, algorithm: str) -> None:
         raise _bad(f"{where} has unknown dtype {paths.show(dt)}")
     if type(shape) is not tuple or not all(type(d) is int and d >= 0 for d in shape):
         raise _bad(f"{where} shape must be a list of non-negative ints")
+    problem = container.size_problem(shape, dtype.itemsize)
+    if problem is not None:
+        raise _bad(f"{where} {problem}")
     if type(kind) is not str or kind not in KINDS:
         raise _bad(f"{where} has unknown kind {paths.show(kind)}")
     if type(rg) is not bool or (rg and kind == "ndarray"):

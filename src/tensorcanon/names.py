@@ -177,15 +177,28 @@ def base_name(path: tuple[Any, ...], version: int = 2) -> str:
 
 def tensor_names(first_paths: list[tuple[Any, ...]], version: int = 2) -> list[str]:
     """The canonical safetensors names of tensors first found at ``first_paths`` (table order):
-    each path's base name, with ``~1``, ``~2``... appended to make it unique (§3.4)."""
+    each path's base name, with ``~1``, ``~2``... appended to make it unique (§3.4).
+
+    Linear time, however many paths share a base name (keys ``1`` and ``"1"`` at each of 14
+    levels give 16,384 paths of one base name): the search for a free ``base~n`` resumes where
+    the last search for the same base stopped. That gives the same names as starting from ``~1``
+    every time, since every name it skips was taken then and the used set only grows.
+    """
     used: set[str] = {RESERVED}
+    last: dict[str, int] = {}  # base name -> the suffix its last search ended at (0: the base itself)
     out = []
     for path in first_paths:
         base = base_name(path, version)
-        name, n = base, 0
+        n = last.get(base)
+        if n is None:
+            name, n = base, 0
+        else:
+            n += 1
+            name = f"{base}~{n}"
         while name in used:
             n += 1
             name = f"{base}~{n}"
+        last[base] = n
         used.add(name)
         out.append(name)
     return out

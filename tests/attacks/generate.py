@@ -4,9 +4,11 @@ Each attack is one file ``<name>.bin`` plus a row in ``expected.json`` giving
 the exception class it must raise and a fragment of its message.
 tests/test_hostile.py loads every file listed there. The files are committed
 so the corpus stays fixed even if this script's helpers change; rerun it only
-to add attacks (the output is deterministic). It rewrites every file in the
-current format version: keep the committed files of the attacks that were
-already there (``git checkout`` them) unless an attack itself changed.
+to add attacks (the output is deterministic), as
+``python tests/attacks/generate.py --missing``: that writes the files of new
+attacks only and rewrites ``expected.json``, leaving every committed file as it
+is. Without ``--missing`` it rewrites every file in the current format version
+(only for an attack that itself changed). Keep each file under about 1.5 MB.
 """
 
 from __future__ import annotations
@@ -112,6 +114,21 @@ def attacks() -> dict[str, tuple[bytes, str, str]]:
             _with_metadata(valid, "tensorcanon.memory_formats", "0" * 5000 + "1:channels_last"),
             "FormatError", "malformed entry"),
         "offsets_huge_digits": (_huge_offset(valid), "FormatError", "not valid JSON"),
+        # issue 19: decoding linear in the file, whatever the keys' hashes and however many containers.
+        # 20,000 keys that all hash to 0 (big ints k * (2**61 - 1)): minutes to build before the bound
+        "manifest_hash_flood": (h.colliding_keys(20_000, "dict"), "FormatError", "share one Python hash"),
+        "manifest_hash_flood_set": (h.colliding_keys(20_000, "set"), "FormatError", "share one Python hash"),
+        "manifest_hash_flood_odict": (h.colliding_keys(20_000, "odict"), "FormatError", "share one Python hash"),
+        "manifest_hash_flood_tuple_keys": (h.colliding_keys(20_000, "tuple_keys"), "FormatError",
+                                           "share one Python hash"),
+        # 100,000 empty maps (a byte each) where no map may be: 80 bytes each once msgpack builds them
+        "manifest_empty_maps": (h.empty_maps(100_000), "FormatError", "holds a map"),
+        # no elements, but no tensor either: torch's RuntimeError ("numel overflow") came out of loads
+        "shape_zero_numel_overflow": (h.with_shape([2**60, 11, 0]), "FormatError", "reach 2^63 or more"),
+        # 5,000 empty tensors whose shapes share one Python hash, the last one's digest wrong: every
+        # other tensor is hashed first (its (dtype, shape) prefix was cached in a dict: quadratic)
+        "table_shapes_colliding": (h.colliding_shapes(5_000, damaged=True), "IntegrityError",
+                                   "does not match its digest"),
     }
     return out
 
@@ -162,17 +179,21 @@ def _torch_save_bytes() -> bytes:
     return buf.getvalue()
 
 
-def main() -> None:
+def main(missing_only: bool = False) -> None:
     expected = {}
+    written = 0
     for name, (data, cls, fragment) in sorted(attacks().items()):
-        with open(os.path.join(HERE, f"{name}.bin"), "wb") as f:
-            f.write(data)
+        path = os.path.join(HERE, f"{name}.bin")
+        if not (missing_only and os.path.exists(path)):
+            with open(path, "wb") as f:
+                f.write(data)
+            written += 1
         expected[name] = {"raises": cls, "message": fragment}
     with open(os.path.join(HERE, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1, sort_keys=True)
         f.write("\n")
-    print(f"wrote {len(expected)} attacks to {HERE}")
+    print(f"wrote {written} of {len(expected)} attacks to {HERE}")
 
 
 if __name__ == "__main__":
-    main()
+    main(missing_only="--missing" in sys.argv[1:])

@@ -318,3 +318,122 @@ def _is_tensorcanon(data: bytes) -> bool:
         return any(k.startswith("tensorcanon.") for k in header.get("__metadata__", {}))
     except Exception:  # noqa: BLE001 - a best-effort peek at a hostile header
         return False
+
+
+# ----------------------------------------------------------------- decoding bounds (issue 19)
+# Files whose keys share one Python hash, maps where none may be, and shapes too large for any
+# tensor: tests/test_decoding_bounds.py, tests/attacks/generate.py and the fuzzers build them here.
+
+P = 2**61 - 1  # Python hashes an int n to n % P (keeping its sign): every multiple of P hashes to 0
+
+
+def with_root(root: bytes) -> bytes:
+    """A file without tensors whose manifest has ``root`` (msgpack bytes) as its tree, its digest matching."""
+    p = msgpack.Packer(use_bin_type=True)
+    raw = b"".join([p.pack_map_header(5), p.pack("algorithm"), p.pack("xxh3-128"), p.pack("meta"), p.pack(None),
+                    p.pack("root"), root, p.pack("tensors"), p.pack([]), p.pack("version"), p.pack(2)])
+    return rebuild(tensorcanon.dumps({"x": 0}), raw)
+
+
+def colliding_keys(n: int, tag: str = "dict") -> bytes:
+    """A ``dict`` (or ``odict``, ``set``, ``frozenset``, or ``tuple_keys``: a dict of 1-tuples) of
+    ``n`` big-int keys that all hash to 0, in canonical order: 1.5 MB for 100,000 keys."""
+    from tensorcanon.tree import bigint_bytes
+
+    keys: list = [msgpack.ExtType(1, bigint_bytes(k * P)) for k in range(9, 9 + n)]  # > 2**64: ext type 1
+    if tag == "tuple_keys":
+        keys = [["tuple", k] for k in keys]
+    if tag in ("set", "frozenset"):
+        node: list = [tag, *keys]
+    else:
+        node = ["odict", None] if tag == "odict" else ["dict"]
+        for k in keys:
+            node += [k, None]
+    return with_root(msgpack.packb(node, use_bin_type=True))
+
+
+def empty_maps(size: int) -> bytes:
+    """A tree that is an array of ``size`` empty maps (one byte each), where no map may be."""
+    return with_root(msgpack.Packer().pack_array_header(size) + b"\x80" * size)
+
+
+_M64 = (1 << 64) - 1
+_XXP1, _XXP2, _XXP5 = 11400714785074694791, 14029467366897019727, 2870177450012600261
+
+
+def _rotl31(x: int) -> int:
+    return ((x << 31) | (x >> 33)) & _M64
+
+
+def tuple_state(items: tuple[int, ...]) -> int:
+    """CPython's (64-bit, 3.8+) tuple hash state after the hashes ``items`` (before the length is mixed in)."""
+    acc = _XXP5
+    for lane in items:
+        acc = _rotl31((acc + lane * _XXP2) & _M64) * _XXP1 & _M64
+    return acc
+
+
+_INV1, _INV2 = pow(_XXP1, -1, 1 << 64), pow(_XXP2, -1, 1 << 64)
+
+
+def _undo(acc: int, lane: int) -> int:
+    """The tuple hash state before ``lane`` was mixed into the state ``acc``."""
+    x = acc * _INV1 & _M64
+    return (((x >> 31) | (x << 33)) - lane * _XXP2) & _M64
+
+
+def tuple_hash_inverse(target: int, tail: tuple[int, ...]) -> int:
+    """The hash a tuple's first item must have for ``(first, *tail)`` to reach the state ``target``."""
+    acc = target
+    for lane in reversed(tail):
+        acc = _undo(acc, lane)
+    return ((_undo(acc, 0) - _XXP5) * _INV2) & _M64
+
+
+def colliding_shape_list(n: int) -> list[tuple[int, ...]]:
+    """``n`` distinct shapes ``(x, b1, ..., bk, 0)`` (each ``b`` 0 or 1, ``x < 2**61 - 1``; k = 17
+    for 10,000 shapes) that share one Python hash. Each has no elements, and its non-zero dimensions
+    multiply to ``x``, so torch makes them and the format allows them for any dtype of up to 4 bytes
+    (docs/FORMAT.md §5.3). About one ``x`` in 8 is below 2**61 - 1."""
+    bits = (12 * n).bit_length()
+    first = (5,) + (0,) * bits + (0,)
+    target = tuple_state(first)
+    # the states before the trailing 0, then before each bit from the last: one undo per tree node
+    level = [((0,), _undo(target, 0))]
+    for _ in range(bits):
+        level = [((b, *tail), _undo(acc, b)) for tail, acc in level for b in (0, 1)]
+    shapes = [first]
+    for tail, acc in level:
+        x = ((_undo(acc, 0) - _XXP5) * _INV2) & _M64
+        if x < P and tail != first[1:]:  # an int below P hashes to itself
+            shapes.append((x, *tail))
+            if len(shapes) == n:
+                return shapes
+    raise AssertionError("no more patterns (about one x in 8 is below P)")
+
+
+def colliding_shapes(n: int, damaged: bool = False) -> bytes:
+    """A valid file of ``n`` empty float32 tensors (``t0``, ``t1``...) whose shapes all share one
+    Python hash (:func:`colliding_shape_list`), written by tensorcanon itself; 2.8 MB for 10,000.
+    ``damaged``: the digest of the tensor stored last (every other one is hashed before it) is wrong."""
+    shapes = colliding_shape_list(n)
+    data = tensorcanon.dumps({f"t{i}": torch.empty(s) for i, s in enumerate(shapes)})
+    if not damaged:
+        return data
+    m, header, body = manifest_of(data)
+    last = max(m["tensors"], key=lambda r: r["name"])  # all float32: stored by name
+    last["digest"] = bytes(b ^ 1 for b in last["digest"])
+    return rebuild(data, repack(m), header, body)
+
+
+def with_shape(shape: list[int], dtype: torch.dtype = torch.float32) -> bytes:
+    """A tensorcanon file of one tensor ``t`` of ``shape`` (and ``dtype``), its header entry, table
+    row, tensor digest and file digest all consistent: made for shapes no writer writes."""
+    data = tensorcanon.dumps({"t": torch.empty(0, dtype=dtype)})
+    m, header, body = manifest_of(data)
+    row = m["tensors"][0]
+    row["shape"] = list(shape)
+    row["digest"] = digest.Hashers(m["algorithm"])(row["dtype"], tuple(shape)).digest()
+    extra = header["t"]["shape"][1:]  # a dtype stored as U8 has the element size as an extra dimension
+    header["t"]["shape"] = list(shape) + extra
+    return rebuild(data, repack(m), header, body)

@@ -14,6 +14,7 @@ import os
 import struct
 
 import msgpack
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tensorcanon
@@ -105,8 +106,11 @@ def test_arbitrary_bytes(data):
 
 entry_mutation = st.sampled_from([
     "huge_shape", "neg_dim", "float_dim", "bad_dtype", "wrong_dtype", "overlap", "gap",
-    "swap_offsets", "huge_offsets", "ndim", "drop_entry", "extra_key", "str_offsets",
+    "swap_offsets", "huge_offsets", "ndim", "drop_entry", "extra_key", "str_offsets", "zero_numel_overflow",
 ])
+
+# Shapes without elements whose non-zero dimensions times any element size reach 2**63 (§5.3)
+OVERFLOWING_SHAPES = [[2**60, 11, 0], [2**62, 4, 0], [0, 2**63], [2**64 - 1, 0], [3, 0, 2**62], [2**32, 2**31, 0, 2]]
 
 
 def _mutate_entry(header: dict, body: bytes, name: str, how: str, k: int):
@@ -139,6 +143,9 @@ def _mutate_entry(header: dict, body: bytes, name: str, how: str, k: int):
         e["extra"] = k
     elif how == "str_offsets":
         e["data_offsets"] = [str(b), str(end)]
+    elif how == "zero_numel_overflow":  # no bytes, and no tensor either
+        e["shape"] = OVERFLOWING_SHAPES[k % len(OVERFLOWING_SHAPES)]
+        e["data_offsets"] = [b, b]
     return header, body
 
 
@@ -228,7 +235,7 @@ manifest_mutation = st.sampled_from([
     "dup_tensor_ref", "drop_tensor_ref", "wrong_dtype", "wrong_shape", "huge_shape", "dup_row_name",
     "rename_row", "drop_row", "extra_row", "bad_digest_len", "version", "algorithm", "kind", "requires_grad",
     "unsorted_dict", "odd_dict", "bad_bigint", "unknown_ext", "empty_tag", "set_repeat", "np_scalar",
-    "device", "dtype_node", "complex", "size_node",
+    "device", "dtype_node", "complex", "size_node", "zero_numel_overflow",
 ])
 
 
@@ -315,6 +322,8 @@ def _mutate_manifest(m: dict, how: str, k: int) -> dict:
         m["root"] = ["complex", 1, "2"]
     elif how == "size_node":
         m["root"] = ["size", 1.5]
+    elif rows and how == "zero_numel_overflow":  # the row alone (its header member still disagrees)
+        rows[k % len(rows)]["shape"] = OVERFLOWING_SHAPES[k % len(OVERFLOWING_SHAPES)]
     return m
 
 
@@ -459,3 +468,78 @@ def test_lazy_reads_give_the_saved_value_or_nothing(i, flips, cut, truncate):
                     assert h.same(got, want), f"{key}: another value than the one saved"
         except TensorCanonError:
             pass
+
+
+# ----------------------------------------------------------------- keys that share a hash, empty containers
+
+def _colliding_key(kind: str, k: int):
+    """The ``k``-th (k >= 1) key of a family whose keys all share one Python hash."""
+    if kind == "int":
+        return k * h.P  # hash 0
+    if kind == "neg_int":
+        return -k * h.P  # hash 0 as well
+    if kind == "int_float":  # hash 1: floats 2.0**(61 j) and ints 1 + m P (2**61 and 2.0**61 merge)
+        return 2.0 ** (61 * (k // 2 % 17)) if k % 2 else 1 + (k // 2) * h.P
+    if kind == "tuple":
+        return (k * h.P,)
+    if kind == "str_tuple":  # a str in a tuple: still counted (its random hash is shared by all)
+        return ("a", k * h.P, 0.5)
+    if kind == "frozenset":
+        return frozenset({k * h.P, "b"})
+    raise AssertionError(kind)
+
+
+def _empty(kind: str):
+    import collections
+
+    return {"list": list, "tuple": tuple, "dict": dict, "odict": collections.OrderedDict, "set": set,
+            "frozenset": frozenset}[kind]()
+
+
+@cases(200)
+@given(st.sampled_from(["dict", "odict", "set", "frozenset"]),
+       st.sampled_from(["int", "neg_int", "int_float", "tuple", "str_tuple", "frozenset"]),
+       st.integers(0, 140), st.integers(0, 70), st.integers(0, 3000),
+       st.sampled_from(["list", "tuple", "dict", "odict", "set", "frozenset"]), st.integers(0, 2**16))
+def test_colliding_keys_and_empty_containers(tag, kind, n, others, empties, empty_kind, k):
+    """A container of keys that share a hash (ints, floats equal to ints, tuples and frozensets of
+    them) beside others, and many empty containers: the writer refuses it exactly when more than
+    64 keys (not str or bytes) share a hash (docs/FORMAT.md §6.3), and then every reader rejects the
+    file a writer without that check would write; whatever the writer accepts, every reader loads."""
+    import collections
+    from unittest import mock
+
+    from tensorcanon import tree
+    from tensorcanon.errors import UnsupportedTypeError
+    from tensorcanon.ordering import MAX_SAME_HASH, NO_KEY
+
+    keys = [_colliding_key(kind, j) for j in range(1, n + 1)]
+    keys += [j for j in range(others)] + [f"s{j}" for j in range(others)] + [b"b%d" % j for j in range(others // 2)]
+    rng = __import__("random").Random(k)
+    rng.shuffle(keys)
+    if tag in ("set", "frozenset"):
+        container = (set if tag == "set" else frozenset)(keys)
+    else:
+        container = (dict if tag == "dict" else collections.OrderedDict)((key, j) for j, key in enumerate(keys))
+    value = {"c": container, "e": [_empty(empty_kind) for _ in range(empties)]}
+    counts = collections.Counter(hash(key) for key in container if type(key) not in (str, bytes))
+    over = max(counts.values(), default=0) > MAX_SAME_HASH
+    if not over:
+        data = tensorcanon.dumps(value)
+        assert tensorcanon.loads(data) == value
+        assert h.check(data, stream=False) == "ok"  # every reader, and saving what loads gives the bytes again
+        if empties and empty_kind == "list":  # an empty map where an empty list was: refused as it is read
+            m_raw = h.split(data)[0]["__metadata__"]["tensorcanon.manifest"]
+            raw = __import__("base64").b64decode(m_raw)
+            at = [i for i in range(len(raw)) if raw.startswith(b"\x91\xa4list", i)]
+            bad = h.rebuild(data, raw[: at[k % len(at)]] + b"\x80" + raw[at[k % len(at)] + 6 :])
+            with h.deadline(), pytest.raises(tensorcanon.FormatError, match="holds a map"):
+                tensorcanon.loads(bad)
+        return
+    with pytest.raises(UnsupportedTypeError, match="share one Python hash"):
+        tensorcanon.dumps(value)
+    with mock.patch.object(tree, "crowded", lambda keys: NO_KEY):  # a writer without the bound
+        data = tensorcanon.dumps(value)
+    with h.deadline(), pytest.raises(tensorcanon.FormatError, match="share one Python hash"):
+        tensorcanon.loads(data)
+    assert h.check(data, stream=False) == "FormatError"
