@@ -349,3 +349,60 @@ def test_a_key_with_a_lone_surrogate_is_refused_in_the_formats_words(value):
     with pytest.raises(UnsupportedTypeError, match="a key or set member holds a str with a lone surrogate, "
                                                    r"which is not valid UTF-8 \(docs/FORMAT.md §6.1\)"):
         tensorcanon.dumps(value)
+
+
+# ---------------------------------------------------------------- seed sequences (FORMAT.md §6.7)
+
+
+def _generator(entropy):
+    import numpy as np
+
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
+
+
+def test_the_writer_refuses_seed_sequence_entropy_past_4096_words():
+    """numpy turns entropy ints into 32-bit words in time quadratic in their size (a 1.6-million-bit
+    int took 18 s to load): 4,096 words are accepted and round-trip, 4,097 are refused."""
+    at_bound = (1 << (32 * 4096)) - 1
+    back = tensorcanon.loads(tensorcanon.dumps({"g": _generator(at_bound)}))["g"]
+    assert back.bit_generator.seed_seq.entropy == at_bound
+    with pytest.raises(UnsupportedTypeError, match="4096 32-bit words"):
+        tensorcanon.dumps({"g": _generator(at_bound + 1)})
+
+
+def test_the_reader_rejects_seed_sequence_entropy_past_4096_words():
+    """The same value written by hand: the reader's check (shared with the writer) refuses it before
+    numpy sees it."""
+    from tensorcanon.tree import bigint_bytes
+
+    marker = 0x5EED_5EED_5EED
+    data = tensorcanon.dumps({"g": _generator(marker)})
+    m, _, _ = h.manifest_of(data)
+    huge = msgpack.ExtType(1, bigint_bytes(1 << (32 * 4096)))
+
+    def swap(node):
+        if node == marker and type(node) is int:
+            return huge
+        if isinstance(node, list):
+            return [swap(x) for x in node]
+        if isinstance(node, dict):
+            return {k: swap(v) for k, v in node.items()}
+        return node
+
+    forged = h.rebuild(data, h.repack(swap(m)))
+    with pytest.raises(FormatError, match="4096 32-bit words"):
+        tensorcanon.loads(forged)
+
+
+def test_none_does_not_count_toward_the_hash_bound():
+    """None's hash is a constant from Python 3.12 and an address before: counting it would make a
+    verdict depend on the Python version."""
+    from tensorcanon.ordering import NO_KEY, crowded
+
+    class Same:
+        def __hash__(self):
+            return hash(None)
+
+    keys = [Same() for _ in range(MAX_SAME_HASH)]
+    assert crowded([*keys, None]) is NO_KEY
+    assert crowded([*keys, Same()]) is not NO_KEY

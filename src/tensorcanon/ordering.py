@@ -68,7 +68,9 @@ def sort_key(key: Any) -> tuple[Any, ...]:
 
 def crowded(keys: list[Any]) -> Any:
     """A key (or member) of ``keys`` whose Python hash more than :data:`MAX_SAME_HASH` of them share,
-    str and bytes not counted; :data:`NO_KEY` when there is none.
+    str, bytes and None not counted; :data:`NO_KEY` when there is none. (None's hash is a constant
+    from Python 3.12 and its object's address before: counting it would make the verdict depend on
+    the Python version, and it is one key at most.)
 
     Linear time: the hashes are counted in a set first (in C: with fewer than MAX_SAME_HASH repeats
     in all, no hash can be shared MAX_SAME_HASH + 1 times), then, only if that is not enough, one
@@ -81,7 +83,7 @@ def crowded(keys: list[Any]) -> Any:
     get = counts.get
     for k in keys:
         t = type(k)
-        if t is str or t is bytes:
+        if t is str or t is bytes or k is None:
             continue
         h = hash(k)
         n = get(h, 0) + 1

@@ -58,6 +58,10 @@ U128 = 2**128 - 1
 U64 = 2**64 - 1
 U32 = 2**32 - 1
 
+# The 32-bit words numpy makes of a SeedSequence's entropy and spawn key together (an int of b bits is
+# max(1, ceil(b / 32)) words): numpy converts an int to words in time quadratic in its size, so a file
+# holding a 1.6-million-bit entropy int took 18 s to load. Entropy from secrets.randbits(128) is 4 words.
+MAX_SEED_WORDS = 4096
 
 class _Field:
     """One bit-generator state field: where it sits in the state dict and its rule."""
@@ -172,6 +176,12 @@ def check_seed_seq(value: Any) -> str | None:
 
 
 def check_gauss(has_gauss: Any, gauss: Any) -> str | None:
+    words = 0
+    for n in (*ints, *spawn_key):  # bit_length is O(1): no conversion of a huge int happens here
+        words += max(1, -(-n.bit_length() // 32))
+        if words > MAX_SEED_WORDS:
+            return (f"seed sequence entropy and spawn_key hold more than {MAX_SEED_WORDS} 32-bit words "
+                    "(docs/FORMAT.md §6.7): numpy's conversion of them takes time quadratic in their size")
     """None for a valid ``rng.legacy`` cache (``has_gauss`` 0 or 1, ``gauss`` a float that is +0.0
     when ``has_gauss`` is 0, as numpy leaves it when it uses the value), else what is wrong."""
     if type(has_gauss) is not int or has_gauss not in (0, 1) or type(gauss) is not float:
