@@ -28,6 +28,23 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# The slow tier: tests that start processes (training frameworks, process groups, torchrun, fresh
+# interpreters, benchmarks, an S3 server). The README's command and CI run every tier;
+# `pytest -m "not slow"` runs the fast, in-process one.
+_SLOW_FILES = ("tests/integrations/", "tests/dcp/test_spawned.py", "tests/dcp/test_docs_examples.py",
+               "tests/dcp/test_bench_smoke.py", "tests/dcp/test_fsdp.py", "tests/test_benchmarks_smoke.py",
+               "tests/test_demo.py", "tests/test_processes.py", "tests/test_crash.py", "tests/test_remote_s3.py")
+_SLOW_NAMES = ("fresh_process", "across_processes", "in_a_subprocess", "in_fresh_processes")
+
+
+def pytest_collection_modifyitems(config, items):
+    root = str(config.rootpath)
+    for item in items:
+        where = os.path.relpath(str(item.path), root).replace(os.sep, "/")
+        if where.startswith(_SLOW_FILES) or any(n in item.name for n in _SLOW_NAMES):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def keep_determinism_settings():
     """For tests that call seed_everything: put the process-wide switches and the
