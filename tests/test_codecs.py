@@ -1,11 +1,15 @@
-"""Built-in codecs (docs/FORMAT.md §6.9): off by default, exact when on, strict when loading."""
+"""Built-in codecs (docs/FORMAT.md §6.9): off by default (io.BytesIO: always on), exact when on, strict
+when loading."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import io
 import os
 import pathlib
+import pickle
+import re
 import sys
 
 import pytest
@@ -180,3 +184,106 @@ def test_states_are_what_the_spec_says(on):
     ]
     for value, node in cases:
         assert writer.plan(value).root == node
+
+
+# ------------------------------------------------------------------ io.BytesIO (always on)
+
+
+@pytest.fixture
+def bytes_io_restored():
+    """For a test that unregisters the io.BytesIO codec: on again afterwards, as in a fresh process."""
+    yield
+    if registry.by_name(codecs.BYTES_IO) is None:
+        codecs.register_bytes_io()
+
+
+def test_bytes_io_is_on_without_any_call_and_round_trips(off, monkeypatch):
+    """On in every process from import (the ``off`` fixture turns the opt-in codecs off), and
+    saved and loaded without pickle: its bytes, back as a new io.BytesIO at position 0."""
+    assert registry.by_type(io.BytesIO).name == codecs.BYTES_IO == "io.BytesIO"
+    payload = bytes(range(256)) * 3
+    moved = io.BytesIO(payload)
+    moved.seek(100)
+    data = tensorcanon.dumps({"x": moved, "empty": io.BytesIO(), "list": [io.BytesIO(b"\x80\x04.")]})
+    assert moved.tell() == 100 and moved.getvalue() == payload  # saving neither moves nor changes it
+
+    def refuse(*a, **k):
+        raise AssertionError("pickle called while loading")
+
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    back = tensorcanon.loads(data)
+    for value, content in [(back["x"], payload), (back["empty"], b""), (back["list"][0], b"\x80\x04.")]:
+        assert type(value) is io.BytesIO and value.tell() == 0 and value.getvalue() == content
+    assert tensorcanon.verify(data) == tensorcanon.fingerprint({"x": io.BytesIO(payload), "empty": io.BytesIO(),
+                                                                "list": [io.BytesIO(b"\x80\x04.")]})
+
+
+def test_bytes_io_content_is_the_whole_buffer_whatever_the_position_or_source():
+    """docs/FORMAT.md §6.9.4: getvalue(), so the position, and whether the buffer was built from
+    bytes, a bytearray or a memoryview or written into, do not change the file."""
+    from tensorcanon import writer
+
+    expected = tensorcanon.dumps(io.BytesIO(b"abcdef"))
+    written = io.BytesIO()
+    written.write(b"abcdef")                       # position 6, at the end
+    at_end = io.BytesIO(b"abcdef")
+    at_end.read()
+    exported = io.BytesIO(b"abcdef")
+    view = exported.getbuffer()                    # an exported buffer does not change getvalue()
+    for buf in (written, at_end, io.BytesIO(bytearray(b"abcdef")), io.BytesIO(memoryview(b"xabcdefx")[1:7]),
+                exported):
+        assert tensorcanon.dumps(buf) == expected
+    view.release()
+    assert writer.plan(io.BytesIO(b"ab")).root == ["obj", "io.BytesIO", b"ab"]   # the state is a bin
+    assert writer.plan({"b": b"ab"}).root != writer.plan({"b": io.BytesIO(b"ab")}).root  # not a bytes leaf
+
+
+def test_bytes_io_values_that_hold_more_than_bytes_are_refused_naming_the_path():
+    class Named(io.BytesIO):
+        pass
+
+    closed = io.BytesIO(b"x")
+    closed.close()
+    tagged = io.BytesIO(b"x")
+    tagged.name = "losses.pt"
+    for value, words in [(Named(b"x"), "is a subclass of io.BytesIO"), (closed, "is closed"),
+                         (tagged, "attributes set on it ('name')")]:
+        with pytest.raises(tensorcanon.UnsupportedTypeError, match=re.escape(words)) as info:
+            tensorcanon.dumps({"train": {"losses": value}})
+        assert info.value.path == '$["train"]["losses"]'
+
+
+@pytest.mark.parametrize("state", ["text", ["list", 1], None, 0, ["list"], ["obj", "io.BytesIO", b"x"]])
+def test_a_bytes_io_state_that_is_not_a_bin_is_rejected(state):
+    with pytest.raises(tensorcanon.FormatError, match=r"could not rebuild 'io.BytesIO' at \$\[\"v\"\]"):
+        tensorcanon.loads(_with_state(codecs.BYTES_IO, state))
+
+
+def test_without_the_bytes_io_codec_files_say_how_to_turn_it_back_on(bytes_io_restored):
+    data = tensorcanon.dumps({"b": io.BytesIO(b"x")})
+    tensorcanon.unregister(io.BytesIO)
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match=r"register_bytes_io\(\)") as info:
+        tensorcanon.loads(data)
+    assert info.value.path == '$["b"]'
+    with pytest.raises(tensorcanon.UnsupportedTypeError):
+        tensorcanon.dumps({"b": io.BytesIO(b"x")})
+    assert tensorcanon.verify(data)               # a verifying reader builds no object: still verifies
+    tensorcanon.register_builtin_codecs()         # all built-in codecs, this one included
+    assert tensorcanon.loads(data)["b"].getvalue() == b"x"
+    codecs.register_bytes_io()                    # again: nothing to do
+
+
+def test_a_users_own_bytes_io_registration_is_kept(bytes_io_restored):
+    tensorcanon.register(io.BytesIO, name="mine.Buffer", encode=lambda b: b.getvalue().hex(),
+                         decode=lambda s: io.BytesIO(bytes.fromhex(s)), replace=True)
+    assert writer_root(io.BytesIO(b"\x01")) == ["obj", "mine.Buffer", "01"]
+    with pytest.raises(tensorcanon.UsageError, match="built-in codec 'io.BytesIO'"):
+        codecs.register_bytes_io()
+    tensorcanon.unregister(io.BytesIO)
+
+
+def writer_root(value):
+    from tensorcanon import writer
+
+    return writer.plan(value).root

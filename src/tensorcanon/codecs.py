@@ -1,4 +1,4 @@
-"""Built-in codecs for standard-library values that checkpoints often hold, enabled on request.
+"""Built-in codecs for standard-library values that checkpoints often hold.
 
 Training configurations (Lightning's ``hparams``, argparse results) hold
 ``pathlib`` paths, ``argparse.Namespace`` objects and dates; tensorcanon saves
@@ -24,16 +24,26 @@ values are refused); a namespace comes back with its attributes in sorted
 order. The process that loads a file must enable the same codecs, as for any
 registered type.
 
+One codec is always on: ``io.BytesIO`` (recorded as ``["obj", "io.BytesIO", <bytes>]``),
+the opaque state that training code and ``torch.distributed.checkpoint`` keep as byte items
+(a pickled loss history, a data loader's state). It makes no choice for the program: its
+content is ``getvalue()``, the whole buffer (as DCP's own writer stores it), and it loads as
+``io.BytesIO(content)``, at position 0. Saving it never pickles; loading it never unpickles
+(what the program does with the bytes afterwards is its own business).
+:func:`register_bytes_io` turns it back on after ``tensorcanon.unregister(io.BytesIO)``.
+
 Example::
 
     tensorcanon.register_builtin_codecs()
     tensorcanon.save({"hparams": {"data_dir": pathlib.Path("/data")}}, "ckpt.safetensors")
+    tensorcanon.loads(tensorcanon.dumps({"losses": io.BytesIO(b"...")}))  # no call needed
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import io
 import pathlib
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -41,15 +51,19 @@ from typing import Any
 from . import registry
 from .errors import UnsupportedTypeError, UsageError
 
-__all__ = ["register_paths", "register_datetime", "register_namespace", "register_all", "NAMES"]
+__all__ = ["register_paths", "register_datetime", "register_namespace", "register_bytes_io", "register_all",
+           "NAMES"]
 
 PATH = "pathlib.PurePath"
 DATE, TIME, DATETIME, TIMEDELTA = "datetime.date", "datetime.time", "datetime.datetime", "datetime.timedelta"
 NAMESPACE = "argparse.Namespace"
+BYTES_IO = "io.BytesIO"
 
-#: Registration name -> the call that enables it (for error messages).
+#: Registration name -> the call that enables it (for error messages). ``io.BytesIO`` is on from
+#: import; its call only turns it back on after ``unregister(io.BytesIO)``.
 NAMES = {PATH: "register_paths", DATE: "register_datetime", TIME: "register_datetime",
-         DATETIME: "register_datetime", TIMEDELTA: "register_datetime", NAMESPACE: "register_namespace"}
+         DATETIME: "register_datetime", TIMEDELTA: "register_datetime", NAMESPACE: "register_namespace",
+         BYTES_IO: "register_bytes_io"}
 
 
 # ------------------------------------------------------------------ paths
@@ -223,6 +237,35 @@ def _decode_namespace(state: Any) -> argparse.Namespace:
     return argparse.Namespace(**state)
 
 
+# ------------------------------------------------------------------ byte buffers
+
+
+def _encode_bytes_io(buf: io.BytesIO) -> bytes:
+    """The whole buffer, whatever its position: what DCP's FileSystemWriter writes for a byte item
+    (``getbuffer()``), and what ``getvalue()`` gives however the buffer was filled (bytes, a
+    bytearray or a memoryview given to the constructor, which copies it; writes)."""
+    t = type(buf)
+    if t is not io.BytesIO:
+        raise UnsupportedTypeError(
+            f"{t.__module__}.{t.__qualname__} is a subclass of io.BytesIO and may hold more than the bytes "
+            f"the io.BytesIO codec stores: save io.BytesIO(value.getvalue()) or register {t.__qualname__} itself")
+    if buf.closed:
+        raise UnsupportedTypeError("this io.BytesIO is closed and holds no bytes any more: save it before "
+                                   "closing it, or save its bytes")
+    extra = vars(buf)
+    if extra:
+        raise UnsupportedTypeError(
+            f"this io.BytesIO has attributes set on it ({', '.join(sorted(map(repr, extra))[:5])}), which "
+            "would be lost: only its bytes are saved; save the attributes next to it")
+    return buf.getvalue()
+
+
+def _decode_bytes_io(state: Any) -> io.BytesIO:
+    if type(state) is not bytes:
+        raise ValueError("an io.BytesIO is stored as its bytes (a msgpack bin)")
+    return io.BytesIO(state)
+
+
 # ------------------------------------------------------------------ registration
 
 
@@ -248,6 +291,7 @@ _UNCHECKED: dict[str, _Codec] = {
     DATETIME: (_dt.datetime, _encode_datetime, _decode_datetime),
     TIMEDELTA: (_dt.timedelta, _encode_timedelta, _decode_timedelta),
     NAMESPACE: (argparse.Namespace, _encode_namespace, _decode_namespace),
+    BYTES_IO: (io.BytesIO, _encode_bytes_io, _decode_bytes_io),
 }
 # each encode checked once, so that enabling a codec twice finds the same functions (a no-op)
 _CODECS: dict[str, _Codec] = {name: (cls, _checked(encode, decode), decode)
@@ -308,8 +352,26 @@ def register_namespace() -> None:
     _install(NAMESPACE)
 
 
+def register_bytes_io() -> None:
+    """Save ``io.BytesIO`` values as their bytes. On from import: only needed after
+    ``tensorcanon.unregister(io.BytesIO)``.
+
+    The content is ``getvalue()``, the whole buffer (the position is not saved);
+    a value loads as ``io.BytesIO(content)``, at position 0. Subclasses, closed
+    buffers and buffers with attributes set on them are refused (they hold more
+    than the bytes).
+
+    Example::
+
+        back = tensorcanon.loads(tensorcanon.dumps({"losses": io.BytesIO(b"abc")}))
+        back["losses"].read()  # b'abc'
+    """
+    _install(BYTES_IO)
+
+
 def register_all() -> None:
-    """Enable every built-in codec (paths, dates and times, argparse namespaces).
+    """Enable every built-in codec (paths, dates and times, argparse namespaces; and
+    ``io.BytesIO``, which is on from import).
 
     Also available as ``tensorcanon.register_builtin_codecs()``. Calling it again
     does nothing; a class you registered yourself is not replaced (that raises
@@ -318,6 +380,7 @@ def register_all() -> None:
     register_paths()
     register_datetime()
     register_namespace()
+    register_bytes_io()
 
 
 def hint(value: Any) -> str | None:
@@ -329,3 +392,6 @@ def hint(value: Any) -> str | None:
     if isinstance(value, argparse.Namespace):
         return "tensorcanon.codecs.register_namespace()"
     return None
+
+
+register_bytes_io()  # always on: it stores a buffer's bytes and makes no choice for the program

@@ -20,7 +20,7 @@ from tensorcanon.sharded import layout
 
 from helpers import FSDP2_ON_CPU, flip_byte, unsharded, zeros_like_state
 from models import batch, build, train_state
-from states import logical_digest, sharded_state
+from states import LOSSES, SAMPLER, bytes_state, bytes_target, loader_bytes, logical_digest, sharded_state
 
 
 def _files(folder: str) -> dict:
@@ -190,6 +190,24 @@ def sharded_tensor_refused(rank, world, folder):
             os.path.exists(os.path.join(target, layout.INDEX_NAME))]
 
 
+def _byte_items_back(folder, world, **kw):
+    """Load the byte-items checkpoint with pickle refused; what came back, as JSON."""
+    target = bytes_target(world)
+    _refusing_pickle(lambda: tcd.load(target, folder, **kw))
+    sampler, loader = target["data"]["sampler"], target["data"]["loader"].value
+    return {"train": [target["train"].step, target["train"].losses == list(LOSSES)],
+            "sampler": [type(sampler).__name__, sampler.tell(), sampler.getvalue() == SAMPLER],
+            "loader": None if loader is None else [loader.tell(), loader.getvalue().decode()],
+            "w": target["model"]["w"].full_tensor().tolist() == torch.arange(24.0).reshape(8, 3).tolist()}
+
+
+def byte_items_save(rank, world, folder):
+    """io.BytesIO values (a Stateful's, a replicated one, a PerRank one) saved and loaded back."""
+    target = os.path.join(folder, "bytes-2")
+    digest = tcd.save(bytes_state(world, rank), target)
+    return [digest, tcd.verify(target), _byte_items_back(target, world)]
+
+
 # ------------------------------------------------------------------ three ranks
 
 def fsdp2_reshard_and_save(rank, world, folder):
@@ -209,6 +227,12 @@ def state_reshard_2_to_3(rank, world, folder):
 
 def per_rank_resize_refused(rank, world, folder):
     return _load_error(os.path.join(folder, "state-a"), world, rank)
+
+
+def byte_items_reshard_2_to_3(rank, world, folder):
+    source = os.path.join(folder, "bytes-2")
+    back = _byte_items_back(source, world, keep_per_rank_on_resize=True)
+    return [back, tcd.save(bytes_state(world, rank), os.path.join(folder, "bytes-3"))]
 
 
 def state_save_three(rank, world, folder):
@@ -255,12 +279,14 @@ BATCHES = {
         ("partial_loads", partial_loads),
         ("overwrite_refused", overwrite_refused),
         ("sharded_tensor_refused", sharded_tensor_refused),
+        ("byte_items_save", byte_items_save),
     ],
     "three": [
         ("fsdp2_reshard_and_save", fsdp2_reshard_and_save),
         ("state_reshard_2_to_3", state_reshard_2_to_3),
         ("per_rank_resize_refused", per_rank_resize_refused),
         ("state_save_three", state_save_three),
+        ("byte_items_reshard_2_to_3", byte_items_reshard_2_to_3),
     ],
     "nccl": [("nccl_save_load", nccl_save_load)],
 }
@@ -268,4 +294,4 @@ if not FSDP2_ON_CPU:  # test_spawned.py skips their test (naming the torch neede
     for _batch in ("two", "three"):
         BATCHES[_batch] = [(n, f) for n, f in BATCHES[_batch] if not n.startswith("fsdp2_")]
 
-__all__ = ["BATCHES", "logical_digest", "batch"]
+__all__ = ["BATCHES", "logical_digest", "batch", "loader_bytes"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import io
+import struct
 
 import numpy as np
 import torch
@@ -96,3 +98,54 @@ def logical_state(seed: int = 0) -> dict:
 
 def logical_digest(seed: int = 0) -> str:
     return tensorcanon.fingerprint(logical_state(seed))
+
+
+# ------------------------------------------------------------------ byte items (io.BytesIO values)
+
+class TrainState:
+    """Training state kept the way DCP's own end-to-end test keeps it: a Stateful whose
+    ``state_dict()`` holds its loss history as an ``io.BytesIO`` (here packed floats, not a pickle)."""
+
+    def __init__(self, step: int = 0, losses: tuple = ()) -> None:
+        self.step, self.losses = step, list(losses)
+
+    def state_dict(self) -> dict:
+        buf = io.BytesIO()
+        buf.write(struct.pack(f"<{len(self.losses)}d", *self.losses))   # left at its end, as torch.save leaves it
+        return {"step": torch.tensor(self.step), "losses": buf}
+
+    def load_state_dict(self, state: dict) -> None:
+        buf = state["losses"]
+        assert type(buf) is io.BytesIO and buf.tell() == 0, buf     # given back at position 0
+        data = buf.read()
+        self.step, self.losses = int(state["step"]), list(struct.unpack(f"<{len(data) // 8}d", data))
+
+
+LOSSES = (2.5, 1.25, 0.625, 0.3125)
+SAMPLER = b"sampler: seed 7, step 123; " + bytes(range(256))
+
+
+def loader_bytes(rank: int) -> bytes:
+    return f"rank {rank}: shard position 640, epoch 2".encode()
+
+
+def bytes_state(world: int, rank: int) -> dict:
+    """A state with byte items: a Stateful's BytesIO, a replicated BytesIO, a per-rank one."""
+    mesh = init_device_mesh("cpu", (world,))
+    return {"model": {"w": distribute_tensor(torch.arange(24.0).reshape(8, 3), mesh, [Shard(0)])},
+            "train": TrainState(3, LOSSES),
+            "data": {"epoch": 2, "sampler": io.BytesIO(SAMPLER),
+                     "loader": PerRank(io.BytesIO(loader_bytes(rank)))}}
+
+
+def bytes_target(world: int) -> dict:
+    """What a fresh run loads :func:`bytes_state` into."""
+    mesh = init_device_mesh("cpu", (world,))
+    return {"model": {"w": distribute_tensor(torch.zeros(8, 3), mesh, [Shard(0)])}, "train": TrainState(),
+            "data": {"epoch": 0, "sampler": io.BytesIO(b"stale"), "loader": PerRank(None)}}
+
+
+def bytes_logical() -> dict:
+    """:func:`bytes_state` held in one process, without its per-rank value: the logical state."""
+    return {"model": {"w": torch.arange(24.0).reshape(8, 3)}, "train": TrainState(3, LOSSES).state_dict(),
+            "data": {"epoch": 2, "sampler": io.BytesIO(SAMPLER)}}

@@ -2,8 +2,8 @@
 
 Two launches (starting processes costs seconds here, so each runs many scenarios):
 2 ranks save (FSDP2 + AdamW, a mixed DTensor state, async thread and process executors,
-per-rank RNG state), load a part of a checkpoint, and meet damage and refusals (overwrite=False,
-a ShardedTensor); then 3 ranks reshard what 2 saved,
+per-rank RNG state, byte items), load a part of a checkpoint, and meet damage and refusals
+(overwrite=False, a ShardedTensor); then 3 ranks reshard what 2 saved,
 save again, and get the same logical digest. Files written by the threaded tier in this
 process must be byte-identical to those written by the 2 processes.
 """
@@ -21,7 +21,7 @@ from tensorcanon.dcp import _compat
 from helpers import FSDP2_ON_CPU, NO_FSDP2_ON_CPU, rank_files
 from models import train_state
 from spawn import launch
-from states import logical_digest, logical_state
+from states import bytes_logical, loader_bytes, logical_digest, logical_state
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +145,15 @@ def test_a_sharded_tensor_is_refused_naming_the_path(runs):
     for err in errors:                                                      # save, async_save
         assert err["error"] == "UnsupportedTypeError", err
         assert '$["model"]["st"]' in err["message"] and "DTensor" in err["message"]
+
+
+def test_byte_items_across_processes(runs):
+    """io.BytesIO values: saved as bytes by 2 processes, back without pickle on 2 and on 3, and the
+    logical digest is the unsharded state's fingerprint at both world sizes."""
+    folder, two, three = runs
+    digest = tensorcanon.fingerprint(bytes_logical())
+    back = {"train": [3, True], "sampler": ["BytesIO", 0, True], "w": True}
+    got = [r["byte_items_save"] for r in two]
+    assert got == [[digest, digest, dict(back, loader=[0, loader_bytes(r).decode()])] for r in range(2)], got
+    assert _same_on_every_rank(three, "byte_items_reshard_2_to_3") == [dict(back, loader=None), digest]
+    assert tcd.verify(os.path.join(folder, "bytes-3")) == digest

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import io
 import struct
 
 import numpy as np
@@ -103,6 +104,9 @@ def assert_same(a, b, path="$", aliases=None):
         assert_same(_bitgen(a), _bitgen(b), path)
     elif type(a).__name__ == "Random" and hasattr(a, "getstate"):
         assert a.getstate() == b.getstate(), path
+    elif isinstance(a, io.BytesIO):  # its content (docs/FORMAT.md §6.9.4); it loads at position 0
+        assert a.getvalue() == b.getvalue(), f"{path}: the buffers' bytes differ"
+        assert b.tell() == 0, f"{path}: loaded at position {b.tell()}"
     elif dataclasses.is_dataclass(a):
         for f in dataclasses.fields(a):
             assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}", aliases)

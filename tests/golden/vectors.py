@@ -13,6 +13,7 @@ import argparse
 import collections
 import dataclasses
 import datetime
+import io
 import math
 import pathlib
 import random
@@ -229,6 +230,15 @@ def builtin_codecs():
     }
 
 
+def bytes_io():
+    """docs/FORMAT.md §6.9.4: io.BytesIO values (the always-on codec): the whole buffer whatever its
+    position, next to the same bytes as a leaf; they load at position 0."""
+    moved = io.BytesIO(b"losses: 0.5 0.25 0.125")
+    moved.seek(8)  # the position is not saved
+    return {"losses": moved, "empty": io.BytesIO(), "loader": [io.BytesIO(bytes(range(256)))],
+            "as_leaf": b"losses: 0.5 0.25 0.125"}
+
+
 def random_state():
     """docs/FORMAT.md §6.7: every random-state tag, built from fixed seeds (no global state)."""
     from tensorcanon import rng
@@ -317,6 +327,7 @@ VECTORS = {
     "bare_tensor": (bare_tensor, None),
     "names": (names, None),
     "builtin_codecs": (builtin_codecs, None),
+    "bytes_io": (bytes_io, None),
     "random_state": (random_state, None),
     "empty_dict": (dict, None),
     "generators": (generators, None),

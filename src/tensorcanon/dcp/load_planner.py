@@ -33,10 +33,10 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Tenso
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from .. import dtypes, paths
-from ..errors import UsageError
+from ..errors import TensorCanonError, UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded import layout
-from ..sharded.files import RankFiles, decode_subtree
+from ..sharded.files import RankFiles, decode_subtree, with_context
 from ..sharded.read import read_tensor
 from ..tree import Decoder, tag_of
 from ..walk import METADATA
@@ -230,7 +230,7 @@ class _Walk:
         if _holds_tensors(target):
             raise UsageError(f"{paths.join(path)} holds tensors in the state dict but the checkpoint holds "
                              f"{self._describe(node)} there: the structures differ")
-        return self.materialize(node), True
+        return self.materialize(node, path), True
 
     def mapping(self, target: dict, node: Any, path: tuple) -> None:
         tag = tag_of(node)
@@ -239,7 +239,7 @@ class _Walk:
                              f"{self._describe(node)} there")
         start = 1 if tag == "dict" else 2
         if tag == "odict" and isinstance(target, collections.OrderedDict):
-            meta = self.materialize(node[1])  # module state dicts' _metadata: a value like any other
+            meta = self.materialize(node[1], path + ("_metadata",))  # a value like any other
             if meta is not None:
                 setattr(target, METADATA, meta)
             elif hasattr(target, METADATA):
@@ -305,10 +305,15 @@ class _Walk:
         self.aliases[alias] = fqn
         self.flat[alias] = dest
 
-    def materialize(self, node: Any) -> Any:
-        """The checkpoint's value for ``node``, tensors included (read whole and verified)."""
-        return decode_subtree(node, len(self.infos), self.limits,
-                              lambda t: read_tensor(self.index, self.files, t))
+    def materialize(self, node: Any, path: tuple) -> Any:
+        """The checkpoint's value for ``node`` at ``path``, tensors included (read whole and verified);
+        an error decoding it (a registered type this process lacks, a byte item's state that is not
+        bytes) names ``path``."""
+        try:
+            return decode_subtree(node, len(self.infos), self.limits,
+                                  lambda t: read_tensor(self.index, self.files, t))
+        except TensorCanonError as e:
+            raise with_context(e, f"{paths.join(path)}: ") from None
 
     def _describe(self, node: Any) -> str:
         if tag_of(node) is not None:

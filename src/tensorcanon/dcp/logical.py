@@ -4,7 +4,9 @@ Every rank plans it from its own state dict without moving data: a DTensor
 becomes the full tensor it stands for (global dtype and shape, its kind and
 ``requires_grad``), plain tensors, arrays and other values stay as they are,
 and :class:`PerRank` values are taken out (they belong to their rank, not to
-the logical state). The plan is the library's own (writer.plan, with an
+the logical state). An ``io.BytesIO`` (DCP's byte item) is a value like any
+other: its bytes, through the built-in codec (docs/FORMAT.md §6.9), never a
+pickle. The plan is the library's own (writer.plan, with an
 encoder that knows DTensors), so its manifest, once the tensor digests are
 filled in, is byte for byte the manifest of ``tensorcanon.dumps`` of the
 unsharded state; its digest is the checkpoint's logical digest.
@@ -16,7 +18,6 @@ Each logical tensor is handed to DCP under its tensorcanon name (docs/FORMAT.md
 from __future__ import annotations
 
 import collections
-import io
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +48,6 @@ class LogicalEncoder(Encoder):
             return self._dtensor(value)
         if isinstance(value, torch.Tensor) and t is not torch.Tensor and t is not torch.nn.Parameter:
             raise self.unsupported(subclass_refusal(t))
-        if t is io.BytesIO:
-            raise self.unsupported("io.BytesIO values (DCP's byte items) are not supported by tensorcanon.dcp "
-                                   "yet; save their bytes instead (buf.getvalue())")
         if t is PerRank:
             raise self.unsupported(
                 "a PerRank value must be the value of a dict key (per-rank state is kept out of the "

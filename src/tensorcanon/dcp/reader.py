@@ -132,8 +132,11 @@ class Reader(StorageReader):
         with RankFiles(index, self.limits) as files:
             for req, ref in values:
                 node = node_at(index, ref.path, self.limits)
-                value = decode_subtree(node, len(index.logical.tensors), self.limits,
-                                       lambda t: read_tensor(index, files, t))
+                try:
+                    value = decode_subtree(node, len(index.logical.tensors), self.limits,
+                                           lambda t: read_tensor(index, files, t))
+                except TensorCanonError as e:
+                    raise with_context(e, f"{req.storage_index.fqn!r}: ") from None
                 _compat.give_value(planner, req, value)
             for key in sorted(by_chunk):
                 reqs = by_chunk[key]

@@ -166,7 +166,8 @@ def _skeleton_difference(a: tuple[bytes, str], b: tuple[bytes, str], rank: int) 
         where, va, vb = _first_difference(ta["root"], tb["root"], ())
         if where is not None:
             at = paths.join(where)
-            return f"{head} at {at}: rank 0 has {_short(va)}, rank {rank} has {_short(vb)}{tail}", at
+            return (f"{head} at {at}: rank 0 has {_short(va)}, rank {rank} has {_short(vb)}{_first_byte(va, vb)}"
+                    f"{tail}"), at
         for row_a, row_b in zip(ta["tensors"], tb["tensors"], strict=False):  # lengths may differ
             if row_a != row_b:
                 return (f"{head}: tensor {row_a['name']!r} is {row_a['dtype']}{row_a['shape']} on rank 0 and "
@@ -204,8 +205,30 @@ def _key(node: Any) -> Any:
     return node if type(node) in (str, int, float, bool, bytes) or node is None else repr(node)
 
 
+def _byte_value(node: Any) -> bytes | None:
+    """The bytes of a bytes leaf or of a registered value stored as bytes (an io.BytesIO), else None."""
+    if type(node) is bytes:
+        return node
+    if type(node) is list and len(node) == 3 and node[0] == "obj" and type(node[2]) is bytes:
+        return node[2]
+    return None
+
+
 def _short(node: Any) -> str:
     if type(node) is list and node and node[0] == "tensor":
         return f"a tensor (index {node[1]})"
+    data = _byte_value(node)
+    if data is not None and len(data) > 32:  # a byte item (a pickled loss history, a loader's state)
+        what = f"an {node[1]}" if type(node) is list else "bytes"
+        return f"{what} of {len(data)} bytes ({data[:16]!r}...)"
     text = repr(node)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _first_byte(a: Any, b: Any) -> str:
+    """Where two byte values first differ (their short forms may not show it)."""
+    da, db = _byte_value(a), _byte_value(b)
+    if da is None or db is None or type(a) is not type(b):
+        return ""
+    at = next((i for i, (x, y) in enumerate(zip(da, db, strict=False)) if x != y), min(len(da), len(db)))
+    return f" (they first differ at byte {at})"
