@@ -114,3 +114,14 @@ def test_depth_beyond_python_recursion_is_a_clear_error_both_ways():
                  lambda: tensorcanon.verify(crafted, limits=deep_limits)):
         with pytest.raises(tensorcanon.FormatError, match="recursion limit"):
             read()
+
+
+def test_the_writer_refuses_a_header_readers_refuse():
+    """A value whose manifest outgrows max_header_bytes is refused when saved, not after: the writer
+    never writes a file its reader rejects."""
+    limits = tensorcanon.Limits(max_header_bytes=4096)
+    with pytest.raises(tensorcanon.LimitError, match="max_header_bytes=4096") as info:
+        tensorcanon.dumps({"blob": b"x" * 8192}, limits=limits)
+    assert info.value.limit == "max_header_bytes"
+    data = tensorcanon.dumps({"blob": b"x" * 1024}, limits=limits)
+    assert tensorcanon.loads(data, limits=limits) == {"blob": b"x" * 1024}

@@ -50,6 +50,7 @@ class Plan:
     data_size: int
     algorithm: str = digest.DEFAULT
     version: int = manifest.VERSION
+    max_header_bytes: int = DEFAULT.max_header_bytes  # what readers accept (checked when the header is built)
 
     _packed: manifest.Packed | None = None  # the manifest, packed once; only digests change
     _hashers: digest.Hashers | None = None
@@ -88,6 +89,14 @@ class Plan:
             shape = s.shape if dt.native else (*s.shape, dt.itemsize)
             members[s.name] = entry(s.name, dt.st, shape, b, b + s.nbytes)
         built = container.assemble(members, meta)
+        size = len(built) - container.LENGTH_SIZE
+        if size > self.max_header_bytes:  # the writer never writes a file its reader rejects
+            raise LimitError(
+                f"the file's header would be {size} bytes (its manifest holds the object tree: bytes and "
+                f"strings in the object count in full), more than max_header_bytes={self.max_header_bytes} "
+                "that readers accept; keep large byte strings in tensors (torch.frombuffer) or save with "
+                "limits=tensorcanon.Limits(max_header_bytes=...) and load with the same",
+                limit="max_header_bytes", path="$", saving=True)
         self._first = (built, meta)
         return built, raw
 
@@ -177,7 +186,7 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
             )
         starts.append(position)
         position += s.nbytes
-    return Plan(root, meta, enc.tensors, ordered, starts, position, algorithm, version)
+    return Plan(root, meta, enc.tensors, ordered, starts, position, algorithm, version, limits.max_header_bytes)
 
 
 def _chunks(src: TensorSource) -> Iterable[memoryview]:
