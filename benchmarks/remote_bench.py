@@ -19,10 +19,13 @@ Operations, on the same server and the same state (float32 tensors of 4 MiB):
 - tensorcanon.load from ``s3://…`` (parallel ranged reads, every byte verified);
 - tensorcanon.verify of ``s3://…`` (streamed, no local copy);
 - torch.load from ``s3fs.S3FileSystem.open(…, "rb")`` (weights_only=True);
-- tensorcanon.open + one tensor of the state.
+- tensorcanon.open + one tensor of the state;
+- tensorcanon.dcp.save / load of a checkpoint directory URL (one rank), against DCP's own
+  ``FsspecWriter`` / ``FsspecReader`` (torch.distributed.checkpoint, pickled metadata) on the
+  same server; loads fill a state of zeros in place (its memory is counted before the mark).
 
 The server is in-process Python (moto): absolute figures say more about moto than about
-S3; compare the rows with each other. DCP's FsspecWriter comes with the sharded part.
+S3; compare the rows with each other.
 """
 
 from __future__ import annotations
@@ -55,9 +58,18 @@ op, endpoint, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
 options = {"endpoint_url": endpoint, "key": "bench", "secret": "bench"}
 fs = s3fs.S3FileSystem(**options)
 g = torch.Generator().manual_seed(0)
-state = {f"layer{i:03d}": torch.randn(1024, 1024, generator=g) for i in range(mib // 4)}
+if op.endswith(" load") and "dcp" in op.lower():  # the target a load fills in place: zeros, counted before the mark
+    state = {f"layer{i:03d}": torch.zeros(1024, 1024) for i in range(mib // 4)}
+else:
+    state = {f"layer{i:03d}": torch.randn(1024, 1024, generator=g) for i in range(mib // 4)}
 nbytes = sum(t.numel() * 4 for t in state.values())
 fs.exists("bench/none")  # the S3 client is made (botocore's service model loaded) before the mark
+if op.startswith(("tensorcanon.dcp", "DCP")):
+    import warnings
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+    import tensorcanon.dcp as tcd
+    warnings.filterwarnings("ignore")
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 tc_url, pt_url = "s3://bench/state.safetensors", "s3://bench/state.pt"
 t = time.perf_counter()
@@ -79,6 +91,14 @@ elif op == "torch.load (s3fs file)":
     t = time.perf_counter()
     with fs.open(pt_url, "rb") as f:
         out = torch.load(f, weights_only=True)
+elif op == "tensorcanon.dcp.save":
+    tcd.save(state, "s3://bench/dcp-tensorcanon", storage_options=options)
+elif op == "DCP FsspecWriter save":
+    dcp.save(state, storage_writer=FsspecWriter("s3://bench/dcp-fsspec", **options))
+elif op == "tensorcanon.dcp.load":
+    tcd.load(state, "s3://bench/dcp-tensorcanon", storage_options=options)
+elif op == "DCP FsspecReader load":
+    dcp.load(state, storage_reader=FsspecReader("s3://bench/dcp-fsspec", **options))
 elif op == "tensorcanon.open + 1 tensor":
     with tensorcanon.open(tc_url, storage_options=options) as f:
         f['$["layer001"]']
@@ -89,7 +109,8 @@ print(json.dumps({"seconds": seconds, "bytes": nbytes, "peak_mib": (peak - befor
 """.replace("MiB", str(MiB))
 
 OPS = ["tensorcanon.save", "torch.save (s3fs file)", "tensorcanon.load", "torch.load (s3fs file)",
-       "tensorcanon.verify", "tensorcanon.open + 1 tensor"]
+       "tensorcanon.verify", "tensorcanon.open + 1 tensor",
+       "tensorcanon.dcp.save", "DCP FsspecWriter save", "tensorcanon.dcp.load", "DCP FsspecReader load"]
 
 
 def free_port() -> int:

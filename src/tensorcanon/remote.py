@@ -31,9 +31,9 @@ import contextlib
 import io
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, BinaryIO, TypeVar
 
 from . import storage, writer
 from .errors import FileAccessError, TensorCanonError, UsageError
@@ -47,6 +47,7 @@ READERS = 8            # ranged reads in flight at once
 PART = 8 << 20         # bytes per uploaded part (S3: 5 MiB at least, 10,000 parts at most)
 IN_FLIGHT = 4          # parts uploading at once
 MAX_PARTS = 10_000
+_T = TypeVar("_T")
 
 
 class RemoteFile(io.RawIOBase):
@@ -289,11 +290,31 @@ def part_size(total: int) -> int:
 def save(p: writer.Plan, loc: storage.Location) -> str:
     """Write the planned file to the object at ``loc``, atomically; its digest."""
     store, path = storage.open_store(loc.url, loc.options)
+    return save_plan(p, store, path)
+
+
+def save_plan(p: writer.Plan, store: storage.Store, path: str,
+              check: Callable[[str], object] | None = None) -> str:
+    """Write the planned file to object ``path`` of ``store`` atomically; its digest. ``check(digest)``
+    runs once every byte is written and before the object is committed: raising there keeps nothing."""
+    hold = len(p.header()[0])  # the header's size: fixed, since digests have a fixed size
+
+    def fill(f: BinaryIO) -> str:
+        result = writer.write(p, f)
+        if check is not None:
+            check(result)
+        return result
+
+    return write_object(store, path, fill, hold=hold, total=hold + p.data_size)
+
+
+def write_object(store: storage.Store, path: str, fill: Callable[[BinaryIO], _T], *, hold: int, total: int) -> _T:
+    """Write object ``path`` of ``store`` through ``fill(file)`` (appends; writing back only within the
+    first ``hold`` bytes), about ``total`` bytes: visible complete once ``fill`` returns, or never."""
     if store.multipart:
-        hold = len(p.header()[0])  # the header's size: fixed, since digests have a fixed size
-        target = ObjectWriter(store.upload(path), hold=hold, part_size=part_size(hold + p.data_size))
+        target = ObjectWriter(store.upload(path), hold=hold, part_size=part_size(total))
         try:
-            result = writer.write(p, target)  # type: ignore[arg-type]  # a binary file, as writer needs
+            result = fill(target)  # type: ignore[arg-type]  # a binary file, as writer needs
             target.commit()
         except BaseException as e:
             target.abort()
@@ -303,7 +324,7 @@ def save(p: writer.Plan, loc: storage.Location) -> str:
             raise
         return result
     with store.writer(path) as f:
-        return writer.write(p, f)
+        return fill(f)
 
 
 def _reader(loc: storage.Location) -> tuple[RemoteFile, Any]:

@@ -106,7 +106,8 @@ def _quiet(single_process: bool) -> Iterator[None]:
 
 
 def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: dist.ProcessGroup | None = None,
-         algorithm: str = _digest.DEFAULT, overwrite: bool = True, limits: Limits = DEFAULT) -> str:
+         algorithm: str = _digest.DEFAULT, overwrite: bool = True, limits: Limits = DEFAULT,
+         storage_options: dict | None = None) -> str:
     """Save a (sharded) state dict as a canonical checkpoint directory; return its logical digest.
 
     Collective: every rank of ``process_group`` calls it with its own state dict
@@ -118,6 +119,8 @@ def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: 
     excluded). Same world size and same state give byte-identical files.
     With ``overwrite=False``, a directory that already holds a checkpoint is refused
     (:class:`CheckpointExistsError`, on every rank, before any rank writes).
+    ``checkpoint_dir`` may be a directory URL of object storage (``s3://bucket/run/step100``),
+    reached with ``storage_options`` (docs/STORAGE.md); so may :func:`load`'s and :func:`async_save`'s.
 
     Example::
 
@@ -127,7 +130,7 @@ def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: 
     """
     single = not _distributed(process_group)
     writer = Writer(checkpoint_dir, process_group=process_group, algorithm=algorithm, overwrite=overwrite,
-                    limits=limits)
+                    limits=limits, storage_options=storage_options)
     with _quiet(single):
         md = _run(lambda: dcp.save(state_dict, storage_writer=writer, planner=SavePlanner(limits=limits),
                                    process_group=process_group, **_compat.dist_kwargs(dcp.save, single)),
@@ -138,7 +141,7 @@ def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: 
 def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
                process_group: dist.ProcessGroup | None = None, executor: str = "thread",
                algorithm: str = _digest.DEFAULT, overwrite: bool = True,
-               limits: Limits = DEFAULT) -> concurrent.futures.Future:
+               limits: Limits = DEFAULT, storage_options: dict | None = None) -> concurrent.futures.Future:
     """:func:`save` in the background (``dcp.async_save``); the future's result is the logical digest.
 
     The state is first copied to CPU memory (DCP's staging), so tensors may be
@@ -161,7 +164,7 @@ def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
         _compat.check_spawn_safe_main()
     single = not _distributed(process_group)
     writer = Writer(checkpoint_dir, process_group=process_group, algorithm=algorithm, overwrite=overwrite,
-                    limits=limits)
+                    limits=limits, storage_options=storage_options)
     with _quiet(single):
         started = _run(lambda: dcp.async_save(
             state_dict, storage_writer=writer, planner=SavePlanner(limits=limits), process_group=process_group,
@@ -184,7 +187,7 @@ def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
 
 def load(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
          process_group: dist.ProcessGroup | None = None, keep_per_rank_on_resize: bool = False,
-         allow_partial_load: bool = False, limits: Limits = DEFAULT) -> None:
+         allow_partial_load: bool = False, limits: Limits = DEFAULT, storage_options: dict | None = None) -> None:
     """Load a checkpoint into ``state_dict`` in place, verifying every chunk it reads.
 
     Collective, like ``dcp.load``: each rank passes its state dict, whose tensors
@@ -204,7 +207,7 @@ def load(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     """
     single = not _distributed(process_group)
-    reader = Reader(checkpoint_dir, limits=limits)
+    reader = Reader(checkpoint_dir, limits=limits, storage_options=storage_options)
     planner = LoadPlanner(process_group=process_group, keep_per_rank_on_resize=keep_per_rank_on_resize,
                           allow_partial_load=allow_partial_load, limits=limits)
     with _quiet(single):

@@ -60,17 +60,19 @@ class Reader(StorageReader):
                  planner=tensorcanon.dcp.LoadPlanner())
     """
 
-    def __init__(self, path: str | os.PathLike, *, limits: Limits = DEFAULT, **dcp_options: Any) -> None:
+    def __init__(self, path: str | os.PathLike, *, limits: Limits = DEFAULT, storage_options: dict | None = None,
+                 **dcp_options: Any) -> None:
         _compat.refuse_storage_options("Reader", dcp_options)
         super().__init__()
-        self.path = os.fspath(path)
+        self._storage_options = storage_options
+        self.path, self.options = layout.where(path, storage_options)  # options: None for a local directory
         self.limits = limits
         self.index: layout.Index | None = None
         self.storage: dict = {}
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
-            self.path = os.fspath(checkpoint_id)
+            self.path, self.options = layout.where(checkpoint_id, self._storage_options)
         self.index, self.storage = None, {}
 
     @classmethod
@@ -83,7 +85,7 @@ class Reader(StorageReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         try:
-            index = layout.read(self.path, self.limits)
+            index = layout.read(self.path, self.limits, self.options)
         except TensorCanonError as e:
             return Metadata({}, planner_data=FailedIndex(e))
         md, storage, info = dcp_view(index, self.limits)
@@ -138,7 +140,7 @@ class Reader(StorageReader):
                 except TensorCanonError as e:
                     raise with_context(e, f"{req.storage_index.fqn!r}: ") from None
                 _compat.give_value(planner, req, value)
-            for key in sorted(by_chunk):
+            for key in sorted(by_chunk, key=lambda k: (k[0], _offset(files, index, by_chunk[k][0]))):
                 reqs = by_chunk[key]
                 _, t, c = reqs[0]
                 what = functools.partial(index.describe, t, c)
@@ -161,6 +163,16 @@ class Reader(StorageReader):
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+
+def _offset(files: RankFiles, index: layout.Index, req: tuple) -> int:
+    """Where a chunk starts in its rank file: chunks are read in file order (a rank file in object
+    storage is read ahead sequentially). -1 where it cannot be found: read_data then says why."""
+    _, t, c = req
+    try:
+        return chunk_info(files, index, t, c)[1].begin
+    except TensorCanonError:
+        return -1
 
 
 def _copy(target: torch.Tensor, source: torch.Tensor) -> None:

@@ -20,11 +20,17 @@ What each step of ``dcp.save`` does here:
    index references any more (an older save's, a bigger world's).
 
 The checkpoint directory must be visible to every rank (a shared file system),
-as it must be for loading with another world size.
+as it must be for loading with another world size. It may also be a directory URL
+of object storage (``s3://bucket/run/step100``, with ``storage_options``;
+docs/STORAGE.md): each rank file is then hashed first (its name is its digest)
+and written as one object (one PUT, or one multipart upload completed last and
+aborted on error), the index last as one object, and the cleanup deletes the
+rank-file objects the new index does not name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -40,7 +46,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner as _DCPSa
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from .. import digest as _digest, tensorbytes, writer
+from .. import digest as _digest, storage, tensorbytes, writer
 from ..errors import FileAccessError, TensorCanonError, UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded import layout, tiling
@@ -104,11 +110,12 @@ class Writer(StorageWriter):
 
     def __init__(self, path: str | os.PathLike, *, process_group: dist.ProcessGroup | None = None,
                  algorithm: str = _digest.DEFAULT, overwrite: bool = True, limits: Limits = DEFAULT,
-                 **dcp_options: Any) -> None:
+                 storage_options: dict | None = None, **dcp_options: Any) -> None:
         _compat.refuse_storage_options("Writer", dcp_options)
         super().__init__()
         _compat.check_process_group(process_group)  # before any collective, also for a direct dcp.save
-        self.path = os.fspath(path)
+        self._storage_options = storage_options
+        self.path, self.options = layout.where(path, storage_options)  # options: None for a local directory
         self.process_group = process_group
         self.algorithm = _digest.check(algorithm)
         self.overwrite = overwrite
@@ -119,7 +126,7 @@ class Writer(StorageWriter):
     # -------------------------------------------------------------- set-up
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
-            self.path = os.fspath(checkpoint_id)
+            self.path, self.options = layout.where(checkpoint_id, self._storage_options)
         self._planner = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -172,16 +179,19 @@ class Writer(StorageWriter):
         if not isinstance(plan.planner_data, LocalInfo):
             raise UsageError("tensorcanon.dcp.Writer needs tensorcanon.dcp.SavePlanner (pass "
                              "planner=tensorcanon.dcp.SavePlanner() to dcp.save)")
-        os.makedirs(self.path, exist_ok=True)
+        if self.options is None:  # (an object store has no directories)
+            os.makedirs(self.path, exist_ok=True)
         return dataclasses.replace(plan, storage_data=self.algorithm)
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         # One look, by the coordinator, before any rank writes: every rank gets its answer.
-        if not self.overwrite and os.path.exists(layout.index_path(self.path)):
+        if not self.overwrite and (os.path.exists(layout.index_path(self.path)) if self.options is None
+                                   else layout.is_checkpoint(self.path, self.options)):
             raise CheckpointExistsError(
-                f"{self.path} already holds a checkpoint (its {layout.INDEX_NAME}) and overwrite=False: save "
-                "into another directory, remove that checkpoint first, or pass overwrite=True (the new "
-                "checkpoint then replaces it: old or new, never a mix)", filename=self.path, errno=errno.EEXIST)
+                f"{storage.redact(self.path)} already holds a checkpoint (its {layout.INDEX_NAME}) and "
+                "overwrite=False: save into another directory, remove that checkpoint first, or pass "
+                "overwrite=True (the new checkpoint then replaces it: old or new, never a mix)",
+                filename=storage.redact(self.path), errno=errno.EEXIST)
         algorithms = sorted({p.storage_data for p in plans}, key=str)
         if len(algorithms) != 1:
             raise UsageError(f"ranks use different digest algorithms {algorithms}; give every rank's "
@@ -212,8 +222,9 @@ class Writer(StorageWriter):
             per_rank = planner.planned().per_rank
             for (_, value), key in zip(per_rank, layout.per_rank_keys([p for p, _ in per_rank]), strict=True):
                 obj[key] = value
+            remote = () if self.options is None else (self.options,)  # (a local save: the same call as ever)
             file_digest, chunk_digests = write_rank_file(self.path, job.rank, job.world_size, obj,
-                                                         job.algorithm, self.limits)
+                                                         job.algorithm, self.limits, *remote)
             for item in plan.items:
                 offsets = tuple(item.index.offset or ())
                 key = layout.chunk_key(item.index.fqn, offsets)
@@ -239,7 +250,7 @@ class Writer(StorageWriter):
         assert file_digest is not None and isinstance(planner, SavePlanner)
         tensor_digests = {}
         if job.tasks:
-            tensor_digests = run_hash_tasks(self.path, job, planner, own, file_digests, self.limits)
+            tensor_digests = run_hash_tasks(self.path, job, planner, own, file_digests, self.limits, self.options)
         results.append(WriteResult(MetadataIndex(OUTCOME_FQN, [job.rank]), 0,
                                    RankOutcome(job.rank, file_digest, tensor_digests)))
         fut: Future = Future()
@@ -290,8 +301,17 @@ class Writer(StorageWriter):
         logical_raw = plan.manifest_bytes()
         file_list = [files[r] for r in range(world)]
         index_obj = layout.build(logical_raw, file_list, table_chunks, [p for p, _ in logical.per_rank])
-        writer.write_atomic(writer.plan(index_obj, None, self.limits, algorithm), layout.index_path(self.path))
-        remove_unreferenced(self.path, {layout.rank_file_name(r, world, d) for r, d in enumerate(file_list)})
+        index_plan = writer.plan(index_obj, None, self.limits, algorithm)
+        keep = {layout.rank_file_name(r, world, d) for r, d in enumerate(file_list)}
+        if self.options is None:
+            writer.write_atomic(index_plan, layout.index_path(self.path))
+            remove_unreferenced(self.path, keep)
+        else:  # one object, after every rank file: the commit marker; then the cleanup (FORMAT.md §14.7)
+            from .. import remote
+
+            store, prefix = layout.open_store(self.path, self.options)
+            remote.save_plan(index_plan, store, layout.join(prefix, layout.INDEX_NAME))
+            remove_unreferenced_objects(store, prefix, keep)
         metadata.storage_data = {LOGICAL_DIGEST: plan.file_digest(logical_raw)}
         metadata.planner_data = None
         metadata.storage_meta = None
@@ -325,17 +345,34 @@ def assign_hashing(plans: list[SavePlan], algorithm: str) -> list[RankJob]:
 
 
 def write_rank_file(folder: str, rank: int, world: int, obj: dict, algorithm: str,
-                    limits: Limits) -> tuple[str, dict[str, bytes]]:
+                    limits: Limits, options: dict | None = None) -> tuple[str, dict[str, bytes]]:
     """Write one rank's file; return its digest and each top-level tensor's digest by key.
 
     Written whole under a temporary name, then renamed to its content name (one rename, one
     folder fsync: writer.replace_atomically), so a crash never leaves a partial file under a
-    name an index could use.
+    name an index could use. In object storage (``options`` given), where nothing can be
+    renamed, every tensor is hashed first to name the file, then the file is written under
+    that name as one object (remote.save_plan: it appears complete or not at all), checked
+    to have that digest before it is committed.
     """
     p = writer.plan(obj, None, limits, algorithm)
-    file_digest = writer.replace_atomically(
-        os.path.join(folder, f".rank-{rank:05d}-of-{world:05d}"),  # names the temp file only (_RANK_TEMP)
-        lambda f, tmp: writer.write(p, f), named=lambda digest: layout.rank_file_name(rank, world, digest))
+    if options is not None:
+        from .. import remote
+
+        named = writer.fingerprint(p)
+        store, prefix = layout.open_store(folder, options)
+
+        def same(written: str) -> None:
+            if written != named:
+                raise TensorCanonError(f"rank {rank}'s state changed while it was being saved; save again "
+                                       "when no other thread modifies it")
+
+        file_digest = remote.save_plan(p, store, layout.join(prefix, layout.rank_file_name(rank, world, named)),
+                                       same)
+    else:
+        file_digest = writer.replace_atomically(
+            os.path.join(folder, f".rank-{rank:05d}-of-{world:05d}"),  # names the temp file only (_RANK_TEMP)
+            lambda f, tmp: writer.write(p, f), named=lambda digest: layout.rank_file_name(rank, world, digest))
     digests = {}
     root = p.root  # ["dict", key, node, key, node, ...]
     for i in range(1, len(root) - 1, 2):
@@ -346,7 +383,7 @@ def write_rank_file(folder: str, rank: int, world: int, obj: dict, algorithm: st
 
 
 def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, digests: list,
-                   limits: Limits) -> dict[str, bytes]:
+                   limits: Limits, options: dict | None = None) -> dict[str, bytes]:
     """Digest each assigned tensor: its bytes in C order across its chunks, read once."""
     by_name = {s.name: s for s in planner.planned().plan.tensors}
     opened: dict[int, RankFile] = {}
@@ -362,8 +399,8 @@ def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, d
                     continue
                 f = opened.get(rank)
                 if f is None:
-                    path = os.path.join(folder, layout.rank_file_name(rank, job.world_size, digests[rank]))
-                    f = opened[rank] = RankFile.open(path, digests[rank], limits)
+                    path = layout.join(folder, layout.rank_file_name(rank, job.world_size, digests[rank]))
+                    f = opened[rank] = RankFile.open(path, digests[rank], limits, options)
                 key = layout.chunk_key(task.name, offsets)
                 views.append(f.raw(f.info(key, functools.partial("chunk {!r}".format, key))))
             h = _digest.tensor_hasher(src.dtype.name, src.shape, job.algorithm)
@@ -391,6 +428,21 @@ def remove_unreferenced(folder: str, keep: set[str]) -> list[str]:
         return m is not None and writer.stale_temp(name, m.group(0))
 
     return writer.remove_files(folder, unwanted)
+
+
+def remove_unreferenced_objects(store: storage.Store, prefix: str, keep: set[str]) -> list[str]:
+    """:func:`remove_unreferenced` for a checkpoint in object storage (no temp objects exist there:
+    a rank file appears complete or not at all). Best effort, as locally."""
+    removed: list[str] = []
+    with contextlib.suppress(TensorCanonError):
+        found = store.find(prefix)
+        for path in found:
+            parent, _, name = path.rpartition("/")
+            if parent == prefix and layout.RANK_FILE_RE.fullmatch(name) and name not in keep:
+                with contextlib.suppress(TensorCanonError):
+                    store.delete(path)
+                    removed.append(name)
+    return removed
 
 
 __all__ = ["Writer", "CheckpointExistsError", "LOGICAL_DIGEST", "TensorCanonError"]

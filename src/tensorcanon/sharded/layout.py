@@ -43,7 +43,7 @@ from typing import Any
 
 import msgpack
 
-from .. import container, digest as _digest, manifest, paths as _paths
+from .. import container, digest as _digest, manifest, paths as _paths, storage
 from ..errors import FormatError, LimitError, TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..ordering import UnorderableKey, sort_key
@@ -57,10 +57,6 @@ INDEX_NAME = "index.safetensors"
 #: Upper bound on the world size an index may declare (a hostile index cannot make
 #: a reader allocate per-rank state for more ranks than this).
 MAX_WORLD_SIZE = 1 << 20
-#: Upper bound on a logical tensor's size in bytes (and so its element count): what a 64-bit
-#: signed size holds, as torch's sizes and file offsets are. A reader still allocates a tensor
-#: only once its chunks' rows, whose sizes each rank file's own size bounds, have been found.
-MAX_TENSOR_BYTES = 2**63 - 1
 _INDEX_KEYS = ["chunks", "files", "format", "layout", "logical", "per_rank"]
 RANK_FILE_RE = re.compile(r"rank-(\d{5,})-of-(\d{5,})\.([0-9a-f]{32}|[0-9a-f]{64})\.safetensors\Z")
 PER_RANK_SUFFIX = "@rank"
@@ -115,6 +111,7 @@ class Index:
     chunks: list[list[Chunk]]         # per logical tensor, in table order
     per_rank: list[tuple]             # paths of per-rank values in the state
     per_rank_keys: list[str]
+    options: dict | None = None       # a checkpoint in object storage: its storage_options (else None)
 
     @property
     def world_size(self) -> int:
@@ -129,7 +126,7 @@ class Index:
         return self.logical.text()
 
     def file_path(self, rank: int) -> str:
-        return os.path.join(self.folder, rank_file_name(rank, self.world_size, self.files[rank]))
+        return join(self.folder, rank_file_name(rank, self.world_size, self.files[rank]))
 
     def key(self, tensor: int, chunk: Chunk) -> str:
         return chunk_key(self.logical.tensors[tensor].name, chunk.offsets)
@@ -168,13 +165,48 @@ def _chunk_order(c: Chunk) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (c.offsets, c.sizes)
 
 
+def join(folder: str, name: str) -> str:
+    """The path (or URL, for a checkpoint in object storage) of file ``name`` of ``folder``."""
+    return f"{folder.rstrip('/')}/{name}" if storage.is_url(folder) else os.path.join(folder, name)
+
+
 def index_path(folder: str | os.PathLike) -> str:
-    return os.path.join(os.fspath(folder), INDEX_NAME)
+    return join(os.fspath(folder), INDEX_NAME)
 
 
-def is_checkpoint(folder: str | os.PathLike) -> bool:
-    """True if ``folder`` is a directory that holds an index (it may still be damaged)."""
-    return os.path.isdir(folder) and os.path.isfile(index_path(folder))
+def where(folder: Any, storage_options: Any = None) -> tuple[str, dict | None]:
+    """``(folder, storage options)``: a local directory's path and None (a ``file://`` URL is a
+    path), or a directory URL of object storage (``s3://bucket/run/step100``, without a trailing
+    ``/``) and its ``storage_options`` (docs/STORAGE.md). Options with a local path are refused."""
+    if not isinstance(folder, storage.Location):
+        folder = os.fspath(folder)
+    found = storage.resolve(folder, storage_options)
+    if isinstance(found, storage.Location):
+        return found.url.rstrip("/"), dict(found.options or {})
+    return os.fspath(found), None
+
+
+def is_remote(folder: Any) -> bool:
+    """True for a directory URL of object storage (not a path, nor a ``file://`` URL)."""
+    if isinstance(folder, storage.Location):
+        return True
+    text = folder if isinstance(folder, str) else None
+    return text is not None and storage.is_url(text) and storage.local_path(text) is None
+
+
+def open_store(folder: str, options: dict) -> tuple[storage.Store, str]:
+    """The store holding a checkpoint directory URL, and the directory's path in it."""
+    store, path = storage.open_store(folder, options)
+    return store, path.rstrip("/")
+
+
+def is_checkpoint(folder: Any, storage_options: Any = None) -> bool:
+    """True if ``folder`` is a directory (or a directory URL) that holds an index (it may still be damaged)."""
+    folder, options = where(folder, storage_options)
+    if options is None:
+        return os.path.isdir(folder) and os.path.isfile(index_path(folder))
+    store, path = open_store(folder, options)
+    return store.exists(join(path, INDEX_NAME))
 
 
 def missing(folder: str) -> TensorCanonError:
@@ -194,28 +226,46 @@ def missing(folder: str) -> TensorCanonError:
     )
 
 
-def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
+def missing_remote(folder: str) -> TensorCanonError:
+    """The error for a directory URL that holds no index (an unfinished save, or none)."""
+    shown = storage.redact(folder)
+    return CheckpointNotFoundError(
+        f"{shown!r} holds no {INDEX_NAME}, so it is not a complete tensorcanon checkpoint: the index is "
+        "written last, after every rank file, so an interrupted save leaves none", filename=index_path(shown))
+
+
+def read(folder: Any, limits: Limits = DEFAULT, storage_options: Any = None) -> Index:
     """Read and validate a checkpoint's index; raise a tensorcanon error naming what is wrong.
 
     Validates the index file like any tensorcanon file, then every field: the
     logical manifest (canonical, with a well-formed tree; each tensor at most
-    ``limits.max_ndim`` dimensions and :data:`MAX_TENSOR_BYTES` bytes), one digest
+    ``limits.max_ndim`` dimensions and, as every table row, less than 2^63 bytes), one digest
     per rank in the logical manifest's algorithm, chunks that tile each tensor
     exactly, per-rank paths outside the logical state (:func:`_check_per_rank`),
-    and canonical order everywhere. Rank files are not opened here.
+    and canonical order everywhere. Rank files are not opened here. A directory URL of object
+    storage (with ``storage_options``) is read through ranged reads, and refused the same way
+    without its index.
     """
-    folder = os.fspath(folder)
+    folder, options = where(folder, storage_options)
     path = index_path(folder)
-    if not os.path.isfile(path):
-        raise missing(folder)
+    source: Any = path
+    if options is None:
+        if not os.path.isfile(path):
+            raise missing(folder)
+    else:
+        store, prefix = open_store(folder, options)
+        if not store.exists(join(prefix, INDEX_NAME)):
+            raise missing_remote(folder)
+        source = storage.Location(path, options, sequential=False)
+    shown = storage.redact(path)
     try:
-        root, own_digest, own_algorithm = files.read_index_file(path, limits)
+        root, own_digest, own_algorithm = files.read_index_file(source, limits)
     except TensorCanonError as e:
-        raise files.with_context(e, f"index {path}: ") from None
-    where = f"index {path}"
+        raise files.with_context(e, f"index {shown}: ") from None
+    where_ = f"index {shown}"
 
     def bad(message: str) -> FormatError:
-        return FormatError(f"{where}: {message}")
+        return FormatError(f"{where_}: {message}")
 
     if type(root) is not dict or sorted(root) != _INDEX_KEYS or not all(type(k) is str for k in root):
         raise bad(f"must be a dict with exactly the keys {_INDEX_KEYS}")
@@ -240,7 +290,7 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
                                     version=obj["version"])
         _check_tree(logical, limits)  # the tree's structure, the table's order and names
     except TensorCanonError as e:
-        raise files.with_context(e, f"{where}: logical manifest: ") from None
+        raise files.with_context(e, f"{where_}: logical manifest: ") from None
     if own_algorithm != algorithm:
         raise bad(f"the index file uses {own_algorithm} digests but its logical manifest uses {algorithm}")
 
@@ -257,7 +307,7 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
         raise bad(f"'chunks' must hold one list per logical tensor ({len(infos)})")
     chunks: list[list[Chunk]] = []
     for info, entries in zip(infos, table, strict=True):
-        what = f"{where}: tensor {info.name!r}"
+        what = f"{where_}: tensor {info.name!r}"
         if type(entries) is not list or not entries:
             raise FormatError(f"{what}: its chunk list must be a non-empty list")
         out = []
@@ -283,7 +333,8 @@ def read(folder: str | os.PathLike, limits: Limits = DEFAULT) -> Index:
     if any(not a < b for a, b in itertools.pairwise(keys)):
         raise bad("'per_rank' paths are not in canonical order (or repeat)")
     _check_per_rank(logical.root, paths, limits, bad)
-    return Index(folder, own_digest, list(digests), logical, chunks, list(paths), per_rank_keys(list(paths)))
+    return Index(folder, own_digest, list(digests), logical, chunks, list(paths), per_rank_keys(list(paths)),
+                 options)
 
 
 def place(infos: list[manifest.TensorInfo]) -> int:
@@ -308,16 +359,12 @@ def _check_tree(m: manifest.Manifest, limits: Limits) -> None:
 
 
 def _check_shape(info: manifest.TensorInfo, limits: Limits) -> None:
-    """A logical tensor's claimed shape: at most ``limits.max_ndim`` dimensions (as a file's header
-    must have) and at most :data:`MAX_TENSOR_BYTES` bytes. Checked before anything uses the shape."""
-    where = f"tensor {info.name!r}"
+    """A logical tensor's claimed rank: at most ``limits.max_ndim`` dimensions, as a file's header
+    must have (its size is bounded where every table row's is: container.too_large, in
+    manifest.read_table). Checked before anything uses the shape."""
     if len(info.shape) > limits.max_ndim:
-        raise LimitError(f"{where} has {len(info.shape)} dimensions, over max_ndim={limits.max_ndim}",
+        raise LimitError(f"tensor {info.name!r} has {len(info.shape)} dimensions, over max_ndim={limits.max_ndim}",
                          limit="max_ndim")
-    nbytes = math.prod(info.shape) * info.dtype.itemsize  # Python ints: no overflow
-    if nbytes > MAX_TENSOR_BYTES:
-        raise FormatError(f"{where} claims shape {_paths.show(list(info.shape))} of {info.dtype.name}: "
-                          f"{nbytes} bytes, more than any tensor can hold (2**63 - 1 bytes)")
 
 
 def _check_per_rank(root: Any, per_rank: list[tuple], limits: Limits, bad: Callable[[str], FormatError]) -> None:

@@ -12,6 +12,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .. import paths
+from ..errors import TensorCanonError
 from ..limits import DEFAULT, Limits
 from . import layout, read
 
@@ -22,8 +23,14 @@ if TYPE_CHECKING:
 FORMAT_NAME = "tensorcanon-sharded"
 
 
-def is_checkpoint(path: str | os.PathLike) -> bool:
-    """True for a directory that holds an index (complete or damaged: reading it will tell)."""
+def is_checkpoint(path: Any) -> bool:
+    """True for a directory that holds an index (complete or damaged: reading it will tell); also
+    for a directory URL of object storage (a storage.Location, with its options) that holds one."""
+    if layout.is_remote(path):
+        try:
+            return layout.is_checkpoint(path)
+        except TensorCanonError:  # a URL the store refuses to look up: not a checkpoint it can read
+            return False
     return layout.is_checkpoint(path)
 
 
@@ -31,14 +38,14 @@ def is_directory(path: str | os.PathLike) -> bool:
     return os.path.isdir(path)
 
 
-def content_digest(path: str | os.PathLike, *, verify: bool = True, limits: Limits = DEFAULT) -> str:
+def content_digest(path: Any, *, verify: bool = True, limits: Limits = DEFAULT) -> str:
     """The logical digest: recomputed from every byte (``verify``) or read from the index."""
     if verify:
         return read.verify(path, limits=limits)
     return read.logical_digest(path, limits=limits)
 
 
-def consolidated_size(path: str | os.PathLike, limits: Limits = DEFAULT) -> int:
+def consolidated_size(path: Any, limits: Limits = DEFAULT) -> int:
     """The size in bytes of the file ``consolidate`` writes: the checkpoint's size as one file,
     the same for every world size (lockfiles record it)."""
     header, data_size = layout.read(path, limits).consolidated_header()
@@ -54,7 +61,7 @@ def loaded(path: str | os.PathLike, limits: Limits = DEFAULT) -> Loaded:
                   algorithm=layout.read(path, limits).algorithm)
 
 
-def describe(path: str | os.PathLike, limits: Limits = DEFAULT) -> dict[str, Any]:
+def describe(path: Any, limits: Limits = DEFAULT) -> dict[str, Any]:
     """What ``tensorcanon inspect DIR`` shows: the logical tree and table, and the layout."""
     index = layout.read(path, limits)
     return {
@@ -68,9 +75,17 @@ def describe(path: str | os.PathLike, limits: Limits = DEFAULT) -> dict[str, Any
         "chunks": {info.name: [{"rank": c.rank, "offsets": list(c.offsets), "sizes": list(c.sizes)}
                                for c in index.chunks[t]] for t, info in enumerate(index.logical.tensors)},
         "per_rank": [paths.join(p) for p in index.per_rank],  # (repr fails on an int of 4,300+ digits)
-        "size": sum(os.path.getsize(os.path.join(index.folder, n)) for n in
-                    [layout.INDEX_NAME] + [os.path.basename(index.file_path(r)) for r in range(index.world_size)]),
+        "size": _size(index),
     }
+
+
+def _size(index: layout.Index) -> int:
+    """The bytes of a checkpoint's files: its index and its rank files."""
+    names = [layout.INDEX_NAME] + [os.path.basename(index.file_path(r)) for r in range(index.world_size)]
+    if index.options is None:
+        return sum(os.path.getsize(os.path.join(index.folder, n)) for n in names)
+    store, prefix = layout.open_store(index.folder, index.options)
+    return sum(store.size(layout.join(prefix, n)) for n in names)
 
 
 def checkpoints_under(folder: str | os.PathLike[str]) -> list[str]:
