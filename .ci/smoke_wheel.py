@@ -1,12 +1,18 @@
 """Smoke test of an installed tensorcanon wheel, run by .ci/run from a folder outside the
-source tree, in a fresh venv holding only the wheel, its dependencies and pytest.
+source tree, in a fresh venv: first with the light install (the wheel and its dependencies, no
+torch), then with the torch extra and pytest added.
 
-    python smoke_wheel.py SOURCE_ROOT
+    python smoke_wheel.py SOURCE_ROOT --light     # the light install: no torch in the venv
+    python smoke_wheel.py SOURCE_ROOT             # with the torch extra and pytest
 
 Checks what only the built distribution can get wrong: that the package imports from
 site-packages (not the source tree), that its metadata and ``__version__`` agree, that
 ``py.typed`` is shipped, that the console script, ``python -m tensorcanon`` and the pytest
-plugin entry point work, and that a save/load/verify round trip does.
+plugin entry point work, and that a save/load/verify round trip does. The light run checks that
+torch is not installed, that verify, check, hash, inspect, lock and every --help work on
+committed files (golden files with dtypes only newer torch knows, a plain safetensors file, an
+.npz, a sharded checkpoint) with the digests the source tree records, without importing torch,
+and that a command needing torch says in one line what to install.
 """
 
 from __future__ import annotations
@@ -30,10 +36,65 @@ def run(*argv: str, cwd: str, expect: int = 0) -> str:
     return proc.stdout
 
 
+LIGHT_COMMANDS = ("hash", "verify", "inspect", "diff", "lock", "check", "convert", "consolidate", "repro")
+
+
+def light(src: pathlib.Path) -> None:
+    """The light install: no torch, and the commands that read files work without it."""
+    import importlib.util
+    import json
+
+    assert importlib.util.find_spec("torch") is None, "torch is installed in the light venv"
+    import tensorcanon
+    from tensorcanon import lockfile
+
+    where = pathlib.Path(tensorcanon.__file__).resolve()
+    assert "site-packages" in where.parts and src not in where.parents, f"imported from {where}"
+    assert md.version("tensorcanon") == tensorcanon.__version__
+    requires = md.requires("tensorcanon") or []
+    core = [r for r in requires if "extra ==" not in r]
+    assert not any(r.startswith(("torch", "safetensors")) for r in core), core
+    golden = src / "tests" / "golden"
+    digests = json.loads((golden / "digests.json").read_text())["digests"]
+    names = ["dtypes_u8", "dtypes_native", "torch_values", "random_state", "state_dict"]
+    script = shutil.which("tensorcanon")
+    assert script and pathlib.Path(script).parent == pathlib.Path(sys.executable).parent, script
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in names:
+            shutil.copy(golden / f"{n}.safetensors", tmp)
+        shutil.copytree(golden / "sharded" / "two_ranks", pathlib.Path(tmp, "ckpt"))
+        for n in ("plain.safetensors", "arrays.npz"):
+            shutil.copy(src / "tests" / "cli" / "inputs" / n, tmp)
+        files = [f"{n}.safetensors" for n in names]
+        out = run(script, "verify", *files, "ckpt", cwd=tmp)
+        for n in names:
+            assert f"{n}.safetensors  {digests[n]}" in out, (n, out)
+        assert tensorcanon.verify(pathlib.Path(tmp, "dtypes_u8.safetensors")) == digests["dtypes_u8"]
+        run(script, "hash", *files, "plain.safetensors", "arrays.npz", "ckpt", cwd=tmp)
+        for target in ("dtypes_u8.safetensors", "torch_values.safetensors", "plain.safetensors", "ckpt"):
+            run(script, "inspect", target, cwd=tmp)
+        run(script, "lock", ".", "-o", "tensors.lock", cwd=tmp)
+        out = run(script, "check", "tensors.lock", cwd=tmp)
+        assert out.rstrip().endswith(f"all {len(files) + 3} files match"), out
+        assert all(r.ok for r in lockfile.check_lock(pathlib.Path(tmp, "tensors.lock")))
+        run(sys.executable, "-m", "tensorcanon", "--help", cwd=tmp)
+        for command in LIGHT_COMMANDS:
+            run(script, command, "--help", cwd=tmp)
+        assert "torch" not in sys.modules, "tensorcanon.verify or lockfile imported torch"
+        proc = subprocess.run([script, "diff", "plain.safetensors", "arrays.npz"], cwd=tmp,
+                              capture_output=True, text=True)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and "tensorcanon[torch]" in lines[0], proc.stderr
+    print(f"light wheel smoke test passed (no torch): tensorcanon {tensorcanon.__version__} from {where.parent}")
+
+
 def main(source_root: str) -> None:
     src = pathlib.Path(source_root).resolve()
     here = pathlib.Path.cwd().resolve()
     assert src not in here.parents and here != src, f"run this from outside {src}"
+    if "--light" in sys.argv[2:]:
+        light(src)
+        return
 
     import torch
 

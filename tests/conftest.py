@@ -33,7 +33,8 @@ def pytest_sessionfinish(session, exitstatus):
 # `pytest -m "not slow"` runs the fast, in-process one.
 _SLOW_FILES = ("tests/integrations/", "tests/dcp/test_spawned.py", "tests/dcp/test_docs_examples.py",
                "tests/dcp/test_bench_smoke.py", "tests/dcp/test_fsdp.py", "tests/test_benchmarks_smoke.py",
-               "tests/test_demo.py", "tests/test_processes.py", "tests/test_crash.py", "tests/test_remote_s3.py")
+               "tests/test_demo.py", "tests/test_processes.py", "tests/test_crash.py", "tests/test_remote_s3.py",
+               "tests/dcp/test_remote_dcp.py", "tests/test_light.py")
 _SLOW_NAMES = ("fresh_process", "across_processes", "in_a_subprocess", "in_fresh_processes")
 
 
@@ -43,6 +44,28 @@ def pytest_collection_modifyitems(config, items):
         where = os.path.relpath(str(item.path), root).replace(os.sep, "/")
         if where.startswith(_SLOW_FILES) or any(n in item.name for n in _SLOW_NAMES):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One moto S3 server on 127.0.0.1 for the session, and a fault-injecting proxy in front of it:
+    ``(server port, s3_support.Proxy)``, with the bucket s3_support.BUCKET made."""
+    import logging
+
+    import s3fs
+    from moto.server import ThreadedMotoServer
+    from s3_support import BUCKET, SECRET, Proxy, free_port
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    proxy = Proxy(port)
+    options = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "testing", "secret": SECRET}
+    s3fs.S3FileSystem(**options).call_s3("create_bucket", Bucket=BUCKET)
+    yield port, proxy
+    proxy.server.shutdown()
+    server.stop()
 
 
 @pytest.fixture

@@ -11,29 +11,34 @@ Example::
     assert tensorcanon.verify("ckpt.safetensors") == digest
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .api import dumps, fingerprint, load, loads, read_metadata, save, verify
 from .codecs import register_all as register_builtin_codecs
-from .data import ResumableSampler, SamplerStateError, seed_worker
-from .determinism import DeterminismSettings, seed_everything
-from .diff import DiffResult, diff
+from .determinism import DeterminismSettings, seed_everything  # (registers DeterminismSettings)
+from .diff import DiffResult, diff  # (before anything imports the module tensorcanon.diff, which this name hides)
 from .errors import (
     DeviceUnavailableError,
     FileAccessError,
     FormatError,
     IntegrityError,
     LimitError,
+    MissingDependencyError,
     MissingFileError,
     TensorCanonError,
     UnsupportedAlgorithmError,
     UnsupportedTypeError,
     UsageError,
 )
-from .lazy import LazyFile, open
 from .limits import Limits
 from .manifest import VERSION as FORMAT_VERSION
 from .registry import register, unregister
 from .rng import RngRestoreError, RngState  # importing rng registers the generator tags
-from .seeded import SeededCollator, SeededDataset
+
+if TYPE_CHECKING:
+    from .data import ResumableSampler, SamplerStateError, seed_worker
+    from .lazy import LazyFile, open
+    from .seeded import SeededCollator, SeededDataset
 
 __version__ = "0.1.0"
 
@@ -44,7 +49,35 @@ __all__ = [
     "register", "unregister", "register_builtin_codecs", "Limits", "FORMAT_VERSION",
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
     "UnsupportedTypeError", "DeviceUnavailableError", "UnsupportedAlgorithmError", "UsageError",
-    "FileAccessError", "MissingFileError",
+    "FileAccessError", "MissingFileError", "MissingDependencyError",
     "RngState", "RngRestoreError", "seed_everything", "DeterminismSettings",
     "seed_worker", "ResumableSampler", "SamplerStateError", "SeededDataset", "SeededCollator",
 ]
+
+# Imported on first use, so that ``import tensorcanon`` (and the commands that only read files)
+# never import torch: the data-loading classes subclass torch's; open is only needed when used.
+# Name -> the module that defines it.
+_LAZY = {
+    "ResumableSampler": "data", "SamplerStateError": "data", "seed_worker": "data",
+    "SeededDataset": "seeded", "SeededCollator": "seeded",
+    "open": "lazy", "LazyFile": "lazy",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    if module in ("data", "seeded"):  # they subclass torch's classes: without torch, say what to install
+        from . import optional
+
+        optional.load()
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups find it directly
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

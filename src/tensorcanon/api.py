@@ -199,9 +199,12 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
 
 def read_metadata(f: PathOrFile | bytes, *, limits: Limits = DEFAULT, storage_options: StorageOptions = None) -> Any:
     """The ``metadata`` dict a file was saved with (None if none), without reading tensors
-    (of an object in a store: its header only)."""
+    (of an object in a store: its header only). For a plain safetensors file, its
+    ``__metadata__`` (``str -> str``, as ``safetensors.safe_open(...).metadata()`` gives it), or None."""
     f = storage.resolve(f, storage_options)
     if isinstance(f, storage.Location):
         f = f.but(sequential=False)
     with reader.open_file(f, limits) as cf:
+        if not cf.is_tensorcanon:
+            return None if cf.header.metadata is None else dict(cf.header.metadata)
         return cf.metadata()

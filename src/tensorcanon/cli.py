@@ -25,12 +25,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
-from typing import Any, TextIO
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TextIO, TypeVar
 
-from . import __version__, digest, lockfile, manifest, paths, reader, storage, tree, writer
+from . import __version__, devices, digest, lockfile, manifest, paths, reader, storage, tree, writer
 from .diff import DiffResult, describe, detect_format, diff, load_file
-from .errors import FileAccessError, FormatError, IntegrityError, TensorCanonError
+from .errors import FileAccessError, FormatError, IntegrityError, MissingDependencyError, TensorCanonError
 from .limits import DEFAULT, Limits
 from .progress import BinaryReader, Progress, ProgressFile
 from .source import open_path
@@ -42,6 +43,22 @@ EXIT_DIFFERENT = 1
 EXIT_ERROR = 2
 
 PROG = "tensorcanon"
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+WORKERS = min(8, max(2, os.cpu_count() or 2))
+"""Files verified at once by ``verify`` and ``check`` (threads: reading and hashing release the GIL)."""
+
+
+def _each(fn: Callable[[_T], _R], items: list[_T], parallel: bool = True) -> Iterable[_R]:
+    """``fn`` of every item, in order; on several threads when there are several items (and
+    ``parallel``: no progress bars are drawn, which would interleave)."""
+    if not parallel or len(items) < 2:
+        return map(fn, items)
+    pool = ThreadPoolExecutor(min(WORKERS, len(items)), thread_name_prefix="tensorcanon-file")
+    futures = [pool.submit(fn, item) for item in items]
+    pool.shutdown(wait=False)
+    return (f.result() for f in futures)
 
 
 class CommandLineError(Exception):
@@ -57,7 +74,10 @@ class _Out:
     def __init__(self, stdout: TextIO, stderr: TextIO, as_json: bool, progress: bool) -> None:
         self.stdout, self.stderr = stdout, stderr
         self.as_json = as_json
-        self.progress = progress
+        try:  # bars are drawn only on a terminal: elsewhere files are read unwrapped (and several at once)
+            self.progress = progress and bool(stderr.isatty())
+        except (AttributeError, ValueError, OSError):
+            self.progress = False
         self._bars: list[Progress] = []
 
     def line(self, text: str = "") -> None:
@@ -76,7 +96,7 @@ class _Out:
         print(f"{PROG}: warning: {text}", file=self.stderr)
 
     def wrap(self, verb: str) -> Callable[[Any, int], Any] | None:
-        """A file wrapper that draws a progress bar (on a terminal, for large files)."""
+        """A file wrapper that draws a progress bar (on a terminal, for large files); None elsewhere."""
         if not self.progress:
             return None
 
@@ -161,57 +181,76 @@ def cmd_hash(args: argparse.Namespace, out: _Out) -> int:
     return code
 
 
+def _verify_one(given: str, wrap: Callable[[Any, int], Any] | None) -> tuple[str, Any]:
+    """``("ok", digest)`` for one FILE of ``verify``, or ``("corrupt" | "error", exception)``."""
+    path: Any = storage.redact(given)  # a URL is shown without credentials
+    try:
+        target = storage.resolve(given)  # a URL: an object in a store
+        if _checkpoint_dir(target):
+            from .sharded import verify as verify_checkpoint  # a sharded checkpoint: every file, every chunk
+
+            return "ok", verify_checkpoint(target)
+        fmt = detect_format(target)
+        if fmt != "tensorcanon":
+            raise FormatError(
+                f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; "
+                "`tensorcanon hash` gives its content digest, `tensorcanon convert` makes a tensorcanon "
+                "file of it"
+            )
+        if isinstance(target, storage.Location):
+            with reader.open_file(target.but(wrap=wrap), DEFAULT) as cf:
+                return "ok", cf.verify()
+        with open_path(target) as fh:
+            f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
+            with reader.open_file(f, DEFAULT) as cf:
+                return "ok", cf.verify()
+    except IntegrityError as e:
+        return "corrupt", e
+    except _READ_ERRORS as e:
+        return "error", e
+
+
+def _checkpoint_dir(target: Any) -> bool:
+    """True for a sharded checkpoint directory, or a directory URL of object storage holding one."""
+    if isinstance(target, storage.Location):
+        from .sharded import tools
+
+        return tools.is_checkpoint(target)
+    return os.path.isdir(target)
+
+
 def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
     if args.expect is not None and not digest.is_text(args.expect):
         raise CommandLineError(f"--expect {digest.text_error(args.expect)}")
     code, results = EXIT_OK, []
-    for given in args.files:
-        path: Any = storage.redact(given)  # a URL is shown without credentials
-        try:
-            target = storage.resolve(given)  # a URL: an object in a store
-            if not isinstance(target, storage.Location) and os.path.isdir(target):
-                from .sharded import verify as verify_checkpoint  # a sharded checkpoint: every file, every chunk
-
-                found = verify_checkpoint(target)
-            else:
-                fmt = detect_format(target)
-                if fmt != "tensorcanon":
-                    raise FormatError(
-                        f"{path} is a {_FORMAT_NAMES[fmt]} file, which records no digests to verify; "
-                        "`tensorcanon hash` gives its content digest, `tensorcanon convert` makes a tensorcanon "
-                        "file of it"
-                    )
-                if isinstance(target, storage.Location):
-                    with reader.open_file(target.but(wrap=out.wrap("verify")), DEFAULT) as cf:
-                        found = cf.verify()
-                else:
-                    with open_path(target) as fh:
-                        wrap = out.wrap("verify")
-                        f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
-                        with reader.open_file(f, DEFAULT) as cf:
-                            found = cf.verify()
-        except IntegrityError as e:
-            code = max(code, EXIT_DIFFERENT)
-            results.append({"path": path, "status": "corrupt", "tensor": e.path, "error": str(e)})
-            out.line(f"CORRUPT   {path}: {e}")
-            continue
-        except _READ_ERRORS as e:
-            code = EXIT_ERROR
-            out.error(_message(e, path))
-            results.append({"path": path, "status": "error", "error": _message(e)})
-            continue
-        finally:
+    wrap = out.wrap("verify")  # progress bars (a terminal): one file at a time; else several at once
+    try:
+        checked = _each(lambda given: _verify_one(given, wrap), args.files, parallel=wrap is None)
+        for given, (status, found) in zip(args.files, checked, strict=True):
+            path: Any = storage.redact(given)
             out.close_bars()
-        if args.expect is not None and found != args.expect:
-            code = max(code, EXIT_DIFFERENT)
-            results.append({"path": path, "status": "mismatch", "digest": found, "expected": args.expect})
-            have, want = digest.algorithm_of(found), digest.algorithm_of(args.expect)
-            why = "" if have == want else \
-                f" (the file uses {have} digests, --expect is {want}: compare with a {have} digest of it)"
-            out.line(f"MISMATCH  {path}: digest {found}, expected {args.expect}{why}")
-        else:
-            results.append({"path": path, "status": "ok", "digest": found})
-            out.line(f"OK        {path}  {found}")
+            if status == "corrupt":
+                code = max(code, EXIT_DIFFERENT)
+                results.append({"path": path, "status": "corrupt", "tensor": found.path, "error": str(found)})
+                out.line(f"CORRUPT   {path}: {found}")
+                continue
+            if status == "error":
+                code = EXIT_ERROR
+                out.error(_message(found, path))
+                results.append({"path": path, "status": "error", "error": _message(found)})
+                continue
+            if args.expect is not None and found != args.expect:
+                code = max(code, EXIT_DIFFERENT)
+                results.append({"path": path, "status": "mismatch", "digest": found, "expected": args.expect})
+                have, want = digest.algorithm_of(found), digest.algorithm_of(args.expect)
+                why = "" if have == want else \
+                    f" (the file uses {have} digests, --expect is {want}: compare with a {have} digest of it)"
+                out.line(f"MISMATCH  {path}: digest {found}, expected {args.expect}{why}")
+            else:
+                results.append({"path": path, "status": "ok", "digest": found})
+                out.line(f"OK        {path}  {found}")
+    finally:
+        out.close_bars()
     out.json({"files": results})
     return code
 
@@ -246,6 +285,8 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Li
             row.update(type=_CONTAINERS[tag], value=f"{n} {unit}{'s' if n != 1 else ''}")
         elif tag == "obj":
             row.update(type="object", value=node[1])
+        elif tag in _TORCH_VALUES:  # shown as torch prints it, without torch
+            row.update(type=_TORCH_VALUES[tag], value=_clip(_torch_value_text(node)))
         else:
             value = values.decode(node)
             row.update(type=describe(value).split(" ", 1)[0], value=_short_repr(value))
@@ -257,13 +298,59 @@ def _short_repr(v: Any, limit: int = 60) -> str:
     return paths.show(v, limit)  # never fails, even on an int of a million digits
 
 
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."  # as paths.show clips a repr
+
+
+_TORCH_VALUES = {"size": "torch.Size", "dtype": "torch.dtype", "device": "torch.device"}
+
+
+def _torch_value_text(node: Any) -> str:
+    """``repr()`` of the torch value a checked ``size``, ``dtype`` or ``device`` node holds, made
+    without torch (which ``inspect`` does not import)."""
+    tag = node[0]
+    if tag == "size":
+        return f"torch.Size({list(node[1:])!r})"
+    if tag == "dtype":
+        return f"torch.{node[1]}"
+    parsed = devices.parse(node[1])
+    assert parsed is not None  # the tree was checked
+    kind, index = parsed
+    return f"device(type={kind!r})" if index is None else f"device(type={kind!r}, index={index})"
+
+
+def _fit(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters by an ellipsis in its middle (both ends stay readable)."""
+    if len(text) <= width:
+        return text
+    keep = max(width - 3, 2)
+    head = (keep + 1) // 2
+    return text[:head] + "..." + text[len(text) - (keep - head):]
+
+
+def _terminal_width(stream: TextIO) -> int | None:
+    """The width to fit a table to: the terminal's (or $COLUMNS), None when writing to a file or pipe."""
+    if "COLUMNS" not in os.environ:
+        try:
+            if not stream.isatty():
+                return None
+        except (AttributeError, ValueError):
+            return None
+    return shutil.get_terminal_size().columns
+
+
 def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
     path = storage.redact(args.file)  # a URL is shown without credentials
     sharded = None
     try:
         metadata, algorithm, version = None, digest.DEFAULT, manifest.VERSION
         target = storage.resolve(args.file)  # a URL: an object in a store, of which only the header is read
-        if isinstance(target, storage.Location):
+        if isinstance(target, storage.Location) and _checkpoint_dir(target):  # a checkpoint directory URL
+            from .sharded import tools
+
+            sharded = tools.describe(target)
+            fmt, size = tools.FORMAT_NAME, sharded["size"]
+        elif isinstance(target, storage.Location):
             from . import remote
 
             target = target.but(sequential=False)
@@ -290,8 +377,8 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
                     metadata = cf.metadata()
                 except TensorCanonError as e:
                     metadata = f"<cannot decode: {e}>"
-        else:
-            loaded = load_file(target, wrap=out.wrap("read"))
+        else:  # (a plain safetensors file: its tensors' bytes, without torch)
+            loaded = load_file(target, wrap=out.wrap("read"), stored=True)
             p = writer.plan(loaded.value, None, DEFAULT)
             file_digest = writer.fingerprint(p)
             root, table = p.root, p.tensors
@@ -339,6 +426,12 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
             r["path"], r["type"], r["dtype"] or "", "" if r["shape"] is None else str(r["shape"]),
             r["device"] or "", "" if r["bytes"] is None else str(r["bytes"]), last,
         ])
+    width = _terminal_width(out.stdout)
+    if width is not None:  # long paths (a Lightning checkpoint's) cut in the middle, to fit the terminal
+        widths = [max(len(r[i]) for r in table_rows) for i in range(1, len(table_rows[0]))]
+        room = max(width - sum(widths) - 2 * len(widths), 24)
+        for cells in table_rows[1:]:
+            cells[0] = _fit(cells[0], room)
     for line in _table(table_rows, right={5}):
         out.line(line)
     out.line()
@@ -400,27 +493,42 @@ def cmd_lock(args: argparse.Namespace, out: _Out) -> int:
 
 
 def cmd_check(args: argparse.Namespace, out: _Out) -> int:
-    try:
-        results = lockfile.check_lock(args.lockfile, wrap=out.wrap("check"))
-    except _READ_ERRORS as e:
-        out.error(_message(e, args.lockfile))
-        return EXIT_ERROR
-    finally:
-        out.close_bars()
-    failed = [r for r in results if not r.ok]
-    out.json({"lockfile": args.lockfile, "ok": not failed, "files": [
-        {"path": r.entry.path, "status": r.status, "expected_digest": r.entry.digest,
-         "expected_size": r.entry.size, "digest": r.digest, "size": r.size, "message": r.message or None}
-        for r in results]})
-    for r in results:
-        label = r.status.upper() if not r.ok else "ok"
-        out.line(f"{label:<11} {r.entry.path}" + (f": {r.message}" if r.message else ""))
-    n = len(results)
-    if failed:
-        out.line(f"{len(failed)} of {n} file{'s' if n != 1 else ''} failed")
-        return EXIT_DIFFERENT
-    out.line(f"all {n} file{'s' if n != 1 else ''} match")
-    return EXIT_OK
+    wrap = out.wrap("check")  # progress bars (a terminal): one file at a time; else several at once
+    code, reports = EXIT_OK, []
+    several = len(args.lockfiles) > 1
+    for lock in args.lockfiles:
+        try:
+            results = lockfile.check_lock(lock, wrap=wrap, workers=1 if wrap else WORKERS)
+        except _READ_ERRORS as e:
+            out.error(_message(e, lock))
+            code = EXIT_ERROR
+            reports.append({"lockfile": lock, "ok": False, "error": _message(e, lock), "files": []})
+            continue
+        finally:
+            out.close_bars()
+        failed = [r for r in results if not r.ok]
+        if failed:
+            code = max(code, EXIT_DIFFERENT)
+        reports.append({"lockfile": lock, "ok": not failed, "files": [
+            {"path": r.entry.path, "status": r.status, "expected_digest": r.entry.digest,
+             "expected_size": r.entry.size, "digest": r.digest, "size": r.size, "message": r.message or None}
+            for r in results]})
+        pad = "  " if several else ""
+        if several:
+            out.line(f"{lock}:")
+        for r in results:
+            label = r.status.upper() if not r.ok else "ok"
+            out.line(f"{pad}{label:<11} {r.entry.path}" + (f": {r.message}" if r.message else ""))
+        n = len(results)
+        if failed:
+            out.line(f"{pad}{len(failed)} of {n} file{'s' if n != 1 else ''} failed")
+        else:
+            out.line(f"{pad}all {n} file{'s' if n != 1 else ''} match")
+    if several:
+        out.json({"ok": code == EXIT_OK, "lockfiles": reports})
+    elif reports and "error" not in reports[0]:
+        out.json(reports[0])
+    return code
 
 
 # --------------------------------------------------------------------------- convert
@@ -429,8 +537,15 @@ def cmd_check(args: argparse.Namespace, out: _Out) -> int:
 def _to_plain_safetensors(value: Any, out_path: str) -> tuple[int, list[str]]:
     """Write the flat view of ``value`` (tensors by their tensorcanon names) as plain safetensors."""
     import numpy as np
-    import torch
-    from safetensors.torch import save_file
+
+    from . import optional
+
+    torch = optional.load()
+    try:
+        from safetensors.torch import save_file
+    except ImportError as e:
+        raise MissingDependencyError(f"writing a plain safetensors file needs the safetensors package ({e}): "
+                                     f"{optional.INSTALL}", name="safetensors") from None
 
     p = writer.plan(value, None, DEFAULT)
     tensors, seen = {}, set()
@@ -453,9 +568,18 @@ def _to_plain_safetensors(value: Any, out_path: str) -> tuple[int, list[str]]:
     return len(tensors), dropped
 
 
+_OTHER_FORMATS = {".pt": "torch.save", ".pth": "torch.save", ".bin": "torch.save (pytorch_model.bin)",
+                  ".npz": "numpy .npz", ".npy": "numpy .npy"}
+
+
 def cmd_convert(args: argparse.Namespace, out: _Out) -> int:
     from . import api
 
+    suffix = os.path.splitext(args.output)[1].lower()
+    if suffix in _OTHER_FORMATS:  # a file named .pt that holds safetensors would fool every tool that trusts the name
+        raise CommandLineError(
+            f"OUT {args.output!r} names a {_OTHER_FORMATS[suffix]} file, but convert writes tensorcanon or plain "
+            "safetensors files (which torch.load and numpy.load cannot read): name it .safetensors")
     if args.algorithm is not None and args.to == "safetensors":
         raise CommandLineError(f"--algorithm {args.algorithm} applies to tensorcanon output only; plain safetensors "
                          "records no digests (drop --to safetensors, or --algorithm)")
@@ -756,8 +880,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lockfile to write (default tensors.lock)")
     p.set_defaults(func=cmd_lock)
 
-    p = sub.add_parser("check", parents=[common], help="verify files against a lockfile")
-    p.add_argument("lockfile", metavar="LOCKFILE")
+    p = sub.add_parser("check", parents=[common], help="verify files against lockfiles")
+    p.add_argument("lockfiles", nargs="+", metavar="LOCKFILE")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("convert", parents=[common], help="convert .pt/.safetensors/.npz to tensorcanon and back")

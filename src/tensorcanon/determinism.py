@@ -16,13 +16,17 @@ import random
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
-import torch
-
-from . import registry
+from . import optional, registry
 from .errors import UnsupportedTypeError, UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+else:
+    torch = optional.torch_module(globals())
+    np = optional.numpy_module(globals())  # imported on first use: a file holding settings loads without it
 
 __all__ = ["seed_everything", "DeterminismSettings", "SettingDifference", "DeterminismWarning"]
 

@@ -40,16 +40,20 @@ import struct
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
-from . import dtypes, paths, reader, registry, storage, tensorbytes, walk
+from . import dtypes, optional, paths, reader, registry, storage, tensorbytes, walk
 from .errors import FormatError, LimitError, UsageError
 from .limits import DEFAULT, Limits
 from .ordering import UnorderableKey, sorted_keys
 from .source import Source, open_path
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+else:
+    torch = optional.torch_module(globals())  # imported on first use: reading .pt files, comparing values
+    np = optional.numpy_module(globals())
 
 __all__ = ["diff", "DiffResult", "Difference", "TensorStats", "load_file", "detect_format", "Loaded"]
 
@@ -302,13 +306,17 @@ def _checked(path: str | storage.Location, limits: Limits,
 
 
 def load_file(path: str | os.PathLike | storage.Location, *, limits: Limits = DEFAULT,
-              wrap: Callable[[Any, int], Any] | None = None, storage_options: Any = None) -> Loaded:
+              wrap: Callable[[Any, int], Any] | None = None, storage_options: Any = None,
+              stored: bool = False) -> Loaded:
     """Read any supported file (see :func:`detect_format`) with its tensors on the CPU.
 
     A directory is read as a sharded checkpoint (what ``tensorcanon.dcp``
     writes): its logical state, every chunk verified, as one file would hold it.
     ``wrap(file, size)`` may wrap the opened file (the command line uses it to
-    draw progress; not for a directory). Only safe loaders are used:
+    draw progress; not for a directory). With ``stored``, a plain safetensors file's tensors
+    come as their bytes (:class:`~tensorcanon.tensorbytes.Stored`, without torch), which plan
+    and hash as the tensors would: what ``hash``, ``lock``, ``check`` and ``inspect`` read such
+    a file with. Only safe loaders are used:
     tensorcanon's own reader, ``torch.load(weights_only=True)`` and
     ``numpy.load(allow_pickle=False)``.
 
@@ -330,6 +338,8 @@ def load_file(path: str | os.PathLike | storage.Location, *, limits: Limits = DE
     fmt = detect_format(where)
     if fmt in ("tensorcanon", "safetensors"):
         with _checked(where, limits, wrap) as cf:
+            if stored and not cf.is_tensorcanon:
+                return Loaded(cf.stored(), fmt, name)
             value = cf.load(map_location="cpu")
             if not cf.is_tensorcanon:
                 return Loaded(value, fmt, name)
@@ -409,7 +419,8 @@ def _short(v: Any, limit: int = 60) -> str:
 
 
 def _is_tensorlike(v: Any) -> bool:
-    return isinstance(v, (torch.Tensor, np.ndarray))
+    numpy, th = optional.imported("numpy"), optional.imported()  # (no value is one unless its module is imported)
+    return (numpy is not None and isinstance(v, numpy.ndarray)) or (th is not None and isinstance(v, th.Tensor))
 
 
 # --------------------------------------------------------------------------- comparing

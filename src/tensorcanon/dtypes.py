@@ -9,10 +9,51 @@ and the torch and numpy types. See docs/FORMAT.md, "Element types".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
+from . import optional
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+else:
+    np = optional.numpy_module(globals())  # imported on first use: reading most files needs no numpy
+
+_UNKNOWN: Any = object()  # DType.torch not looked up yet
+
+
+class _TorchDtype:
+    """:attr:`DType.torch`, looked up (importing torch) on first use: the dtype table, and every
+    reader of files, work without torch. A value given to the constructor (``None`` to stand
+    for a torch that lacks the type, as the tests do) is kept as it is."""
+
+    def __get__(self, row: DType | None, owner: type | None = None) -> torch.dtype | None:
+        if row is None:  # on the class: the descriptor (the field's default)
+            return self  # type: ignore[return-value]
+        t = row.__dict__.get("_torch", _UNKNOWN)
+        if t is _UNKNOWN:
+            t = row.__dict__["_torch"] = _torch_dtype(optional.load(), row.name)
+        return t  # type: ignore[no-any-return]
+
+    def __set__(self, row: DType, value: torch.dtype | None | _TorchDtype) -> None:
+        row.__dict__["_torch"] = _UNKNOWN if value is self else value  # (the default: this descriptor)
+
+
+class _NumpyDtype:
+    """:attr:`DType.numpy`, made (importing numpy) on first use from its type code (``"<f4"``); the
+    constructor also takes a numpy dtype, or None where numpy lacks the type."""
+
+    def __get__(self, row: DType | None, owner: type | None = None) -> np.dtype | None:
+        if row is None:  # on the class: the descriptor (the field's default)
+            return self  # type: ignore[return-value]
+        t = row.__dict__["_numpy"]
+        if type(t) is str:
+            t = row.__dict__["_numpy"] = np.dtype(t)
+        return t  # type: ignore[no-any-return]
+
+    def __set__(self, row: DType, value: np.dtype | str | None | _NumpyDtype) -> None:
+        row.__dict__["_numpy"] = None if value is self else value
 
 
 @dataclass(frozen=True)
@@ -20,8 +61,14 @@ class DType:
     name: str                   # canonical name, e.g. "float32"
     itemsize: int               # bytes per element
     st: str                     # safetensors dtype string written in the header
-    torch: torch.dtype | None   # None where this torch build lacks the type
-    numpy: np.dtype | None      # little-endian numpy dtype, None if numpy lacks it
+    torch: _TorchDtype = field(default=_TorchDtype(), repr=False, compare=False)  # None where this torch lacks it
+    # little-endian numpy dtype, None if numpy lacks it (given as a type code: made on first use)
+    numpy: _NumpyDtype = field(default=_NumpyDtype(), repr=False, compare=False)
+
+    @property
+    def has_numpy(self) -> bool:
+        """True when numpy has the type (what :attr:`numpy` says, without importing numpy)."""
+        return self.__dict__["_numpy"] is not None
 
     @property
     def differentiable(self) -> bool:
@@ -35,8 +82,9 @@ class DType:
         return self.st != "U8" or self.name == "uint8"
 
 
-def _np(code: str | None) -> np.dtype | None:
-    return None if code is None else np.dtype(code)
+def _torch_dtype(torch: Any, name: str) -> Any:
+    t = getattr(torch, name, None)
+    return t if isinstance(t, torch.dtype) else None
 
 
 # (name, itemsize, safetensors string, numpy dtype code)
@@ -68,20 +116,7 @@ _ROWS = [
     (f"int{n}", 1, "U8", None) for n in range(1, 8)
 ]
 
-BY_NAME: dict[str, DType] = {}
-BY_TORCH: dict[torch.dtype, DType] = {}
-BY_NUMPY: dict[np.dtype, DType] = {}
-
-for _name, _size, _st, _code in _ROWS:
-    _t = getattr(torch, _name, None)
-    if _t is not None and not isinstance(_t, torch.dtype):
-        _t = None
-    _row = DType(_name, _size, _st, _t, _np(_code))
-    BY_NAME[_name] = _row
-    if _t is not None:
-        BY_TORCH[_t] = _row
-    if _row.numpy is not None:
-        BY_NUMPY[_row.numpy] = _row
+BY_NAME: dict[str, DType] = {_name: DType(_name, _size, _st, numpy=_code) for _name, _size, _st, _code in _ROWS}
 
 DIFFERENTIABLE = frozenset([
     "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
@@ -97,10 +132,28 @@ DTYPE_VALUE_NAMES = tuple(name for name, *_ in _ROWS) + (
     "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16",
 )
 
-# Every torch.dtype of that list which this torch has, by its canonical name.
-TORCH_DTYPES_BY_NAME: dict[str, torch.dtype] = {
-    n: getattr(torch, n) for n in DTYPE_VALUE_NAMES if isinstance(getattr(torch, n, None), torch.dtype)
-}
+if TYPE_CHECKING:
+    BY_NUMPY: dict[np.dtype, DType]
+    """Every row numpy has, by its (little-endian) numpy dtype."""
+    BY_TORCH: dict[torch.dtype, DType]
+    """Every row whose dtype this torch has, by its torch dtype."""
+    TORCH_DTYPES_BY_NAME: dict[str, torch.dtype]
+    """Every torch.dtype of DTYPE_VALUE_NAMES which this torch has, by its canonical name."""
+
+
+def __getattr__(name: str) -> Any:
+    """``BY_NUMPY``, ``BY_TORCH`` and ``TORCH_DTYPES_BY_NAME``, built (importing numpy or torch) on first use."""
+    if name == "BY_NUMPY":
+        value: Any = {row.numpy: row for row in BY_NAME.values() if row.numpy is not None}
+    elif name == "BY_TORCH":
+        value = {row.torch: row for row in BY_NAME.values() if row.torch is not None}
+    elif name == "TORCH_DTYPES_BY_NAME":
+        torch = optional.load()
+        value = {n: t for n in DTYPE_VALUE_NAMES if (t := _torch_dtype(torch, n)) is not None}
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return globals().setdefault(name, value)  # built once: later lookups find the global
+
 
 # safetensors header dtype strings a plain safetensors file may use, with their
 # element sizes, for reading files that tensorcanon did not write.

@@ -22,6 +22,7 @@ __all__ = [
     "UsageError",
     "FileAccessError",
     "MissingFileError",
+    "MissingDependencyError",
 ]
 
 
@@ -167,3 +168,9 @@ class MissingFileError(FileAccessError, FileNotFoundError):
 
     def __init__(self, message: str, *, filename: str | None = None, errno: int | None = _errno.ENOENT) -> None:
         super().__init__(message, filename=filename, errno=errno)
+
+
+class MissingDependencyError(TensorCanonError, ImportError):
+    """What was asked needs a package that is not installed: PyTorch (``torch``), which the light
+    install (``pip install tensorcanon``: hash, verify, check, lock and inspect) does without.
+    The message is one line saying what to install. Also an ``ImportError``."""

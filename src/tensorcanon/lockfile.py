@@ -110,6 +110,10 @@ def content_digest(path: str | os.PathLike | storage.Location, *, verify: bool =
     from .diff import detect_format, load_file
 
     loc = storage.resolve(path, storage_options)
+    if isinstance(loc, storage.Location) and _checkpoint(loc):  # a sharded checkpoint's directory URL
+        from .sharded import tools
+
+        return tools.content_digest(loc, verify=verify, limits=limits), tools.FORMAT_NAME
     if isinstance(loc, storage.Location):
         fmt = detect_format(loc)
         if fmt == "tensorcanon":
@@ -118,7 +122,7 @@ def content_digest(path: str | os.PathLike | storage.Location, *, verify: bool =
                 if recorded is None:  # detect_format saw a manifest, but the object changed since
                     raise FormatError(f"{loc} changed while it was read: it no longer holds a tensorcanon manifest")
                 return recorded, fmt
-        loaded = load_file(loc, limits=limits, wrap=wrap)
+        loaded = load_file(loc, limits=limits, wrap=wrap, stored=True)
         return writer.fingerprint(writer.plan(loaded.value, None, limits, version=format_version)), fmt
     return _local_digest(os.fspath(loc), verify, wrap, limits, format_version)
 
@@ -141,7 +145,7 @@ def _local_digest(path: str, verify: bool, wrap: Wrap | None, limits: Limits, fo
                 if recorded is None:  # detect_format saw a manifest, but the file changed since
                     raise FormatError(f"{path} changed while it was read: it no longer holds a tensorcanon manifest")
                 return recorded, fmt
-    loaded = load_file(path, limits=limits, wrap=wrap)
+    loaded = load_file(path, limits=limits, wrap=wrap, stored=True)  # (plain safetensors: no torch)
     return writer.fingerprint(writer.plan(loaded.value, None, limits, version=format_version)), fmt
 
 
@@ -207,6 +211,8 @@ def _collect_url(pattern: str, storage_options: Any = None) -> list[str]:
         if not matches:
             raise MissingFileError(f"no object matches {pattern!r}", filename=pattern)
         return matches
+    if _checkpoint(storage.Location(pattern, dict(storage_options or {}))):  # one entry, not its files
+        return [pattern.rstrip("/")]
     if pattern.endswith("/") or store.isdir(path):
         matches = [url(p) for p in store.find(path) if p.lower().endswith(SUFFIXES)]
         if not matches:
@@ -217,7 +223,7 @@ def _collect_url(pattern: str, storage_options: Any = None) -> list[str]:
     return [pattern]
 
 
-def _checkpoint(path: str) -> bool:
+def _checkpoint(path: str | storage.Location) -> bool:
     """A sharded checkpoint directory (tensorcanon.dcp): locked as one entry."""
     from .sharded import tools
 
@@ -230,6 +236,10 @@ def _size(path: str, limits: Limits = DEFAULT, storage_options: Any = None) -> i
         from . import remote
 
         loc = remote.location(path, storage_options)
+        if loc is not None and _checkpoint(loc):
+            from .sharded import tools
+
+            return tools.consolidated_size(loc, limits)
         if loc is not None:
             return remote.size(loc)
     if os.path.isdir(path):
@@ -338,38 +348,46 @@ def _read(lock_path: str | os.PathLike) -> tuple[int, list[LockEntry]]:
 
 
 def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
-               limits: Limits = DEFAULT, storage_options: Any = None) -> list[CheckResult]:
+               limits: Limits = DEFAULT, storage_options: Any = None, workers: int = 1) -> list[CheckResult]:
     """Re-hash every file a lockfile lists; one :class:`CheckResult` per entry, in order.
 
-    ``storage_options`` are used for the entries that are URLs (objects in a store)."""
+    ``storage_options`` are used for the entries that are URLs (objects in a store). With
+    ``workers`` > 1, that many files are hashed at once, on threads (reading and hashing release
+    the GIL): the results are the same, in the same order."""
     lock_path = os.fspath(lock_path)
     base = os.path.dirname(os.path.abspath(lock_path))
-    results = []
     version, entries = _read(lock_path)
-    for entry in entries:
+
+    def check(entry: LockEntry) -> CheckResult:
         if storage.is_url(entry.path) and storage.local_path(entry.path) is None:
-            results.append(_check_url(entry, version, wrap, limits, storage_options))
-            continue
-        path = os.path.join(base, *entry.path.split("/"))
-        if not os.path.exists(path):  # (a FIFO or a device is there: "unreadable", below)
-            results.append(CheckResult(entry, "missing", message="file not found"))
-            continue
-        size = os.path.getsize(path) if os.path.isfile(path) else None
-        try:
-            size = _size(path, limits)
-            found, _ = content_digest(path, wrap=wrap, limits=limits, format_version=FORMAT_OF[version])
-        except (TensorCanonError, OSError) as e:
-            status = "corrupt" if isinstance(e, IntegrityError) else "unreadable"
-            results.append(CheckResult(entry, status, None, size, str(e)))
-            continue
-        problems = []
-        if found != entry.digest:
-            problems.append(f"digest {found}, expected {entry.digest}")
-        if size != entry.size:
-            problems.append(f"size {size}, expected {entry.size}")
-        status = "mismatch" if problems else "ok"
-        results.append(CheckResult(entry, status, found, size, "; ".join(problems)))
-    return results
+            return _check_url(entry, version, wrap, limits, storage_options)
+        return _check_local(entry, os.path.join(base, *entry.path.split("/")), version, wrap, limits)
+
+    if workers <= 1 or len(entries) < 2:
+        return [check(entry) for entry in entries]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(workers, len(entries)), thread_name_prefix="tensorcanon-check") as pool:
+        return list(pool.map(check, entries))
+
+
+def _check_local(entry: LockEntry, path: str, version: int, wrap: Wrap | None, limits: Limits) -> CheckResult:
+    """How the file at ``path`` compares with its lockfile entry."""
+    if not os.path.exists(path):  # (a FIFO or a device is there: "unreadable", below)
+        return CheckResult(entry, "missing", message="file not found")
+    size = os.path.getsize(path) if os.path.isfile(path) else None
+    try:
+        size = _size(path, limits)
+        found, _ = content_digest(path, wrap=wrap, limits=limits, format_version=FORMAT_OF[version])
+    except (TensorCanonError, OSError) as e:
+        status = "corrupt" if isinstance(e, IntegrityError) else "unreadable"
+        return CheckResult(entry, status, None, size, str(e))
+    problems = []
+    if found != entry.digest:
+        problems.append(f"digest {found}, expected {entry.digest}")
+    if size != entry.size:
+        problems.append(f"size {size}, expected {entry.size}")
+    return CheckResult(entry, "mismatch" if problems else "ok", found, size, "; ".join(problems))
 
 
 def _check_url(entry: LockEntry, version: int, wrap: Wrap | None, limits: Limits,

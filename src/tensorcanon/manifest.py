@@ -618,7 +618,7 @@ def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> TensorInf
                 and type(rg) is bool and (not rg or dtype.differentiable)
                 and type(dg) is bytes and len(dg) == size
                 and (kind == "tensor" or kind == "parameter"
-                     or (kind == "ndarray" and not rg and dtype.numpy is not None))):
+                     or (kind == "ndarray" and not rg and dtype.has_numpy))):
             for d in shape:
                 if type(d) is not int or d < 0:
                     break
@@ -671,7 +671,7 @@ def _row_error(i: int, row: Any, algorithm: str) -> None:
     if rg and not dtype.differentiable:
         raise _bad(f"{where} has requires_grad true but dtype {dtype.name}; only floating-point and "
                    "complex tensors can require gradients (docs/FORMAT.md §5.3)")
-    if kind == "ndarray" and dtype.numpy is None:
+    if kind == "ndarray" and not dtype.has_numpy:
         raise _bad(f"{where} is a numpy array of dtype {dtype.name}, which numpy lacks")
     want = digest.ALGORITHMS[algorithm]
     if type(dg) is not bytes or len(dg) != want:

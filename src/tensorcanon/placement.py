@@ -14,13 +14,16 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch
-
+from . import optional
 from .errors import DeviceUnavailableError, UsageError
 from .tensorbytes import in_memory_format
 
 if TYPE_CHECKING:
+    import torch
+
     from .manifest import TensorInfo
+else:
+    torch = optional.torch_module(globals())
 
 
 def stays_on_cpu(kind: str, recorded: str, map_location: Any) -> bool:

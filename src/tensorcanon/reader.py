@@ -22,16 +22,19 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from . import container, digest, dtypes, fastparse, manifest, paths, placement, tensorbytes
+from . import container, digest, dtypes, fastparse, manifest, optional, paths, placement, tensorbytes, tree
 from .errors import FormatError, IntegrityError, TensorCanonError, UsageError
 from .limits import DEFAULT, Limits
 from .manifest import TensorInfo
 from .source import Source, opened
 from .tree import Decoder
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = optional.torch_module(globals())
 
 _CHUNK = 16 << 20       # verify's reusable buffer; bounded reads from streams of unknown size
 _HASH_CHUNK = 1 << 20   # read-then-hash piece: small enough to stay in L2
@@ -307,7 +310,7 @@ class CheckedFile:
         """True for a small tensor read in a run: it stays on the CPU (its recorded device is in
         ``cpu``, see :meth:`_cpu_bound`) and is built by one copy."""
         return (0 < info.end - info.begin <= _SMALL and info.kind != "ndarray" and info.device in cpu
-                and info.dtype.torch in tensorbytes.NUMPY_VIEWABLE
+                and info.dtype.torch in tensorbytes.numpy_viewable()
                 and info.memory_format is None)
 
     def _cpu_bound(self, map_location: Any, devices: set[str] | None = None) -> set[str]:
@@ -455,6 +458,21 @@ class CheckedFile:
                 i += 1
         return values
 
+    def stored(self) -> dict[str, tensorbytes.Stored]:
+        """A plain safetensors file's tensors as their bytes, by name in name order: what
+        :meth:`load` gives, without torch (:class:`~tensorcanon.tensorbytes.Stored`; it plans and
+        hashes as the tensor would). Read in file order and checked as :meth:`load` reads them."""
+        if self.manifest is not None:
+            raise UsageError("CheckedFile.stored() reads plain safetensors files; use load() for tensorcanon files")
+        if self.src.random_access and self.src.pos != self.data_start:
+            self.src.seek(self.data_start)
+        values = {}
+        for info in self._file_order():
+            buf, mv = self._buffer(info.nbytes, "bytes", f"data of tensor {info.name!r}")
+            tensorbytes.check_bool(buf, info.dtype, info.name)
+            values[info.name] = tensorbytes.Stored(info.dtype, info.shape, mv)
+        return dict(sorted(values.items()))
+
     def load(self, *, map_location: Any = None, verify: bool = True, share: bool = False) -> Any:
         """The saved object (a plain safetensors file: a dict of tensors by name, in name order).
 
@@ -486,7 +504,7 @@ class CheckedFile:
         assert data is not None
         start = self.data_start
         big = [r for r in rows if r.end - r.begin >= _THREAD_MIN]
-        if not big or (len(big) < 2 and self.src.mapped is None) \
+        if not big or (len(big) < 2 and self.src.span is None) \
                 or sum(r.end - r.begin for r in big) < _THREADS_FROM:
             for info in rows:
                 self._check_bytes(info, data[start + info.begin : start + info.end])
@@ -529,7 +547,7 @@ class CheckedFile:
         def work(me: int) -> None:
             while (info := take(me == 0)) is not None:
                 hash_one(info, me)
-            if self.src.mapped is not None:
+            if self.src.span is not None:
                 map_ahead_of(1 - me)
 
         with ThreadPoolExecutor(1, thread_name_prefix="tensorcanon-hash") as pool:
@@ -636,6 +654,13 @@ class CheckedFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _encode_stored(enc: tree.Encoder, v: tensorbytes.Stored, depth: int) -> list:
+    return enc.add_tensor(v, kind="tensor", dtype=v.dtype, shape=v.shape)
+
+
+tree.ENCODERS[tensorbytes.Stored] = _encode_stored
 
 
 def open_file(f: Any, limits: Limits = DEFAULT, *, use_mmap: bool = False) -> CheckedFile:

@@ -28,13 +28,17 @@ import struct
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
-from . import devices, paths, placement, tree
+from . import devices, optional, paths, placement, tree
 from .errors import DeviceUnavailableError, TensorCanonError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+else:
+    torch = optional.torch_module(globals())  # imported on first use: checking a file needs no torch
+    np = optional.numpy_module(globals())  # (numpy: when a file's random state is checked or built)
 
 __all__ = ["RngState", "RngRestoreError", "RngRestoreWarning"]
 
@@ -54,14 +58,14 @@ TORCH_STATE_SIZES = {"cpu": 5056, "cuda": 16, "xpu": 16, "mps": 36}
 
 MT_WORDS = 624
 MAX_POOL_SIZE = 1024  # of a SeedSequence (numpy allows more; a file's bound on the work it asks for)
-U128 = 2**128 - 1
-U64 = 2**64 - 1
-U32 = 2**32 - 1
-
 # The 32-bit words numpy makes of a SeedSequence's entropy and spawn key together (an int of b bits is
 # max(1, ceil(b / 32)) words): numpy converts an int to words in time quadratic in its size, so a file
 # holding a 1.6-million-bit entropy int took 18 s to load. Entropy from secrets.randbits(128) is 4 words.
 MAX_SEED_WORDS = 4096
+U128 = 2**128 - 1
+U64 = 2**64 - 1
+U32 = 2**32 - 1
+
 
 class _Field:
     """One bit-generator state field: where it sits in the state dict and its rule."""
@@ -107,35 +111,45 @@ _FLAG = dict(lo=0, hi=1)
 _PCG = [_int("state", "state", hi=U128), _int("state", "inc", hi=U128),
         _int("has_uint32", **_FLAG), _int("uinteger")]
 
-# Fixed allow-list: the name in a file is looked up here and nowhere else.
-BIT_GENERATORS: dict[str, tuple[type, list[_Field]]] = {
-    "PCG64": (np.random.PCG64, _PCG),
-    "PCG64DXSM": (np.random.PCG64DXSM, _PCG),
-    "MT19937": (np.random.MT19937, [
-        _Field(("state", "key"), "u32[]", MT_WORDS), _int("state", "pos", hi=MT_WORDS)]),
-    "Philox": (np.random.Philox, [
+# Fixed allow-list: the name in a file is looked up here and nowhere else. Name -> state fields;
+# the class is numpy.random's of that name (BIT_GENERATORS, made when numpy is loaded).
+_FIELDS: dict[str, list[_Field]] = {
+    "PCG64": _PCG,
+    "PCG64DXSM": _PCG,
+    "MT19937": [_Field(("state", "key"), "u32[]", MT_WORDS), _int("state", "pos", hi=MT_WORDS)],
+    "Philox": [
         _Field(("state", "counter"), "u64[]", 4), _Field(("state", "key"), "u64[]", 2),
         _Field(("buffer",), "u64[]", 4), _int("buffer_pos", hi=4),
-        _int("has_uint32", **_FLAG), _int("uinteger")]),
-    "SFC64": (np.random.SFC64, [
-        _Field(("state", "state"), "u64[]", 4), _int("has_uint32", **_FLAG), _int("uinteger")]),
+        _int("has_uint32", **_FLAG), _int("uinteger")],
+    "SFC64": [_Field(("state", "state"), "u64[]", 4), _int("has_uint32", **_FLAG), _int("uinteger")],
 }
-_BITGEN_NAME_BY_TYPE = {cls: name for name, (cls, _) in BIT_GENERATORS.items()}
+_BITGEN_NAME_BY_TYPE: dict[type, str] = {}  # filled when numpy is loaded
+
+if TYPE_CHECKING:
+    BIT_GENERATORS: dict[str, tuple[type, list[_Field]]]
+    """Bit generator name -> (its numpy class, its state fields)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BIT_GENERATORS":  # (imports numpy)
+        value = {n: (getattr(np.random, n), fields) for n, fields in _FIELDS.items()}
+        return globals().setdefault(name, value)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def bitgen_fields(state: dict) -> tuple[str, tuple]:
     """``bit_generator.state`` dict → (name, tuple of explicit field values)."""
     name = state.get("bit_generator")
-    if name not in BIT_GENERATORS:
-        raise ValueError(f"bit generator {name!r} is not one of {sorted(BIT_GENERATORS)}")
-    return name, tuple(f.get(state) for f in BIT_GENERATORS[name][1])
+    if name not in _FIELDS:
+        raise ValueError(f"bit generator {name!r} is not one of {sorted(_FIELDS)}")
+    return name, tuple(f.get(state) for f in _FIELDS[name])
 
 
 def check_bitgen_fields(name: Any, fields: tuple | list) -> str | None:
     """None when ``fields`` are a valid state for bit generator ``name``, else what is wrong."""
-    if type(name) is not str or name not in BIT_GENERATORS:
-        return f"bit generator {paths.show(name)} is not one of {sorted(BIT_GENERATORS)}"
-    layout = BIT_GENERATORS[name][1]
+    if type(name) is not str or name not in _FIELDS:
+        return f"bit generator {paths.show(name)} is not one of {sorted(_FIELDS)}"
+    layout = _FIELDS[name]
     if len(fields) != len(layout):
         return f"{name} state takes {len(layout)} fields, found {len(fields)}"
     for f, v in zip(layout, fields, strict=True):
@@ -148,7 +162,7 @@ def check_bitgen_fields(name: Any, fields: tuple | list) -> str | None:
 def bitgen_state(name: str, fields: tuple | list) -> dict:
     """(name, validated fields) → a ``bit_generator.state`` dict."""
     out: dict = {"bit_generator": name}
-    for f, v in zip(BIT_GENERATORS[name][1], fields, strict=True):
+    for f, v in zip(_FIELDS[name], fields, strict=True):
         d = out
         for k in f.key[:-1]:
             d = d.setdefault(k, {})
@@ -172,16 +186,16 @@ def check_seed_seq(value: Any) -> str | None:
         return f"seed sequence pool_size must be an int in [4, {MAX_POOL_SIZE}]"
     if type(n_children) is not int or not 0 <= n_children <= U32:
         return "seed sequence n_children_spawned must be an int in [0, 2**32-1] (numpy holds it in 32 bits)"
-    return None
-
-
-def check_gauss(has_gauss: Any, gauss: Any) -> str | None:
     words = 0
     for n in (*ints, *spawn_key):  # bit_length is O(1): no conversion of a huge int happens here
         words += max(1, -(-n.bit_length() // 32))
         if words > MAX_SEED_WORDS:
             return (f"seed sequence entropy and spawn_key hold more than {MAX_SEED_WORDS} 32-bit words "
                     "(docs/FORMAT.md §6.7): numpy's conversion of them takes time quadratic in their size")
+    return None
+
+
+def check_gauss(has_gauss: Any, gauss: Any) -> str | None:
     """None for a valid ``rng.legacy`` cache (``has_gauss`` 0 or 1, ``gauss`` a float that is +0.0
     when ``has_gauss`` is 0, as numpy leaves it when it uses the value), else what is wrong."""
     if type(has_gauss) is not int or has_gauss not in (0, 1) or type(gauss) is not float:
@@ -322,7 +336,7 @@ def _enc_generator(enc: tree.Encoder, g: np.random.Generator, depth: int) -> lis
     bg = g.bit_generator
     if type(bg) not in _BITGEN_NAME_BY_TYPE:
         raise enc.unsupported(f"numpy Generator with bit generator {type(bg).__qualname__} is not supported "
-                              f"(supported: {sorted(BIT_GENERATORS)})")
+                              f"(supported: {sorted(_FIELDS)})")
     return ["rng.numpy", enc.encode(bg, depth)]  # encode() checks the bit generator's depth
 
 
@@ -445,7 +459,7 @@ def _dec_bitgen(dec: tree.Decoder, node: list, depth: int) -> np.random.BitGener
         raise dec.error(f"a {name} bit generator needs a seed sequence (only MT19937 may have nil)")
     if not dec.build_objects:
         return None
-    cls = BIT_GENERATORS[name][0]
+    cls = getattr(np.random, name)
     if seed_seq is None:
         # Only a legacy-seeded MT19937 (RandomState(seed), np.random.seed) has no seed sequence.
         bg = cls()
@@ -719,12 +733,14 @@ class RngState:
             torch.mps.set_rng_state(_u8(self.mps))
 
 
-tree.ENCODERS.update({
-    torch.Generator: _enc_torch,
-    np.random.Generator: _enc_generator,
-    np.random.RandomState: _enc_randomstate,
-    random.Random: _enc_random,
-    RngState: _enc_rngstate,
-    **{cls: _enc_bitgen for cls in _BITGEN_NAME_BY_TYPE},
-})
+def _numpy_rows(np: Any) -> None:
+    """numpy's generator types, added to the tables when numpy is loaded (no value is one before)."""
+    _BITGEN_NAME_BY_TYPE.update({getattr(np.random, name): name for name in _FIELDS})
+    tree.ENCODERS.update({np.random.Generator: _enc_generator, np.random.RandomState: _enc_randomstate,
+                          **{cls: _enc_bitgen for cls in _BITGEN_NAME_BY_TYPE}})
+
+
+tree.ENCODERS.update({random.Random: _enc_random, RngState: _enc_rngstate})
 tree.DECODERS.update(DECODE)
+optional.on_load(lambda torch: tree.ENCODERS.update({torch.Generator: _enc_torch}))
+optional.on_load(_numpy_rows, "numpy")

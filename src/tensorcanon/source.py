@@ -38,13 +38,18 @@ class Source:
     """
 
     def __init__(self, f: BinaryIO | None = None, data: Any = None, name: str | None = None,
-                 mapped: torch.Tensor | None = None) -> None:
+                 mapped: torch.Tensor | None = None, span: tuple[int, int] | None = None,
+                 keep: Any = None) -> None:
         self.f = f
         self.name = name
         self.data: memoryview | None = None if data is None else memoryview(data).cast("B")
         # A file mapped by map_file: a uint8 tensor over the whole mapping (``data`` views it),
         # so that tensors can view the file's bytes too (Source.tensor).
         self.mapped = mapped
+        # A mapped file, either way: (address, length) of its mapping, for populate and shrunk;
+        # ``keep`` holds a byte map (map_bytes) that ``data`` views, to close it on release.
+        self.span = span if span is not None or mapped is None else (mapped.data_ptr(), mapped.numel())
+        self._keep = keep
         self.pos = 0
         self.size: int | None = None
         self._base = 0
@@ -145,12 +150,12 @@ class Source:
         file cut short under the map): reading the bytes then maps their pages as usual.
         For a thread that helps another read a large tensor of the map (reader.py).
         """
-        if self.mapped is None or n <= 0 or offset < 0 or offset + n > self.mapped.numel():
+        if self.span is None or n <= 0 or offset < 0 or offset + n > self.span[1]:
             return False
         madvise = _madvise()
         if madvise is None:
             return False
-        base = self.mapped.data_ptr()  # the start of the mapping: page-aligned
+        base = self.span[0]  # the start of the mapping: page-aligned
         lo = (base + offset) & ~(_PAGE - 1)
         return madvise(lo, base + offset + n - lo, _MADV_POPULATE_READ) == 0
 
@@ -163,12 +168,12 @@ class Source:
         older kernel). A file cut short after this check, while its pages are read, still
         raises SIGBUS: the check narrows that window to one read, it does not close it.
         """
-        if self.mapped is None or not self.mapped.numel():
+        if self.span is None or not self.span[1]:
             return False
         madvise = _madvise()
         if madvise is None:
             return False
-        last = (self.mapped.data_ptr() + self.mapped.numel() - 1) & ~(_PAGE - 1)
+        last = (self.span[0] + self.span[1] - 1) & ~(_PAGE - 1)
         return madvise(last, _PAGE, _MADV_POPULATE_READ) != 0 and ctypes.get_errno() == errno.EFAULT
 
     def release(self) -> None:
@@ -177,6 +182,11 @@ class Source:
             self.data.release()
             self.data = None
         self.mapped = None
+        self.span = None
+        keep, self._keep = self._keep, None
+        if keep is not None:
+            with contextlib.suppress(BufferError):  # views of it remain (tensors): unmapped with the last
+                keep.close()
 
 
 _PAGE = mmap.PAGESIZE
@@ -206,6 +216,18 @@ def _os_error(e: OSError, path: str, doing: str) -> FileAccessError:
     return FileAccessError(f"cannot {doing} {path!r}: {e.strerror or e}", filename=path, errno=e.errno)
 
 
+def directory_error(path: str, what: str) -> FormatError:
+    """The error for a directory read as a file; a sharded checkpoint's says how to read it."""
+    from .sharded import layout
+
+    hint = ""
+    if layout.is_checkpoint(path):
+        hint = ("; it is a sharded checkpoint (tensorcanon.dcp): load it whole with "
+                "tensorcanon.dcp.load_unsharded(path), into a state dict with tensorcanon.dcp.load, or write it "
+                "as one file with tensorcanon consolidate; tensorcanon.verify and the command line read it as it is")
+    return FormatError(f"{path!r} is a directory, not {what}{hint}")
+
+
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"))
 
@@ -213,7 +235,7 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR,
 def _not_regular(path: str, mode: int, doing: str, what: str) -> TensorCanonError:
     """The error for a path that names no regular file (a directory keeps its own error)."""
     if stat.S_ISDIR(mode):
-        return FormatError(f"{path!r} is a directory, not {what}")
+        return directory_error(path, what)
     kind = next((name for test, name in _KINDS if test(mode)), "a special file")
     return FileAccessError(
         f"cannot {doing} {path!r}: it is {kind}, not a regular file; tensorcanon opens only regular files "
@@ -242,7 +264,7 @@ def open_fd(path: str | os.PathLike, doing: str = "read", what: str = "a tensorc
     try:
         fd = os.open(name, _READ_FLAGS)
     except IsADirectoryError:
-        raise FormatError(f"{name!r} is a directory, not {what}") from None
+        raise directory_error(name, what) from None
     except OSError as e:
         if e.errno == errno.ENXIO:  # a socket cannot be opened at all: say what it is
             try:
@@ -308,13 +330,34 @@ def map_file(name: str) -> Source:
     return Source(data=mapped.numpy(), name=name, mapped=mapped)
 
 
+def map_bytes(name: str) -> Source:
+    """A Source over a read-only memory map of the file at ``name``, without torch: its bytes
+    (:meth:`Source.view`), not tensors that view them. What the readers of a sharded checkpoint's
+    rank files use, with or without torch: they hash the bytes where they lie and copy out what
+    they load. Private and copy-on-write, as map_file's. The map is released with the Source, or
+    with the last view of it still held."""
+    with open_path(name) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if not size:  # nothing to map; the header check reports the empty file
+            return Source(data=b"", name=name)
+        try:
+            mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError) as e:
+            raise FileAccessError(f"cannot map {name!r}: {e}", filename=name) from None
+    anchor = ctypes.c_char.from_buffer(mm)  # (writable: a private map) for its address
+    span = (ctypes.addressof(anchor), size)
+    del anchor  # (it holds the map's buffer: release it, or the map could not be closed)
+    return Source(data=mm, name=name, span=span, keep=mm)
+
+
 @contextlib.contextmanager
-def opened(f: Any, *, use_mmap: bool = False) -> Iterator[Source]:
+def opened(f: Any, *, use_mmap: bool = False, tensors: bool = True) -> Iterator[Source]:
     """A :class:`Source` for a path, a binary file object or a bytes-like object.
 
     A path is opened (and closed on exit); with ``use_mmap`` it is memory-mapped
     (:func:`map_file`), so the Source can hand out views of its bytes
-    (:meth:`Source.view`) and tensors that view them (:meth:`Source.tensor`).
+    (:meth:`Source.view`) and tensors that view them (:meth:`Source.tensor`);
+    with ``tensors=False`` too, views of its bytes only, without torch (:func:`map_bytes`).
     A URL (``s3://…``, or a :class:`~tensorcanon.storage.Location`) is read by
     ranged reads of the object (remote.py); a ``file://`` URL is a path.
     """
@@ -334,7 +377,7 @@ def opened(f: Any, *, use_mmap: bool = False) -> Iterator[Source]:
     if isinstance(f, (str, os.PathLike)):
         name = os.fspath(f)
         if use_mmap:
-            src = map_file(name)
+            src = map_file(name) if tensors else map_bytes(name)
             try:
                 yield src
             finally:

@@ -8,29 +8,79 @@ storage, strides or offset. docs/FORMAT.md, "Tensor data".
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
+from . import optional
 from .dtypes import DType
 from .errors import FormatError, UnsupportedTypeError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+else:
+    torch = optional.torch_module(globals())
+    np = optional.numpy_module(globals())
 
 if sys.byteorder != "little":  # pragma: no cover - no such host in CI
     raise ImportError("tensorcanon supports little-endian hosts only")
 
 
-SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # int dtype of each item size
+@functools.cache
+def same_size_int() -> dict[int, torch.dtype]:
+    """The int dtype of each item size (torch's tables, built once torch is needed)."""
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-# Dtypes whose bytes numpy can expose directly (bool is not here: it needs the 0/1 check).
-_NUMPY_VIEWABLE = frozenset(
-    getattr(torch, n) for n in (
-        "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
-        "float16", "float32", "float64", "complex64", "complex128",
-    ) if hasattr(torch, n)
-)
-NUMPY_VIEWABLE = _NUMPY_VIEWABLE
+
+@functools.cache
+def numpy_viewable() -> frozenset[torch.dtype]:
+    """Dtypes whose bytes numpy can expose directly (bool is not here: it needs the 0/1 check)."""
+    return frozenset(
+        getattr(torch, n) for n in (
+            "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
+            "float16", "float32", "float64", "complex64", "complex128",
+        ) if hasattr(torch, n)
+    )
+
+
+@functools.cache
+def _channels_last() -> dict[int, tuple[str, Any]]:
+    return {4: ("channels_last", torch.channels_last), 5: ("channels_last_3d", torch.channels_last_3d)}
+
+
+@functools.cache
+def _memory_formats() -> dict[str, Any]:
+    return dict(_channels_last().values())
+
+
+if TYPE_CHECKING:
+    SAME_SIZE_INT: dict[int, torch.dtype]
+    NUMPY_VIEWABLE: frozenset[torch.dtype]
+    MEMORY_FORMATS: dict[str, torch.memory_format]
+
+
+def __getattr__(name: str) -> Any:
+    """The torch tables by their former names, built (importing torch) on first use."""
+    if name == "SAME_SIZE_INT":
+        return same_size_int()
+    if name == "NUMPY_VIEWABLE":
+        return numpy_viewable()
+    if name == "MEMORY_FORMATS":
+        return _memory_formats()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class Stored:
+    """A tensor of a plain safetensors file, as its bytes: what ``hash``, ``lock``, ``check`` and
+    ``inspect`` plan and hash without torch. It stands for the CPU tensor a load gives (kind
+    ``tensor``, no gradient, contiguous, sharing memory with no other) and so gets the same digest:
+    :func:`host_bytes` gives its bytes as they are (bool bytes are checked when read: reader.py)."""
+
+    __slots__ = ("dtype", "shape", "data")
+
+    def __init__(self, dtype: DType, shape: tuple[int, ...], data: memoryview) -> None:
+        self.dtype, self.shape, self.data = dtype, shape, data
 
 
 def resolved(t: torch.Tensor) -> torch.Tensor:
@@ -67,14 +117,10 @@ def alias_key(value: Any, kind: str) -> Any:
             value.requires_grad, value.is_conj(), value.is_neg())
 
 
-_CHANNELS_LAST = {4: ("channels_last", torch.channels_last), 5: ("channels_last_3d", torch.channels_last_3d)}
-MEMORY_FORMATS = {name: fmt for name, fmt in _CHANNELS_LAST.values()}
-
-
 def memory_format(t: torch.Tensor) -> str | None:
     """``"channels_last"`` (4-d) or ``"channels_last_3d"`` (5-d) when ``t`` is laid out that way and
     not also C-contiguous, else None: the layout a loader restores (docs/FORMAT.md §5.6)."""
-    entry = _CHANNELS_LAST.get(t.dim())
+    entry = _channels_last().get(t.dim())
     if entry is None or t.is_contiguous() or not t.is_contiguous(memory_format=entry[1]):
         return None
     return entry[0]
@@ -84,10 +130,10 @@ def in_memory_format(t: torch.Tensor, name: str) -> torch.Tensor:
     """``t`` laid out in the memory format ``name`` of :data:`MEMORY_FORMATS` (a copy unless it
     already is), for every dtype of the table: torch has no copy kernel for some (the sub-byte
     ints, ``float8_e8m0fnu``, ``float4_e2m1fn_x2``), so those are laid out as the int of their size."""
-    fmt = MEMORY_FORMATS[name]
+    fmt = _memory_formats()[name]
     if t.is_contiguous(memory_format=fmt):
         return t
-    same = SAME_SIZE_INT.get(t.dtype.itemsize)
+    same = same_size_int().get(t.dtype.itemsize)
     if same is None:  # complex128
         return t.contiguous(memory_format=fmt)
     return t.view(same).contiguous(memory_format=fmt).view(t.dtype)
@@ -120,13 +166,15 @@ def unsaveable(t: torch.Tensor) -> str | None:
 
 
 # numpy < 2 allows 32 dimensions, numpy 2 allows 64 (as many as the format's default max_ndim).
-_NUMPY_MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+@functools.cache
+def numpy_max_dims() -> int:
+    return 64 if int(np.__version__.split(".")[0]) >= 2 else 32
 
 
 def _numpy_of(t: torch.Tensor) -> np.ndarray:
     """``t.numpy()`` of a contiguous CPU tensor, flattened when it has more dimensions than
     this numpy allows."""
-    return t.numpy() if t.dim() <= _NUMPY_MAX_DIMS else t.view(-1).numpy()
+    return t.numpy() if t.dim() <= numpy_max_dims() else t.view(-1).numpy()
 
 
 def host_bytes(value: Any, kind: str) -> memoryview:
@@ -136,6 +184,8 @@ def host_bytes(value: Any, kind: str) -> memoryview:
     not contiguous, a lazily conjugated/negated tensor or one on another device
     is copied once, tensor by tensor.
     """
+    if type(value) is Stored:
+        return value.data
     if kind == "ndarray":
         a = value
         if a.dtype.byteorder == ">":
@@ -144,16 +194,17 @@ def host_bytes(value: Any, kind: str) -> memoryview:
         if a.dtype == np.uint8 and value.dtype == np.bool_ and a.size and a.max() > 1:
             a = (a != 0).view(np.uint8)
         return a.data
-    if (value.is_cpu and value.dtype in _NUMPY_VIEWABLE and value.is_contiguous()
+    if (value.is_cpu and value.dtype in numpy_viewable() and value.is_contiguous()
             and not value.is_conj() and not value.is_neg() and value.numel()):
         # The common case, kept cheap for checkpoints of many small tensors: no copy, no reshape.
         return _numpy_of(value.detach() if value.requires_grad else value).data.cast("B")
     t = resolved(value)
     if t.device.type != "cpu":
         t = t.cpu()
-    if t.dtype.itemsize in SAME_SIZE_INT:
+    same = same_size_int().get(t.dtype.itemsize)
+    if same is not None:
         # copy kernels exist for every int dtype but not for sub-byte or some float8 dtypes
-        t = t.view(SAME_SIZE_INT[t.dtype.itemsize])
+        t = t.view(same)
     flat = t.contiguous().reshape(-1)
     if flat.numel() and flat.stride(0) != 1:  # size-1 dims may keep any stride
         flat = flat.clone(memory_format=torch.contiguous_format)
@@ -167,15 +218,21 @@ def empty_tensor(dtype: DType, shape: tuple[int, ...], kind: str) -> tuple[torch
     """``(tensor, flat byte view of it)`` already of ``dtype`` and ``shape``, so that reading
     into the view finishes the tensor; None when the general path is needed (arrays, bool,
     dtypes numpy cannot view, zero-size shapes): :func:`empty_buffer`, then :func:`finish`."""
+    if kind == "ndarray":
+        return None
     t = dtype.torch
-    if kind == "ndarray" or t not in _NUMPY_VIEWABLE or 0 in shape:
+    if t not in numpy_viewable() or 0 in shape:
         return None
     value = torch.empty(shape, dtype=t)
     return value, _numpy_of(value).data.cast("B")
 
 
 def empty_buffer(nbytes: int, kind: str) -> tuple[Any, memoryview]:
-    """A fresh, writable flat uint8 buffer (tensor or array) and its memoryview."""
+    """A fresh, writable flat uint8 buffer (tensor or array; a bytearray for kind ``"bytes"``, which
+    needs neither torch nor numpy) and its memoryview."""
+    if kind == "bytes":
+        raw = bytearray(nbytes)
+        return raw, memoryview(raw)
     if kind == "ndarray":
         arr = np.empty(nbytes, dtype=np.uint8)
         return arr, arr.data
@@ -185,7 +242,9 @@ def empty_buffer(nbytes: int, kind: str) -> tuple[Any, memoryview]:
 
 def check_bool(buffer: Any, dtype: DType, name: str) -> None:
     """Refuse the flat uint8 bytes of a bool tensor unless each is 0 or 1 (all a writer stores)."""
-    if dtype.name == "bool" and len(buffer) and bool(buffer.max() > 1):
+    if dtype.name != "bool" or not len(buffer):
+        return
+    if buffer.translate(None, b"\x00\x01") if type(buffer) is bytearray else bool(buffer.max() > 1):
         raise FormatError(f"tensor {name!r} is bool but holds a byte other than 0 or 1")
 
 
@@ -193,10 +252,10 @@ def finish(buffer: Any, dtype: DType, shape: tuple[int, ...], kind: str, name: s
     """Reinterpret a filled flat uint8 buffer as the recorded dtype and shape."""
     check_bool(buffer, dtype, name)
     if kind == "ndarray":
-        if len(shape) > _NUMPY_MAX_DIMS:
+        if len(shape) > numpy_max_dims():
             raise UnsupportedTypeError(
                 f"tensor {name!r} is a numpy array of {len(shape)} dimensions, more than this numpy "
-                f"({np.__version__}) allows ({_NUMPY_MAX_DIMS}): load the file with numpy >= 2")
+                f"({np.__version__}) allows ({numpy_max_dims()}): load the file with numpy >= 2")
         assert dtype.numpy is not None  # an ndarray's dtype is one numpy has
         return buffer.view(dtype.numpy.newbyteorder("=")).reshape(shape)
     if dtype.torch is None:
@@ -225,8 +284,10 @@ def copied(dtype: DType, shape: tuple[int, ...], kind: str, src: int, nbytes: in
     tensor's size: the reader computes both from a checked header. One
     ``torch.empty`` and one ``memmove``: the cost of loading a small tensor.
     """
+    if kind == "ndarray" or not nbytes:
+        return None
     t = dtype.torch
-    if kind == "ndarray" or t not in _NUMPY_VIEWABLE or not nbytes:
+    if t not in numpy_viewable():
         return None
     value = torch.empty(*shape, dtype=t) if shape else torch.empty((), dtype=t)
     _memmove(value.data_ptr(), src, nbytes)

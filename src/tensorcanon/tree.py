@@ -18,16 +18,21 @@ import operator
 import types
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
-import numpy as np
-import torch
 
-from . import codecs, devices, dtypes, paths, registry, tensorbytes, walk
+from . import codecs, container, devices, dtypes, optional, paths, registry, tensorbytes, walk
 from .errors import FormatError, LimitError, UnsupportedTypeError
 from .names import tensor_names  # the name rule lives in names.py (layout imports it from here too)
 from .ordering import KEY_TYPES, MAX_SAME_HASH, NO_KEY, UnorderableKey, crowded, sort_key, sorted_keys
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+else:
+    torch = optional.torch_module(globals())  # imported on first use: reading a file needs no torch
+    np = optional.numpy_module(globals())  # (nor numpy, unless it holds numpy values)
 
 EXT_BIGINT = 1
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
@@ -42,7 +47,6 @@ def tag_of(node: Any) -> str | None:
     """The tag of a tagged array (``"dict"``, ``"tensor"``...), None for anything else."""
     return node[0] if type(node) in ARRAYS and node and type(node[0]) is str else None
 
-_Parameter = torch.nn.Parameter
 _OrderedDict = collections.OrderedDict
 _Sized = TypeVar("_Sized", bound=Sized)
 
@@ -80,6 +84,7 @@ class Encoder:
     """Turns one object into a tree of nodes and a table of tensors."""
 
     def __init__(self, max_depth: int) -> None:
+        optional.ready()  # if the program imported torch, its types are in ENCODERS
         self.max_depth = max_depth
         self.tensors: list[TensorSource] = []
         self._by_id: dict[int, int] = {}
@@ -135,6 +140,10 @@ class Encoder:
                 f"a key or set member of type {type(e.key).__qualname__} has no canonical order; "
                 f"keys and set members must be {KEY_TYPES}"
             ) from None
+        except UnicodeEncodeError:  # (a ValueError too) sort_key encodes each str key as UTF-8
+            raise self.unsupported(
+                "a key or set member holds a str with a lone surrogate, which is not valid UTF-8 "
+                "(docs/FORMAT.md §6.1)") from None
         except ValueError as e:
             raise self.unsupported(str(e)) from None
 
@@ -237,6 +246,9 @@ class Encoder:
                 self._keep.append(value)
                 self._by_id[id(value)] = idx
                 return ["tensor", idx]
+        problem = container.size_problem(fields["shape"], fields["dtype"].itemsize)
+        if problem is not None:  # (torch makes some: (2**60, 11, 0) of float32; no reader may take them)
+            raise self.unsupported(f"the tensor {problem}")
         idx = len(self.tensors)
         self.tensors.append(TensorSource(value=value, path=tuple(self._path), **fields))
         self._by_id[id(value)] = idx
@@ -256,7 +268,7 @@ class Encoder:
             raise self.unsupported(
                 f"tensors of dtype {v.dtype} are not supported (docs/FORMAT.md §4.1 lists the dtypes "
                 "that are); convert it, e.g. t.to(torch.float32)")
-        kind = "parameter" if type(v) is _Parameter else "tensor"
+        kind = "parameter" if type(v) is torch.nn.Parameter else "tensor"
         device = "cpu"
         if not v.is_cpu:
             device = str(v.device)
@@ -294,9 +306,13 @@ class Encoder:
             except Exception as e:
                 raise self.unsupported(f"the encode function registered for {reg.name!r} failed: {e!r}") from e
             return ["obj", reg.name, self.encode(state, depth)]
-        if isinstance(v, np.generic):
+        if issubclass(t, np.generic):  # not isinstance: that reads v.__class__, which may raise
             return self.enc_numpy_scalar(v, depth)
-        raise self.unsupported(unsaveable_message(v))
+        try:
+            message = unsaveable_message(v)
+        except Exception as e:  # noqa: BLE001 - an object that raises when touched (a proxy, a ShardedTensor)
+            message = f"cannot save a value of type {t.__module__}.{t.__qualname__} (touching it raised {e!r})"
+        raise self.unsupported(message)
 
     # -- naming
     def assign_names(self, version: int = 2) -> None:
@@ -317,25 +333,31 @@ ENCODERS: dict[type, Callable[[Encoder, Any, int], Any]] = {
     set: Encoder.enc_container,
     frozenset: Encoder.enc_container,
     complex: Encoder.enc_complex,
-    torch.Size: Encoder.enc_size,
-    torch.dtype: Encoder.enc_dtype,
-    torch.device: Encoder.enc_device,
-    torch.Tensor: Encoder.enc_tensor,
-    _Parameter: Encoder.enc_tensor,
-    np.ndarray: Encoder.enc_ndarray,
 }
+
+
+def _torch_rows(torch: Any) -> None:
+    """torch's types, added to ENCODERS when torch is loaded (no value is one before: optional.py)."""
+    ENCODERS.update({torch.Size: Encoder.enc_size, torch.dtype: Encoder.enc_dtype,
+                     torch.device: Encoder.enc_device, torch.Tensor: Encoder.enc_tensor,
+                     torch.nn.Parameter: Encoder.enc_tensor})
+
+
+optional.on_load(_torch_rows)
+optional.on_load(lambda np: ENCODERS.update({np.ndarray: Encoder.enc_ndarray}), "numpy")
 
 
 def unsaveable_message(v: Any) -> str:
     """Why ``v`` (of a type nothing encodes) cannot be saved, and what to save instead."""
     t = type(v)
     name = f"{t.__module__}.{t.__qualname__}"
-    if isinstance(v, torch.Tensor):
+    th = optional.imported()  # (no value is a torch object unless torch is imported)
+    if th is not None and isinstance(v, th.Tensor):
         return tensorbytes.unsaveable(v) or f"tensor subclass {name} is not supported"
-    if isinstance(v, torch.nn.Module):
+    if th is not None and isinstance(v, th.nn.Module):
         return (f"cannot save a {name} (a torch.nn.Module): save its state_dict() instead "
                 "(model.state_dict()) and rebuild the module in code before load_state_dict()")
-    for what, base in _STATEFUL:
+    for what, base in _stateful(th):
         if base is not None and isinstance(v, base):
             return (f"cannot save a {name} ({what}): save its state_dict() instead and call "
                     "load_state_dict() on a freshly built one after loading")
@@ -369,17 +391,21 @@ def _qualname(v: Any) -> str:
     return f"{module}.{qual}" if module else str(qual)
 
 
-_STATEFUL = [
-    ("an optimizer", torch.optim.Optimizer),
-    ("a learning-rate scheduler", getattr(torch.optim.lr_scheduler, "LRScheduler", None)),
-    ("a learning-rate scheduler", getattr(torch.optim.lr_scheduler, "ReduceLROnPlateau", None)),
-]
+def _stateful(th: Any) -> list[tuple[str, Any]]:
+    if th is None:
+        return []
+    return [
+        ("an optimizer", th.optim.Optimizer),
+        ("a learning-rate scheduler", getattr(th.optim.lr_scheduler, "LRScheduler", None)),
+        ("a learning-rate scheduler", getattr(th.optim.lr_scheduler, "ReduceLROnPlateau", None)),
+    ]
 
 
 # --------------------------------------------------------------------------- decode
 
 
 _NO_KEY = object()  # no previous key yet (Decoder._fill)
+_TORCH_VALUES = {"size": "Size", "dtype": "dtype", "device": "device"}  # tag -> type name (build_objects=False)
 _first = operator.itemgetter(0)
 
 
@@ -464,6 +490,8 @@ class Decoder:
 
     def _key(self, node: Any, depth: int) -> tuple[Any, tuple]:
         k = self.decode(node, depth)
+        if k is None and not self.build_objects and tag_of(node) in _TORCH_VALUES:  # refused as when built
+            raise self.error(f"a key or set member of type {_TORCH_VALUES[node[0]]} is not allowed")
         try:
             return k, sort_key(k)
         except (UnorderableKey, UnicodeEncodeError):
@@ -589,26 +617,32 @@ class Decoder:
             raise self.error("'complex' takes two floats")
         return complex(re, im)
 
-    def dec_size(self, node: Sequence[Any], depth: int) -> torch.Size:
+    def dec_size(self, node: Sequence[Any], depth: int) -> torch.Size | None:
         dims = node[1:]
         if not all(type(d) is int and -(2**63) <= d < 2**63 for d in dims):
             raise self.error("'size' takes ints that fit in 64 bits")
+        if not self.build_objects:  # structural check only (verify): no torch needed
+            return None
         return torch.Size(dims)
 
-    def dec_dtype(self, node: Sequence[Any], depth: int) -> torch.dtype:
+    def dec_dtype(self, node: Sequence[Any], depth: int) -> torch.dtype | None:
         (name,) = self._args(node, 1)
         if type(name) is not str or name not in dtypes.DTYPE_VALUE_NAMES:
             raise self.error(f"unknown torch dtype {paths.show(name)} (docs/FORMAT.md §4.4 lists the names)")
+        if not self.build_objects:  # structural check only (verify): any torch, or none, accepts the name
+            return None
         d = dtypes.TORCH_DTYPES_BY_NAME.get(name)
         if d is None:
             raise self.error(f"the file holds torch.{name}, which this torch ({torch.__version__}) lacks; "
                              "load it with a newer torch")
         return d
 
-    def dec_device(self, node: Sequence[Any], depth: int) -> torch.device:
+    def dec_device(self, node: Sequence[Any], depth: int) -> torch.device | None:
         (spec,) = self._args(node, 1)
         if not devices.is_canonical(spec):
             raise self.error(f"device {paths.show(spec)} is not canonical device text (docs/FORMAT.md §4.3)")
+        if not self.build_objects:  # structural check only (verify): no torch needed
+            return None
         try:
             return torch.device(spec)
         except (RuntimeError, ValueError) as e:  # a type this torch does not know

@@ -15,6 +15,12 @@ map; tensorcanon's own saves never truncate a rank file (they write new files
 and rename them), so only another program rewriting files in place can do this.
 Positional reads would turn that into an error too, at a cost measured at 10-30%
 more CPU time for reading a checkpoint in the page cache.
+
+A rank file in object storage (a URL, docs/STORAGE.md) cannot be mapped: it is
+read by ranged reads of one version of the object (remote.RemoteFile), each
+chunk fetched into memory when it is used and hashed against its digest every
+time it is fetched, with the same checks of its header and of its digest
+against the index.
 """
 
 from __future__ import annotations
@@ -24,10 +30,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
-from .. import digest as _digest, reader
+from .. import digest as _digest, optional, reader, storage
 from ..errors import FormatError, IntegrityError, MissingFileError, TensorCanonError, UnsupportedTypeError
 from ..limits import DEFAULT, Limits
 from ..manifest import TensorInfo
@@ -36,7 +39,13 @@ from ..tree import Decoder, tag_of
 from .errors import CheckpointNotFoundError
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
     from .layout import Index
+else:
+    torch = optional.torch_module(globals())
+    np = optional.numpy_module(globals())  # imported on first use: verifying a checkpoint needs no torch
 
 
 def with_context(e: TensorCanonError, prefix: str) -> TensorCanonError:
@@ -51,7 +60,7 @@ def with_context(e: TensorCanonError, prefix: str) -> TensorCanonError:
     return rebuild(cls, (message if message.startswith(prefix) else prefix + message,), state)
 
 
-def read_index_file(path: str, limits: Limits = DEFAULT) -> tuple[Any, str, str]:
+def read_index_file(path: Any, limits: Limits = DEFAULT) -> tuple[Any, str, str]:
     """``(object, file digest, algorithm)`` of an index file. An index holds no tensors
     (everything is in its manifest), so decoding it reads no data."""
     with reader.open_file(path, limits) as cf:
@@ -76,11 +85,25 @@ class RankFile(reader.CheckedFile):
     _verified: set[int]       # rows whose bytes were hashed against their digest
     _keys: dict[Any, Any]     # the flat dict's keys -> their tree nodes
 
+    _remote = False           # read by ranged reads of an object (a URL), not mapped
+
     @classmethod
-    def open(cls, path: str, expected: str | None = None, limits: Limits = DEFAULT) -> RankFile:
+    def open(cls, path: str, expected: str | None = None, limits: Limits = DEFAULT,
+             options: dict | None = None) -> RankFile:
+        """``options``: the storage options of a rank file in object storage (``path`` a URL)."""
         stack = contextlib.ExitStack()
+        remote = options is not None
+        url, path = path, storage.redact(path) if remote else path  # (path: as shown, credentials hidden)
         try:
-            f = cls(stack.enter_context(opened(path, use_mmap=True)), limits, closer=stack)
+            if remote:
+                from .. import remote as _remote
+
+                # read ahead in parallel: readers take chunks in file order (dcp.Reader, W=1 verify)
+                src = stack.enter_context(_remote.opened(storage.Location(url, options or {}, sequential=True)))
+            else:
+                # (its bytes, mapped without torch: hashed in place, copied out or viewed by RankFile.tensor)
+                src = stack.enter_context(opened(path, use_mmap=True, tensors=False))
+            f = cls(src, limits, closer=stack)
             if not f.is_tensorcanon:
                 raise FormatError("is a plain safetensors file, not a tensorcanon rank file")
             f.check_tree()
@@ -97,6 +120,7 @@ class RankFile(reader.CheckedFile):
             raise
         f.path = path
         f._verified = set()
+        f._remote = remote
         if expected is not None and f.digest != expected:
             f.close()
             raise IntegrityError(
@@ -129,6 +153,11 @@ class RankFile(reader.CheckedFile):
         """The stored bytes of a tensor, in place and not verified (see :meth:`verified`)."""
         if not info.nbytes:
             return memoryview(b"")
+        if self._remote:  # fetched now (ranged reads of one version), into memory
+            buf = bytearray(info.nbytes)
+            self.src.seek(self.data_start + info.begin)
+            self.src.readinto(memoryview(buf), f"tensor {info.name!r}")
+            return memoryview(buf)
         view = self.src.view(self.data_start + info.begin, info.nbytes)
         if view is None or self.src.shrunk():
             raise self._shrunk()
@@ -141,7 +170,7 @@ class RankFile(reader.CheckedFile):
     def verified(self, info: TensorInfo, what: Callable[[], str]) -> memoryview:
         """The stored bytes of a tensor, hashed against its digest the first time."""
         view = self.raw(info)
-        if info.index not in self._verified:
+        if info.index not in self._verified or self._remote:  # (fetched bytes: hashed every time)
             h = _digest.tensor_hasher(info.dtype.name, info.shape, self.algorithm)
             h.update(view)
             actual = h.digest()
@@ -221,7 +250,8 @@ class RankFiles:
         f = self._open.get(rank)
         if f is None:
             try:
-                f = RankFile.open(self.index.file_path(rank), self.index.files[rank], self.limits)
+                f = RankFile.open(self.index.file_path(rank), self.index.files[rank], self.limits,
+                                  self.index.options)
             except TensorCanonError as e:
                 raise with_context(e, self._holds(rank)) from None
             self._open[rank] = f

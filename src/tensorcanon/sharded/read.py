@@ -14,9 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-import numpy as np
-
-from .. import digest, placement, tensorbytes, writer
+from .. import digest, placement, storage, tensorbytes, writer
 from ..errors import FormatError, IntegrityError, TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..manifest import TensorInfo
@@ -79,6 +77,8 @@ def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memory
                  for c in chunks]
     views: dict[int, memoryview] = {}
     is_bool, bad_bool = info.dtype.name == "bool", None
+    if is_bool:
+        import numpy as np  # (only for bool tensors: verifying a checkpoint needs no numpy otherwise)
     for j, start, count in tiling.runs(info.shape, [c.box for c in chunks]):
         view = views.get(j)
         if view is None:
@@ -144,17 +144,17 @@ def read_tensor(index: layout.Index, files: RankFiles, t: int, map_location: Any
     return placement.as_recorded(value, info, map_location, lambda: info.name)
 
 
-def _open(folder: str | os.PathLike, limits: Limits) -> layout.Index:
-    return layout.read(folder, limits)
+def _open(folder: Any, limits: Limits, storage_options: Any = None) -> layout.Index:
+    return layout.read(folder, limits, storage_options)
 
 
-def logical_digest(folder: str | os.PathLike, *, limits: Limits = DEFAULT) -> str:
+def logical_digest(folder: str | os.PathLike, *, limits: Limits = DEFAULT, storage_options: Any = None) -> str:
     """The checkpoint's logical digest, read from its (validated) index without reading data."""
-    return _open(folder, limits).logical_digest
+    return _open(folder, limits, storage_options).logical_digest
 
 
 def load_unsharded(folder: str | os.PathLike, *, rank: int | None = None, map_location: Any = None,
-                   limits: Limits = DEFAULT) -> Any:
+                   limits: Limits = DEFAULT, storage_options: Any = None) -> Any:
     """The whole state of a checkpoint in one process: full tensors, original containers, verified.
 
     ``rank=None`` (the default) gives the logical state, whose
@@ -162,8 +162,11 @@ def load_unsharded(folder: str | os.PathLike, *, rank: int | None = None, map_lo
     are left out. ``rank=r`` adds rank ``r``'s per-rank values at their paths, which
     the index guarantees are keys the logical state lacks (layout.read), so the
     logical state's values are exactly those that :func:`verify` covers either way.
+
+    ``folder`` may be a directory URL of object storage (``s3://bucket/run/step100``), with
+    ``storage_options`` (docs/STORAGE.md); so may every function of this module.
     """
-    index = _open(folder, limits)
+    index = _open(folder, limits, storage_options)
     if rank is not None and (type(rank) is not int or not 0 <= rank < index.world_size):
         from ..errors import UsageError
 
@@ -193,7 +196,8 @@ def _insert(root: Any, path: tuple, value: Any) -> None:
     parent[path[-1]] = value
 
 
-def verify(folder: str | os.PathLike, *, expect: str | None = None, limits: Limits = DEFAULT) -> str:
+def verify(folder: str | os.PathLike, *, expect: str | None = None, limits: Limits = DEFAULT,
+           storage_options: Any = None) -> str:
     """Check every byte of a checkpoint and return its logical digest.
 
     Validates the index, opens every rank file (checking its digest against the
@@ -203,7 +207,7 @@ def verify(folder: str | os.PathLike, *, expect: str | None = None, limits: Limi
     """
     if expect is not None and not digest.is_text(expect):
         raise FormatError(f"expect={digest.text_error(expect)}")
-    index = _open(folder, limits)
+    index = _open(folder, limits, storage_options)
     with RankFiles(index, limits) as files:
         wanted: list[set] = [set(index.per_rank_keys) for _ in range(index.world_size)]
         for t, chunks in enumerate(index.chunks):
@@ -228,17 +232,21 @@ def verify(folder: str | os.PathLike, *, expect: str | None = None, limits: Limi
     return found
 
 
-def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Limits = DEFAULT) -> str:
+def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Limits = DEFAULT,
+                storage_options: Any = None) -> str:
     """Write the checkpoint as one ordinary tensorcanon file; return its digest (the logical digest).
 
     The file's bytes are those of ``tensorcanon.dumps(state)`` for the logical state
     held in one process (tensors on the CPU). Tensors are streamed from the rank
     files into the output one piece at a time, each verified as it passes; the
-    output is written atomically and removed if anything fails to verify.
+    output is written atomically and removed if anything fails to verify. ``folder`` and ``out``
+    may be URLs of object storage (both reached with ``storage_options``): the output is then
+    one object, which appears only complete (docs/STORAGE.md).
     """
-    index = _open(folder, limits)
+    out_url = storage.is_url(os.fspath(out)) and storage.local_path(os.fspath(out)) is None
+    index = _open(folder, limits, storage_options if layout.is_remote(folder) or not out_url else None)
     infos = index.logical.tensors
-    header, _ = index.consolidated_header()
+    header, data_size = index.consolidated_header()
     order = sorted(range(len(infos)), key=lambda t: infos[t].begin)  # data order
 
     def fill(f: BinaryIO, tmp: str) -> str:
@@ -249,9 +257,15 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
         return index.logical_digest
 
     try:
+        if out_url:
+            from .. import remote
+
+            store, path = storage.open_store(os.fspath(out), storage_options)
+            return remote.write_object(store, path, lambda f: fill(f, ""), hold=len(header),
+                                       total=len(header) + data_size)
         return writer.replace_atomically(out, fill)
     except TensorCanonError as e:
-        raise with_context(e, f"consolidating {os.fspath(folder)}: ") from None
+        raise with_context(e, f"consolidating {storage.redact(index.folder)}: ") from None
 
 
 __all__ = ["stream", "read_tensor", "logical_digest", "load_unsharded", "verify", "consolidate"]
