@@ -382,6 +382,11 @@ def _check_local(entry: LockEntry, path: str, version: int, wrap: Wrap | None, l
     except (TensorCanonError, OSError) as e:
         status = "corrupt" if isinstance(e, IntegrityError) else "unreadable"
         return CheckResult(entry, status, None, size, str(e))
+    return _compared(entry, found, size)
+
+
+def _compared(entry: LockEntry, found: str, size: int | None) -> CheckResult:
+    """The verdict on a file or object whose digest and size were read: ``ok`` or ``mismatch``."""
     problems = []
     if found != entry.digest:
         problems.append(f"digest {found}, expected {entry.digest}")
@@ -405,9 +410,4 @@ def _check_url(entry: LockEntry, version: int, wrap: Wrap | None, limits: Limits
     except (TensorCanonError, OSError) as e:
         status = "corrupt" if isinstance(e, IntegrityError) else "unreadable"
         return CheckResult(entry, status, None, size, str(e))
-    problems = []
-    if found != entry.digest:
-        problems.append(f"digest {found}, expected {entry.digest}")
-    if size != entry.size:
-        problems.append(f"size {size}, expected {entry.size}")
-    return CheckResult(entry, "mismatch" if problems else "ok", found, size, "; ".join(problems))
+    return _compared(entry, found, size)
