@@ -157,6 +157,8 @@ def _table(rows: list[list[str]], right: set[int] | frozenset[int] = frozenset()
 
 
 def cmd_hash(args: argparse.Namespace, out: _Out) -> int:
+    from .sharded import layout  # (the sharded package is imported only where a command needs it)
+
     code, results = EXIT_OK, []
     for given in args.files:
         path: Any = storage.redact(given)  # a URL is shown without credentials
@@ -175,7 +177,7 @@ def cmd_hash(args: argparse.Namespace, out: _Out) -> int:
         finally:
             out.close_bars()
         results.append({"path": path, "status": "ok", "digest": d, "format": fmt,
-                        "verified": bool(args.verify or fmt not in ("tensorcanon", "tensorcanon-sharded"))})
+                        "verified": bool(args.verify or fmt not in ("tensorcanon", layout.FORMAT))})
         out.line(f"{d}  {path}")
     out.json({"files": results})
     return code
@@ -280,7 +282,7 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Li
             else:
                 first_path[node[1]] = where
         elif tag in _CONTAINERS:
-            n = (len(node) - (1 if tag == "dict" else 2)) // 2 if tag in ("dict", "odict") else len(node) - 1
+            n = (len(node) - tree.first_item(tag)) // 2 if tag in ("dict", "odict") else len(node) - 1
             unit = "key" if tag in ("dict", "odict") else "item"
             row.update(type=_CONTAINERS[tag], value=f"{n} {unit}{'s' if n != 1 else ''}")
         elif tag == "obj":
@@ -346,20 +348,20 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
         metadata, algorithm, version = None, digest.DEFAULT, manifest.VERSION
         target = storage.resolve(args.file)  # a URL: an object in a store, of which only the header is read
         if isinstance(target, storage.Location) and _checkpoint_dir(target):  # a checkpoint directory URL
-            from .sharded import tools
+            from .sharded import layout, tools
 
             sharded = tools.describe(target)
-            fmt, size = tools.FORMAT_NAME, sharded["size"]
+            fmt, size = layout.FORMAT, sharded["size"]
         elif isinstance(target, storage.Location):
             from . import remote
 
             target = target.but(sequential=False)
             fmt, size = detect_format(target), remote.size(target)
         elif os.path.isdir(target):  # a sharded checkpoint: its logical tree, and how it is laid out
-            from .sharded import tools
+            from .sharded import layout, tools
 
             sharded = tools.describe(target)
-            fmt, size = tools.FORMAT_NAME, sharded["size"]
+            fmt, size = layout.FORMAT, sharded["size"]
         else:
             fmt = detect_format(target)
             size = os.path.getsize(target)

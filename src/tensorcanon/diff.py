@@ -332,9 +332,10 @@ def load_file(path: str | os.PathLike | storage.Location, *, limits: Limits = DE
     else:
         where = name = os.fspath(target)
         if os.path.isdir(name):
-            from .sharded import tools
+            from .sharded import layout, tools  # (imported for a directory only: `import tensorcanon` stays light)
 
-            return tools.loaded(name, limits)
+            value, algorithm = tools.logical_state(name, limits)
+            return Loaded(value, layout.FORMAT, name, algorithm=algorithm)
     fmt = detect_format(where)
     if fmt in ("tensorcanon", "safetensors"):
         with _checked(where, limits, wrap) as cf:

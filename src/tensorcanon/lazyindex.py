@@ -40,6 +40,7 @@ from .errors import FormatError
 from .limits import Limits
 from .manifest import TensorInfo
 from .source import Source
+from .tree import first_item, items
 from .walk import METADATA
 
 _COMPONENT = re.compile(r'\[("(?:[^"\\]|\\.)*"|-?[0-9]+)\]')
@@ -146,11 +147,9 @@ class QuickIndex:
                 return None
             tag = node[0]
             if tag == "dict" or tag == "odict":
-                start = 1 if tag == "dict" else 2
-                if (tag == "odict" and c == METADATA) or (len(node) - start) % 2:
+                if (tag == "odict" and c == METADATA) or (len(node) - first_item(tag)) % 2:
                     return None  # the metadata slot shares its path with a key of that name
-                found = [node[i + 1] for i in range(start, len(node), 2)
-                         if type(node[i]) is type(c) and node[i] == c]
+                found = [v for k, v in items(node) if type(k) is type(c) and k == c]
                 if len(found) != 1:
                     return None
                 node = found[0]

@@ -111,9 +111,9 @@ def content_digest(path: str | os.PathLike | storage.Location, *, verify: bool =
 
     loc = storage.resolve(path, storage_options)
     if isinstance(loc, storage.Location) and _checkpoint(loc):  # a sharded checkpoint's directory URL
-        from .sharded import tools
+        from .sharded import layout, tools
 
-        return tools.content_digest(loc, verify=verify, limits=limits), tools.FORMAT_NAME
+        return tools.content_digest(loc, verify=verify, limits=limits), layout.FORMAT
     if isinstance(loc, storage.Location):
         fmt = detect_format(loc)
         if fmt == "tensorcanon":
@@ -133,9 +133,9 @@ def _local_digest(path: str, verify: bool, wrap: Wrap | None, limits: Limits, fo
     from .source import open_path
 
     if os.path.isdir(path):  # a sharded checkpoint: its logical digest
-        from .sharded import tools
+        from .sharded import layout, tools
 
-        return tools.content_digest(path, verify=verify, limits=limits), tools.FORMAT_NAME
+        return tools.content_digest(path, verify=verify, limits=limits), layout.FORMAT
     fmt = detect_format(path)
     if fmt == "tensorcanon":
         with open_path(path) as fh:

@@ -16,7 +16,7 @@ import itertools
 import math
 import operator
 import types
-from collections.abc import Callable, Iterable, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -46,6 +46,23 @@ collector). Both are a msgpack array; code that reads a tree accepts either."""
 def tag_of(node: Any) -> str | None:
     """The tag of a tagged array (``"dict"``, ``"tensor"``...), None for anything else."""
     return node[0] if type(node) in ARRAYS and node and type(node[0]) is str else None
+
+
+_FIRST_ITEM = {"dict": 1, "odict": 2}
+
+
+def first_item(tag: str) -> int:
+    """Where the key/value pairs of a mapping node start: ``["dict", k1, v1, ...]`` at 1, an
+    ``odict``'s after its metadata slot, ``["odict", metadata, k1, v1, ...]``, at 2. The one place
+    that knows it; every walker of a tree asks here."""
+    return _FIRST_ITEM[tag]
+
+
+def items(node: Sequence[Any]) -> Iterator[tuple[Any, Any]]:
+    """The ``(key node, value node)`` pairs of a ``dict`` or ``odict`` node, in order (a trailing
+    odd element, which no valid tree has, is left out)."""
+    start = _FIRST_ITEM[node[0]]
+    return zip(itertools.islice(node, start, None, 2), itertools.islice(node, start + 1, None, 2), strict=False)
 
 _OrderedDict = collections.OrderedDict
 _Sized = TypeVar("_Sized", bound=Sized)
@@ -589,7 +606,7 @@ class Decoder:
 
     def dec_dict(self, node: Sequence[Any], depth: int) -> dict:
         out: dict = {}
-        return self._no_merged_keys(out, self._fill(node, 1, depth, True, out), "dict")
+        return self._no_merged_keys(out, self._fill(node, first_item("dict"), depth, True, out), "dict")
 
     def dec_odict(self, node: Sequence[Any], depth: int) -> collections.OrderedDict:
         if len(node) < 2:
@@ -598,7 +615,7 @@ class Decoder:
         meta = self.decode(node[1], depth)
         self._path.pop()
         out: collections.OrderedDict = _OrderedDict()
-        self._no_merged_keys(out, self._fill(node, 2, depth, False, out), "OrderedDict")
+        self._no_merged_keys(out, self._fill(node, first_item("odict"), depth, False, out), "OrderedDict")
         if meta is not None:
             setattr(out, walk.METADATA, meta)  # where torch's state_dict() keeps it
         return out

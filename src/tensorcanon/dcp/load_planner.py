@@ -36,9 +36,9 @@ from .. import dtypes, paths
 from ..errors import TensorCanonError, UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded import layout
-from ..sharded.files import RankFiles, decode_subtree, with_context
-from ..sharded.read import read_tensor
-from ..tree import Decoder, tag_of
+from ..sharded.files import decode_subtree, with_context
+from ..sharded.read import RankFiles, read_tensor
+from ..tree import Decoder, items, tag_of
 from ..walk import METADATA
 from . import _compat
 from ._compat import DTensor, object_coll_device
@@ -237,7 +237,6 @@ class _Walk:
         if tag not in ("dict", "odict"):
             raise UsageError(f"{paths.join(path) or 'the state dict'} is a dict but the checkpoint holds "
                              f"{self._describe(node)} there")
-        start = 1 if tag == "dict" else 2
         if tag == "odict" and isinstance(target, collections.OrderedDict):
             meta = self.materialize(node[1], path + ("_metadata",))  # a value like any other
             if meta is not None:
@@ -245,8 +244,8 @@ class _Walk:
             elif hasattr(target, METADATA):
                 delattr(target, METADATA)
         saved = {}
-        for i in range(start, len(node) - 1, 2):
-            saved[self.keys.decode(node[i])] = node[i + 1]
+        for key, value in items(node):
+            saved[self.keys.decode(key)] = value
         for k in list(target.keys()):
             where = path + (k,)
             if where in self.per_rank:

@@ -34,8 +34,8 @@ from .. import tensorbytes
 from ..errors import FormatError, TensorCanonError, UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded import layout
-from ..sharded.files import RankFiles, decode_subtree, with_context
-from ..sharded.read import chunk_info, read_tensor
+from ..sharded.files import decode_subtree, with_context
+from ..sharded.read import RankFiles, chunk_info, read_tensor
 from . import _compat
 from .views import CheckpointInfo, FailedIndex, ValueRef, dcp_view, node_at
 

@@ -29,6 +29,7 @@ from .. import digest, paths, tensorbytes
 from ..errors import UsageError
 from ..limits import DEFAULT, Limits
 from ..sharded.errors import ReplicaMismatchError
+from ..tree import items
 from ._compat import DTensor, Replicate, compute_local_shape_and_global_offset, global_save_plan
 from .logical import LogicalState, plan_state
 
@@ -184,13 +185,12 @@ def _first_difference(a: Any, b: Any, where: tuple) -> tuple[tuple | None, Any, 
     if type(a) is list and type(b) is list and a and b and a[0] == b[0] and type(a[0]) is str:
         tag = a[0]
         if tag in ("dict", "odict") and len(a) == len(b):
-            start = 1 if tag == "dict" else 2
             if tag == "odict" and a[1] != b[1]:
                 return where + ("_metadata",), a[1], b[1]
-            for i in range(start, len(a) - 1, 2):
-                if a[i] != b[i]:
-                    return where + (_key(a[i]),), a[i + 1], b[i + 1]
-                found = _first_difference(a[i + 1], b[i + 1], where + (_key(a[i]),))
+            for (ka, va), (kb, vb) in zip(items(a), items(b), strict=True):
+                if ka != kb:
+                    return where + (_key(ka),), va, vb
+                found = _first_difference(va, vb, where + (_key(ka),))
                 if found[0] is not None:
                     return found
         elif tag in ("list", "tuple") and len(a) == len(b):

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.metadata import (
 from ..errors import UsageError
 from ..limits import Limits
 from ..sharded import layout
-from ..tree import Decoder, tag_of
+from ..tree import Decoder, items, tag_of
 
 
 @dataclass
@@ -136,9 +136,9 @@ def node_at(index: layout.Index, path: tuple, limits: Limits) -> Any:
         tag = tag_of(node)
         found: Any = _MISSING
         if tag in ("dict", "odict") and isinstance(step, str):
-            for i in range(1 if tag == "dict" else 2, len(node) - 1, 2):
-                if str(keys.decode(node[i])) == step:
-                    found = node[i + 1]
+            for key, value in items(node):
+                if str(keys.decode(key)) == step:
+                    found = value
                     break
         elif tag == "list" and type(step) is int and 0 <= step < len(node) - 1:
             found = node[step + 1]

@@ -52,6 +52,7 @@ from ..limits import DEFAULT, Limits
 from ..sharded import layout, tiling
 from ..sharded.errors import CheckpointError
 from ..sharded.files import RankFile
+from ..tree import items
 from . import _compat
 from .save_planner import LocalInfo, SavePlanner
 from .staging import staged_copy
@@ -375,10 +376,9 @@ def write_rank_file(folder: str, rank: int, world: int, obj: dict, algorithm: st
             lambda f, tmp: writer.write(p, f), named=lambda digest: layout.rank_file_name(rank, world, digest))
     digests = {}
     root = p.root  # ["dict", key, node, key, node, ...]
-    for i in range(1, len(root) - 1, 2):
-        node = root[i + 1]
+    for key, node in items(root):
         if type(node) is list and node and node[0] == "tensor":
-            digests[root[i]] = p.tensors[node[1]].digest
+            digests[key] = p.tensors[node[1]].digest
     return file_digest, digests
 
 

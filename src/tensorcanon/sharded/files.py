@@ -35,14 +35,12 @@ from ..errors import FormatError, IntegrityError, MissingFileError, TensorCanonE
 from ..limits import DEFAULT, Limits
 from ..manifest import TensorInfo
 from ..source import opened
-from ..tree import Decoder, tag_of
+from ..tree import Decoder, items, tag_of
 from .errors import CheckpointNotFoundError
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
-
-    from .layout import Index
 else:
     torch = optional.torch_module(globals())
     np = optional.numpy_module(globals())  # imported on first use: verifying a checkpoint needs no torch
@@ -128,7 +126,7 @@ class RankFile(reader.CheckedFile):
                 "replaced or edited after the checkpoint was saved", expected=expected, actual=f.digest)
         assert f.manifest is not None  # is_tensorcanon, checked above
         root = f.manifest.root  # a flat dict (the tree was checked): key -> node
-        f._keys = {root[i]: root[i + 1] for i in range(1, len(root) - 1, 2)} if root[0] == "dict" else {}
+        f._keys = dict(items(root)) if root[0] == "dict" else {}
         return f
 
     @property
@@ -236,44 +234,3 @@ def decode_subtree(node: Any, n_tensors: int, limits: Limits, read: Callable[[in
     build = Decoder(values, limits.max_depth)
     build.used = [True] * n_tensors
     return build.decode(node)
-
-
-class RankFiles:
-    """The rank files of one checkpoint, each opened (and checked against the index) once."""
-
-    def __init__(self, folder_index: Index, limits: Limits = DEFAULT) -> None:
-        self.index = folder_index
-        self.limits = limits
-        self._open: dict[int, RankFile] = {}
-
-    def get(self, rank: int) -> RankFile:
-        f = self._open.get(rank)
-        if f is None:
-            try:
-                f = RankFile.open(self.index.file_path(rank), self.index.files[rank], self.limits,
-                                  self.index.options)
-            except TensorCanonError as e:
-                raise with_context(e, self._holds(rank)) from None
-            self._open[rank] = f
-        return f
-
-    def _holds(self, rank: int) -> str:
-        """Words naming what a rank file holds, so an error about the file names its tensors."""
-        index = self.index
-        held = [f"tensor {index.logical.tensors[t].name!r} chunk at offsets {list(c.offsets)}"
-                for t, cs in enumerate(index.chunks) for c in cs if c.rank == rank]
-        if not held:
-            return f"rank {rank}'s file (its per-rank values): "
-        more = f" and {len(held) - 3} more chunks" if len(held) > 3 else ""
-        return f"rank {rank}'s file (holding {', '.join(held[:3])}{more}): "
-
-    def close(self) -> None:
-        for f in self._open.values():
-            f.close()
-        self._open.clear()
-
-    def __enter__(self) -> RankFiles:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -47,10 +47,12 @@ from .. import container, digest as _digest, manifest, paths as _paths, storage
 from ..errors import FormatError, LimitError, TensorCanonError
 from ..limits import DEFAULT, Limits
 from ..ordering import UnorderableKey, sort_key
-from ..tree import Decoder, tag_of, tensor_names
+from ..tree import Decoder, items, tag_of, tensor_names
 from . import files, tiling
 from .errors import CheckpointNotFoundError
 
+#: The format name: the index's ``"format"``, and what ``tensorcanon hash --json``, ``inspect`` and
+#: lockfiles report for a checkpoint directory. Defined here only.
 FORMAT = "tensorcanon-sharded"
 LAYOUT_VERSION = 1
 INDEX_NAME = "index.safetensors"
@@ -386,8 +388,7 @@ def _check_per_rank(root: Any, per_rank: list[tuple], limits: Limits, bad: Calla
     def entries(node: Any) -> tuple[dict, set]:
         found = dicts.get(id(node))
         if found is None:
-            pairs = [(decoder.decode(node[i]), node[i + 1])
-                     for i in range(1 if node[0] == "dict" else 2, len(node) - 1, 2)]
+            pairs = [(decoder.decode(k), v) for k, v in items(node)]
             found = dicts[id(node)] = ({sort_key(k): v for k, v in pairs}, {k for k, _ in pairs})
         return found
 

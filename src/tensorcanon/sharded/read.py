@@ -21,9 +21,50 @@ from ..manifest import TensorInfo
 from ..ordering import sort_key
 from ..tree import Decoder
 from . import layout, tiling
-from .files import RankFile, RankFiles, with_context
+from .files import RankFile, with_context
 
 _PIECE = 1 << 20  # hash and copy in pieces that stay in the CPU cache
+
+
+class RankFiles:
+    """The rank files of one checkpoint, each opened (and checked against the index) once."""
+
+    def __init__(self, folder_index: layout.Index, limits: Limits = DEFAULT) -> None:
+        self.index = folder_index
+        self.limits = limits
+        self._open: dict[int, RankFile] = {}
+
+    def get(self, rank: int) -> RankFile:
+        f = self._open.get(rank)
+        if f is None:
+            try:
+                f = RankFile.open(self.index.file_path(rank), self.index.files[rank], self.limits,
+                                  self.index.options)
+            except TensorCanonError as e:
+                raise with_context(e, self._holds(rank)) from None
+            self._open[rank] = f
+        return f
+
+    def _holds(self, rank: int) -> str:
+        """Words naming what a rank file holds, so an error about the file names its tensors."""
+        index = self.index
+        held = [f"tensor {index.logical.tensors[t].name!r} chunk at offsets {list(c.offsets)}"
+                for t, cs in enumerate(index.chunks) for c in cs if c.rank == rank]
+        if not held:
+            return f"rank {rank}'s file (its per-rank values): "
+        more = f" and {len(held) - 3} more chunks" if len(held) > 3 else ""
+        return f"rank {rank}'s file (holding {', '.join(held[:3])}{more}): "
+
+    def close(self) -> None:
+        for f in self._open.values():
+            f.close()
+        self._open.clear()
+
+    def __enter__(self) -> RankFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def chunk_info(files: RankFiles, index: layout.Index, t: int, c: layout.Chunk) -> tuple[RankFile, TensorInfo]:

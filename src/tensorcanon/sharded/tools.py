@@ -9,18 +9,12 @@ and a 3-rank checkpoint of one state hash, lock and diff as the same thing.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import paths
 from ..errors import TensorCanonError
 from ..limits import DEFAULT, Limits
 from . import layout, read
-
-if TYPE_CHECKING:
-    from ..diff import Loaded
-
-#: The format name reported for a checkpoint directory (``tensorcanon hash --json``, lockfiles).
-FORMAT_NAME = "tensorcanon-sharded"
 
 
 def is_checkpoint(path: Any) -> bool:
@@ -52,13 +46,11 @@ def consolidated_size(path: Any, limits: Limits = DEFAULT) -> int:
     return len(header) + data_size
 
 
-def loaded(path: str | os.PathLike, limits: Limits = DEFAULT) -> Loaded:
-    """The checkpoint's logical state, as ``tensorcanon.diff`` compares files (diff.Loaded)."""
-    from ..diff import Loaded
-
+def logical_state(path: str | os.PathLike, limits: Limits = DEFAULT) -> tuple[Any, str]:
+    """``(value, algorithm)``: the checkpoint's logical state on the CPU, and its digest algorithm,
+    as ``tensorcanon.diff`` compares files (it wraps them in a ``diff.Loaded``)."""
     path = os.fspath(path)
-    return Loaded(read.load_unsharded(path, map_location="cpu", limits=limits), FORMAT_NAME, path,
-                  algorithm=layout.read(path, limits).algorithm)
+    return read.load_unsharded(path, map_location="cpu", limits=limits), layout.read(path, limits).algorithm
 
 
 def describe(path: Any, limits: Limits = DEFAULT) -> dict[str, Any]:
