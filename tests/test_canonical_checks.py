@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import os
-import sys
 
 import pytest
 import torch
 
 import tensorcanon
 from tensorcanon import FormatError
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
 
 import hostile_lib as h
 

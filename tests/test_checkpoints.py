@@ -8,15 +8,12 @@ same parameters as training on without a checkpoint.
 """
 
 import io
-import pathlib
-import sys
 
 import pytest
 import torch
 
 import tensorcanon as tc
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent / "golden"))
 from compare import assert_same
 
 OPTIMIZERS = {

@@ -10,14 +10,11 @@ import os
 import pathlib
 import pickle
 import re
-import sys
 
 import pytest
 
 import tensorcanon
 from tensorcanon import codecs, registry
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
 
 import hostile_lib as h
 

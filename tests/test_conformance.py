@@ -38,8 +38,6 @@ from tensorcanon import FormatError, devices, tree
 ROOT = pathlib.Path(__file__).parent.parent
 FORMAT = (ROOT / "docs" / "FORMAT.md").read_text(encoding="utf-8")
 CONFORMANCE = json.loads((ROOT / "tests" / "golden" / "conformance.json").read_text(encoding="utf-8"))
-sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
-sys.path.insert(0, str(ROOT / "tests" / "golden"))
 
 import hostile_lib as h
 import vectors
@@ -531,7 +529,6 @@ def test_manifest_base64_must_be_canonical():
 # (§8), and the rules that left two readings open. Crafted files come from the conformance corpus's builders
 # (tests/conformance/build_corpus.py), which also puts each of them in the corpus.
 
-sys.path.insert(0, str(ROOT / "tests" / "conformance"))
 import build_corpus as corpus
 
 

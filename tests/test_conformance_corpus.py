@@ -9,7 +9,6 @@ import sys
 import torch
 
 HERE = pathlib.Path(__file__).parent / "conformance"
-sys.path.insert(0, str(HERE))
 
 import build_corpus
 import runner

@@ -21,10 +21,8 @@
 from __future__ import annotations
 
 import collections
-import os
 import random
 import struct
-import sys
 import tracemalloc
 
 import msgpack
@@ -35,8 +33,6 @@ import tensorcanon
 from tensorcanon import container, digest, fastparse, manifest, names, reader
 from tensorcanon.errors import FormatError, IntegrityError, TensorCanonError, UnsupportedTypeError
 from tensorcanon.ordering import MAX_SAME_HASH
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
 
 import hostile_lib as h
 from hostile_lib import P, colliding_keys, colliding_shapes, empty_maps
@@ -144,7 +140,9 @@ def test_maps_where_none_may_be_are_refused_before_they_are_built(tmp_path):
                  lambda: tensorcanon.load(path, mmap=True), lambda: tensorcanon.open(path).keys()):
         peak, raised = _peak(read)
         assert isinstance(raised, FormatError) and "holds a map" in str(raised), raised
-        assert peak < 8 * len(data), f"{peak / len(data):.1f} times the file"
+        # (the header's copies: its bytes, the base64 text, the decoded manifest: 4.75x on Python 3.11
+        # with msgpack 1.2.4, 9.8x on the floors, Python 3.10 with msgpack 1.2.0; 64x before the fix)
+        assert peak < 12 * len(data), f"{peak / len(data):.1f} times the file"
 
 
 def test_verify_records_no_path_per_tensor_use():
@@ -365,7 +363,9 @@ def test_the_writer_refuses_seed_sequence_entropy_past_4096_words():
     int took 18 s to load): 4,096 words are accepted and round-trip, 4,097 are refused."""
     at_bound = (1 << (32 * 4096)) - 1
     back = tensorcanon.loads(tensorcanon.dumps({"g": _generator(at_bound)}))["g"]
-    assert back.bit_generator.seed_seq.entropy == at_bound
+    bg = back.bit_generator
+    seed_seq = bg.seed_seq if hasattr(bg, "seed_seq") else bg._seed_seq  # (public from numpy 1.25)
+    assert seed_seq.entropy == at_bound
     with pytest.raises(UnsupportedTypeError, match="4096 32-bit words"):
         tensorcanon.dumps({"g": _generator(at_bound + 1)})
 

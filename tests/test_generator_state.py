@@ -8,17 +8,13 @@ reject them.
 
 from __future__ import annotations
 
-import os
 import struct
-import sys
 
 import pytest
 import torch
 
 import tensorcanon
 from tensorcanon import rng
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
 
 import hostile_lib as h
 

@@ -12,20 +12,16 @@ import dataclasses
 import io
 import json
 import pathlib
-import sys
 
 import pytest
 
 import tensorcanon as tc
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
-sys.path.insert(0, str(GOLDEN))
 
+import hostile_lib as h
 import vectors
 from compare import assert_same
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent / "fuzz"))
-import hostile_lib as h
 
 RECORD = json.loads((GOLDEN / "digests.json").read_text())
 NAMES = sorted(vectors.VECTORS)

@@ -22,7 +22,6 @@ from tensorcanon import errors
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ATTACKS = os.path.join(HERE, "attacks")
-sys.path.insert(0, os.path.join(HERE, "fuzz"))
 
 import hostile_lib as h
 

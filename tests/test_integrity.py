@@ -9,18 +9,14 @@ must raise a tensorcanon error; nothing may load a value that differs.
 from __future__ import annotations
 
 import base64
-import os
 import random
 import struct
-import sys
 
 import pytest
 import torch
 
 import tensorcanon
 from tensorcanon import errors
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
 
 
 def _flip(data: bytes, bit: int) -> bytes:

@@ -4,7 +4,6 @@ safetensors files load as flat dicts."""
 import json
 import pathlib
 import struct
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ import tensorcanon as tc
 from tensorcanon import dtypes
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
-sys.path.insert(0, str(GOLDEN))
 import vectors
 from compare import canonical_bytes
 

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import collections
 import math
-import os
 import pathlib
 import random
 import struct
-import sys
 from fractions import Fraction
 
 import msgpack
@@ -24,8 +22,6 @@ import torch
 import tensorcanon
 from tensorcanon import names, paths, reader
 from tensorcanon.tree import bigint_bytes
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
 
 import hostile_lib as h
 

@@ -25,7 +25,6 @@ import tensorcanon
 from tensorcanon import errors, registry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "fuzz"))
 
 import hostile_lib as h
 

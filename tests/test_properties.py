@@ -8,9 +8,7 @@ tensor object, or the same view of one storage, in several places).
 import collections
 import io
 import math
-import pathlib
 import random
-import sys
 
 import numpy as np
 import torch
@@ -18,7 +16,6 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tensorcanon as tc
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent / "golden"))
 from compare import assert_same
 from support import torch_dtypes
 

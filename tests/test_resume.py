@@ -14,7 +14,6 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 import tensorcanon
 
-sys.path.insert(0, str(Path(__file__).parent))
 import resume_helper
 
 HELPER = Path(__file__).parent / "resume_helper.py"

@@ -4,7 +4,6 @@ file read on two threads, anything else read in order); every route gives the sa
 from __future__ import annotations
 
 import io
-import sys
 
 import pytest
 import torch
@@ -12,7 +11,6 @@ import torch
 import tensorcanon
 from tensorcanon import reader
 
-sys.path.insert(0, __import__("os").path.join(__import__("os").path.dirname(__file__), "fuzz"))
 import hostile_lib as h
 
 MiB = 1 << 20

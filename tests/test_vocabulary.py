@@ -8,10 +8,8 @@ name in the list that the reader's torch lacks is a clear error naming it.
 from __future__ import annotations
 
 import io
-import os
 import pathlib
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -19,8 +17,6 @@ import torch
 
 import tensorcanon
 from tensorcanon import container, devices, dtypes, manifest, writer
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
 
 import hostile_lib as h
 

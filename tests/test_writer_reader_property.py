@@ -30,7 +30,6 @@ import os
 import pathlib
 import random
 import struct
-import sys
 import typing
 
 import numpy as np
@@ -44,8 +43,6 @@ from tensorcanon.errors import TensorCanonError
 from tensorcanon.ordering import sort_key
 
 ROOT = pathlib.Path(__file__).parent
-sys.path.insert(0, str(ROOT / "fuzz"))
-sys.path.insert(0, str(ROOT / "golden"))
 
 import hostile_lib
 from compare import canonical_bytes

@@ -373,6 +373,9 @@ class ObjectReader:
         self.requested = 0  # bytes asked of the store so far
         self._lock = threading.Lock()
         with store.errors("read", path):
+            # The object as it is now, not as a listing cached in this process saw it (older s3fs
+            # pin reads to a cached ETag: a replaced object then read as "replaced while being read").
+            store.fs.invalidate_cache(path)
             f = store.fs.open(path, "rb")
             if isinstance(f, AbstractBufferedFile):  # the backend's own ranged read (pinned for s3)
                 self._file: Any = f

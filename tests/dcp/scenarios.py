@@ -193,9 +193,10 @@ def sharded_tensor_refused(rank, world, folder):
 def _byte_items_back(folder, world, **kw):
     """Load the byte-items checkpoint with pickle refused; what came back, as JSON."""
     target = bytes_target(world)
+    train = target["train"]  # (torch 2.4's dcp.load puts its state_dict in its place)
     _refusing_pickle(lambda: tcd.load(target, folder, **kw))
     sampler, loader = target["data"]["sampler"], target["data"]["loader"].value
-    return {"train": [target["train"].step, target["train"].losses == list(LOSSES)],
+    return {"train": [train.step, train.losses == list(LOSSES)],
             "sampler": [type(sampler).__name__, sampler.tell(), sampler.getvalue() == SAMPLER],
             "loader": None if loader is None else [loader.tell(), loader.getvalue().decode()],
             "w": target["model"]["w"].full_tensor().tolist() == torch.arange(24.0).reshape(8, 3).tolist()}

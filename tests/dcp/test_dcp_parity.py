@@ -102,6 +102,9 @@ def test_dcp_load_state_dict_from_keys(saved, no_pickle):
     assert sorted(sd) == ["model", "step"] and sd["step"] == 42
     assert all(torch.equal(sd["model"][k], v) for k, v in logical_state()["model"].items())
     everything = _compat.load_state_dict_from_keys(storage_reader=tcd.Reader(saved))
+    if _compat.TORCH_VERSION < (2, 5):  # torch 2.4 passes `keys or set()` on, so keys=None loads nothing
+        assert everything == {}
+        return
     assert sorted(everything) == ["cfg", "extra", "model", "optim", "step"]
     assert everything["cfg"]["7"] == b"\x00\x01"                       # DCP's keys are text
 
@@ -226,11 +229,13 @@ def _run_as_main(monkeypatch, tmp_path, source):
     return main.__dict__
 
 
-@pytest.mark.skipif(_compat.AsyncCheckpointerType is None, reason="this torch's DCP has no process executor")
 def test_process_executor_is_refused_from_an_unguarded_script(monkeypatch, tmp_path):
     unguarded = "try:\n    tcd.async_save({'w': torch.zeros(1)}, folder, executor='process')\n" \
                 "except Exception as e:\n    error = e\n"
     error = _run_as_main(monkeypatch, tmp_path, unguarded)["error"]
+    if _compat.AsyncCheckpointerType is None:  # torch < 2.7: no process executor at all, refused up front
+        assert isinstance(error, tensorcanon.UsageError) and "executor='process' needs torch >=" in str(error)
+        return
     assert isinstance(error, tensorcanon.UsageError) and "train.py, line 2" in str(error)
     assert "if __name__ == \"__main__\":" in str(error) and "executor='thread'" in str(error)
     in_a_function = "def main():\n    tcd.async_save({'w': torch.zeros(1)}, folder, executor='process')\n" \
@@ -252,4 +257,8 @@ def test_stateful_objects_are_saved_and_loaded_through_their_state_dict(tmp_path
     fresh = torch.nn.Linear(3, 2)
     state = {"model": fresh, "step": 0}
     tcd.load(state, folder)
-    assert state["step"] == 5 and torch.equal(fresh.weight, model.weight) and state["model"] is fresh
+    assert state["step"] == 5 and torch.equal(fresh.weight, model.weight)
+    if _compat.TORCH_VERSION >= (2, 5):
+        assert state["model"] is fresh
+    else:  # DCP of torch 2.4 (the floor) puts the state_dict it loaded in place of the Stateful object
+        assert state["model"].keys() == model.state_dict().keys()

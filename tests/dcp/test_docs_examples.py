@@ -18,11 +18,14 @@ import pytest
 
 from tensorcanon.dcp import _compat
 
+from helpers import FSDP2_ON_CPU, NO_FSDP2_ON_CPU
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 pytestmark = pytest.mark.skipif(
     _compat.TORCH_VERSION < _compat.PROCESS_EXECUTOR_SINCE,
-    reason="the examples use FSDP2 on the CPU (torch >= 2.6) and async_save's process executor (torch >= 2.7)")
+    reason=(NO_FSDP2_ON_CPU if not FSDP2_ON_CPU else "")
+    + "; the examples also use async_save's process executor (torch >= 2.7)")
 
 
 def torchrun(nproc: int, args: list[str], cwd: str, timeout: float = 150.0) -> str:

@@ -19,7 +19,6 @@ import collections
 import copy
 import os
 import shutil
-import sys
 
 import pytest
 import torch
@@ -31,8 +30,6 @@ from tensorcanon import manifest
 from tensorcanon.errors import TensorCanonError
 from tensorcanon.ordering import sort_key
 from tensorcanon.sharded import layout
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz"))
 
 import hostile_lib as h
 from helpers import Shard, distribute_tensor

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
-import sys
 
 import torch
 
@@ -13,9 +13,12 @@ import tensorcanon.dcp as tcd
 from helpers import rank_files
 
 GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "golden" / "sharded"
-sys.path.insert(0, str(GOLDEN))
-
-import regenerate
+# golden/sharded/regenerate.py, by its path: golden/regenerate.py (the single-file vectors' script)
+# has the same module name on the test path.
+_spec = importlib.util.spec_from_file_location("sharded_regenerate", GOLDEN / "regenerate.py")
+assert _spec is not None and _spec.loader is not None
+regenerate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(regenerate)
 
 LOGICAL = "xxh3-128:6f70ab9f3b260274852c32b4ff9f9097"
 INDEX = "xxh3-128:2ad52f54f88d2ad203f2701dfad33834"

@@ -113,6 +113,8 @@ class Run:
         for epoch in range(start, EPOCHS):
             self.loader.set_epoch(epoch)
             batches = self.acc.skip_first_batches(self.loader, done) if epoch == start and done else self.loader
+            if batches is not self.loader:  # the new loader must be told its epoch too (accelerate 1.7
+                batches.set_epoch(epoch)     # does not carry it over: the resumed epoch was drawn as epoch 0)
             for x, y in batches:
                 self._step(x, y)
                 if save_dir is not None and self.steps in SKIP["save_at"]:
