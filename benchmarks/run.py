@@ -37,7 +37,7 @@ import torch
 import xxhash
 
 import tensorcanon
-from tensorcanon import preallocate
+from tensorcanon.io import preallocate
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -555,7 +555,7 @@ def verify_bench(bench: Bench, obj) -> dict:
 
 def lazy_bytes_hashed(bench: Bench, count: int) -> int:
     """Bytes hashed when reading one tensor through tensorcanon.open (a counting hasher)."""
-    from tensorcanon import digest as digest_module
+    from tensorcanon.format import digest as digest_module
 
     obj = {f"layer{i:04d}": torch.full((1024,), float(i)) for i in range(count)}
     p = bench.path("lazy_count.st")

@@ -77,7 +77,7 @@ class TensorSnapshot:
     def assert_match(self, value: Any, *, name: str | None = None, atol: float = 0.0, rtol: float = 0.0) -> None:
         """Require ``value`` to equal its stored snapshot (bit-exact unless a tolerance is given)."""
         import tensorcanon
-        from tensorcanon.diff import diff
+        from tensorcanon import diff
 
         target = self.path(name)
         if name is None:

@@ -91,7 +91,8 @@ def keep_determinism_settings():
 def builtin_codecs_left_off():
     """The built-in codecs are off in a fresh process; a test (or a golden vector) that turns them
     on must not change what later tests see, so they are turned off again after each test."""
-    from tensorcanon import codecs, registry
+    from tensorcanon import codecs
+    from tensorcanon.format import registry
 
     before = {name for name in codecs.NAMES if registry.by_name(name) is not None}
     yield

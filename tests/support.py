@@ -34,10 +34,10 @@ def torch_dtypes(*names: str) -> list:
 def count_hashed_bytes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Make every tensor hasher record the size of each piece it hashes; the list they append to.
 
-    (Patched where every tensor hasher is made: ``tensorcanon.digest.constructor``; a reader
+    (Patched where every tensor hasher is made: ``tensorcanon.format.digest.constructor``; a reader
     opened before the call keeps the hashers it made.)
     """
-    from tensorcanon import digest
+    from tensorcanon.format import digest
 
     hashed: list[int] = []
     real = digest.constructor

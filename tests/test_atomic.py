@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tensorcanon as tc
-from tensorcanon import writer
+from tensorcanon.io import writer
 
 
 class Boom:

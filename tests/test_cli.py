@@ -19,8 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 import tensorcanon
-from tensorcanon import cli, lockfile, progress
-from tensorcanon.errors import FormatError
+from tensorcanon import lockfile
+from tensorcanon.format.errors import FormatError
+from tensorcanon.tools import cli, progress
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INPUTS = os.path.join(HERE, "cli", "inputs")
@@ -58,7 +59,7 @@ def test_python_dash_m_matches_golden(inputs, name, argv):
 def _console_command() -> list:
     """The ``tensorcanon`` script installed beside this interpreter (not whichever one PATH finds
     first), or ``python -m tensorcanon`` where it has none (an install without scripts): both
-    run tensorcanon.cli:main. The built wheel's script is tested by .ci/smoke_wheel.py."""
+    run tensorcanon.tools.cli:main. The built wheel's script is tested by .ci/smoke_wheel.py."""
     script = os.path.join(os.path.dirname(sys.executable), "tensorcanon")
     return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "tensorcanon"]
 
@@ -249,7 +250,8 @@ def test_diff_reports_recorded_devices(tmp_path):
     tensorcanon.save({"w": torch.ones(2)}, tmp_path / "cpu.safetensors")
     data = (tmp_path / "cpu.safetensors").read_bytes()
     # Rewrite the header as a writer would for the same tensor on cuda:0 (devices are not in the digest).
-    from tensorcanon import container, manifest, reader
+    from tensorcanon.format import container, manifest
+    from tensorcanon.io import reader
 
     with reader.open_file(tmp_path / "cpu.safetensors") as cf:
         header, m = cf.header, cf.manifest

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 import tensorcanon
-from tensorcanon import cli
+from tensorcanon.tools import cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -14,7 +14,7 @@ import re
 import pytest
 
 import tensorcanon
-from tensorcanon import codecs, registry
+from tensorcanon.format import codecs, registry
 
 import hostile_lib as h
 
@@ -168,7 +168,7 @@ def test_a_concrete_path_of_the_other_system_fails_clearly(on):
 
 def test_states_are_what_the_spec_says(on):
     """docs/FORMAT.md §6.9: the exact nodes each codec writes."""
-    from tensorcanon import writer
+    from tensorcanon.io import writer
 
     cases = [
         (pathlib.PurePosixPath("/a/b"), ["obj", "pathlib.PurePath", ["list", "PurePosixPath", "/a/b"]]),
@@ -219,7 +219,7 @@ def test_bytes_io_is_on_without_any_call_and_round_trips(off, monkeypatch):
 def test_bytes_io_content_is_the_whole_buffer_whatever_the_position_or_source():
     """docs/FORMAT.md §6.9.4: getvalue(), so the position, and whether the buffer was built from
     bytes, a bytearray or a memoryview or written into, do not change the file."""
-    from tensorcanon import writer
+    from tensorcanon.io import writer
 
     expected = tensorcanon.dumps(io.BytesIO(b"abcdef"))
     written = io.BytesIO()
@@ -281,6 +281,6 @@ def test_a_users_own_bytes_io_registration_is_kept(bytes_io_restored):
 
 
 def writer_root(value):
-    from tensorcanon import writer
+    from tensorcanon.io import writer
 
     return writer.plan(value).root

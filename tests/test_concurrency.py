@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tensorcanon
-from tensorcanon import writer
+from tensorcanon.io import writer
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 N = 2 << 20  # float32 elements: 8 MB per file

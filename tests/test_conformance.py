@@ -33,7 +33,8 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import FormatError, devices, tree
+from tensorcanon import FormatError
+from tensorcanon.format import devices, tree
 
 ROOT = pathlib.Path(__file__).parent.parent
 FORMAT = (ROOT / "docs" / "FORMAT.md").read_text(encoding="utf-8")
@@ -337,7 +338,7 @@ BIGINT_EXAMPLES = [
 @pytest.mark.parametrize("n, encoding", BIGINT_EXAMPLES, ids=[e for _, e in BIGINT_EXAMPLES])
 def test_big_int_encodings_are_the_specs_examples(n, encoding):
     assert f"`{encoding}`" in FORMAT
-    from tensorcanon import writer
+    from tensorcanon.io import writer
 
     node = writer.plan(n).root
     assert msgpack.packb(node, use_bin_type=True) == bytes.fromhex(encoding.replace(" ", ""))
@@ -457,7 +458,7 @@ def test_the_writer_emits_only_the_tags_the_spec_defines():
             for child in node[1:]:
                 walk(child)
 
-    from tensorcanon import writer
+    from tensorcanon.io import writer
 
     for name in filter(vectors.buildable, vectors.VECTORS):  # (torch 2.4 lacks some dtypes of dtypes_u8)
         obj, meta = vectors.build(name)

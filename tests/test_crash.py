@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tensorcanon
-from tensorcanon import writer
+from tensorcanon.io import writer
 
 N = 16 << 20  # float32 elements: 64 MB
 TRIALS = int(os.environ.get("TENSORCANON_CRASH_TRIALS", "20"))

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import cuda
-from tensorcanon.tensorbytes import host_bytes
+from tensorcanon.format.tensorbytes import host_bytes
+from tensorcanon.io import cuda
 
 from support import requires_cuda
 

@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 import tensorcanon
-from tensorcanon.data import SampleIndex
-from tensorcanon.seeded import _sample_seeds
+from tensorcanon.training.data import SampleIndex
+from tensorcanon.training.seeded import _sample_seeds
 
 # 4 workers on the 2-core test machine: torch warns, the test means it.
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")

@@ -30,9 +30,10 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import container, digest, fastparse, manifest, names, reader
-from tensorcanon.errors import FormatError, IntegrityError, TensorCanonError, UnsupportedTypeError
-from tensorcanon.ordering import MAX_SAME_HASH
+from tensorcanon.format import container, digest, fastparse, manifest, names
+from tensorcanon.format.errors import FormatError, IntegrityError, TensorCanonError, UnsupportedTypeError
+from tensorcanon.format.ordering import MAX_SAME_HASH
+from tensorcanon.io import reader
 
 import hostile_lib as h
 from hostile_lib import P, colliding_keys, colliding_shapes, empty_maps
@@ -373,7 +374,7 @@ def test_the_writer_refuses_seed_sequence_entropy_past_4096_words():
 def test_the_reader_rejects_seed_sequence_entropy_past_4096_words():
     """The same value written by hand: the reader's check (shared with the writer) refuses it before
     numpy sees it."""
-    from tensorcanon.tree import bigint_bytes
+    from tensorcanon.format.tree import bigint_bytes
 
     marker = 0x5EED_5EED_5EED
     data = tensorcanon.dumps({"g": _generator(marker)})
@@ -397,7 +398,7 @@ def test_the_reader_rejects_seed_sequence_entropy_past_4096_words():
 def test_none_does_not_count_toward_the_hash_bound():
     """None's hash is a constant from Python 3.12 and an address before: counting it would make a
     verdict depend on the Python version."""
-    from tensorcanon.ordering import NO_KEY, crowded
+    from tensorcanon.format.ordering import NO_KEY, crowded
 
     class Same:
         def __hash__(self):

@@ -15,7 +15,7 @@ import torch
 
 import tensorcanon
 from tensorcanon import DeterminismSettings, seed_everything
-from tensorcanon.determinism import DeterminismWarning
+from tensorcanon.training.determinism import DeterminismWarning
 
 pytestmark = pytest.mark.usefixtures("keep_determinism_settings")  # tests/conftest.py
 
@@ -65,7 +65,7 @@ def test_seed_everything_recipe_in_fresh_processes():
 
 
 def test_the_hash_seed_recorded_is_the_one_this_interpreter_uses(monkeypatch):
-    from tensorcanon import determinism
+    from tensorcanon.training import determinism
 
     monkeypatch.setattr(determinism, "_STARTUP_HASHSEED", "0")  # set after start-up: does not apply
     monkeypatch.setenv("PYTHONHASHSEED", "0")
@@ -77,7 +77,7 @@ def test_the_hash_seed_recorded_is_the_one_this_interpreter_uses(monkeypatch):
 
 
 def test_seed_everything_in_process(monkeypatch):
-    from tensorcanon import determinism
+    from tensorcanon.training import determinism
 
     os.environ.pop("PYTHONHASHSEED", None)
     monkeypatch.setattr(determinism, "_hashes_randomized", lambda: True)  # as when started without it

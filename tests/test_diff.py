@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon.diff import Difference, DiffResult, tensor_stats
+from tensorcanon.tools.diff import Difference, DiffResult, tensor_stats
 
 from support import have_dtypes, torch_dtype
 
@@ -112,7 +112,7 @@ _BITS_ONLY = ["float4_e2m1fn_x2", *(f"uint{n}" for n in range(1, 8)), *(f"int{n}
 
 
 def test_dtype_lists_cover_the_dtype_table():
-    from tensorcanon import dtypes
+    from tensorcanon.format import dtypes
 
     assert sorted(_ARITHMETIC + _BITS_ONLY) == sorted(dtypes.BY_NAME)
 
@@ -157,7 +157,7 @@ def test_zero_dim_and_empty_tensors():
 
 
 def test_large_tensors_are_compared_in_chunks(monkeypatch):
-    diff_module = sys.modules["tensorcanon.diff"]  # tensorcanon.diff is the function
+    diff_module = sys.modules["tensorcanon.tools.diff"]  # tensorcanon.diff is the function
 
     monkeypatch.setattr(diff_module, "_CHUNK_ELEMENTS", 7)
     a = torch.arange(100.0)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tensorcanon as tc
-from tensorcanon import writer
+from tensorcanon.io import writer
 
 # --------------------------------------------------------------- unsupported values
 
@@ -333,7 +333,7 @@ def test_every_error_survives_pickling_with_its_attributes():
     exception to the others): each class comes back with its message and attributes."""
     import pickle
 
-    from tensorcanon import errors
+    from tensorcanon.format import errors
     from tensorcanon.sharded import errors as sharded_errors
 
     made = [

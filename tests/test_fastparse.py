@@ -15,9 +15,9 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tensorcanon import container, fastparse, manifest
-from tensorcanon.errors import TensorCanonError
-from tensorcanon.limits import DEFAULT
+from tensorcanon.format import container, fastparse, manifest
+from tensorcanon.format.errors import TensorCanonError
+from tensorcanon.format.limits import DEFAULT
 
 ROOT = pathlib.Path(__file__).parent
 FILES = sorted([*ROOT.glob("golden/*.safetensors"), *ROOT.glob("golden/v1/*.safetensors"),

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import rng
+from tensorcanon.training import rng
 
 import hostile_lib as h
 

@@ -72,7 +72,7 @@ def test_committed_files_load_back(name):
 def test_golden_set_covers_every_dtype():
     # read from the committed files' tensor tables, so that the check does not depend on which
     # dtypes the running torch has
-    from tensorcanon import dtypes
+    from tensorcanon.format import dtypes
 
     seen = set()
     for name in NAMES:
@@ -83,7 +83,7 @@ def test_golden_set_covers_every_dtype():
 
 
 def test_a_dtype_this_torch_lacks_is_refused_by_name():
-    from tensorcanon import dtypes, tensorbytes
+    from tensorcanon.format import dtypes, tensorbytes
 
     # a table row as an older torch sees a newer dtype: no torch type
     row = dataclasses.replace(dtypes.BY_NAME["float8_e8m0fnu"], torch=None)
@@ -126,7 +126,7 @@ def test_v1_files_load_and_verify(name):
 @pytest.mark.parametrize("name", sorted(V1_RECORD["digests"]))
 def test_v1_and_v2_manifests_differ_only_where_the_changelog_says(name):
     """Between versions only the version field and the names of §3.6's keys change."""
-    from tensorcanon import reader
+    from tensorcanon.io import reader
 
     manifests = []
     for folder in (V1, GOLDEN):
@@ -143,7 +143,7 @@ def test_v1_and_v2_manifests_differ_only_where_the_changelog_says(name):
 def test_the_aliasing_vector_merges_exactly_what_the_spec_says():
     """docs/FORMAT.md §6.5: one stored tensor per distinct (address, device, shape, strides,
     dtype, kind, requires_grad, lazy bits); two torch storages over one buffer are one memory."""
-    from tensorcanon import reader
+    from tensorcanon.io import reader
 
     with reader.open_file((GOLDEN / "aliasing.safetensors").read_bytes()) as cf:
         groups: dict[int, list] = {}

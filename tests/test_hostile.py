@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import errors
+from tensorcanon.format import errors
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ATTACKS = os.path.join(HERE, "attacks")
@@ -128,7 +128,7 @@ _MEMORY_CHILD = textwrap.dedent(
     import resource, sys, os
     sys.path.insert(0, {fuzz!r})
     import torch, tensorcanon, hostile_lib as h
-    from tensorcanon import errors
+    from tensorcanon.format import errors
     TB = 1 << 40
     header = {{"big": {{"dtype": "U8", "shape": [TB], "data_offsets": [0, TB]}}}}
     files = {{

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import errors
+from tensorcanon.format import errors
 
 
 def _flip(data: bytes, bit: int) -> bytes:

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import tensorcanon as tc
-from tensorcanon import dtypes
+from tensorcanon.format import dtypes
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 import vectors
@@ -52,7 +52,7 @@ def test_safetensors_reads_every_golden_file(path):
             tc.load(path)
         return
     obj, _ = vectors.build(path.stem)
-    import tensorcanon.writer as writer
+    import tensorcanon.io.writer as writer
 
     p = writer.plan(obj)
     for src in p.tensors:

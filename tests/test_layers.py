@@ -106,7 +106,7 @@ def test_the_graph_is_read():
     graph = import_graph()
     assert "tensorcanon.sharded.files" in graph["tensorcanon.sharded.layout"]
     assert "tensorcanon.sharded.layout" in graph["tensorcanon.sharded.read"]
-    assert "tensorcanon.reader" in graph["tensorcanon.api"]
+    assert "tensorcanon.io.reader" in graph["tensorcanon.api"]
 
 
 def test_a_cycle_is_found():

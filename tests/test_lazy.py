@@ -98,7 +98,7 @@ def test_empty_object_and_map_location(tmp_path):
 
 def test_keys_render_every_key_type_as_error_paths_do(tmp_path):
     # Paths are built from decoded keys, exactly as tensorcanon's errors name them.
-    from tensorcanon import paths
+    from tensorcanon.format import paths
 
     p = tmp_path / "k.safetensors"
     t = torch.ones(2)
@@ -143,7 +143,7 @@ def test_every_key_reads_as_the_whole_file_path_reads_it(tmp_path):
 
 
 def test_one_read_does_not_check_the_whole_file(tmp_path, monkeypatch):
-    from tensorcanon import reader
+    from tensorcanon.io import reader
 
     p = tmp_path / "big.st"
     tensorcanon.save(_thousand(), p)
@@ -265,7 +265,7 @@ def test_lifetime_descriptors_and_maps(tmp_path):
 def test_check_builds_no_path_text(tmp_path, monkeypatch):
     """check() proves the tree without rendering a path per tensor use (a deep tree's paths cost
     far more memory than its bytes); keys() builds them when asked."""
-    from tensorcanon import reader
+    from tensorcanon.io import reader
 
     path = tmp_path / "deep.safetensors"
     obj = inner = {}

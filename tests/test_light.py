@@ -78,7 +78,7 @@ def _light_cases() -> list[dict]:
             for name, argv in cases]
 
 
-# Runs the cases through tensorcanon.cli.main in one interpreter (tests/cli/run_cases.py), then
+# Runs the cases through tensorcanon.tools.cli.main in one interpreter (tests/cli/run_cases.py), then
 # checks the library's own light functions and that none of it imported torch.
 _RUNNER = textwrap.dedent("""
     import json, os, sys
@@ -178,7 +178,7 @@ def test_light_commands_do_not_import_torch_where_it_is_installed(tmp_path):
                               capture_output=True, text=True, env=_env())
         assert proc.returncode == 0, proc.stderr[-2000:]
         imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
-        assert "tensorcanon.cli" in imported and "torch" not in imported, argv
+        assert "tensorcanon.tools.cli" in imported and "torch" not in imported, argv
 
 
 def test_files_of_tensors_are_checked_without_numpy(tmp_path):
@@ -210,9 +210,9 @@ def test_import_tensorcanon_is_light_and_complete():
         for name in tensorcanon.__all__:
             assert getattr(tensorcanon, name) is not None, name
         import torch
-        assert tensorcanon.ResumableSampler.__module__ == "tensorcanon.data"
-        assert tensorcanon.diff.__module__ == "tensorcanon.diff" and callable(tensorcanon.diff)
-        import tensorcanon.diff  # the module does not replace the function of that name
+        assert tensorcanon.ResumableSampler.__module__ == "tensorcanon.training.data"
+        assert tensorcanon.diff.__module__ == "tensorcanon.tools.diff" and callable(tensorcanon.diff)
+        import tensorcanon.tools.diff  # importing the module leaves the function of that name
         assert callable(tensorcanon.diff)
         t = {"w": torch.arange(3.0), "g": torch.Generator().manual_seed(1), "d": torch.float8_e4m3fn}
         back = tensorcanon.loads(tensorcanon.dumps(t))
@@ -228,7 +228,7 @@ def test_torch_imported_after_tensorcanon_saves_as_before():
     replaced before any tensor reaches the encoder)."""
     code = textwrap.dedent("""
         import tensorcanon
-        from tensorcanon import tensorbytes, tree
+        from tensorcanon.format import tensorbytes, tree
         import torch
         obj = {"p": torch.nn.Parameter(torch.ones(2)), "s": torch.Size([2, 3]), "dev": torch.device("cpu"),
                "cl": torch.zeros(1, 2, 3, 4).to(memory_format=torch.channels_last), "g": torch.Generator()}
@@ -248,7 +248,7 @@ def test_what_needs_torch_says_what_to_install(tmp_path):
     code = textwrap.dedent("""
         import contextlib, io, json, sys
         sys.modules["torch"] = None
-        from tensorcanon import cli
+        from tensorcanon.tools import cli
         out = {}
         for argv in (["diff", "base.safetensors", "one_element.safetensors"], ["hash", "weights.pt"],
                      ["inspect", "weights.pt"], ["convert", "plain.safetensors", "x.safetensors"],

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import Limits, errors
+from tensorcanon import Limits
+from tensorcanon.format import errors
 
 
 def _nested(depth: int):

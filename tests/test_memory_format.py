@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import container, manifest, reader, writer
+from tensorcanon.format import container, manifest
+from tensorcanon.io import reader, writer
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 CL = {"channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d}

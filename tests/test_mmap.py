@@ -175,7 +175,7 @@ def test_one_large_tensor_is_hashed_whole_while_the_other_thread_maps_its_pages(
 
 @linux_only
 def test_populate_maps_the_pages_of_a_range(tmp_path):
-    from tensorcanon import source
+    from tensorcanon.io import source
 
     p = tmp_path / "c.bin"
     p.write_bytes(bytes(range(256)) * (1 << 16))  # 16 MiB

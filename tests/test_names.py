@@ -20,8 +20,9 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import names, paths, reader
-from tensorcanon.tree import bigint_bytes
+from tensorcanon.format import names, paths
+from tensorcanon.format.tree import bigint_bytes
+from tensorcanon.io import reader
 
 import hostile_lib as h
 

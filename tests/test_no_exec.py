@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import errors, registry
+from tensorcanon.format import errors, registry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

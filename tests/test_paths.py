@@ -1,8 +1,8 @@
 """One path per value, everywhere: errors from load, verify and open, open's keys and diff agree.
 
 The encoder, the decoder and diff walk values in one canonical order
-(tensorcanon.walk, tensorcanon.tree.Decoder), and every path is rendered from
-decoded keys by tensorcanon.paths, so a tensor under an unusual key is named the
+(tensorcanon.format.walk, tensorcanon.format.tree.Decoder), and every path is rendered from
+decoded keys by tensorcanon.format.paths, so a tensor under an unusual key is named the
 same way by every reader.
 """
 
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import paths, reader
+from tensorcanon.format import paths
+from tensorcanon.io import reader
 
 BIG = 2**70
 HUGE = -(10**5000)  # more digits than Python's int-to-str limit allows

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import digest, writer
+from tensorcanon.format import digest
+from tensorcanon.io import writer
 
 MiB = 1 << 20
 
@@ -145,7 +146,7 @@ def test_real_file_gets_the_same_bytes_with_large_and_small_tensors_mixed(tmp_pa
 def test_fast_byte_path_gives_the_general_paths_bytes(monkeypatch):
     # host_bytes takes a shortcut for contiguous CPU tensors numpy can view; it must give
     # exactly the bytes of the general path (which copies through reshape and view).
-    from tensorcanon import tensorbytes
+    from tensorcanon.format import tensorbytes
 
     g = torch.Generator().manual_seed(5)
     cases = [

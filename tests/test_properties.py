@@ -222,7 +222,7 @@ def test_header_json_is_the_json_encoders_for_any_names_and_metadata(metadata, n
     import json
     import struct
 
-    from tensorcanon import container
+    from tensorcanon.format import container
 
     entries = [container.Entry(n, "F32", (1,), 4 * i, 4 * i + 4) for i, n in enumerate(names)]
     obj = {e.name: {"data_offsets": [e.begin, e.end], "dtype": "F32", "shape": [1]} for e in entries}

@@ -71,7 +71,7 @@ def test_registered_types_round_trip(registered):
     assert out["colors"] == [Color.RED, Color.GREEN] and out["colors"][0] is Color.RED
     assert out["opaque"] == Opaque([1, 2], {"k": b"v"})
     # the tensor inside the dataclass gets a readable name
-    import tensorcanon.writer as writer
+    import tensorcanon.io.writer as writer
     assert [s.name for s in writer.plan({"cfg": Config(1.0, 1, w)}).tensors] == ["cfg.w"]
 
 

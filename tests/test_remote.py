@@ -17,7 +17,9 @@ import torch
 from fsspec.implementations.memory import MemoryFileSystem
 
 import tensorcanon as tc
-from tensorcanon import cli, lockfile, remote, storage, testing, writer
+from tensorcanon import lockfile, testing
+from tensorcanon.io import remote, storage, writer
+from tensorcanon.tools import cli
 
 
 @pytest.fixture

@@ -19,7 +19,9 @@ import torch
 from s3_support import BUCKET, FAST_FAIL, SECRET, free_port  # (the s3_server fixture: tests/conftest.py)
 
 import tensorcanon as tc
-from tensorcanon import cli, remote, testing
+from tensorcanon import testing
+from tensorcanon.io import remote
+from tensorcanon.tools import cli
 
 
 @pytest.fixture
@@ -135,7 +137,7 @@ def test_secret_never_in_an_error(s3):
 
 KILLED_WRITER = textwrap.dedent("""
     import sys, torch, tensorcanon
-    from tensorcanon import remote
+    from tensorcanon.io import remote
     remote.PART = 5 << 20
     state = {f"layer{i}": torch.randn(256, 1024) for i in range(16)}
     options = {"endpoint_url": sys.argv[2], "key": "testing", "secret": sys.argv[3]}

@@ -210,7 +210,7 @@ def test_resumed_loader_sees_the_remaining_batches(workers):
 def test_sampler_state_validation():
     s = tensorcanon.ResumableSampler(_ds(), seed=0)
     st = s.state_dict()
-    from tensorcanon.data import SamplerStateError
+    from tensorcanon.training.data import SamplerStateError
     for bad in ({**st, "num_samples": 21}, {**st, "position": 21}, {**st, "epoch": -1},
                 {**st, "extra": 1}, {**st, "shuffle": 1}):
         with pytest.raises(SamplerStateError):

@@ -14,7 +14,7 @@ import torch
 
 import tensorcanon
 from tensorcanon import FormatError, RngRestoreError, RngState
-from tensorcanon.rng import BIT_GENERATORS, RngRestoreWarning
+from tensorcanon.training.rng import BIT_GENERATORS, RngRestoreWarning
 
 from support import requires_cuda
 
@@ -178,7 +178,7 @@ def test_restore_refuses_other_numpy_bit_generator():
 
 def _bad(node):
     """Decode one hand-made node with the library's decoder and return the error."""
-    from tensorcanon.tree import Decoder
+    from tensorcanon.format.tree import Decoder
 
     with pytest.raises(FormatError) as e:
         Decoder([], 64).decode(["dict", "g", node])
@@ -187,7 +187,7 @@ def _bad(node):
 
 def test_decoder_validates_every_field():
     good_cpu = ["rng.torch", "cpu", bytes(torch.Generator().get_state().numpy())]
-    from tensorcanon.tree import Decoder
+    from tensorcanon.format.tree import Decoder
     assert isinstance(Decoder([], 64).decode(good_cpu), torch.Generator)
 
     assert "5056 bytes" in _bad(["rng.torch", "cpu", b"\x00" * 10])
@@ -261,7 +261,7 @@ def test_cuda_generator_on_cpu_machine_names_device():
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")
     node = ["dict", "g", ["rng.torch", "cuda:0", bytes(16)]]
-    from tensorcanon.tree import Decoder
+    from tensorcanon.format.tree import Decoder
 
     with pytest.raises(tensorcanon.DeviceUnavailableError, match=r'cuda:0.*\$\["g"\]|\$\["g"\].*cuda:0'):
         Decoder([], 64).decode(node)

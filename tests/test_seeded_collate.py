@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import tensorcanon
-from tensorcanon.data import SampleIndex
-from tensorcanon.seeded import SeededBatch, _batch_seeds
+from tensorcanon.training.data import SampleIndex
+from tensorcanon.training.seeded import SeededBatch, _batch_seeds
 
 # 2 workers on the 2-core test machine, sometimes more: torch warns, the test means it.
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")

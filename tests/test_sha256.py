@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import tensorcanon as tc
-from tensorcanon import digest
-from tensorcanon.cli import main as cli_main
+from tensorcanon.format import digest
+from tensorcanon.tools.cli import main as cli_main
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 SHA_RE = r"sha256:[0-9a-f]{64}"

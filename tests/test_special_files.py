@@ -160,7 +160,7 @@ def test_command_line(tmp_path, fifo, checkpoint):
                 ["verify", str(checkpoint)], ["consolidate", str(checkpoint), str(tmp_path / "d")]]
     script = (
         "import contextlib, io, json, sys\n"
-        "from tensorcanon.cli import main\n"
+        "from tensorcanon.tools.cli import main\n"
         "results = []\n"
         "for argv in json.loads(sys.argv[1]):\n"
         "    out, err = io.StringIO(), io.StringIO()\n"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import reader
+from tensorcanon.io import reader
 
 import hostile_lib as h
 

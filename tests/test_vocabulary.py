@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import container, devices, dtypes, manifest, writer
+from tensorcanon.format import container, devices, dtypes, manifest
+from tensorcanon.io import writer
 
 import hostile_lib as h
 

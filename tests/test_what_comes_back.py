@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon import dtypes
+from tensorcanon.format import dtypes
 
 README = (pathlib.Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
 
@@ -133,7 +133,7 @@ def test_parameters():
 
 
 def test_devices():
-    from tensorcanon import writer
+    from tensorcanon.io import writer
 
     obj = {"w": torch.arange(3.0)}
     assert tensorcanon.loads(tensorcanon.dumps(obj))["w"].device.type == "cpu"

@@ -38,9 +38,11 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import tensorcanon
-from tensorcanon import DeterminismSettings, RngState, codecs, rng, tensorbytes
-from tensorcanon.errors import TensorCanonError
-from tensorcanon.ordering import sort_key
+from tensorcanon import DeterminismSettings, RngState
+from tensorcanon.format import codecs, tensorbytes
+from tensorcanon.format.errors import TensorCanonError
+from tensorcanon.format.ordering import sort_key
+from tensorcanon.training import rng
 
 ROOT = pathlib.Path(__file__).parent
 

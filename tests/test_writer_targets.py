@@ -85,7 +85,7 @@ def test_a_file_opened_for_appending_gets_the_file_after_what_it_holds(tmp_path,
 def test_a_large_save_reserves_exactly_the_bytes_it_then_writes(tmp_path, monkeypatch):
     # The blocks asked for (preallocate.py) are those the file then holds, from where the file
     # object stood; the bytes are those of dumps().
-    from tensorcanon import preallocate
+    from tensorcanon.io import preallocate
 
     asked = []
     real = preallocate.reserve
@@ -104,7 +104,7 @@ def test_reserving_blocks_keeps_the_file_size_and_declines_what_it_cannot_reserv
     import os
     import sys
 
-    from tensorcanon import preallocate
+    from tensorcanon.io import preallocate
 
     p = tmp_path / "r.bin"
     with open(p, "wb") as f:
@@ -125,7 +125,7 @@ def test_memory_backed_files_are_not_reserved(tmp_path):
     # On tmpfs the reservation only moves page allocation ahead of the writes (slower, measured).
     import os
 
-    from tensorcanon import preallocate
+    from tensorcanon.io import preallocate
 
     fd = os.open(tmp_path, os.O_RDONLY)
     try:

@@ -14,10 +14,8 @@ Example::
 from typing import TYPE_CHECKING, Any
 
 from .api import dumps, fingerprint, load, loads, read_metadata, save, verify
-from .codecs import register_all as register_builtin_codecs
-from .determinism import DeterminismSettings, seed_everything  # (registers DeterminismSettings)
-from .diff import DiffResult, diff  # (before anything imports the module tensorcanon.diff, which this name hides)
-from .errors import (
+from .format.codecs import register_all as register_builtin_codecs
+from .format.errors import (
     DeviceUnavailableError,
     FileAccessError,
     FormatError,
@@ -30,15 +28,17 @@ from .errors import (
     UnsupportedTypeError,
     UsageError,
 )
-from .limits import Limits
-from .manifest import VERSION as FORMAT_VERSION
-from .registry import register, unregister
-from .rng import RngRestoreError, RngState  # importing rng registers the generator tags
+from .format.limits import Limits
+from .format.manifest import VERSION as FORMAT_VERSION
+from .format.registry import register, unregister
+from .tools.diff import DiffResult, diff
+from .training.determinism import DeterminismSettings, seed_everything  # (registers DeterminismSettings)
+from .training.rng import RngRestoreError, RngState  # importing rng registers the generator tags
 
 if TYPE_CHECKING:
-    from .data import ResumableSampler, SamplerStateError, seed_worker
-    from .lazy import LazyFile, open
-    from .seeded import SeededCollator, SeededDataset
+    from .io.lazy import LazyFile, open
+    from .training.data import ResumableSampler, SamplerStateError, seed_worker
+    from .training.seeded import SeededCollator, SeededDataset
 
 __version__ = "0.1.0"
 
@@ -58,9 +58,9 @@ __all__ = [
 # never import torch: the data-loading classes subclass torch's; open is only needed when used.
 # Name -> the module that defines it.
 _LAZY = {
-    "ResumableSampler": "data", "SamplerStateError": "data", "seed_worker": "data",
-    "SeededDataset": "seeded", "SeededCollator": "seeded",
-    "open": "lazy", "LazyFile": "lazy",
+    "ResumableSampler": "training.data", "SamplerStateError": "training.data", "seed_worker": "training.data",
+    "SeededDataset": "training.seeded", "SeededCollator": "training.seeded",
+    "open": "io.lazy", "LazyFile": "io.lazy",
 }
 
 
@@ -70,8 +70,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    if module in ("data", "seeded"):  # they subclass torch's classes: without torch, say what to install
-        from . import optional
+    if module.startswith("training."):  # they subclass torch's classes: without torch, say what to install
+        from .format import optional
 
         optional.load()
     value = getattr(importlib.import_module(f".{module}", __name__), name)

@@ -1,7 +1,7 @@
-"""``python -m tensorcanon``: the command line (see tensorcanon.cli and docs/CLI.md)."""
+"""``python -m tensorcanon``: the command line (see tensorcanon.tools.cli and docs/CLI.md)."""
 
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 sys.exit(main())

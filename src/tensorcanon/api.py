@@ -8,9 +8,10 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, BinaryIO, Union
 
-from . import digest as _digest, reader, storage, writer
-from .errors import FormatError, IntegrityError, UsageError
-from .limits import DEFAULT, Limits
+from .format import digest as _digest
+from .format.errors import FormatError, IntegrityError, UsageError
+from .format.limits import DEFAULT, Limits
+from .io import reader, storage, writer
 
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 StorageOptions = Mapping[str, Any] | None  # credentials, endpoint_url...: passed to fsspec as they are
@@ -43,7 +44,7 @@ def save(obj: Any, f: PathOrFile, *, metadata: dict | None = None, limits: Limit
     f = storage.resolve(f, storage_options)
     p = writer.plan(obj, metadata, limits, algorithm)
     if isinstance(f, storage.Location):
-        from . import remote
+        from .io import remote
 
         return remote.save(p, f)
     if isinstance(f, (str, os.PathLike)):
@@ -124,7 +125,7 @@ def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits
         raise UsageError(f"mmap must be True or False, not {mmap!r}")
     f = storage.resolve(f, storage_options)
     if mmap and isinstance(f, storage.Location):
-        from . import remote
+        from .io import remote
 
         raise remote.refuse_mmap(f)
     if mmap and not isinstance(f, (str, os.PathLike)):

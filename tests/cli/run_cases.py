@@ -3,7 +3,7 @@
 Starting Python and importing torch takes about two seconds; one process per
 case would make the golden suite take over a minute. So the test starts this
 script once, in a subprocess, and it runs every case through
-``tensorcanon.cli.main`` exactly as ``python -m tensorcanon`` does, each in
+``tensorcanon.tools.cli.main`` exactly as ``python -m tensorcanon`` does, each in
 its own fresh copy of tests/cli/inputs, capturing stdout, stderr, the exit
 status and the text files the case names. tests/test_cli.py checks that real
 ``python -m tensorcanon`` processes print the same.
@@ -23,7 +23,7 @@ def run_case(case, inputs, work):
     folder = os.path.join(work, case["name"])
     shutil.copytree(inputs, folder)
     out, err = io.StringIO(), io.StringIO()
-    from tensorcanon.cli import main
+    from tensorcanon.tools.cli import main
 
     here = os.getcwd()
     os.chdir(folder)

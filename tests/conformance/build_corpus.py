@@ -175,7 +175,7 @@ def _generator_state(device: str) -> bytes:
 
 def _rngstate_cuda(offset: int) -> tensorcanon.RngState:
     r = np.random.RandomState(11).get_state(legacy=False)
-    name, fields = tensorcanon.rng.bitgen_fields(r)
+    name, fields = tensorcanon.training.rng.bitgen_fields(r)
     return tensorcanon.RngState(
         python=__import__("random").Random(1).getstate(), numpy=(name, fields, 0, 0.0),
         torch_cpu=bytes(torch.Generator().manual_seed(1).get_state().numpy()),

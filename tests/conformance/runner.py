@@ -118,7 +118,8 @@ def tensorcanon_reader(path: str) -> str:
     """The reference reader under the corpus's contract: builds every value, with the built-in codecs
     enabled and ``golden.GoldenConfig`` registered, verifies every tensor; returns the file digest."""
     import tensorcanon
-    from tensorcanon import codecs, registry
+    from tensorcanon import codecs
+    from tensorcanon.format import registry
 
     enabled = [name for name in codecs.NAMES if registry.by_name(name) is None]
     tensorcanon.register_builtin_codecs()

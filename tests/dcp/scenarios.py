@@ -26,7 +26,7 @@ from states import LOSSES, SAMPLER, bytes_state, bytes_target, loader_bytes, log
 def _files(folder: str) -> dict:
     def digest(name: str) -> str:
         with open(os.path.join(folder, name), "rb") as f:
-            return tensorcanon.digest.to_text(__import__("xxhash").xxh3_128_digest(f.read()))
+            return tensorcanon.format.digest.to_text(__import__("xxhash").xxh3_128_digest(f.read()))
 
     return {n: digest(n) for n in sorted(os.listdir(folder))}
 

@@ -11,9 +11,9 @@ import pytest
 
 import tensorcanon
 import tensorcanon.dcp as tcd
-from tensorcanon.cli import main
-from tensorcanon.diff import load_file
 from tensorcanon.sharded import layout
+from tensorcanon.tools.cli import main
+from tensorcanon.tools.diff import load_file
 
 from helpers import flip_byte
 from states import logical_digest, logical_state, sharded_state
@@ -123,7 +123,7 @@ def test_lock_and_check_treat_a_checkpoint_as_one_entry(ckpts, capsys):
     lock = str(base / "tensors.lock")
     code, _, _ = _cli(capsys, "lock", str(base), "-o", lock)
     assert code == 0
-    entries = tensorcanon.lockfile.read_lock(lock)
+    entries = tensorcanon.tools.lockfile.read_lock(lock)
     by_path = {e.path: e for e in entries}
     assert {"two", "three", "other"} <= set(by_path)                      # directories, not their files
     assert not any(p.startswith("two/") for p in by_path)

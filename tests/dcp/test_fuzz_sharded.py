@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tensorcanon
 import tensorcanon.dcp as tcd
-from tensorcanon import manifest
-from tensorcanon.errors import TensorCanonError
-from tensorcanon.ordering import sort_key
+from tensorcanon.format import manifest
+from tensorcanon.format.errors import TensorCanonError
+from tensorcanon.format.ordering import sort_key
 from tensorcanon.sharded import layout
 
 import hostile_lib as h

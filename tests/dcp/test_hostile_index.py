@@ -31,12 +31,12 @@ import torch
 
 import tensorcanon
 import tensorcanon.dcp as tcd
-from tensorcanon import manifest, paths
-from tensorcanon.cli import EXIT_ERROR, main
-from tensorcanon.diff import load_file
-from tensorcanon.errors import FormatError, LimitError, TensorCanonError
-from tensorcanon.ordering import sort_key
+from tensorcanon.format import manifest, paths
+from tensorcanon.format.errors import FormatError, LimitError, TensorCanonError
+from tensorcanon.format.ordering import sort_key
 from tensorcanon.sharded import layout, tools
+from tensorcanon.tools.cli import EXIT_ERROR, main
+from tensorcanon.tools.diff import load_file
 
 from threaded import run_ranks
 
@@ -292,7 +292,7 @@ def test_a_shape_no_tensor_can_have_is_refused_by_every_reader(base, tmp_path, s
 _CAPPED = textwrap.dedent("""
     import resource, sys
     import tensorcanon, tensorcanon.dcp as tcd
-    from tensorcanon.diff import load_file
+    from tensorcanon.tools.diff import load_file
     folder = sys.argv[1]
     with open("/proc/self/status") as f:
         vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))

@@ -19,8 +19,10 @@ from s3_support import BUCKET, SECRET
 
 import tensorcanon as tc
 import tensorcanon.dcp as tcd
-from tensorcanon import cli, remote, testing
+from tensorcanon import testing
+from tensorcanon.io import remote
 from tensorcanon.sharded import layout
+from tensorcanon.tools import cli
 
 from helpers import rank_files, unsharded, zeros_like_state
 from states import logical_digest, logical_state, sharded_state

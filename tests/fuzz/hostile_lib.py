@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 import tensorcanon
-from tensorcanon import digest
-from tensorcanon.errors import TensorCanonError
+from tensorcanon.format import digest
+from tensorcanon.format.errors import TensorCanonError
 
 DEADLINE_S = 10  # generous: CI cores are shared; a real hang never ends
 
@@ -338,7 +338,7 @@ def with_root(root: bytes) -> bytes:
 def colliding_keys(n: int, tag: str = "dict") -> bytes:
     """A ``dict`` (or ``odict``, ``set``, ``frozenset``, or ``tuple_keys``: a dict of 1-tuples) of
     ``n`` big-int keys that all hash to 0, in canonical order: 1.5 MB for 100,000 keys."""
-    from tensorcanon.tree import bigint_bytes
+    from tensorcanon.format.tree import bigint_bytes
 
     keys: list = [msgpack.ExtType(1, bigint_bytes(k * P)) for k in range(9, 9 + n)]  # > 2**64: ext type 1
     if tag == "tuple_keys":

@@ -382,7 +382,7 @@ def _table_outcome(meta: dict, fn) -> object:
 
 
 def _full_table(meta: dict):
-    from tensorcanon import manifest
+    from tensorcanon.format import manifest
 
     decoded = manifest.decode(meta)
     return decoded.manifest(manifest.read_table(decoded.obj["tensors"], decoded.algorithm, tensorcanon.Limits()))
@@ -395,7 +395,7 @@ def _full_table(meta: dict):
 def test_the_one_pass_manifest_read_accepts_exactly_what_the_full_checks_accept(i, how, k, raw_how):
     """manifest.read (the fast path of every load) decodes the table a batch of rows at a time and
     checks canonical form piece by piece; it must accept and refuse exactly as decode + read_table."""
-    from tensorcanon import manifest
+    from tensorcanon.format import manifest
 
     m, header, _ = h.manifest_of(FILES[i])
     m = _mutate_manifest(m, how, k)
@@ -448,7 +448,7 @@ def test_lazy_reads_give_the_saved_value_or_nothing(i, flips, cut, truncate):
     """Each tensor tensorcanon.open returns (proven on its own, before the whole file is checked)
     is exactly the saved one, whatever the damage: else a tensorcanon error or a missing key."""
     import tensorcanon
-    from tensorcanon.errors import TensorCanonError
+    from tensorcanon.format.errors import TensorCanonError
 
     data = bytearray(FILES[i])
     for pos, bit in flips:
@@ -509,9 +509,9 @@ def test_colliding_keys_and_empty_containers(tag, kind, n, others, empties, empt
     import collections
     from unittest import mock
 
-    from tensorcanon import tree
-    from tensorcanon.errors import UnsupportedTypeError
-    from tensorcanon.ordering import MAX_SAME_HASH, NO_KEY
+    from tensorcanon.format import tree
+    from tensorcanon.format.errors import UnsupportedTypeError
+    from tensorcanon.format.ordering import MAX_SAME_HASH, NO_KEY
 
     keys = [_colliding_key(kind, j) for j in range(1, n + 1)]
     keys += [j for j in range(others)] + [f"s{j}" for j in range(others)] + [b"b%d" % j for j in range(others // 2)]

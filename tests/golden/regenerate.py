@@ -3,7 +3,7 @@
 The committed ``<name>.safetensors`` files and ``digests.json`` are the
 format's contract: tests/test_golden.py fails when any byte tensorcanon writes
 for them changes. A deliberate change of the format MUST bump
-``tensorcanon.manifest.VERSION`` (``tensorcanon.FORMAT_VERSION``), update
+``tensorcanon.format.manifest.VERSION`` (``tensorcanon.FORMAT_VERSION``), update
 docs/FORMAT.md, and then regenerate with::
 
     python tests/golden/regenerate.py --format-change

@@ -241,7 +241,7 @@ def bytes_io():
 
 def random_state():
     """docs/FORMAT.md §6.7: every random-state tag, built from fixed seeds (no global state)."""
-    from tensorcanon import rng
+    from tensorcanon.training import rng
 
     g = torch.Generator().manual_seed(7)
     torch.rand(5, generator=g)
@@ -281,7 +281,7 @@ def bare_tensor():
 def generators():
     """Random state of every kind, seeded and advanced by fixed draws: locks the state layouts
     (and the SeedSequence each numpy bit generator carries) across numpy and torch versions."""
-    from tensorcanon.rng import BIT_GENERATORS, bitgen_fields
+    from tensorcanon.training.rng import BIT_GENERATORS, bitgen_fields
 
     out = {"torch": torch.Generator().manual_seed(11), "random": random.Random(3),
            "legacy": np.random.RandomState(5), "legacy_pcg": np.random.RandomState(np.random.PCG64(6))}

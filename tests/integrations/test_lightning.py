@@ -31,8 +31,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 import tensorcanon
-from tensorcanon.determinism import DeterminismWarning
 from tensorcanon.integrations.lightning import CanonicalCheckpointIO, ExactResume, load_from_checkpoint
+from tensorcanon.training.determinism import DeterminismWarning
 
 import lightning_ddp_run
 import lightning_run

@@ -48,8 +48,8 @@ from transformers import (
 )
 
 import tensorcanon
-from tensorcanon.cli import main as tensorcanon_cli
 from tensorcanon.integrations import transformers as tt
+from tensorcanon.tools.cli import main as tensorcanon_cli
 
 import transformers_run
 

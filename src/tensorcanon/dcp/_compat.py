@@ -48,7 +48,7 @@ from torch.distributed.checkpoint import state_dict_loader as _loader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-from ..errors import UsageError
+from ..format.errors import UsageError
 
 try:  # torch >= 2.5
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor

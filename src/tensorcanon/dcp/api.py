@@ -21,9 +21,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from .. import digest as _digest
-from ..errors import TensorCanonError
-from ..limits import DEFAULT, Limits
+from ..format import digest as _digest
+from ..format.errors import TensorCanonError
+from ..format.limits import DEFAULT, Limits
 from ..sharded.errors import CheckpointError
 from . import _compat
 from .load_planner import LoadPlanner

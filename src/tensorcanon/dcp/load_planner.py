@@ -32,14 +32,14 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, cre
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
-from .. import dtypes, paths
-from ..errors import TensorCanonError, UsageError
-from ..limits import DEFAULT, Limits
+from ..format import dtypes, paths
+from ..format.errors import TensorCanonError, UsageError
+from ..format.limits import DEFAULT, Limits
+from ..format.tree import Decoder, items, tag_of
+from ..format.walk import METADATA
 from ..sharded import layout
 from ..sharded.files import decode_subtree, with_context
 from ..sharded.read import RankFiles, read_tensor
-from ..tree import Decoder, items, tag_of
-from ..walk import METADATA
 from . import _compat
 from ._compat import DTensor, object_coll_device
 from .perrank import PerRank

@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import digest, dtypes, paths, writer
-from ..errors import TensorCanonError, UnsupportedTypeError
-from ..limits import DEFAULT, Limits
-from ..tree import Encoder
-from ..walk import METADATA
+from ..format import digest, dtypes, paths
+from ..format.errors import TensorCanonError, UnsupportedTypeError
+from ..format.limits import DEFAULT, Limits
+from ..format.tree import Encoder
+from ..format.walk import METADATA
+from ..io import writer
 from ._compat import DTensor, Replicate, Shard
 from .perrank import PerRank
 
@@ -123,7 +124,7 @@ class LogicalState:
         """Everything the ranks must agree on: the tree (non-tensor values, containers, ties) and
         the tensor table without digests, as manifest bytes; the paths of per-rank values."""
         zero = bytes(digest.size(self.plan.algorithm))
-        from .. import manifest
+        from ..format import manifest
 
         rows = [manifest.table_row(s.name, s.dtype.name, s.shape, s.kind, s.requires_grad, zero)
                 for s in self.plan.tensors]
@@ -141,7 +142,7 @@ def plan_state(state: Any, limits: Limits = DEFAULT) -> LogicalState:
     except Exception as e:  # an object whose attribute access raises, found while encoding it
         raise UnsupportedTypeError(f"cannot save the value at {enc.path()}: {type(e).__name__}: {e}",
                                    path=enc.path()) from e
-    from ..ordering import sort_key
+    from ..format.ordering import sort_key
 
     per_rank = sorted(enc.per_rank, key=lambda pv: sort_key(pv[0]))
     for path, _ in per_rank:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UsageError
+from ..format.errors import UsageError
 
 
 class PerRank:

@@ -30,9 +30,9 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from .. import tensorbytes
-from ..errors import FormatError, TensorCanonError, UsageError
-from ..limits import DEFAULT, Limits
+from ..format import tensorbytes
+from ..format.errors import FormatError, TensorCanonError, UsageError
+from ..format.limits import DEFAULT, Limits
 from ..sharded import layout
 from ..sharded.files import decode_subtree, with_context
 from ..sharded.read import RankFiles, chunk_info, read_tensor

@@ -25,11 +25,11 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, cre
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan
 
-from .. import digest, paths, tensorbytes
-from ..errors import UsageError
-from ..limits import DEFAULT, Limits
+from ..format import digest, paths, tensorbytes
+from ..format.errors import UsageError
+from ..format.limits import DEFAULT, Limits
+from ..format.tree import items
 from ..sharded.errors import ReplicaMismatchError
-from ..tree import items
 from ._compat import DTensor, Replicate, compute_local_shape_and_global_offset, global_save_plan
 from .logical import LogicalState, plan_state
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from .. import tensorbytes
-from ..walk import METADATA
+from ..format import tensorbytes
+from ..format.walk import METADATA
 from ._compat import DTensor
 from .perrank import PerRank
 

@@ -31,10 +31,10 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from ..errors import UsageError
-from ..limits import Limits
+from ..format.errors import UsageError
+from ..format.limits import Limits
+from ..format.tree import Decoder, items, tag_of
 from ..sharded import layout
-from ..tree import Decoder, items, tag_of
 
 
 @dataclass

@@ -46,13 +46,14 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner as _DCPSa
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from .. import digest as _digest, storage, tensorbytes, writer
-from ..errors import FileAccessError, TensorCanonError, UsageError
-from ..limits import DEFAULT, Limits
+from ..format import digest as _digest, tensorbytes
+from ..format.errors import FileAccessError, TensorCanonError, UsageError
+from ..format.limits import DEFAULT, Limits
+from ..format.tree import items
+from ..io import storage, writer
 from ..sharded import layout, tiling
 from ..sharded.errors import CheckpointError
 from ..sharded.files import RankFile
-from ..tree import items
 from . import _compat
 from .save_planner import LocalInfo, SavePlanner
 from .staging import staged_copy
@@ -308,7 +309,7 @@ class Writer(StorageWriter):
             writer.write_atomic(index_plan, layout.index_path(self.path))
             remove_unreferenced(self.path, keep)
         else:  # one object, after every rank file: the commit marker; then the cleanup (FORMAT.md §14.7)
-            from .. import remote
+            from ..io import remote
 
             store, prefix = layout.open_store(self.path, self.options)
             remote.save_plan(index_plan, store, layout.join(prefix, layout.INDEX_NAME))
@@ -358,7 +359,7 @@ def write_rank_file(folder: str, rank: int, world: int, obj: dict, algorithm: st
     """
     p = writer.plan(obj, None, limits, algorithm)
     if options is not None:
-        from .. import remote
+        from ..io import remote
 
         named = writer.fingerprint(p)
         store, prefix = layout.open_store(folder, options)

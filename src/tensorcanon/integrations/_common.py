@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from ..data import ResumableSampler
-from ..determinism import DeterminismSettings, DeterminismWarning
-from ..errors import UnsupportedTypeError
-from ..limits import DEFAULT, Limits
-from ..placement import device_exists
+from ..format.errors import UnsupportedTypeError
+from ..format.limits import DEFAULT, Limits
+from ..io.placement import device_exists
+from ..training.data import ResumableSampler
+from ..training.determinism import DeterminismSettings, DeterminismWarning
 
 
 @contextlib.contextmanager
@@ -56,7 +56,7 @@ def check_saveable(obj: Any, what: str, limits: Limits = DEFAULT) -> None:
     Plans the file without hashing or copying any tensor, so it costs little even
     for a large model. ``what`` names the object in the message.
     """
-    from ..writer import plan
+    from ..io.writer import plan
 
     try:
         plan(obj, None, limits)

@@ -51,11 +51,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import api
-from ..determinism import DeterminismSettings
-from ..digest import DEFAULT as _DEFAULT_ALGORITHM
-from ..errors import FormatError, MissingFileError, UsageError
-from ..limits import DEFAULT, Limits
-from ..rng import RngState
+from ..format.digest import DEFAULT as _DEFAULT_ALGORITHM
+from ..format.errors import FormatError, MissingFileError, UsageError
+from ..format.limits import DEFAULT, Limits
+from ..training.determinism import DeterminismSettings
+from ..training.rng import RngState
 from ._common import apply_settings, batch_size_of, framework_import, sampler_of
 
 with framework_import("accelerate", "accelerate"):
@@ -208,7 +208,7 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str] | Non
     each prepared DataLoader's epoch and :class:`tensorcanon.ResumableSampler`
     position, then the determinism settings (``apply_settings=True`` puts the
     switches back; what still differs, such as versions, is reported as a
-    :class:`~tensorcanon.determinism.DeterminismWarning`), and last every random
+    :class:`~tensorcanon.training.determinism.DeterminismWarning`), and last every random
     generator (``strict_rng=True``: a part that cannot be restored raises
     :class:`tensorcanon.RngRestoreError` before anything changes). With no
     ``input_dir`` and automatic checkpoint naming, loads the latest checkpoint.

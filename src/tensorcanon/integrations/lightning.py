@@ -49,12 +49,12 @@ from typing import Any, TypeVar
 import torch
 
 from .. import api
-from ..data import ResumableSampler
-from ..determinism import DeterminismSettings, DeterminismWarning
-from ..digest import DEFAULT as _DEFAULT_ALGORITHM
-from ..errors import FormatError, UnsupportedTypeError, UsageError
-from ..limits import DEFAULT, Limits
-from ..rng import RngState
+from ..format.digest import DEFAULT as _DEFAULT_ALGORITHM
+from ..format.errors import FormatError, UnsupportedTypeError, UsageError
+from ..format.limits import DEFAULT, Limits
+from ..training.data import ResumableSampler
+from ..training.determinism import DeterminismSettings, DeterminismWarning
+from ..training.rng import RngState
 from ._common import apply_settings, batch_size_of, check_saveable, cpu_when_missing, framework_import, sampler_of
 
 with framework_import("lightning", "lightning"):
@@ -182,7 +182,7 @@ class ExactResume(pl.Callback):
       Lightning builds the training iterator (which reads the sampler ahead
       when the DataLoader has workers);
     - the settings are applied then too, with a
-      :class:`~tensorcanon.determinism.DeterminismWarning` for each one that still
+      :class:`~tensorcanon.training.determinism.DeterminismWarning` for each one that still
       differs (versions, hardware);
     - the random state is restored in ``on_train_start``, the last hook before
       the first batch is fetched.

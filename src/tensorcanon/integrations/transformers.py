@@ -63,11 +63,11 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from .. import api
-from ..data import ResumableSampler
-from ..determinism import DeterminismSettings
-from ..errors import FormatError, MissingFileError, UsageError
-from ..rng import RngState
-from ..seeded import SeededCollator, SeededDataset
+from ..format.errors import FormatError, MissingFileError, UsageError
+from ..training.data import ResumableSampler
+from ..training.determinism import DeterminismSettings
+from ..training.rng import RngState
+from ..training.seeded import SeededCollator, SeededDataset
 from ._common import apply_settings, framework_import
 
 with framework_import("transformers", "transformers", "accelerate", "safetensors"):
@@ -150,7 +150,7 @@ class CanonicalTrainer(Trainer):
     2 processes with gloo). A random state that cannot be
     restored raises :class:`tensorcanon.RngRestoreError` instead of being
     skipped; determinism settings that differ from the saved run are reported
-    as :class:`~tensorcanon.determinism.DeterminismWarning`.
+    as :class:`~tensorcanon.training.determinism.DeterminismWarning`.
 
     The training data is seeded as the module docstring says when the
     training set is map-style with a length and ``train_sampling_strategy`` is

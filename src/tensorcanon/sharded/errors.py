@@ -1,4 +1,4 @@
-"""Errors of sharded checkpoints, in addition to the library's own (tensorcanon.errors).
+"""Errors of sharded checkpoints, in addition to the library's own (tensorcanon.format.errors).
 
 They derive from :class:`tensorcanon.TensorCanonError` and from the matching
 built-in, like every tensorcanon error.
@@ -6,7 +6,7 @@ built-in, like every tensorcanon error.
 
 from __future__ import annotations
 
-from ..errors import MissingFileError, TensorCanonError
+from ..format.errors import MissingFileError, TensorCanonError
 
 __all__ = ["CheckpointNotFoundError", "ReplicaMismatchError", "CheckpointError"]
 
@@ -16,7 +16,7 @@ class CheckpointNotFoundError(MissingFileError):
 
     A directory without an index is not a checkpoint: the index is written
     last, so its absence usually means a save was interrupted. Also a
-    ``FileNotFoundError`` (through :class:`tensorcanon.errors.MissingFileError`).
+    ``FileNotFoundError`` (through :class:`tensorcanon.MissingFileError`).
     """
 
 

@@ -1,6 +1,6 @@
 """Every read of a checkpoint's files goes through this module, on the library's validated file.
 
-An index or a rank file is a :class:`tensorcanon.reader.CheckedFile`: its header,
+An index or a rank file is a :class:`tensorcanon.io.reader.CheckedFile`: its header,
 manifest and tree pass every check of docs/FORMAT.md §9 before anything in it
 is used. A rank file is opened over a read-only memory map and extends
 CheckedFile with what a distributed reader needs: a chunk's bytes in place
@@ -30,12 +30,13 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import digest as _digest, optional, reader, storage
-from ..errors import FormatError, IntegrityError, MissingFileError, TensorCanonError, UnsupportedTypeError
-from ..limits import DEFAULT, Limits
-from ..manifest import TensorInfo
-from ..source import opened
-from ..tree import Decoder, items, tag_of
+from ..format import digest as _digest, optional
+from ..format.errors import FormatError, IntegrityError, MissingFileError, TensorCanonError, UnsupportedTypeError
+from ..format.limits import DEFAULT, Limits
+from ..format.manifest import TensorInfo
+from ..format.tree import Decoder, items, tag_of
+from ..io import reader, storage
+from ..io.source import opened
 from .errors import CheckpointNotFoundError
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class RankFile(reader.CheckedFile):
         url, path = path, storage.redact(path) if remote else path  # (path: as shown, credentials hidden)
         try:
             if remote:
-                from .. import remote as _remote
+                from ..io import remote as _remote
 
                 # read ahead in parallel: readers take chunks in file order (dcp.Reader, W=1 verify)
                 src = stack.enter_context(_remote.opened(storage.Location(url, options or {}, sequential=True)))

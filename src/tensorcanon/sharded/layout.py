@@ -36,43 +36,34 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from .. import container, digest as _digest, manifest, paths as _paths, storage
-from ..errors import FormatError, LimitError, TensorCanonError
-from ..limits import DEFAULT, Limits
-from ..ordering import UnorderableKey, sort_key
-from ..tree import Decoder, items, tag_of, tensor_names
+from ..format import container, digest as _digest, manifest, paths as _paths
+from ..format.errors import FormatError, LimitError, TensorCanonError
+from ..format.limits import DEFAULT, Limits
+from ..format.ordering import UnorderableKey, sort_key
+from ..format.sharding import (  # noqa: F401 - the names the index is checked against, used from here
+    FORMAT,
+    INDEX_NAME,
+    LAYOUT_VERSION,
+    PER_RANK_SUFFIX,
+    RANK_FILE_RE,
+    chunk_key,
+    rank_file_name,
+)
+from ..format.tree import Decoder, items, tag_of, tensor_names
+from ..io import storage
 from . import files, tiling
 from .errors import CheckpointNotFoundError
 
-#: The format name: the index's ``"format"``, and what ``tensorcanon hash --json``, ``inspect`` and
-#: lockfiles report for a checkpoint directory. Defined here only.
-FORMAT = "tensorcanon-sharded"
-LAYOUT_VERSION = 1
-INDEX_NAME = "index.safetensors"
 #: Upper bound on the world size an index may declare (a hostile index cannot make
 #: a reader allocate per-rank state for more ranks than this).
 MAX_WORLD_SIZE = 1 << 20
 _INDEX_KEYS = ["chunks", "files", "format", "layout", "logical", "per_rank"]
-RANK_FILE_RE = re.compile(r"rank-(\d{5,})-of-(\d{5,})\.([0-9a-f]{32}|[0-9a-f]{64})\.safetensors\Z")
-PER_RANK_SUFFIX = "@rank"
-
-
-def rank_file_name(rank: int, world_size: int, file_digest: str) -> str:
-    """``rank-00001-of-00004.<hex>.safetensors``: named by its own digest, so a new save
-    never overwrites a file an older index references (an equal name means equal bytes)."""
-    return f"rank-{rank:05d}-of-{world_size:05d}.{_digest.from_text(file_digest).hex()}.safetensors"
-
-
-def chunk_key(name: str, offsets: Iterable[int]) -> str:
-    """The key of a chunk in its rank file: ``model.w@128,0`` (a 0-d tensor: ``step@``)."""
-    return f"{name}@{','.join(str(int(o)) for o in offsets)}"
 
 
 def per_rank_keys(paths: list[tuple]) -> list[str]:

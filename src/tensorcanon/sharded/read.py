@@ -14,12 +14,13 @@ import os
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from .. import digest, placement, storage, tensorbytes, writer
-from ..errors import FormatError, IntegrityError, TensorCanonError
-from ..limits import DEFAULT, Limits
-from ..manifest import TensorInfo
-from ..ordering import sort_key
-from ..tree import Decoder
+from ..format import digest, tensorbytes
+from ..format.errors import FormatError, IntegrityError, TensorCanonError
+from ..format.limits import DEFAULT, Limits
+from ..format.manifest import TensorInfo
+from ..format.ordering import sort_key
+from ..format.tree import Decoder
+from ..io import placement, storage, writer
 from . import layout, tiling
 from .files import RankFile, with_context
 
@@ -209,7 +210,7 @@ def load_unsharded(folder: str | os.PathLike, *, rank: int | None = None, map_lo
     """
     index = _open(folder, limits, storage_options)
     if rank is not None and (type(rank) is not int or not 0 <= rank < index.world_size):
-        from ..errors import UsageError
+        from ..format.errors import UsageError
 
         raise UsageError(f"rank must be an int in [0, {index.world_size}) for this checkpoint, not {rank!r}")
     with RankFiles(index, limits) as files:
@@ -299,7 +300,7 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
 
     try:
         if out_url:
-            from .. import remote
+            from ..io import remote
 
             store, path = storage.open_store(os.fspath(out), storage_options)
             return remote.write_object(store, path, lambda f: fill(f, ""), hold=len(header),

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from ..errors import FormatError
+from ..format.errors import FormatError
 
 # The modulus of check()'s polynomial identity test: the Mersenne prime 2^127 - 1.
 _P = (1 << 127) - 1

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .. import paths
-from ..errors import TensorCanonError
-from ..limits import DEFAULT, Limits
+from ..format import paths
+from ..format.errors import TensorCanonError
+from ..format.limits import DEFAULT, Limits
 from . import layout, read
 
 

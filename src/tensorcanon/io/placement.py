@@ -14,14 +14,14 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import optional
-from .errors import DeviceUnavailableError, UsageError
-from .tensorbytes import in_memory_format
+from ..format import optional
+from ..format.errors import DeviceUnavailableError, UsageError
+from ..format.tensorbytes import in_memory_format
 
 if TYPE_CHECKING:
     import torch
 
-    from .manifest import TensorInfo
+    from ..format.manifest import TensorInfo
 else:
     torch = optional.torch_module(globals())
 

@@ -31,11 +31,12 @@ try:
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
-from . import container, digest, dtypes, manifest, paths, preallocate
-from .errors import FileAccessError, LimitError, MissingFileError, TensorCanonError, UnsupportedTypeError
-from .limits import DEFAULT, Limits
-from .tensorbytes import host_bytes
-from .tree import Encoder, TensorSource
+from ..format import container, digest, dtypes, manifest, paths
+from ..format.errors import FileAccessError, LimitError, MissingFileError, TensorCanonError, UnsupportedTypeError
+from ..format.limits import DEFAULT, Limits
+from ..format.tensorbytes import host_bytes
+from ..format.tree import Encoder, TensorSource
+from . import preallocate
 
 _T = TypeVar("_T")
 

@@ -35,13 +35,13 @@ from typing import Any
 
 import msgpack
 
-from . import container, digest, fastparse, manifest, paths
-from .errors import FormatError
-from .limits import Limits
-from .manifest import TensorInfo
+from ..format import container, digest, fastparse, manifest, paths
+from ..format.errors import FormatError
+from ..format.limits import Limits
+from ..format.manifest import TensorInfo
+from ..format.tree import first_item, items
+from ..format.walk import METADATA
 from .source import Source
-from .tree import first_item, items
-from .walk import METADATA
 
 _COMPONENT = re.compile(r'\[("(?:[^"\\]|\\.)*"|-?[0-9]+)\]')
 _OFFSETS = ':{"data_offsets":['

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from .errors import TensorCanonError, UsageError
+from ..format.errors import TensorCanonError, UsageError
 
 __all__ = ["seed_worker", "ResumableSampler", "SamplerStateError", "SampleIndex"]
 

@@ -16,7 +16,7 @@ Type checkers see the module. At run time the name is a stand-in until the modul
 real module in every such namespace (later uses cost nothing extra), and the hooks registered with
 :func:`on_load` run (they add the module's types to the encoder tables). If the program imported it
 before, the name is the module itself from the start. Without torch installed, its first use raises
-:class:`~tensorcanon.errors.MissingDependencyError`: one line saying what to install.
+:class:`~tensorcanon.MissingDependencyError`: one line saying what to install.
 
 No value can be a torch tensor (or a numpy array) unless its module is imported, so code that only
 asks "is this a tensor?" uses :func:`imported` and never imports a module to answer no.
@@ -53,7 +53,7 @@ class _Stub:
         return getattr(load(self._name), attr)
 
     def __repr__(self) -> str:
-        return f"<{self._name}, imported on first use (tensorcanon.optional)>"
+        return f"<{self._name}, imported on first use (tensorcanon.format.optional)>"
 
 
 class _Lazy:

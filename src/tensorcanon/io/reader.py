@@ -24,12 +24,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from . import container, digest, dtypes, fastparse, manifest, optional, paths, placement, tensorbytes, tree
-from .errors import FormatError, IntegrityError, TensorCanonError, UsageError
-from .limits import DEFAULT, Limits
-from .manifest import TensorInfo
+from ..format import container, digest, dtypes, fastparse, manifest, optional, paths, tensorbytes, tree
+from ..format.errors import FormatError, IntegrityError, TensorCanonError, UsageError
+from ..format.limits import DEFAULT, Limits
+from ..format.manifest import TensorInfo
+from ..format.tree import Decoder
+from . import placement
 from .source import Source, opened
-from .tree import Decoder
 
 if TYPE_CHECKING:
     import torch

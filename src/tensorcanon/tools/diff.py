@@ -42,11 +42,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import dtypes, optional, paths, reader, registry, storage, tensorbytes, walk
-from .errors import FormatError, LimitError, UsageError
-from .limits import DEFAULT, Limits
-from .ordering import UnorderableKey, sorted_keys
-from .source import Source, open_path
+from ..format import dtypes, optional, paths, registry, tensorbytes, walk
+from ..format.errors import FormatError, LimitError, UsageError
+from ..format.limits import DEFAULT, Limits
+from ..format.ordering import UnorderableKey, sorted_keys
+from ..io import reader, storage
+from ..io.source import Source, open_path
 
 if TYPE_CHECKING:
     import numpy as np
@@ -264,7 +265,7 @@ def _detect_local(path: str) -> str:
 
 def _detect_remote(loc: storage.Location) -> str:
     """:func:`detect_format` of an object in a store: its first bytes, and for a zip its names."""
-    from . import remote
+    from ..io import remote
 
     name = loc.display
     suffix = os.path.splitext(loc.url.split("?", 1)[0])[1].lower()
@@ -314,7 +315,7 @@ def load_file(path: str | os.PathLike | storage.Location, *, limits: Limits = DE
     writes): its logical state, every chunk verified, as one file would hold it.
     ``wrap(file, size)`` may wrap the opened file (the command line uses it to
     draw progress; not for a directory). With ``stored``, a plain safetensors file's tensors
-    come as their bytes (:class:`~tensorcanon.tensorbytes.Stored`, without torch), which plan
+    come as their bytes (:class:`~tensorcanon.format.tensorbytes.Stored`, without torch), which plan
     and hash as the tensors would: what ``hash``, ``lock``, ``check`` and ``inspect`` read such
     a file with. Only safe loaders are used:
     tensorcanon's own reader, ``torch.load(weights_only=True)`` and
@@ -332,7 +333,7 @@ def load_file(path: str | os.PathLike | storage.Location, *, limits: Limits = DE
     else:
         where = name = os.fspath(target)
         if os.path.isdir(name):
-            from .sharded import layout, tools  # (imported for a directory only: `import tensorcanon` stays light)
+            from ..sharded import layout, tools  # (imported for a directory only: `import tensorcanon` stays light)
 
             value, algorithm = tools.logical_state(name, limits)
             return Loaded(value, layout.FORMAT, name, algorithm=algorithm)
@@ -346,7 +347,7 @@ def load_file(path: str | os.PathLike | storage.Location, *, limits: Limits = DE
                 return Loaded(value, fmt, name)
             return Loaded(value, fmt, name, cf.devices(), cf.metadata(), cf.algorithm)
     if isinstance(where, storage.Location):  # read whole, as these formats are loaded whole anyway
-        from . import remote
+        from ..io import remote
 
         return _load_foreign(io.BytesIO(remote.read_bytes(where)), fmt, name)
     with open_path(name) as fh:  # the regular file checked here, not whatever the path names later

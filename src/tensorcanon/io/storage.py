@@ -33,7 +33,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
-from .errors import FileAccessError, MissingFileError, TensorCanonError, UsageError
+from ..format.errors import FileAccessError, MissingFileError, TensorCanonError, UsageError
 
 __all__ = ["Location", "Store", "ObjectReader", "Upload", "is_url", "resolve", "redact", "open_store"]
 

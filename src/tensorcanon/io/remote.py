@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, TypeVar
 
+from ..format.errors import FileAccessError, TensorCanonError, UsageError
 from . import storage, writer
-from .errors import FileAccessError, TensorCanonError, UsageError
 from .source import Source
 
 __all__ = ["RemoteFile", "ObjectWriter", "save", "opened", "open_binary", "size", "read_bytes"]

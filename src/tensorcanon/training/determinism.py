@@ -18,8 +18,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import optional, registry
-from .errors import UnsupportedTypeError, UsageError
+from ..format import optional, registry
+from ..format.errors import UnsupportedTypeError, UsageError
 
 if TYPE_CHECKING:
     import numpy as np

@@ -29,14 +29,17 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO, TypeVar
 
-from . import __version__, devices, digest, lockfile, manifest, paths, reader, storage, tree, writer
+from .. import __version__
+from ..format import devices, digest, manifest, paths, tree
+from ..format.errors import FileAccessError, FormatError, IntegrityError, MissingDependencyError, TensorCanonError
+from ..format.limits import DEFAULT, Limits
+from ..format.tensorbytes import resolved
+from ..format.tree import Decoder
+from ..io import reader, storage, writer
+from ..io.source import open_path
+from . import lockfile
 from .diff import DiffResult, describe, detect_format, diff, load_file
-from .errors import FileAccessError, FormatError, IntegrityError, MissingDependencyError, TensorCanonError
-from .limits import DEFAULT, Limits
 from .progress import BinaryReader, Progress, ProgressFile
-from .source import open_path
-from .tensorbytes import resolved
-from .tree import Decoder
 
 EXIT_OK = 0
 EXIT_DIFFERENT = 1
@@ -157,7 +160,7 @@ def _table(rows: list[list[str]], right: set[int] | frozenset[int] = frozenset()
 
 
 def cmd_hash(args: argparse.Namespace, out: _Out) -> int:
-    from .sharded import layout  # (the sharded package is imported only where a command needs it)
+    from ..sharded import layout  # (the sharded package is imported only where a command needs it)
 
     code, results = EXIT_OK, []
     for given in args.files:
@@ -189,7 +192,7 @@ def _verify_one(given: str, wrap: Callable[[Any, int], Any] | None) -> tuple[str
     try:
         target = storage.resolve(given)  # a URL: an object in a store
         if _checkpoint_dir(target):
-            from .sharded import verify as verify_checkpoint  # a sharded checkpoint: every file, every chunk
+            from ..sharded import verify as verify_checkpoint  # a sharded checkpoint: every file, every chunk
 
             return "ok", verify_checkpoint(target)
         fmt = detect_format(target)
@@ -215,7 +218,7 @@ def _verify_one(given: str, wrap: Callable[[Any, int], Any] | None) -> tuple[str
 def _checkpoint_dir(target: Any) -> bool:
     """True for a sharded checkpoint directory, or a directory URL of object storage holding one."""
     if isinstance(target, storage.Location):
-        from .sharded import tools
+        from ..sharded import tools
 
         return tools.is_checkpoint(target)
     return os.path.isdir(target)
@@ -348,17 +351,17 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
         metadata, algorithm, version = None, digest.DEFAULT, manifest.VERSION
         target = storage.resolve(args.file)  # a URL: an object in a store, of which only the header is read
         if isinstance(target, storage.Location) and _checkpoint_dir(target):  # a checkpoint directory URL
-            from .sharded import layout, tools
+            from ..sharded import layout, tools
 
             sharded = tools.describe(target)
             fmt, size = layout.FORMAT, sharded["size"]
         elif isinstance(target, storage.Location):
-            from . import remote
+            from ..io import remote
 
             target = target.but(sequential=False)
             fmt, size = detect_format(target), remote.size(target)
         elif os.path.isdir(target):  # a sharded checkpoint: its logical tree, and how it is laid out
-            from .sharded import layout, tools
+            from ..sharded import layout, tools
 
             sharded = tools.describe(target)
             fmt, size = layout.FORMAT, sharded["size"]
@@ -540,7 +543,7 @@ def _to_plain_safetensors(value: Any, out_path: str) -> tuple[int, list[str]]:
     """Write the flat view of ``value`` (tensors by their tensorcanon names) as plain safetensors."""
     import numpy as np
 
-    from . import optional
+    from ..format import optional
 
     torch = optional.load()
     try:
@@ -575,7 +578,7 @@ _OTHER_FORMATS = {".pt": "torch.save", ".pth": "torch.save", ".bin": "torch.save
 
 
 def cmd_convert(args: argparse.Namespace, out: _Out) -> int:
-    from . import api
+    from .. import api
 
     suffix = os.path.splitext(args.output)[1].lower()
     if suffix in _OTHER_FORMATS:  # a file named .pt that holds safetensors would fool every tool that trusts the name
@@ -804,7 +807,7 @@ def _report_repro(args: argparse.Namespace, out: _Out, runs: list[list[dict[str,
 
 
 def cmd_consolidate(args: argparse.Namespace, out: _Out) -> int:
-    from .sharded import consolidate
+    from ..sharded import consolidate
 
     try:
         found = consolidate(args.dir, args.output)

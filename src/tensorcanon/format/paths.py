@@ -1,7 +1,7 @@
 """Human-readable paths to values inside a saved object: ``$["model"]["fc.weight"]``.
 
 str keys are JSON strings; every other key is rendered by the tensor-name grammar
-(:func:`tensorcanon.names.key_text`: ``[3]``, ``[('a', 1)]``, ``[0x10000000000000000]``),
+(:func:`tensorcanon.format.names.key_text`: ``[3]``, ``[('a', 1)]``, ``[0x10000000000000000]``),
 which never fails and never depends on the Python version.
 """
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .tensorbytes import resolved
+from ..format.tensorbytes import resolved
 
 CHUNK = 16 << 20   # bytes per pinned staging buffer
 DEPTH = 3          # buffers in the ring: copies in flight while one chunk is consumed

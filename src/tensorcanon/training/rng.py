@@ -1,7 +1,7 @@
 """Random state as canonical values: generator objects and :class:`RngState`.
 
-Importing this module adds rows to :data:`tensorcanon.tree.ENCODERS` (by exact
-type) and :data:`tensorcanon.tree.DECODERS` (by tag), so that generator objects
+Importing this module adds rows to :data:`tensorcanon.format.tree.ENCODERS` (by exact
+type) and :data:`tensorcanon.format.tree.DECODERS` (by tag), so that generator objects
 found anywhere in a saved tree are written as explicit values (bytes with a
 fixed layout, ints, floats) and never pickled:
 
@@ -30,8 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import devices, optional, paths, placement, tree
-from .errors import DeviceUnavailableError, TensorCanonError
+from ..format import devices, optional, paths, tree
+from ..format.errors import DeviceUnavailableError, TensorCanonError
+from ..io import placement
 
 if TYPE_CHECKING:
     import numpy as np

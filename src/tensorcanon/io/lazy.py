@@ -19,9 +19,10 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import lazyindex, paths, reader, source, storage
-from .errors import TensorCanonError
-from .limits import DEFAULT, Limits
+from ..format import paths
+from ..format.errors import TensorCanonError
+from ..format.limits import DEFAULT, Limits
+from . import lazyindex, reader, source, storage
 
 
 class LazyFile(Mapping):
@@ -240,14 +241,14 @@ _MISSING = object()
 
 
 def digest_text(q: lazyindex.QuickIndex) -> str:
-    from . import digest
+    from ..format import digest
 
     return digest.to_text(q.digest, q.algorithm)
 
 
 def _stub(q: lazyindex.QuickIndex) -> Any:
     """A manifest with no table: reading rows proven one at a time needs only the algorithm."""
-    from .manifest import Manifest
+    from ..format.manifest import Manifest
 
     return Manifest(raw=q.manifest, root=None, meta=None, tensors=[], digest=q.digest, algorithm=q.algorithm)
 

@@ -21,8 +21,9 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
+from ..format import sharding
+from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError, UsageError
 from . import storage
-from .errors import FileAccessError, FormatError, MissingFileError, TensorCanonError, UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -218,10 +219,8 @@ def _os_error(e: OSError, path: str, doing: str) -> FileAccessError:
 
 def directory_error(path: str, what: str) -> FormatError:
     """The error for a directory read as a file; a sharded checkpoint's says how to read it."""
-    from .sharded import layout
-
     hint = ""
-    if layout.is_checkpoint(path):
+    if os.path.isfile(os.path.join(path, sharding.INDEX_NAME)):
         hint = ("; it is a sharded checkpoint (tensorcanon.dcp): load it whole with "
                 "tensorcanon.dcp.load_unsharded(path), into a state dict with tensorcanon.dcp.load, or write it "
                 "as one file with tensorcanon consolidate; tensorcanon.verify and the command line read it as it is")

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from ..format.errors import UsageError
 from .data import U64, ResumableSampler, SampleIndex
-from .errors import UsageError
 
 __all__ = ["SeededDataset", "SeededCollator", "SeededBatch"]
 
@@ -117,7 +117,7 @@ class SeededDataset(Dataset):
     workers, with or without ``persistent_workers``, and resumes bit-exactly
     at any batch.
 
-    Wrapping makes ``sampler`` yield :class:`tensorcanon.data.SampleIndex`
+    Wrapping makes ``sampler`` yield :class:`tensorcanon.training.data.SampleIndex`
     values: ints that also carry the seed and the epoch, so the epoch reaches
     a persistent worker whose copy of the sampler is stale. Build the
     DataLoader with ``sampler=`` that same sampler; any other sampler yields
@@ -194,7 +194,7 @@ class SeededCollator:
     :class:`tensorcanon.SeededDataset` on a :class:`tensorcanon.ResumableSampler`
     and build the DataLoader with ``sampler=`` that sampler; the batch's key is
     the sampler's seed (or ``seed``, when given), the epoch, and the
-    :attr:`~tensorcanon.data.SampleIndex.position` of its first sample (``k·batch_size``
+    :attr:`~tensorcanon.training.data.SampleIndex.position` of its first sample (``k·batch_size``
     for batch ``k`` of an epoch, on one process). Any other batch raises
     :class:`tensorcanon.UsageError`.
 
@@ -259,7 +259,7 @@ def _check(index: Any) -> tuple[int, Seeds]:
             f"SeededDataset got the index {index!r} ({type(index).__name__}), which carries no "
             "epoch: build the DataLoader with sampler=<the ResumableSampler given to "
             "SeededDataset> (not shuffle=True or another sampler), or index it with "
-            "tensorcanon.data.SampleIndex(index, epoch, seed)")
+            "tensorcanon.training.data.SampleIndex(index, epoch, seed)")
     i, epoch, seed, position = int(index), index.epoch, index.seed, index.position
     if not (0 <= i <= U64 and type(epoch) is int and 0 <= epoch <= U64
             and type(seed) is int and 0 <= seed <= U64
