@@ -54,18 +54,43 @@ def s3_server():
 
     import s3fs
     from moto.server import ThreadedMotoServer
-    from s3_support import BUCKET, SECRET, Proxy, free_port
+    from s3_support import BUCKET, Proxy, options
+
+    from support import free_port
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     proxy = Proxy(port)
-    options = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "testing", "secret": SECRET}
-    s3fs.S3FileSystem(**options).call_s3("create_bucket", Bucket=BUCKET)
+    s3fs.S3FileSystem(**options(port)).call_s3("create_bucket", Bucket=BUCKET)
     yield port, proxy
     proxy.server.shutdown()
     server.stop()
+
+
+@pytest.fixture
+def s3_direct(s3_server, monkeypatch):
+    """``(storage options reaching the S3 server directly, the proxy)`` for one test: the proxy's
+    faults and counts reset before and after it, s3fs's own retries bounded (2: quick here)."""
+    import s3fs
+    from s3_support import options
+
+    port, proxy = s3_server
+    proxy.reset()
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 2)
+    yield options(port), proxy
+    proxy.reset()
+
+
+@pytest.fixture
+def no_unpickling():
+    """torch.load and every way to unpickle raise for the whole test (support.no_unpickling): a load
+    path that still uses one fails it."""
+    from support import no_unpickling as refusing
+
+    with refusing("during the test"):
+        yield
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ import torch
 import tensorcanon as tc
 from tensorcanon.io import writer
 
+from support import fail_at_tensor
+
 
 class Boom:
     pass
@@ -38,16 +40,7 @@ def test_encode_failure_leaves_previous_file(tmp_path):
 
 def test_failure_while_streaming_tensor_bytes_leaves_previous_file(tmp_path, monkeypatch):
     path, data, digest = previous(tmp_path)
-    calls = []
-    real = writer.host_bytes
-
-    def failing(value, kind):
-        calls.append(kind)
-        if len(calls) == 2:  # the second tensor: the temp file already holds the first one
-            raise OSError("disk vanished")
-        return real(value, kind)
-
-    monkeypatch.setattr(writer, "host_bytes", failing)
+    calls = fail_at_tensor(monkeypatch, 2, OSError("disk vanished"))  # the temp file already holds the first
     with pytest.raises(OSError, match="disk vanished"):
         tc.save({"a": torch.ones(1000), "b": torch.ones(1000, dtype=torch.float64), "c": torch.ones(3)}, path)
     assert len(calls) == 2

@@ -5,7 +5,6 @@ first tests here run ``python -m tensorcanon`` and the installed
 ``tensorcanon`` script as separate processes and require the very same output.
 """
 
-import contextlib
 import io
 import json
 import os
@@ -21,7 +20,9 @@ from safetensors.torch import load_file
 import tensorcanon
 from tensorcanon import lockfile
 from tensorcanon.format.errors import FormatError
-from tensorcanon.tools import cli, progress
+from tensorcanon.tools import progress
+
+from support import run_cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INPUTS = os.path.join(HERE, "cli", "inputs")
@@ -70,19 +71,6 @@ def test_console_script_matches_golden(inputs):
     assert (proc.returncode, proc.stdout.rstrip("\n"), proc.stderr.rstrip("\n")) == (code, stdout.rstrip("\n"), stderr)
 
 
-def run(argv, cwd, stderr=None):
-    """cli.main in this process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), stderr if stderr is not None else io.StringIO()
-    here = os.getcwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = cli.main(argv)
-    finally:
-        os.chdir(here)
-    return code, out.getvalue(), err.getvalue()
-
-
 # ---------------------------------------------------------------- progress
 
 
@@ -94,7 +82,7 @@ class FakeTTY(io.StringIO):
 def test_progress_bar_drawn_on_a_terminal_and_erased(inputs, monkeypatch):
     monkeypatch.setattr(progress, "MIN_BYTES", 0)
     tty = FakeTTY()
-    code, out, _ = run(["verify", "base.safetensors"], inputs, stderr=tty)
+    code, out, _ = run_cli("verify", "base.safetensors", cwd=inputs, stderr=tty)
     assert code == 0 and out.startswith("OK ")
     drawn = tty.getvalue()
     assert "\rverify base.safetensors [" in drawn and "%" in drawn
@@ -104,14 +92,14 @@ def test_progress_bar_drawn_on_a_terminal_and_erased(inputs, monkeypatch):
 
 def test_no_progress_bar_for_small_files_pipes_or_no_progress(inputs, monkeypatch):
     tty = FakeTTY()
-    run(["verify", "base.safetensors"], inputs, stderr=tty)
+    run_cli("verify", "base.safetensors", cwd=inputs, stderr=tty)
     assert tty.getvalue() == ""  # under MIN_BYTES
     monkeypatch.setattr(progress, "MIN_BYTES", 0)
     tty = FakeTTY()
-    run(["verify", "--no-progress", "base.safetensors"], inputs, stderr=tty)
+    run_cli("verify", "--no-progress", "base.safetensors", cwd=inputs, stderr=tty)
     assert tty.getvalue() == ""
     pipe = io.StringIO()
-    run(["verify", "base.safetensors"], inputs, stderr=pipe)
+    run_cli("verify", "base.safetensors", cwd=inputs, stderr=pipe)
     assert pipe.getvalue() == ""
 
 
@@ -140,17 +128,17 @@ def test_lockfile_paths_are_relative_to_the_lockfile_and_may_hold_spaces(tmp_pat
     (data / "README").write_text("not collected from a folder")
     locks = tmp_path / "locks"
     locks.mkdir()
-    code, out, err = run(["lock", str(data), "-o", "locks/t.lock"], tmp_path)
+    code, out, err = run_cli("lock", str(data), "-o", "locks/t.lock", cwd=tmp_path)
     assert code == 0, err
     text = (locks / "t.lock").read_text()
     lines = text.splitlines()
     assert lines[0] == "tensorcanon-lock 2"
     assert [line.split(" ", 2)[2] for line in lines[1:]] == ["../data dir/c.safetensors",
                                                             "../data dir/sub/a b.safetensors"]
-    assert run(["check", "locks/t.lock"], tmp_path)[0] == 0
+    assert run_cli("check", "locks/t.lock", cwd=tmp_path)[0] == 0
     # A change of one file is one changed line, and check names it.
     tensorcanon.save({"w": torch.ones(2) * 2}, data / "c.safetensors")
-    code, out, _ = run(["check", "t.lock"], locks)
+    code, out, _ = run_cli("check", "t.lock", cwd=locks)
     assert code == 1
     assert out.splitlines()[0].startswith("MISMATCH    ../data dir/c.safetensors: digest ")
     assert out.splitlines()[1] == "ok          ../data dir/sub/a b.safetensors"
@@ -202,43 +190,43 @@ def test_check_reports_a_size_change_even_when_content_is_equal(tmp_path):
 
 
 def test_convert_pt_gives_the_digest_hash_reports(inputs):
-    code, out, _ = run(["hash", "--json", "weights.pt"], inputs)
+    code, out, _ = run_cli("hash", "--json", "weights.pt", cwd=inputs)
     expected = json.loads(out)["files"][0]["digest"]
-    assert run(["convert", "weights.pt", "w.safetensors"], inputs)[0] == 0
+    assert run_cli("convert", "weights.pt", "w.safetensors", cwd=inputs)[0] == 0
     assert tensorcanon.verify(inputs / "w.safetensors") == expected
-    assert run(["hash", "w.safetensors"], inputs)[1] == f"{expected}  w.safetensors\n"
+    assert run_cli("hash", "w.safetensors", cwd=inputs)[1] == f"{expected}  w.safetensors\n"
 
 
 def test_convert_to_plain_safetensors_and_back(inputs):
-    assert run(["convert", "base.safetensors", "flat.safetensors"], inputs)[0] == 0
+    assert run_cli("convert", "base.safetensors", "flat.safetensors", cwd=inputs)[0] == 0
     flat = load_file(inputs / "flat.safetensors")
     base = tensorcanon.load(inputs / "base.safetensors")
     assert sorted(flat) == ["ids", "mask", "model.fc.bias", "model.fc.weight"]
     assert torch.equal(flat["model.fc.weight"], base["model"]["fc.weight"])
     assert torch.equal(flat["mask"], base["mask"])
-    assert run(["convert", "flat.safetensors", "back.safetensors"], inputs)[0] == 0
+    assert run_cli("convert", "flat.safetensors", "back.safetensors", cwd=inputs)[0] == 0
     assert tensorcanon.verify(inputs / "back.safetensors") == tensorcanon.fingerprint(flat)
 
 
 def test_convert_refuses_dtypes_plain_safetensors_cannot_hold(tmp_path):
     tensorcanon.save({"z": torch.ones(2, dtype=torch.complex128)}, tmp_path / "c.safetensors")
-    code, out, err = run(["convert", "--to", "safetensors", "c.safetensors", "o.safetensors"], tmp_path)
+    code, out, err = run_cli("convert", "--to", "safetensors", "c.safetensors", "o.safetensors", cwd=tmp_path)
     assert code == 2
     assert 'tensor $["z"] has dtype complex128, which plain safetensors cannot hold' in err
     assert not (tmp_path / "o.safetensors").exists()
 
 
 def test_convert_keeps_numpy_arrays_and_metadata(inputs):
-    assert run(["convert", "arrays.npz", "a.safetensors"], inputs)[0] == 0
+    assert run_cli("convert", "arrays.npz", "a.safetensors", cwd=inputs)[0] == 0
     a = tensorcanon.load(inputs / "a.safetensors")
     assert isinstance(a["fc.weight"], np.ndarray) and a["fc.weight"].dtype == np.float32
-    assert run(["convert", "--to", "tensorcanon", "base.safetensors", "copy.safetensors"], inputs)[0] == 0
+    assert run_cli("convert", "--to", "tensorcanon", "base.safetensors", "copy.safetensors", cwd=inputs)[0] == 0
     # base.safetensors is a format-1 file: converting writes the current version, same content.
     base = (inputs / "base.safetensors").read_bytes()
     assert (inputs / "copy.safetensors").read_bytes() == tensorcanon.dumps(
         tensorcanon.loads(base), metadata=tensorcanon.read_metadata(base))
     # and converting a current-version file changes no byte
-    assert run(["convert", "--to", "tensorcanon", "copy.safetensors", "copy2.safetensors"], inputs)[0] == 0
+    assert run_cli("convert", "--to", "tensorcanon", "copy.safetensors", "copy2.safetensors", cwd=inputs)[0] == 0
     assert (inputs / "copy2.safetensors").read_bytes() == (inputs / "copy.safetensors").read_bytes()
 
 
@@ -258,17 +246,17 @@ def test_diff_reports_recorded_devices(tmp_path):
     meta = manifest.header_metadata(m.raw, ["cuda:0"])
     new_header = container.build(header.entries, meta)
     (tmp_path / "gpu.safetensors").write_bytes(new_header + data[len(header.raw):])
-    code, out, _ = run(["diff", "cpu.safetensors", "gpu.safetensors"], tmp_path)
+    code, out, _ = run_cli("diff", "cpu.safetensors", "gpu.safetensors", cwd=tmp_path)
     assert code == 1
     assert '$["w"]: device cpu -> cuda:0' in out.splitlines()
-    code, out, _ = run(["inspect", "--json", "gpu.safetensors"], tmp_path)
+    code, out, _ = run_cli("inspect", "--json", "gpu.safetensors", cwd=tmp_path)
     assert [e["device"] for e in json.loads(out)["entries"] if e["dtype"]] == ["cuda:0"]
 
 
 def test_inspect_marks_shared_tensors_and_registered_objects(tmp_path):
     t = torch.arange(4.0)
     tensorcanon.save({"a": t, "b": t, "s": {1, 2}, "c": 1 + 2j}, tmp_path / "x.safetensors")
-    code, out, _ = run(["inspect", "--json", "x.safetensors"], tmp_path)
+    code, out, _ = run_cli("inspect", "--json", "x.safetensors", cwd=tmp_path)
     data = json.loads(out)
     rows = {e["path"]: e for e in data["entries"]}
     assert rows['$["b"]']["same_as"] == '$["a"]'
@@ -288,7 +276,7 @@ def test_repro_compares_every_file_of_an_output_folder(tmp_path):
         f"subprocess.run([sys.executable, {WRITE_ARTIFACT!r}, 'out/a.safetensors', '--vary', 'state'], check=True)\n"
         f"subprocess.run([sys.executable, {WRITE_ARTIFACT!r}, 'out/b.safetensors'], check=True)\n"
     )
-    code, out, err = run(["repro", "--out", "out", "--", sys.executable, str(script)], tmp_path)
+    code, out, err = run_cli("repro", "--out", "out", "--", sys.executable, str(script), cwd=tmp_path)
     assert code == 1, err
     lines = out.splitlines()
     assert lines[0] == "out: differs between run 1 and run 2"
@@ -299,7 +287,7 @@ def test_repro_compares_every_file_of_an_output_folder(tmp_path):
 
 
 def test_repro_refuses_an_output_folder_holding_the_current_folder(tmp_path):
-    code, _, err = run(["repro", "--out", ".", "--", sys.executable, "-c", "pass"], tmp_path)
+    code, _, err = run_cli("repro", "--out", ".", "--", sys.executable, "-c", "pass", cwd=tmp_path)
     assert code == 2 and "contains the current folder" in err
 
 
@@ -319,7 +307,7 @@ def test_repro_never_touches_what_is_already_at_out(tmp_path, kind):
               for p in sorted(tmp_path.rglob("*")) if p.is_file()}
     argv = ["repro", "--out", out_path, "fresh.safetensors", "--", sys.executable, "-c",
             f"open({str(marker)!r}, 'w').close()"]
-    code, out, err = run(argv, tmp_path)
+    code, out, err = run_cli(*argv, cwd=tmp_path)
     assert code == 2 and out == ""
     assert f"--out {out_path!r} already exists" in err and "never deletes or overwrites" in err
     assert "move it away" in err
@@ -330,12 +318,12 @@ def test_repro_never_touches_what_is_already_at_out(tmp_path, kind):
 
 def test_repro_leaves_the_last_runs_output_and_refuses_to_replace_it(tmp_path):
     argv = ["repro", "--out", "m.safetensors", "--", sys.executable, WRITE_ARTIFACT, "m.safetensors"]
-    code, out, err = run(argv, tmp_path)
+    code, out, err = run_cli(*argv, cwd=tmp_path)
     assert code == 0, err
     written = (tmp_path / "m.safetensors").read_bytes()
     assert "w" in tensorcanon.load(tmp_path / "m.safetensors")  # the last run's output, in place
     # a second repro would have to remove it first: it refuses, and the file stays
-    code, _, err = run(argv, tmp_path)
+    code, _, err = run_cli(*argv, cwd=tmp_path)
     assert code == 2 and "'m.safetensors' already exists" in err
     assert (tmp_path / "m.safetensors").read_bytes() == written
     assert os.listdir(tmp_path) == ["m.safetensors"]

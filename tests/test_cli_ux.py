@@ -6,8 +6,6 @@ safetensors file gives its metadata, and docs/CLI.md's inspect example is what i
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -20,17 +18,12 @@ from safetensors.torch import save_file
 import tensorcanon
 from tensorcanon.tools import cli
 
+from support import run_cli
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 INPUTS = os.path.join(HERE, "cli", "inputs")
 SHARDED = os.path.join(HERE, "golden", "sharded", "two_ranks")
-
-
-def _run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture
@@ -44,20 +37,20 @@ def inputs(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("out", ["w.pt", "w.PTH", "pytorch_model.bin", "w.npz", "w.npy"])
 def test_convert_refuses_an_output_named_as_another_format(inputs, out):
-    code, stdout, stderr = _run("convert", "plain.safetensors", out)
+    code, stdout, stderr = run_cli("convert", "plain.safetensors", out)
     assert code == 2 and stdout == "" and not os.path.exists(out)
     assert stderr.startswith("tensorcanon convert: error: OUT ") and "name it .safetensors" in stderr, stderr
 
 
 def test_convert_writes_other_names(inputs):
     for out in ("w.safetensors", "last.ckpt", "weights"):
-        code, stdout, stderr = _run("convert", "weights.pt", out)
+        code, stdout, stderr = run_cli("convert", "weights.pt", out)
         assert code == 0 and stderr == "", stderr
         assert tensorcanon.verify(out) == tensorcanon.fingerprint(tensorcanon.load(out))
 
 
 def test_inspect_shows_per_rank_paths_quoted_once():
-    code, stdout, _ = _run("inspect", SHARDED)
+    code, stdout, _ = run_cli("inspect", SHARDED)
     assert code == 0
     assert 'per-rank values at $["rng"]\n' in stdout, stdout
 
@@ -73,10 +66,10 @@ def _long_path_file(folder) -> tuple[str, str]:
 def test_inspect_fits_long_paths_to_the_terminal(inputs, monkeypatch):
     path, long = _long_path_file(inputs)
     assert len(long) > 200
-    code, stdout, _ = _run("inspect", path)  # not a terminal, no $COLUMNS: whole paths
+    code, stdout, _ = run_cli("inspect", path)  # not a terminal, no $COLUMNS: whole paths
     assert code == 0 and long in stdout
     monkeypatch.setenv("COLUMNS", "120")
-    code, stdout, _ = _run("inspect", path)
+    code, stdout, _ = run_cli("inspect", path)
     assert code == 0 and long not in stdout
     rows = stdout.split("\n\n")[1].splitlines()
     assert all(len(line) <= 120 for line in rows), rows
@@ -84,32 +77,32 @@ def test_inspect_fits_long_paths_to_the_terminal(inputs, monkeypatch):
     head, tail = cut.split("...")
     assert long.startswith(head) and long.endswith(tail) and len(head) >= 8 and len(tail) >= 8, cut
     assert stdout.count("...") == 1
-    code, stdout, _ = _run("inspect", "--json", path)  # JSON keeps every path whole
+    code, stdout, _ = run_cli("inspect", "--json", path)  # JSON keeps every path whole
     assert long in [e["path"] for e in json.loads(stdout)["entries"]]
 
 
 def test_check_takes_several_lockfiles(inputs):
-    code, stdout, stderr = _run("check", "good.lock", "bad.lock")
+    code, stdout, stderr = run_cli("check", "good.lock", "bad.lock")
     assert code == 1 and stderr == ""
     lines = stdout.splitlines()
     assert lines[0] == "good.lock:" and lines[1] == "  ok          base.safetensors"
     assert lines[3] == "  all 2 files match" and lines[4] == "bad.lock:" and lines[-1] == "  3 of 5 files failed"
-    code, stdout, _ = _run("check", "--json", "good.lock", "malformed.lock")
+    code, stdout, _ = run_cli("check", "--json", "good.lock", "malformed.lock")
     report = json.loads(stdout)
     assert code == 2 and report["ok"] is False
     assert [r["lockfile"] for r in report["lockfiles"]] == ["good.lock", "malformed.lock"]
     assert report["lockfiles"][0]["ok"] and "error" in report["lockfiles"][1]
-    single = json.loads(_run("check", "--json", "good.lock")[1])
+    single = json.loads(run_cli("check", "--json", "good.lock")[1])
     assert single == report["lockfiles"][0]  # one lockfile: the object itself, as before
 
 
 def test_several_files_are_reported_in_the_order_given(inputs, monkeypatch):
     names = ["base.safetensors", "corrupt.safetensors", "nope.safetensors", "one_element.safetensors",
              "plain.safetensors", SHARDED, "truncated.safetensors", "base.safetensors"]
-    parallel = _run("verify", *names)
+    parallel = run_cli("verify", *names)
     monkeypatch.setattr(cli, "WORKERS", 1)
     monkeypatch.setattr(cli, "_each", lambda fn, items, parallel=True: map(fn, items))
-    assert parallel == _run("verify", *names)
+    assert parallel == run_cli("verify", *names)
     assert parallel[0] == 2
     shown = [line.split()[1].rstrip(":") for line in parallel[1].splitlines()]
     assert shown == [n for n in names if n not in ("nope.safetensors", "plain.safetensors", "truncated.safetensors")]
@@ -144,7 +137,7 @@ def test_the_docs_inspect_example_is_what_inspect_prints(tmp_path, monkeypatch):
     d = tensorcanon.save(tensorcanon.load(src), "base.safetensors", metadata=tensorcanon.read_metadata(src))
     doc = open(os.path.join(ROOT, "docs", "CLI.md"), encoding="utf-8").read()
     block = re.search(r"```\n\$ tensorcanon inspect base\.safetensors\n(.*?)```", doc, flags=re.S).group(1)
-    assert _run("inspect", "base.safetensors")[1] == block
+    assert run_cli("inspect", "base.safetensors")[1] == block
     assert f"format version {tensorcanon.FORMAT_VERSION})" in block
     hashes = set(re.findall(r"xxh3-128:([0-9a-f]{32})[ \n]+(?:\d+ )?(?:ckpt/)?base\.safetensors", doc))
     hashes |= set(re.findall(r"base\.safetensors +xxh3-128:([0-9a-f]{32})", doc))

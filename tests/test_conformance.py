@@ -158,19 +158,13 @@ def test_the_worked_example_is_what_the_writer_writes():
 # ------------------------------------------------------------------ §1.3 versions
 
 
-def _edit_manifest(data: bytes, edit) -> bytes:
-    m, header, body = h.manifest_of(data)
-    edit(m)
-    return h.rebuild(data, h.repack(m), header, body)
-
-
 @pytest.mark.parametrize("version", [0, 3, 255, True, 2.0, "2", None])
 def test_versions_other_than_1_and_2_are_rejected(version):
     data = tensorcanon.dumps({"w": torch.ones(2)})
-    bad = _edit_manifest(data, lambda m: m.__setitem__("version", version))
+    bad = h.with_manifest(data, lambda m: m.__setitem__("version", version))
     with pytest.raises(FormatError, match="format version"):
         tensorcanon.loads(bad)
-    ok = _edit_manifest(data, lambda m: m.__setitem__("version", 1))
+    ok = h.with_manifest(data, lambda m: m.__setitem__("version", 1))
     assert torch.equal(tensorcanon.loads(ok)["w"], torch.ones(2))
 
 
@@ -260,12 +254,12 @@ def test_names_are_not_paths():
 def test_ndarray_rows_need_a_numpy_dtype_and_no_grad():
     data = tensorcanon.dumps({"a": np.zeros(2, dtype=np.float32), "t": torch.zeros(2, dtype=torch.bfloat16)})
     with pytest.raises(FormatError, match="invalid requires_grad"):
-        tensorcanon.loads(_edit_manifest(data, lambda m: m["tensors"][0].__setitem__("requires_grad", True)))
+        tensorcanon.loads(h.with_manifest(data, lambda m: m["tensors"][0].__setitem__("requires_grad", True)))
 
     def bf16_array(m):
         m["tensors"][1]["kind"] = "ndarray"
     with pytest.raises(FormatError, match="numpy lacks"):
-        tensorcanon.loads(_edit_manifest(data, bf16_array))
+        tensorcanon.loads(h.with_manifest(data, bf16_array))
     with pytest.raises(tensorcanon.UnsupportedTypeError, match="numpy arrays of dtype object"):
         tensorcanon.dumps({"o": np.array([object()])})
 
@@ -353,7 +347,7 @@ def test_big_int_encodings_are_the_specs_examples(n, encoding):
 ])
 def test_ext_type_rules(node, match):
     data = tensorcanon.dumps({"v": 0})
-    bad = _edit_manifest(data, lambda m: m.__setitem__("root", ["dict", "v", node]))
+    bad = h.with_manifest(data, lambda m: m.__setitem__("root", ["dict", "v", node]))
     with pytest.raises(FormatError, match=match):
         tensorcanon.loads(bad)
 
@@ -391,7 +385,7 @@ BAD_NODES = [
 @pytest.mark.parametrize("node, match", BAD_NODES, ids=[repr(n)[:40] for n, _ in BAD_NODES])
 def test_tags_arity_and_arguments(node, match):
     data = tensorcanon.dumps({"v": 0})
-    bad = _edit_manifest(data, lambda m: m.__setitem__("root", ["dict", "v", node]))
+    bad = h.with_manifest(data, lambda m: m.__setitem__("root", ["dict", "v", node]))
     with pytest.raises(FormatError, match=match):
         tensorcanon.loads(bad)
     with pytest.raises(FormatError, match=match):
@@ -411,7 +405,7 @@ def test_reader_rejects_keys_that_are_not_key_values(tag):
     data = tensorcanon.dumps({"v": 0})
     key = ["complex", 1.0, 2.0]
     node = {"dict": ["dict", key, 1], "set": ["set", key], "odict": ["odict", None, key, 1]}[tag]
-    bad = _edit_manifest(data, lambda m: m.__setitem__("root", ["dict", "v", node]))
+    bad = h.with_manifest(data, lambda m: m.__setitem__("root", ["dict", "v", node]))
     with pytest.raises(FormatError, match="is not allowed"):
         tensorcanon.loads(bad)
 
@@ -431,7 +425,7 @@ def test_a_str_that_is_not_valid_unicode_is_refused():
 
 def test_metadata_with_tensor_nodes_is_rejected():
     data = tensorcanon.dumps({"w": torch.ones(1)}, metadata={"a": 1})
-    bad = _edit_manifest(data, lambda m: m.__setitem__("meta", ["dict", "a", ["tensor", 0]]))
+    bad = h.with_manifest(data, lambda m: m.__setitem__("meta", ["dict", "a", ["tensor", 0]]))
     with pytest.raises(FormatError, match="out of range"):
         tensorcanon.read_metadata(bad)
     with pytest.raises(FormatError, match="out of range"):
@@ -597,7 +591,7 @@ def test_enum_members_are_found_by_their_value_as_the_file_holds_it():
             with pytest.raises(tensorcanon.UnsupportedTypeError, match="2 members of _TwoNans"):
                 tensorcanon.dumps(member)
         data = tensorcanon.dumps({"v": _Odd.ONE})
-        bad = _edit_manifest(data, lambda m: m["root"][2].__setitem__(2, True))  # True == 1, but not 1
+        bad = h.with_manifest(data, lambda m: m["root"][2].__setitem__(2, True))  # True == 1, but not 1
         with pytest.raises(FormatError, match="not the value of a _Odd member"):
             tensorcanon.loads(bad)
     finally:

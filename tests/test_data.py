@@ -16,6 +16,8 @@ import tensorcanon
 from tensorcanon.training.data import SampleIndex
 from tensorcanon.training.seeded import _sample_seeds
 
+from support import global_random_states, same_random_states, seeded_batches
+
 # 4 workers on the 2-core test machine: torch warns, the test means it.
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
@@ -351,21 +353,9 @@ class Noisy(Dataset):
                              torch.rand(()).item(), torch.randn(()).item()], dtype=torch.float64)
 
 
-def _seeded_run(n=18, bs=4, epochs=2, workers=0, persistent=False, stop=None, state=None):
-    """Batches of `epochs` epochs, or the first `stop` batches and the sampler state there."""
-    s = tensorcanon.ResumableSampler(range(n), seed=6)
-    if state is not None:
-        s.load_state_dict(state)
-    loader = DataLoader(tensorcanon.SeededDataset(Noisy(n), s), batch_size=bs, sampler=s,
-                        num_workers=workers, persistent_workers=persistent and workers > 0,
-                        generator=s.generator)
-    out = []
-    while s.epoch < epochs:
-        for batch in s.track(loader):
-            out.append(batch)
-            if len(out) == stop:
-                return out, s.state_dict()
-    return out, None
+def _seeded_run(**kw):
+    """Batches of 18 ``Noisy`` samples (support.seeded_batches)."""
+    return seeded_batches(Noisy(18), 6, **kw)
 
 
 def test_seeded_batches_are_the_same_for_any_workers_and_any_resume():
@@ -397,16 +387,6 @@ def test_a_sample_depends_on_seed_epoch_and_index_only():
     assert copy.sampler is None and torch.equal(copy[SampleIndex(2, epoch=1, seed=6)], a)
 
 
-def _global_states():
-    return random.getstate(), np.random.get_state(), torch.get_rng_state()
-
-
-def _same_states(a, b):
-    return (a[0] == b[0] and len(a[1]) == len(b[1])
-            and all(np.array_equal(x, y) for x, y in zip(a[1], b[1], strict=True))
-            and torch.equal(a[2], b[2]))
-
-
 def test_loading_in_the_main_process_leaves_its_random_streams_alone():
     n = 12
     dropout = torch.nn.Dropout(0.5)
@@ -422,12 +402,12 @@ def test_loading_in_the_main_process_leaves_its_random_streams_alone():
         for _ in s.track(loader):
             out.append(torch.cat([dropout(torch.ones(16)),
                                   torch.tensor([random.random(), np.random.randn()])]))
-        return torch.stack(out), _global_states()
+        return torch.stack(out), global_random_states()
 
     loaded, after = train(lambda s: tensorcanon.SeededDataset(Noisy(n), s))
     plain = TensorDataset(torch.zeros(n))
     unloaded, after_plain = train(lambda s: plain)  # a dataset that draws nothing
-    assert torch.equal(loaded, unloaded) and _same_states(after, after_plain)
+    assert torch.equal(loaded, unloaded) and same_random_states(after, after_plain)
     leaky, _ = train(lambda s: Noisy(n))  # control: unseeded loading moves the streams
     assert not torch.equal(leaky, unloaded)
 
@@ -442,10 +422,10 @@ def test_an_error_in_getitem_still_restores_the_streams():
             raise KeyError(i)
 
     s = tensorcanon.ResumableSampler(range(4))
-    before = _global_states()
+    before = global_random_states()
     with pytest.raises(KeyError):
         tensorcanon.SeededDataset(Failing(), s)[SampleIndex(1, 0, 0)]
-    assert _same_states(before, _global_states())
+    assert same_random_states(before, global_random_states())
 
 
 def test_another_numpy_bit_generator_is_seeded_and_restored_too():

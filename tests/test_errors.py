@@ -2,7 +2,6 @@
 
 import base64
 import collections
-import io
 import json
 import struct
 
@@ -11,7 +10,8 @@ import pytest
 import torch
 
 import tensorcanon as tc
-from tensorcanon.io import writer
+
+from support import on_cuda0
 
 # --------------------------------------------------------------- unsupported values
 
@@ -214,20 +214,6 @@ def test_a_file_that_is_not_safetensors():
 
 
 # --------------------------------------------------------------- devices
-
-def on_cuda0(obj) -> bytes:
-    """Bytes of ``obj`` saved on the CPU, with its tensors recorded as if they were on cuda:0.
-
-    Devices are outside every digest, so only the header's device record changes."""
-    p = writer.plan(obj)
-    buf = io.BytesIO()
-    writer.write(p, buf)
-    old_header, _ = p.header()
-    for s in p.tensors:
-        s.device = "cuda:0"
-    new_header, _ = p.header()
-    return new_header + buf.getvalue()[len(old_header):]
-
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_tensor_recorded_on_missing_cuda_suggests_map_location():

@@ -66,15 +66,18 @@ def test_a_collector_the_program_disabled_stays_disabled(probe):
 
 def test_another_thread_never_sees_the_collector_switched_off(tmp_path):
     obj = {f"t{i:04d}": torch.full((16,), float(i)) for i in range(3000)}
-    stop = threading.Event()
+    watching, stop = threading.Event(), threading.Event()
     seen: list[bool] = []
 
     def watch():
+        seen.append(gc.isenabled())
+        watching.set()
         while not stop.is_set():
             seen.append(gc.isenabled())
 
     t = threading.Thread(target=watch)
     t.start()
+    watching.wait()  # the watcher has looked at least once before the first save (how often after is up to timing)
     try:
         for _ in range(3):
             tensorcanon.save(obj, tmp_path / "x.st")

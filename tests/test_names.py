@@ -228,11 +228,6 @@ def test_int_keys_and_values_of_any_size_save_and_load():
 def test_error_messages_do_not_fail_on_huge_ints():
     data = tensorcanon.dumps({"a": torch.zeros(1)})
 
-    def with_root(root):
-        m, _, _ = h.manifest_of(data)
-        m["root"] = root
-        return h.rebuild(data, h.repack(m))
-
     ext = msgpack.ExtType(1, bigint_bytes(HUGE))
     cases = [  # a huge int where a small one or a name belongs: each a FormatError saying what
         (["dict", "a", ["tensor", ext]], "tensor index"),
@@ -243,7 +238,7 @@ def test_error_messages_do_not_fail_on_huge_ints():
     ]
     for root, match in cases:
         with pytest.raises(tensorcanon.FormatError, match=match):
-            tensorcanon.loads(with_root(root))
+            tensorcanon.loads(h.rerooted(data, root))
     m, _, _ = h.manifest_of(data)
     m["version"] = ext
     with pytest.raises(tensorcanon.FormatError, match="format version"):
@@ -268,25 +263,15 @@ def test_paths_render_every_key_type():
 V1 = pathlib.Path(__file__).parent / "golden" / "v1"
 
 
-def _renamed(data: bytes, old: str, new: str) -> bytes:
-    m, header, body = h.manifest_of(data)
-    for row in m["tensors"]:
-        if row["name"] == old:
-            row["name"] = new
-    header = dict(header)
-    header[new] = header.pop(old)
-    return h.rebuild(data, h.repack(m), header=header, body=body)
-
-
 def test_a_v1_file_is_checked_by_the_v1_rule_and_a_v2_file_by_the_v2_rule():
     v1 = (V1 / "names.safetensors").read_bytes()
     tensorcanon.verify(v1)  # its repr()-made names are canonical for version 1
     # ... and a v1 file carrying the version-2 name is not
     with pytest.raises(tensorcanon.FormatError, match="canonical name is 'nan'"):
-        tensorcanon.loads(_renamed(v1, "nan", "nan:7ff8000000000000"))
+        tensorcanon.loads(h.renamed(v1, "nan", "nan:7ff8000000000000"))
     v2 = tensorcanon.dumps(tensorcanon.loads(v1))
     with pytest.raises(tensorcanon.FormatError, match="canonical name is 'nan:7ff8000000000000'"):
-        tensorcanon.loads(_renamed(v2, "nan:7ff8000000000000", "nan"))
+        tensorcanon.loads(h.renamed(v2, "nan:7ff8000000000000", "nan"))
 
 
 def test_a_v1_file_cannot_name_a_tensor_below_an_int_beyond_pythons_limit():

@@ -93,10 +93,7 @@ def watched(monkeypatch):
 
 
 def _with_root(root) -> bytes:
-    valid = tensorcanon.dumps({"t": torch.ones(2), "n": 1})
-    m, header, body = h.manifest_of(valid)
-    m["root"] = root
-    return h.rebuild(valid, h.repack(m), header, body)
+    return h.rerooted(tensorcanon.dumps({"t": torch.ones(2), "n": 1}), root)
 
 
 class _Evil:

@@ -21,6 +21,7 @@ from tensorcanon.format import digest
 from tensorcanon.io import writer
 
 MiB = 1 << 20
+HANG_S = 120  # only a hang waits this long
 
 
 class _CountingHasher:
@@ -198,33 +199,53 @@ def _hash_threads():
 
 def test_the_hashing_thread_stays_at_most_two_tensors_behind(tmp_path, monkeypatch):
     # A hash slower than the write makes the writer wait: no more than two tensors (and so no more
-    # than two copies of non-contiguous ones) are handed over and not yet hashed.
-    import time
-
+    # than two copies of non-contiguous ones) are handed over and not yet hashed. The hash is made
+    # slower than the write by events, not by sleeping: the hashing thread starts on tensor i only
+    # once the writer has asked for room for tensor i + 2 (where it must wait) or handed over the
+    # last one, so the lane is always as far behind as the writer lets it get.
     obj = {k: v.reshape(1024, 1024).t() for k, v in _big().items()}  # not contiguous: copied to write
-    handed, hashed, behind = [0], [0], []
+    n = len(obj)
+    state = threading.Condition()
+    asked, handed, hashed, behind, overrun, stuck = [0], [0], [0], [], [], []
     real = digest.constructor
 
-    class Slow:
+    class Held:
         def __init__(self, h):
             self.h = h
 
         def update(self, data):
-            time.sleep(0.05)  # far slower than writing 4 MiB
+            with state:
+                if not state.wait_for(lambda: asked[0] >= hashed[0] + 3 or handed[0] == n, timeout=HANG_S):
+                    stuck.append((asked[0], handed[0], hashed[0]))  # the writer waited for the lane too soon
             self.h.update(data)
 
         def digest(self):
-            hashed[0] += 1
+            with state:
+                hashed[0] += 1
             return self.h.digest()
 
-    monkeypatch.setattr(digest, "constructor", lambda algorithm: lambda prefix: Slow(real(algorithm)(prefix)))
-    real_hash = writer._Lane.hash
+    monkeypatch.setattr(digest, "constructor", lambda algorithm: lambda prefix: Held(real(algorithm)(prefix)))
+    real_reserve, real_hash = writer._Lane.reserve, writer._Lane.hash
+
+    def reserve(self):
+        with state:  # the lane is held until `asked` grows: what is outstanding cannot change meanwhile
+            full = handed[0] - hashed[0] >= 2
+        if full and self._room.acquire(blocking=False):  # room while two are outstanding: the bound broken
+            self._room.release()
+            overrun.append(handed[0])
+        with state:
+            asked[0] += 1
+            state.notify_all()
+        real_reserve(self)
 
     def hash_(self, src, h, data):
+        with state:
+            handed[0] += 1
+            behind.append(handed[0] - hashed[0])
+            state.notify_all()
         real_hash(self, src, h, data)
-        handed[0] += 1
-        behind.append(handed[0] - hashed[0])
 
+    monkeypatch.setattr(writer._Lane, "reserve", reserve)
     monkeypatch.setattr(writer._Lane, "hash", hash_)
     made, alive = [0], []
     real_host_bytes = writer.host_bytes
@@ -239,8 +260,9 @@ def test_the_hashing_thread_stays_at_most_two_tensors_behind(tmp_path, monkeypat
     with open(tmp_path / "slow.st", "wb") as f:
         tensorcanon.save(obj, f)
     monkeypatch.undo()
-    assert len(behind) == 6 and max(behind) == 2  # the slow lane did fall behind, by two at most
-    assert max(alive) == 2  # a copy is made only once there is room for it on the lane
+    assert stuck == [] and overrun == []
+    assert behind == [1] + [2] * (n - 1)  # the held lane did fall behind, by two at most
+    assert alive == [1] + [2] * (n - 1)  # a copy is made only once there is room for it on the lane
     assert (tmp_path / "slow.st").read_bytes() == tensorcanon.dumps(obj)
     assert _hash_threads() == []
 

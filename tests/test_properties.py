@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import tensorcanon as tc
 
 from compare import assert_same
-from support import torch_dtypes
+from support import WriteOnlyStream, torch_dtypes
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -159,26 +159,6 @@ def test_insertion_order_never_changes_the_bytes(obj, rng):
     assert tc.dumps(shuffled(obj, rng)) == tc.dumps(obj)
 
 
-class NonSeekable(io.RawIOBase):
-    """A write-only stream that cannot seek or tell (a pipe, a socket)."""
-
-    def __init__(self):
-        self.chunks = []
-
-    def writable(self):
-        return True
-
-    def seekable(self):
-        return False
-
-    def write(self, b):
-        self.chunks.append(bytes(b))
-        return len(b)
-
-    def tell(self):
-        raise io.UnsupportedOperation("tell")
-
-
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(trees())
@@ -188,9 +168,9 @@ def test_every_way_of_writing_gives_the_same_bytes_and_digest(tmp_path, obj):
     path = tmp_path / "x.safetensors"
     assert tc.save(obj, path) == fp
     assert path.read_bytes() == data
-    stream = NonSeekable()
+    stream = WriteOnlyStream()
     assert tc.save(obj, stream) == fp
-    assert b"".join(stream.chunks) == data
+    assert stream.data == data
     buf = io.BytesIO(b"prefix")
     buf.seek(0, io.SEEK_END)
     assert tc.save(obj, buf) == fp

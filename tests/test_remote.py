@@ -18,8 +18,10 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 import tensorcanon as tc
 from tensorcanon import lockfile, testing
-from tensorcanon.io import remote, storage, writer
+from tensorcanon.io import remote, storage
 from tensorcanon.tools import cli
+
+from support import fail_at_tensor
 
 
 @pytest.fixture
@@ -112,16 +114,7 @@ def test_damaged_object_is_named(url):
 def test_failed_save_leaves_the_previous_object(url, monkeypatch):
     digest = tc.save(state(), f"{url}/a.safetensors")
     before = fsspec.filesystem("memory").cat_file(f"{url}/a.safetensors")
-    calls = []
-    real = writer.host_bytes
-
-    def failing(value, kind):
-        calls.append(kind)
-        if len(calls) == 2:
-            raise OSError("the tensor went away")
-        return real(value, kind)
-
-    monkeypatch.setattr(writer, "host_bytes", failing)
+    calls = fail_at_tensor(monkeypatch, 2, OSError("the tensor went away"))
     with pytest.raises(OSError, match="went away"):
         tc.save({"a": torch.ones(1000), "b": torch.ones(10, dtype=torch.float64)}, f"{url}/a.safetensors")
     calls.clear()

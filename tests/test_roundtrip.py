@@ -11,7 +11,7 @@ import torch
 
 import tensorcanon as tc
 
-from support import have_dtypes, torch_dtype
+from support import WriteOnlyStream, have_dtypes, torch_dtype
 
 
 def _raw(t):
@@ -169,20 +169,9 @@ def test_file_objects_seekable_and_not(tmp_path):
     buf = io.BytesIO()
     d = tc.save(obj, buf)
 
-    class Pipe(io.RawIOBase):
-        def __init__(self):
-            self.chunks = []
-
-        def writable(self):
-            return True
-
-        def write(self, b):
-            self.chunks.append(bytes(b))
-            return len(b)
-
-    pipe = Pipe()
+    pipe = WriteOnlyStream()
     assert tc.save(obj, pipe) == d
-    assert b"".join(pipe.chunks) == buf.getvalue() == tc.dumps(obj)
+    assert pipe.data == buf.getvalue() == tc.dumps(obj)
     buf.seek(0)
     same(obj, tc.load(buf))
     assert tc.save(obj, tmp_path / "x.tc") == d

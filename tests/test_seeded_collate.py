@@ -15,6 +15,8 @@ import tensorcanon
 from tensorcanon.training.data import SampleIndex
 from tensorcanon.training.seeded import SeededBatch, _batch_seeds
 
+from support import global_random_states, same_random_states, seeded_batches
+
 # 2 workers on the 2-core test machine, sometimes more: torch warns, the test means it.
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
@@ -43,22 +45,9 @@ def mask_and_mix(samples: list) -> torch.Tensor:
     return torch.cat([(x * (1 - mask)).roll(crop, dims=1).flatten(), extra])
 
 
-def _run(n=18, bs=4, epochs=2, workers=0, persistent=False, stop=None, state=None, collate=None):
-    """Collated batches of `epochs` epochs, or the first `stop` batches and the sampler state there."""
-    s = tensorcanon.ResumableSampler(range(n), seed=5)
-    if state is not None:
-        s.load_state_dict(state)
-    loader = DataLoader(tensorcanon.SeededDataset(Tokens(n), s), batch_size=bs, sampler=s,
-                        collate_fn=collate or tensorcanon.SeededCollator(mask_and_mix),
-                        num_workers=workers, persistent_workers=persistent and workers > 0,
-                        generator=s.generator)
-    out = []
-    while s.epoch < epochs:
-        for batch in s.track(loader):
-            out.append(batch)
-            if len(out) == stop:
-                return out, s.state_dict()
-    return out, None
+def _run(collate=None, **kw):
+    """Collated batches of 18 ``Tokens`` (support.seeded_batches)."""
+    return seeded_batches(Tokens(18), 5, collate_fn=collate or tensorcanon.SeededCollator(mask_and_mix), **kw)
 
 
 def _same(a: list, b: list) -> bool:
@@ -95,27 +84,18 @@ def test_without_seeding_the_workers_change_the_batches():
     assert not _same(run(0), run(2))
 
 
-def _global_states():
-    return random.getstate(), np.random.get_state(), torch.get_rng_state()
-
-
-def _same_states(a, b) -> bool:
-    return (a[0] == b[0] and all(np.array_equal(x, y) for x, y in zip(a[1], b[1], strict=True))
-            and torch.equal(a[2], b[2]))
-
-
 def test_collating_in_the_main_process_leaves_the_callers_random_state_alone():
     torch.manual_seed(1), np.random.seed(1), random.seed(1)
     np.random.randn()  # a cached Gaussian, which collating must keep
     random.gauss(0, 1)
-    before = _global_states()
+    before = global_random_states()
     batches, _ = _run(epochs=1)
-    assert len(batches) == 5 and _same_states(before, _global_states())
+    assert len(batches) == 5 and same_random_states(before, global_random_states())
 
     failing = tensorcanon.SeededCollator(lambda samples: (torch.rand(3), np.random.rand(), 1 / 0))
     with pytest.raises(ZeroDivisionError):
         _run(epochs=1, collate=failing)
-    assert _same_states(before, _global_states())  # also when the collate function raises
+    assert same_random_states(before, global_random_states())  # also when the collate function raises
 
 
 def test_a_batch_depends_on_seed_epoch_and_first_position_only():

@@ -22,7 +22,8 @@ import torch
 
 import tensorcanon as tc
 from tensorcanon.format import digest
-from tensorcanon.tools.cli import main as cli_main
+
+from support import WriteOnlyStream, run_cli
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 SHA_RE = r"sha256:[0-9a-f]{64}"
@@ -86,24 +87,10 @@ def test_round_trip_with_sha256(tmp_path):
 
 
 def test_non_seekable_target_gives_the_same_bytes():
-    class Stream(io.RawIOBase):
-        def __init__(self):
-            self.buf = bytearray()
-
-        def writable(self):
-            return True
-
-        def seekable(self):
-            return False
-
-        def write(self, b):
-            self.buf += bytes(b)
-            return len(b)
-
-    s = Stream()
+    s = WriteOnlyStream()
     d = tc.save(_obj(), s, algorithm="sha256")
-    assert bytes(s.buf) == tc.dumps(_obj(), algorithm="sha256")
-    assert tc.verify(bytes(s.buf)) == d
+    assert s.data == tc.dumps(_obj(), algorithm="sha256")
+    assert tc.verify(s.data) == d
 
 
 def test_the_algorithm_is_recorded_in_the_manifest():
@@ -308,70 +295,64 @@ def test_default_output_is_byte_identical_to_golden(name):
 # ----------------------------------------------------------------- command line
 
 
-def _cli(capsys, *argv):
-    code = cli_main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def test_cli_verify_and_hash_accept_sha256(tmp_path, capsys):
+def test_cli_verify_and_hash_accept_sha256(tmp_path):
     path = str(tmp_path / "m.safetensors")
     d = tc.save(_obj(), path, algorithm="sha256")
-    code, out, _ = _cli(capsys, "verify", "--expect", d, path)
+    code, out, _ = run_cli("verify", "--expect", d, path)
     assert code == 0 and out == f"OK        {path}  {d}\n"
-    code, out, _ = _cli(capsys, "verify", "--expect", "sha256:" + "0" * 64, path)
+    code, out, _ = run_cli("verify", "--expect", "sha256:" + "0" * 64, path)
     assert code == 1 and out.startswith(f"MISMATCH  {path}: digest {d}, expected sha256:")
     xxh = tc.fingerprint(_obj())
-    code, out, _ = _cli(capsys, "verify", "--expect", xxh, path)
+    code, out, _ = run_cli("verify", "--expect", xxh, path)
     assert code == 1 and "the file uses sha256 digests, --expect is xxh3-128" in out
-    code, out, _ = _cli(capsys, "hash", path)
+    code, out, _ = run_cli("hash", path)
     assert code == 0 and out == f"{d}  {path}\n"
-    code, out, _ = _cli(capsys, "hash", "--verify", path)
+    code, out, _ = run_cli("hash", "--verify", path)
     assert code == 0 and out == f"{d}  {path}\n"
-    code, out, _ = _cli(capsys, "inspect", "--json", path)
+    code, out, _ = run_cli("inspect", "--json", path)
     rows = json.loads(out)["entries"]
     assert code == 0 and json.loads(out)["digest"] == d
     assert all(r["digest"].startswith("sha256:") and len(r["digest"]) == 71 for r in rows if r["dtype"])
-    code, _, err = _cli(capsys, "verify", "--expect", "sha256:abc", path)
+    code, _, err = run_cli("verify", "--expect", "sha256:abc", path)
     assert code == 2 and "'sha256:' and 64 lowercase hex digits" in err
 
 
-def test_cli_verify_corrupt_sha256_file(tmp_path, capsys):
+def test_cli_verify_corrupt_sha256_file(tmp_path):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(_flip_first_data_byte(tc.dumps(_obj(), algorithm="sha256"), "ids"))
-    code, out, _ = _cli(capsys, "verify", str(path))
+    code, out, _ = run_cli("verify", str(path))
     assert code == 1 and out.startswith(f"CORRUPT   {path}: tensor $[\"ids\"]")
 
 
-def test_cli_convert_with_algorithm(tmp_path, capsys):
+def test_cli_convert_with_algorithm(tmp_path):
     src = str(tmp_path / "in.safetensors")
     tc.save(_obj(), src)
     dst = str(tmp_path / "out.safetensors")
-    code, out, _ = _cli(capsys, "convert", "--algorithm", "sha256", src, dst)  # implies --to tensorcanon
+    code, out, _ = run_cli("convert", "--algorithm", "sha256", src, dst)  # implies --to tensorcanon
     d = tc.fingerprint(_obj(), algorithm="sha256")
     assert code == 0 and out == f"wrote {dst} (tensorcanon, {d})\n"
     assert tc.verify(dst) == d and open(dst, "rb").read() == tc.dumps(_obj(), algorithm="sha256")
-    code, _, err = _cli(capsys, "convert", "--to", "safetensors", "--algorithm", "sha256", src, dst)
+    code, _, err = run_cli("convert", "--to", "safetensors", "--algorithm", "sha256", src, dst)
     assert code == 2 and "--algorithm sha256 applies to tensorcanon output only" in err
-    code, _, err = _cli(capsys, "convert", "--algorithm", "md5", src, dst)
+    code, _, err = run_cli("convert", "--algorithm", "md5", src, dst)
     assert code == 2 and "invalid choice" in err
     # tensorcanon -> tensorcanon keeps the input's algorithm: identical bytes
     same = str(tmp_path / "same.safetensors")
-    code, _, _ = _cli(capsys, "convert", "--to", "tensorcanon", dst, same)
+    code, _, _ = run_cli("convert", "--to", "tensorcanon", dst, same)
     assert code == 0 and open(same, "rb").read() == open(dst, "rb").read()
     # back to xxh3-128: the default bytes again
     back = str(tmp_path / "back.safetensors")
-    code, _, _ = _cli(capsys, "convert", "--algorithm", "xxh3-128", dst, back)
+    code, _, _ = run_cli("convert", "--algorithm", "xxh3-128", dst, back)
     assert code == 0 and open(back, "rb").read() == open(src, "rb").read()
 
 
-def test_cli_lock_and_check_with_sha256(tmp_path, capsys, monkeypatch):
+def test_cli_lock_and_check_with_sha256(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     d = tc.save(_obj(), "m.safetensors", algorithm="sha256")
-    code, _, _ = _cli(capsys, "lock", "m.safetensors", "-o", "t.lock")
+    code, _, _ = run_cli("lock", "m.safetensors", "-o", "t.lock")
     assert code == 0
     assert (tmp_path / "t.lock").read_text().splitlines()[1].startswith(d + " ")
-    code, out, _ = _cli(capsys, "check", "t.lock")
+    code, out, _ = run_cli("check", "t.lock")
     assert code == 0 and "all 1 file match" in out
 
 

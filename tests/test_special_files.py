@@ -22,29 +22,21 @@ import tensorcanon
 import tensorcanon.dcp as tcd
 from tensorcanon.sharded import layout
 
+from support import within
+
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs (os.mkfifo)")
 
 STATE = {"w": torch.arange(12.0).reshape(3, 4), "step": 3}
 
 
 def finishes(fn, timeout: float = 20.0):
-    """``fn()`` run in a daemon thread: its exception (or None); fails the test if it still runs
-    after ``timeout`` seconds (a reader blocked in open() is left behind, not waited for)."""
-    outcome: list = []
-
-    def run() -> None:
-        try:
-            fn()
-            outcome.append(None)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            outcome.append(e)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        pytest.fail(f"{fn} did not return within {timeout} s: it blocks on a special file")
-    return outcome[0]
+    """``fn()``'s exception (or None), failing the test if it still runs after ``timeout`` seconds:
+    a reader blocked in open() is left behind, not waited for (support.within)."""
+    try:
+        within(timeout, fn)
+    except Exception as e:  # noqa: BLE001 - handed to the test
+        return e
+    return None
 
 
 def refused(fn, path, kind: str = "a FIFO") -> tensorcanon.TensorCanonError:

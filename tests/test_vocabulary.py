@@ -21,14 +21,6 @@ from tensorcanon.io import writer
 
 import hostile_lib as h
 
-
-def _with_root(obj, root):
-    data = tensorcanon.dumps(obj)
-    m, header, body = h.manifest_of(data)
-    m["root"] = root
-    return h.rebuild(data, h.repack(m), header, body)
-
-
 # ------------------------------------------------------------------ dtype values
 
 
@@ -52,11 +44,11 @@ def test_the_list_is_torchs_list():
 @pytest.mark.parametrize("name", ["float128", "Float32", "torch.float32", "", "int"])
 def test_a_dtype_name_outside_the_list_is_rejected(name):
     with pytest.raises(tensorcanon.FormatError, match="unknown torch dtype"):
-        tensorcanon.loads(_with_root({}, ["dtype", name]))
+        tensorcanon.loads(h.rerooted(tensorcanon.dumps({}), ["dtype", name]))
 
 
 def test_a_listed_dtype_this_torch_lacks_is_named(monkeypatch):
-    data = _with_root([], ["list", ["dtype", "float8_e8m0fnu"]])   # what a newer torch writes
+    data = h.rerooted(tensorcanon.dumps([]), ["list", ["dtype", "float8_e8m0fnu"]])   # what a newer torch writes
     if "float8_e8m0fnu" in dtypes.TORCH_DTYPES_BY_NAME:
         assert tensorcanon.loads(data) == [torch.float8_e8m0fnu]
         monkeypatch.delitem(dtypes.TORCH_DTYPES_BY_NAME, "float8_e8m0fnu")  # as on an older torch
@@ -95,7 +87,7 @@ def test_the_device_grammar_is_what_torch_prints():
 def test_non_canonical_device_values_are_rejected(text):
     assert not devices.is_canonical(text)
     with pytest.raises(tensorcanon.FormatError, match="not canonical device text"):
-        tensorcanon.loads(_with_root({}, ["device", text]))
+        tensorcanon.loads(h.rerooted(tensorcanon.dumps({}), ["device", text]))
 
 
 def test_device_values_round_trip():

@@ -24,6 +24,8 @@ import torch
 import tensorcanon
 from tensorcanon.format import dtypes
 
+from support import on_cuda0
+
 README = (pathlib.Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
 
 ROWS = {
@@ -133,21 +135,13 @@ def test_parameters():
 
 
 def test_devices():
-    from tensorcanon.io import writer
-
     obj = {"w": torch.arange(3.0)}
     assert tensorcanon.loads(tensorcanon.dumps(obj))["w"].device.type == "cpu"
     if torch.cuda.is_available():  # pragma: no cover - exercised on GPU machines
         back = tensorcanon.loads(tensorcanon.dumps({"w": obj["w"].cuda()}))
         assert back["w"].device == torch.device("cuda:0")
         return
-    # a file recorded on cuda:0 (devices are outside the digest: only the header changes)
-    p = writer.plan(obj)
-    buf = io.BytesIO()
-    writer.write(p, buf)
-    old, _ = p.header()
-    p.tensors[0].device = "cuda:0"
-    data = p.header()[0] + buf.getvalue()[len(old):]
+    data = on_cuda0(obj)  # a file recorded on cuda:0
     with pytest.raises(tensorcanon.DeviceUnavailableError, match=r'tensor \$\["w"\] was saved on cuda:0'):
         tensorcanon.loads(data)
     assert tensorcanon.loads(data, map_location="cpu")["w"].device.type == "cpu"

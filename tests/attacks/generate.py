@@ -40,10 +40,7 @@ def _plain(entries: dict, body: bytes) -> bytes:
 
 
 def _manifest_attack(root) -> bytes:
-    data = _valid()
-    m, header, body = h.manifest_of(data)
-    m["root"] = root
-    return h.rebuild(data, h.repack(m), header, body)
+    return h.rerooted(_valid(), root)
 
 
 class _Evil:

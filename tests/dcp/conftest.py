@@ -21,6 +21,30 @@ def ckpt_dir(tmp_path):
     return str(tmp_path / "ckpt")
 
 
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A 2-rank checkpoint of ``states.sharded_state``, saved once per test module that asks for
+    it (a module may define its own: test_bytes_items.py saves byte items)."""
+    import tensorcanon.dcp as tcd
+
+    from states import sharded_state
+    from threaded import run_ranks
+
+    folder = str(tmp_path_factory.mktemp("saved") / "ckpt")
+    run_ranks(2, lambda r: tcd.save(sharded_state(2, r), folder))
+    return folder
+
+
+@pytest.fixture
+def copy(saved, tmp_path):
+    """A fresh copy of the ``saved`` checkpoint, for a test that damages it."""
+    import shutil
+
+    folder = str(tmp_path / "ckpt")
+    shutil.copytree(saved, folder)
+    return folder
+
+
 def pytest_configure(config):
     import logging
 

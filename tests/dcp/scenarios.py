@@ -7,7 +7,6 @@ all launches of one test session, so a later launch reads what an earlier one wr
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
 
 import torch
@@ -21,6 +20,7 @@ from tensorcanon.sharded import layout
 from helpers import FSDP2_ON_CPU, flip_byte, unsharded, zeros_like_state
 from models import batch, build, train_state
 from states import LOSSES, SAMPLER, bytes_state, bytes_target, loader_bytes, logical_digest, sharded_state
+from support import no_unpickling
 
 
 def _files(folder: str) -> dict:
@@ -118,27 +118,12 @@ def replica_mismatch(rank, world, folder):
 
 
 def no_pickle_load(rank, world, folder):
-    def refuse(*a, **k):
-        raise AssertionError("pickle or torch.load was called while loading")
-
-    saved = pickle.load, pickle.loads, torch.load
-    pickle.load = pickle.loads = torch.load = refuse
-    try:
-        return _load_error(os.path.join(folder, "state-a"), world, rank)
-    finally:
-        pickle.load, pickle.loads, torch.load = saved
+    return _refusing_pickle(lambda: _load_error(os.path.join(folder, "state-a"), world, rank))
 
 
 def _refusing_pickle(fn):
-    def refuse(*a, **k):
-        raise AssertionError("pickle or torch.load was called while loading")
-
-    saved = pickle.load, pickle.loads, torch.load
-    pickle.load = pickle.loads = torch.load = refuse
-    try:
+    with no_unpickling():
         return fn()
-    finally:
-        pickle.load, pickle.loads, torch.load = saved
 
 
 def _as_error(fn):

@@ -16,58 +16,37 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 import traceback
 
+from support import free_port, run_processes
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(world: int, batch: str, folder: str, timeout: float = 150.0, backend: str = "gloo") -> list[dict]:
     os.makedirs(folder, exist_ok=True)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
                TENSORCANON_TEST_BACKEND=backend, TENSORCANON_TEST_STACKS_AFTER=str(max(5.0, timeout - 20.0)),
-               PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+               PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1")  # (tests/dcp and tests: the helper modules pytest's pythonpath gives the tests)
     env.pop("PYTHONHASHSEED", None)  # each process draws its own hash seed: nothing may depend on it
     if os.path.exists("/sys/class/net/lo"):
         # gloo otherwise picks its interface by resolving the machine's hostname, which on some
         # machines names an address other than the loopback one MASTER_ADDR uses
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    procs = []
-    for rank in range(world):
-        log = open(os.path.join(folder, f"{batch}.rank{rank}.log"), "w")
-        procs.append((subprocess.Popen([sys.executable, __file__, batch, folder],
-                                       env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
-                                       stdout=log, stderr=subprocess.STDOUT), log))
-    deadline = time.monotonic() + timeout
-    try:
-        for p, _ in procs:
-            left = max(0.1, deadline - time.monotonic())
-            try:
-                p.wait(left)
-            except subprocess.TimeoutExpired:
-                tails = "\n".join(f"--- rank {rank} log (end):\n{_tail(folder, batch, rank)}" for rank in range(world))
-                raise AssertionError(
-                    f"{batch}: ranks did not finish within {timeout} s (a hang); logs in {folder}\n{tails}") from None
-    finally:
-        for p, log in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            log.close()
+    runs = [([sys.executable, __file__, batch, folder], dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+             os.path.join(folder, f"{batch}.rank{rank}.log")) for rank in range(world)]
+    codes = run_processes(runs, timeout)
+    if None in codes:
+        tails = "\n".join(f"--- rank {rank} log (end):\n{_tail(folder, batch, rank)}" for rank in range(world))
+        raise AssertionError(f"{batch}: ranks did not finish within {timeout} s (a hang); logs in {folder}\n{tails}")
     results = []
-    for rank, (p, _) in enumerate(procs):
+    for rank, code in enumerate(codes):
         path = os.path.join(folder, f"{batch}.rank{rank}.json")
-        if p.returncode != 0 or not os.path.exists(path):
-            raise AssertionError(f"{batch}: rank {rank} exited with {p.returncode}:\n{_tail(folder, batch, rank)}")
+        if code != 0 or not os.path.exists(path):
+            raise AssertionError(f"{batch}: rank {rank} exited with {code}:\n{_tail(folder, batch, rank)}")
         with open(path) as fh:
             results.append(json.load(fh))
     return results

@@ -12,9 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import os
-import pickle
 import re
-import shutil
 
 import pytest
 import torch
@@ -36,23 +34,6 @@ def saved(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("bytes") / "ckpt")
     assert run_ranks(2, lambda r: tcd.save(bytes_state(2, r), folder)) == [DIGEST] * 2
     return folder
-
-
-@pytest.fixture
-def copy(saved, tmp_path):
-    folder = str(tmp_path / "ckpt")
-    shutil.copytree(saved, folder)
-    return folder
-
-
-@pytest.fixture
-def no_pickle(monkeypatch):
-    def refuse(*a, **k):
-        raise AssertionError("pickle or torch.load was called while loading")
-
-    monkeypatch.setattr(pickle, "load", refuse)
-    monkeypatch.setattr(pickle, "loads", refuse)
-    monkeypatch.setattr(torch, "load", refuse)
 
 
 def _load(world, folder, **kw):
@@ -86,7 +67,7 @@ def test_the_logical_digest_covers_byte_items_at_every_world_size(world, tmp_pat
         assert fh.read() == tensorcanon.dumps(bytes_logical())
 
 
-def test_byte_items_come_back_without_pickle_same_world_and_resharded(saved, no_pickle):
+def test_byte_items_come_back_without_pickle_same_world_and_resharded(saved, no_unpickling):
     losses = list(TrainState(3, (2.5, 1.25, 0.625, 0.3125)).losses)
     got = _load(2, saved)
     assert got == [(3, losses, SAMPLER, (0, loader_bytes(r))) for r in range(2)]
@@ -97,7 +78,7 @@ def test_byte_items_come_back_without_pickle_same_world_and_resharded(saved, no_
     assert tcd.verify(saved) == DIGEST
 
 
-def test_dcps_own_load_planner_gets_byte_items_without_pickle(saved, no_pickle):
+def test_dcps_own_load_planner_gets_byte_items_without_pickle(saved, no_unpickling):
     """DefaultLoadPlanner.load_bytes would torch.load them; the Reader decodes them itself."""
     def load(rank):
         target = {"data": {"sampler": io.BytesIO(), "epoch": None}, "train": {"losses": None, "step": torch.tensor(0)}}

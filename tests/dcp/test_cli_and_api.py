@@ -12,11 +12,11 @@ import pytest
 import tensorcanon
 import tensorcanon.dcp as tcd
 from tensorcanon.sharded import layout
-from tensorcanon.tools.cli import main
 from tensorcanon.tools.diff import load_file
 
 from helpers import flip_byte
 from states import logical_digest, logical_state, sharded_state
+from support import run_cli
 from threaded import run_ranks
 
 
@@ -31,12 +31,6 @@ def ckpts(tmp_path_factory):
     return base, two, three, other
 
 
-def _cli(capsys, *argv):
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_tensorcanon_verify_accepts_a_directory(ckpts):
     _, two, three, _ = ckpts
     assert tensorcanon.verify(two) == tensorcanon.verify(three) == logical_digest()
@@ -45,18 +39,18 @@ def test_tensorcanon_verify_accepts_a_directory(ckpts):
         tensorcanon.verify(two, expect="xxh3-128:" + "0" * 32)
 
 
-def test_hash_and_verify(ckpts, capsys):
+def test_hash_and_verify(ckpts):
     _, two, three, _ = ckpts
-    code, out, _ = _cli(capsys, "hash", two, three)
+    code, out, _ = run_cli("hash", two, three)
     assert code == 0 and out.splitlines() == [f"{logical_digest()}  {two}", f"{logical_digest()}  {three}"]
-    code, out, _ = _cli(capsys, "hash", "--json", "--verify", two)
+    code, out, _ = run_cli("hash", "--json", "--verify", two)
     assert json.loads(out)["files"][0] == {"path": two, "status": "ok", "digest": logical_digest(),
                                            "format": "tensorcanon-sharded", "verified": True}
-    code, out, _ = _cli(capsys, "verify", "--expect", logical_digest(), two, three)
+    code, out, _ = run_cli("verify", "--expect", logical_digest(), two, three)
     assert code == 0 and out.count("OK ") == 2
 
 
-def test_verify_names_the_damage(ckpts, tmp_path, capsys):
+def test_verify_names_the_damage(ckpts, tmp_path):
     import shutil
 
     _, two, _, _ = ckpts
@@ -64,23 +58,23 @@ def test_verify_names_the_damage(ckpts, tmp_path, capsys):
     shutil.copytree(two, broken)
     path = layout.read(broken).file_path(0)
     flip_byte(path, -1, 4)
-    code, out, _ = _cli(capsys, "verify", broken)
+    code, out, _ = run_cli("verify", broken)
     assert code == 1 and out.startswith("CORRUPT") and os.path.basename(path) in out
     os.unlink(os.path.join(broken, layout.INDEX_NAME))
-    code, _, err = _cli(capsys, "verify", broken)
+    code, _, err = run_cli("verify", broken)
     assert code == 2 and "interrupted save" in err
 
 
-def test_diff_compares_logical_content(ckpts, capsys):
+def test_diff_compares_logical_content(ckpts):
     _, two, three, other = ckpts
-    code, out, _ = _cli(capsys, "diff", two, three)
+    code, out, _ = run_cli("diff", two, three)
     assert code == 0 and "identical" in out.splitlines()[-1]
-    code, out, _ = _cli(capsys, "diff", "--json", two, other)
+    code, out, _ = run_cli("diff", "--json", two, other)
     data = json.loads(out)
     assert code == 1 and any(d["path"] == '$["model"]["layer.weight"]' for d in data["differences"])
     consolidated = os.path.join(os.path.dirname(two), "two.safetensors")
     tcd.consolidate(two, consolidated)
-    code, _, _ = _cli(capsys, "diff", consolidated, three)         # a file against a directory
+    code, _, _ = run_cli("diff", consolidated, three)         # a file against a directory
     assert code == 0
 
 
@@ -95,33 +89,33 @@ def test_diff_api_reads_directories_as_the_command_line_does(ckpts):
     assert loaded.format == "tensorcanon-sharded" and loaded.path == two
 
 
-def test_inspect_shows_the_logical_tree_and_the_layout(ckpts, capsys):
+def test_inspect_shows_the_logical_tree_and_the_layout(ckpts):
     _, _, three, _ = ckpts
-    code, out, _ = _cli(capsys, "inspect", three)
+    code, out, _ = run_cli("inspect", three)
     assert code == 0 and logical_digest() in out and "sharded checkpoint, 3 rank file(s)" in out
     assert '$["model"]["layer.weight"]' in out and "float32" in out
-    code, out, _ = _cli(capsys, "inspect", "--json", three)
+    code, out, _ = run_cli("inspect", "--json", three)
     data = json.loads(out)
     assert data["format"] == "tensorcanon-sharded" and data["layout"]["world_size"] == 3
     assert len(data["layout"]["chunks"]["model.layer.weight"]) == 3
     assert data["totals"]["tensors"] >= 10
 
 
-def test_consolidate_command(ckpts, tmp_path, capsys):
+def test_consolidate_command(ckpts, tmp_path):
     _, _, three, _ = ckpts
     out_path = str(tmp_path / "one.safetensors")
-    code, out, _ = _cli(capsys, "consolidate", three, out_path)
+    code, out, _ = run_cli("consolidate", three, out_path)
     assert code == 0 and logical_digest() in out
     with open(out_path, "rb") as fh:
         assert fh.read() == tensorcanon.dumps(logical_state())
-    code, _, err = _cli(capsys, "consolidate", str(tmp_path / "nowhere"), out_path)
+    code, _, err = run_cli("consolidate", str(tmp_path / "nowhere"), out_path)
     assert code == 2 and "does not exist" in err
 
 
-def test_lock_and_check_treat_a_checkpoint_as_one_entry(ckpts, capsys):
+def test_lock_and_check_treat_a_checkpoint_as_one_entry(ckpts):
     base, two, three, _ = ckpts
     lock = str(base / "tensors.lock")
-    code, _, _ = _cli(capsys, "lock", str(base), "-o", lock)
+    code, _, _ = run_cli("lock", str(base), "-o", lock)
     assert code == 0
     entries = tensorcanon.tools.lockfile.read_lock(lock)
     by_path = {e.path: e for e in entries}
@@ -129,7 +123,7 @@ def test_lock_and_check_treat_a_checkpoint_as_one_entry(ckpts, capsys):
     assert not any(p.startswith("two/") for p in by_path)
     assert by_path["two"].digest == by_path["three"].digest == logical_digest()
     assert by_path["two"].size == by_path["three"].size == len(tensorcanon.dumps(logical_state()))
-    code, out, _ = _cli(capsys, "check", lock)
+    code, out, _ = run_cli("check", lock)
     assert code == 0 and "all" in out.splitlines()[-1]
 
 

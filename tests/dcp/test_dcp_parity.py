@@ -6,7 +6,6 @@ torchrun: test_docs_examples.py."""
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
 import sys
 import types
@@ -26,22 +25,6 @@ from states import logical_state, sharded_state
 from threaded import run_ranks
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("parity") / "ckpt")
-    run_ranks(2, lambda r: tcd.save(sharded_state(2, r), folder))
-    return folder
-
-
-@pytest.fixture
-def no_pickle(monkeypatch):
-    def refuse(*a, **k):
-        raise AssertionError("pickle or torch.load was called while loading")
-
-    for module, name in [(pickle, "load"), (pickle, "loads"), (torch, "load")]:
-        monkeypatch.setattr(module, name, refuse)
-
-
 def _error(fn):
     try:
         fn()
@@ -54,7 +37,7 @@ def _error(fn):
 
 # ------------------------------------------------------------------ partial loads
 
-def test_a_part_of_the_checkpoint_loads_and_a_missing_key_is_named(saved, no_pickle):
+def test_a_part_of_the_checkpoint_loads_and_a_missing_key_is_named(saved, no_unpickling):
     model_only = tensorcanon.fingerprint({"model": logical_state()["model"]})
 
     def load(rank):
@@ -72,7 +55,7 @@ def test_a_part_of_the_checkpoint_loads_and_a_missing_key_is_named(saved, no_pic
         assert "allow_partial_load=True" in str(refused)
 
 
-def test_dcp_default_planner_reads_verified_tensors_and_values_without_pickle(saved, no_pickle):
+def test_dcp_default_planner_reads_verified_tensors_and_values_without_pickle(saved, no_unpickling):
     full = logical_state()
 
     def load(rank):
@@ -97,7 +80,7 @@ def test_dcp_default_planner_reads_verified_tensors_and_values_without_pickle(sa
 
 @pytest.mark.skipif(_compat.load_state_dict_from_keys is None,
                     reason="this torch's DCP has no _load_state_dict_from_keys")
-def test_dcp_load_state_dict_from_keys(saved, no_pickle):
+def test_dcp_load_state_dict_from_keys(saved, no_unpickling):
     sd = _compat.load_state_dict_from_keys({"model", "step"}, storage_reader=tcd.Reader(saved))
     assert sorted(sd) == ["model", "step"] and sd["step"] == 42
     assert all(torch.equal(sd["model"][k], v) for k, v in logical_state()["model"].items())

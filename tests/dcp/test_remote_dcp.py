@@ -5,17 +5,14 @@ ranks are threads (threaded.py). Each test checks the S3 checkpoint against the 
 local directory: the same object names, the same bytes, the same logical digest.
 """
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 
 import pytest
 import s3fs
-from s3_support import BUCKET, SECRET
+from s3_support import BUCKET, SECRET, kill_mid_upload, stall_after_one_part
 
 import tensorcanon as tc
 import tensorcanon.dcp as tcd
@@ -30,14 +27,10 @@ from threaded import run_ranks
 
 
 @pytest.fixture
-def s3(s3_server, monkeypatch):
+def s3(s3_direct):
     """(options reaching the server directly, the proxy, a fresh directory URL, an s3fs filesystem)."""
-    port, proxy = s3_server
-    proxy.reset()
-    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 2)
-    direct = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "testing", "secret": SECRET}
-    yield direct, proxy, f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/step-100", s3fs.S3FileSystem(**direct)
-    proxy.reset()
+    direct, proxy = s3_direct
+    return direct, proxy, f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/step-100", s3fs.S3FileSystem(**direct)
 
 
 def objects(fs, url):
@@ -149,31 +142,18 @@ KILLED_SAVE = textwrap.dedent("""
 
 
 def test_sigkill_mid_upload_leaves_the_previous_checkpoint(s3):
-    """A W=1 save killed while its rank file uploads (the proxy holds each part back, so the kill
-    lands mid-upload): the directory holds the previous checkpoint, which still verifies; the
+    """A W=1 save killed while its rank file uploads (the proxy lets one part through and holds
+    the rest, so the kill lands mid-upload): the directory holds the previous checkpoint, which still verifies; the
     new rank file never appears; a fresh URL never becomes a checkpoint."""
     opts, proxy, url, fs = s3
     fresh = url.rsplit("/", 1)[0] + "/step-200"
     old = tcd.save(logical_state(), url, storage_options=opts)
     before = objects(fs, url)
-    proxy.fault = lambda m, p, q: ("delay", 0.5) if "partNumber=" in q else None
+    proxy.fault = stall_after_one_part
     endpoint = f"http://127.0.0.1:{proxy.port}"
     procs = {u: subprocess.Popen([sys.executable, "-c", KILLED_SAVE, u, endpoint, SECRET],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for u in (url, fresh)}
-
-    def parts_sent(u):
-        prefix = "/" + u.split("://", 1)[1] + "/"
-        with proxy.lock:
-            return sum(1 for m, p, q in proxy.requests if m == "PUT" and p.startswith(prefix) and "partNumber=" in q)
-
-    deadline = time.monotonic() + 90
-    while any(parts_sent(u) < 2 and p.poll() is None for u, p in procs.items()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for u, proc in procs.items():
-        assert parts_sent(u) >= 2
-        os.kill(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        assert b"saved" not in out, err.decode()[-2000:]
+    kill_mid_upload(proxy, procs)
     proxy.reset()
     assert objects(fs, url) == before
     assert tcd.verify(url, expect=old, storage_options=opts) == old

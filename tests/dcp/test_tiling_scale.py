@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import random
 import re
-import threading
 
 import numpy as np
 import pytest
@@ -14,27 +13,10 @@ import tensorcanon
 from tensorcanon.sharded import tiling
 from tensorcanon.sharded.tiling import Box
 
+from support import within
+
 # The old check took 52 s for the staircase at N=4000 and minutes at N=8000; the new one well under a second.
-LIMIT_S = 60
-
-
-def _in_time(fn, *args):
-    """``fn(*args)``, failing the test if it has not returned after LIMIT_S seconds (a bound on work, not a timing)."""
-    out = {}
-
-    def target():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 (handed back to the test's thread)
-            out["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(LIMIT_S)
-    assert not thread.is_alive(), f"{fn.__name__} still running after {LIMIT_S} s"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+LIMIT_S = 60  # support.within fails a check still running after this: a bound on work, not a timing
 
 
 def _coverage(shape, boxes):
@@ -231,12 +213,12 @@ def _onion(d):
                                           (_onion, 60)])
 def test_hostile_layouts_are_checked_in_near_linear_time(layout, size):
     shape, boxes = layout(size)
-    _in_time(tiling.check, shape, boxes, "t")
+    within(LIMIT_S, tiling.check, shape, boxes, "t")
     b = boxes[-1]
     d = next(k for k, o in enumerate(b.offsets) if o > 0)  # the last chunk, moved back by one: the same volume
     moved = [*boxes[:-1], Box(tuple(o - (k == d) for k, o in enumerate(b.offsets)), b.sizes)]
     with pytest.raises(tensorcanon.FormatError, match="overlap|no chunk covers") as info:
-        _in_time(tiling.check, shape, moved, "t")
+        within(LIMIT_S, tiling.check, shape, moved, "t")
     assert "at index" in str(info.value)
 
 
@@ -250,7 +232,7 @@ def _counted_runs(monkeypatch, shape, boxes):
         return sweep(self, d, first)
 
     monkeypatch.setattr(tiling._Walk, "runs", counted)
-    return _in_time(lambda: list(tiling.runs(shape, boxes))), work[0]
+    return within(LIMIT_S, lambda: list(tiling.runs(shape, boxes))), work[0]
 
 
 @pytest.mark.parametrize("layout, size", [(_staircase, 300), (_thin_slabs, 20000), (_checkerboard, 200),

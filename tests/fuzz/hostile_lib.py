@@ -157,6 +157,32 @@ def repack(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
+def with_manifest(data: bytes, edit) -> bytes:
+    """``data`` with its decoded manifest changed in place by ``edit(manifest)``, re-encoded, and
+    the file digest recomputed (:func:`rebuild`): only the edit is wrong."""
+    m, header, body = manifest_of(data)
+    edit(m)
+    return rebuild(data, repack(m), header, body)
+
+
+def rerooted(data: bytes, root) -> bytes:
+    """``data`` with its manifest's tree replaced by ``root``, a decoded node (:func:`with_manifest`;
+    :func:`with_root` builds a file around raw msgpack bytes instead)."""
+    return with_manifest(data, lambda m: m.__setitem__("root", root))
+
+
+def renamed(data: bytes, old: str, new: str) -> bytes:
+    """``data`` with tensor ``old`` named ``new`` in the manifest's table and in the header (the
+    file stays self-consistent safetensors; the tree still gives the old name)."""
+    m, header, body = manifest_of(data)
+    for row in m["tensors"]:
+        if row["name"] == old:
+            row["name"] = new
+    header = dict(header)
+    header[new] = header.pop(old)
+    return rebuild(data, repack(m), header=header, body=body)
+
+
 # ----------------------------------------------------------------- the contract
 
 def same(a, b) -> bool:

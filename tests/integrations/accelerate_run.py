@@ -21,7 +21,6 @@ accumulation window, after batch 17.
 from __future__ import annotations
 
 import json
-import pickle
 import sys
 import warnings
 from pathlib import Path
@@ -34,6 +33,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import tensorcanon
 from tensorcanon.integrations import accelerate as tca
+
+from support import no_unpickling
 
 N, BATCH, EPOCHS, CRASH_AT = 40, 4, 3, 16  # 10 steps per epoch
 TOTAL = EPOCHS * N // BATCH
@@ -133,17 +134,9 @@ class Run:
             "sampler": self.sampler.state_dict()})
 
 
-def _refuse(*args, **kwargs):
-    raise AssertionError("torch.load / pickle was called while loading")
-
-
 def load_without_unpickling(run: Run, folder: Path) -> None:
-    saved = torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler
-    torch.load = torch.serialization.load = pickle.load = pickle.loads = pickle.Unpickler = _refuse
-    try:
+    with no_unpickling("while loading"):
         tca.load_state(run.acc, folder)
-    finally:
-        torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler = saved
 
 
 def main(mode: str, out: Path) -> None:

@@ -1,44 +1,24 @@
 """Helpers and fixtures for the framework integration tests, imported by each test module of
 this folder. (No conftest.py here: other tests import tests/conftest.py as ``conftest``, and a
-second conftest module of that name would shadow it.)"""
+second conftest module of that name would shadow it. The ``no_unpickling`` fixture is in
+tests/conftest.py, for the sharded tests too.)"""
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
 import pickletools
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 HERE = Path(__file__).parent
 
 # Nothing in these tests may reach the Hugging Face Hub (set before transformers or accelerate load).
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-
-
-@pytest.fixture
-def no_unpickling(monkeypatch):
-    """Make every way to unpickle raise: a load path that still uses one fails the test."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("torch.load / pickle was called on the load path")
-
-    class RefusingUnpickler:
-        def __init__(self, *args, **kwargs):
-            refuse()
-
-    monkeypatch.setattr(torch, "load", refuse)
-    monkeypatch.setattr(torch.serialization, "load", refuse)
-    monkeypatch.setattr(pickle, "load", refuse)
-    monkeypatch.setattr(pickle, "loads", refuse)
-    monkeypatch.setattr(pickle, "Unpickler", RefusingUnpickler)
-    yield
 
 
 @pytest.fixture(autouse=True)
@@ -50,8 +30,10 @@ def restore_determinism_settings(keep_determinism_settings):
 
 
 def run_script(script: str, *args: str, timeout: int = 300) -> None:
-    """Run a helper script of this folder in a fresh interpreter (fixed hash seed); fail with its output."""
-    env = {**os.environ, "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    """Run a helper script of this folder in a fresh interpreter (fixed hash seed, tests/ on its
+    path for support.py); fail with its output."""
+    path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": path}
     proc = subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=HERE)
     if proc.returncode != 0:
@@ -65,6 +47,15 @@ def first_and_resume(script: str, out: Path) -> tuple[dict, dict]:
     run_script(script, "first", str(out))
     run_script(script, "resume", str(out))
     return json.loads((out / "first.json").read_text()), json.loads((out / "resume.json").read_text())
+
+
+def first_and_resume_ranks(script: str, out: Path, ranks: tuple = (0, 1)) -> tuple[dict, dict]:
+    """:func:`first_and_resume` for a script that launches several ranks, each writing its own
+    results: ``({rank: first-rank<r>.json}, {rank: resume-rank<r>.json})``."""
+    run_script(script, "first", str(out))
+    run_script(script, "resume", str(out))
+    read = lambda name: json.loads((out / name).read_text())  # noqa: E731
+    return {r: read(f"first-rank{r}.json") for r in ranks}, {r: read(f"resume-rank{r}.json") for r in ranks}
 
 
 def is_pickle_or_zip(data: bytes) -> bool:

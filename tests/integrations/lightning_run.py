@@ -16,9 +16,7 @@ every 3 optimizer steps (mid epoch) and a crash inside an accumulation window.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import pickle
 import sys
 import warnings
 from pathlib import Path
@@ -31,6 +29,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import tensorcanon
 from tensorcanon.integrations.lightning import CanonicalCheckpointIO, ExactResume
+
+from support import no_unpickling
 
 N, BATCH, EPOCHS, EVERY, CRASH_AT = 40, 4, 3, 5, 16  # 10 steps per epoch, 30 in all
 CONFIGS = [(w, r) for w in (0, 2) for r in (0, 1)]
@@ -139,22 +139,6 @@ def fit(workers: int, reload: int, ckpt_dir: Path | None, ckpt_path: str | None,
             "limits": record.limits}
 
 
-def _refuse(*args, **kwargs):
-    raise AssertionError("torch.load / pickle was called in a resumed fit")
-
-
-@contextlib.contextmanager
-def no_unpickling():
-    """torch.load and pickle raise inside (DataLoader workers are unaffected: multiprocessing
-    bound its own reference to pickle.loads when it was imported)."""
-    saved = torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler
-    torch.load = torch.serialization.load = pickle.load = pickle.loads = pickle.Unpickler = _refuse
-    try:
-        yield
-    finally:
-        torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler = saved
-
-
 def main(mode: str, out: Path) -> None:
     results = {}
     for workers, reload in CONFIGS:
@@ -163,7 +147,7 @@ def main(mode: str, out: Path) -> None:
             results[name] = {"full": fit(workers, reload, None, None, crash=False),
                              "crashed": fit(workers, reload, out / name, None, crash=True)}
         else:
-            with no_unpickling():
+            with no_unpickling("in a resumed fit"):
                 results[name] = {f: fit(workers, reload, None, str(out / name / f"{f}.ckpt"), crash=False)
                                  for f in RESUME_FROM}
     name, workers = ACCUMULATE["name"], ACCUMULATE["workers"]
@@ -171,7 +155,7 @@ def main(mode: str, out: Path) -> None:
         results[name] = {"full": fit(workers, 0, None, None, crash=False, accumulate=2),
                          "crashed": fit(workers, 0, out / name, None, crash=True, accumulate=2)}
     else:
-        with no_unpickling():
+        with no_unpickling("in a resumed fit"):
             results[name] = {f: fit(workers, 0, None, str(out / name / f"{f}.ckpt"), crash=False, accumulate=2)
                              for f in ACCUMULATE["resume_from"]}
     (out / f"{mode}.json").write_text(json.dumps(results))

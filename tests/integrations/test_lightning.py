@@ -12,15 +12,13 @@ from __future__ import annotations
 # autouse fixture: importing it is what applies it.
 from integration_support import (  # noqa: F401 (fixtures: pytest finds them here by name)
     first_and_resume,
+    first_and_resume_ranks,
     is_pickle_or_zip,
-    no_unpickling,
     restore_determinism_settings,
-    run_script,
 )
 
 # isort: split
 
-import json
 import warnings
 from pathlib import Path
 
@@ -94,11 +92,8 @@ def ddp_runs(tmp_path_factory) -> tuple[dict, dict, Path]:
     # Two launches of 2 DDP processes each (Lightning starts rank 1 by running the script again):
     # the fit that never stops (and writes the checkpoints), then the resumed fits.
     out = tmp_path_factory.mktemp("lightning_ddp")
-    run_script("lightning_ddp_run.py", "first", str(out))
-    run_script("lightning_ddp_run.py", "resume", str(out))
-    read = lambda name: json.loads((out / name).read_text())  # noqa: E731
-    return ({r: read(f"first-rank{r}.json")["full"] for r in (0, 1)},
-            {r: read(f"resume-rank{r}.json") for r in (0, 1)}, out)
+    first, resumed = first_and_resume_ranks("lightning_ddp_run.py", out)
+    return {r: first[r]["full"] for r in first}, resumed, out
 
 
 @pytest.mark.parametrize("ckpt", list(lightning_ddp_run.RESUME_FROM))

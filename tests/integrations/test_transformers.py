@@ -21,9 +21,9 @@ from __future__ import annotations
 # autouse fixture: importing it is what applies it.
 from integration_support import (  # noqa: F401 (a fixture)
     first_and_resume,
+    first_and_resume_ranks,
     is_pickle_or_zip,
     restore_determinism_settings,
-    run_script,
 )
 
 # isort: split
@@ -254,10 +254,7 @@ def test_weights_with_more_metadata_than_the_format_are_kept_as_written(tmp_path
 def ddp_runs(tmp_path_factory) -> tuple[dict, dict, object]:
     # Two launches of 2 processes (gloo): the runs that never stop and crash, then the resumed runs.
     out = tmp_path_factory.mktemp("transformers_ddp")
-    run_script("transformers_ddp_run.py", "first", str(out))
-    run_script("transformers_ddp_run.py", "resume", str(out))
-    read = lambda name: json.loads((out / name).read_text())  # noqa: E731
-    return {r: read(f"first-rank{r}.json") for r in (0, 1)}, {r: read(f"resume-rank{r}.json") for r in (0, 1)}, out
+    return (*first_and_resume_ranks("transformers_ddp_run.py", out), out)
 
 
 @pytest.mark.parametrize("step", transformers_run.DDP_RESUME_FROM)

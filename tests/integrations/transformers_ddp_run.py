@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -34,35 +32,20 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from support import free_port, run_processes
+
 WORLD, EPOCHS = 2, 2
 TIMEOUT = 150  # seconds for a whole launch: a rank that hangs in a collective must not hang the tests
 
 
 def launch(mode: str, out: Path) -> None:
     """Run this script as ``WORLD`` ranks of one process group; raise with their output if any fails."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(WORLD):
-        env = {**os.environ, "WORLD_SIZE": str(WORLD), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        log = open(out / f"{mode}-rank{rank}.log", "w")  # closed below
-        procs.append((subprocess.Popen([sys.executable, __file__, "rank", mode, str(out)], env=env,
-                                       stdout=log, stderr=subprocess.STDOUT), log))
-    failed = []
-    try:
-        for rank, (p, _) in enumerate(procs):
-            if p.wait(timeout=TIMEOUT) != 0:
-                failed.append(rank)
-    except subprocess.TimeoutExpired:
-        failed = list(range(WORLD))
-    finally:
-        for p, log in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            log.close()
+    env = {**os.environ, "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    codes = run_processes([([sys.executable, __file__, "rank", mode, str(out)],
+                            {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, out / f"{mode}-rank{rank}.log")
+                           for rank in range(WORLD)], TIMEOUT)
+    failed = [rank for rank, code in enumerate(codes) if code != 0]
     if failed:
         logs = "\n".join((out / f"{mode}-rank{r}.log").read_text()[-4000:] for r in failed)
         raise SystemExit(f"ranks {failed} of '{mode}' failed or timed out:\n{logs}")
@@ -111,14 +94,7 @@ def rank_main(mode: str, out: Path) -> None:
 
     warnings.simplefilter("ignore")
     if mode == "first":
-        full = trainer("full", save=False, crash=False)
-        full.train()
-        crashed = trainer("crashed", save=True, crash=True)
-        try:
-            crashed.train()
-        except RuntimeError as e:
-            assert "simulated crash" in str(e)
-        result = {"full": record(full), "crashed": record(crashed)}
+        result = tr._first(lambda save, crash: trainer("crashed" if crash else "full", save, crash), record)
     else:
         result = {}
         for k in tr.DDP_RESUME_FROM:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import sys
 import warnings
 from pathlib import Path
@@ -50,6 +49,8 @@ from transformers import (
 
 import tensorcanon
 from tensorcanon.integrations.transformers import CanonicalTrainer
+
+from support import no_unpickling
 
 torch.set_num_threads(1)  # tiny models: more threads only wait on each other (and on other tests' processes)
 
@@ -168,11 +169,8 @@ def _record(t: CanonicalTrainer) -> dict:
     return {"digest": digest(t), "steps": t.state.global_step, "losses": getattr(t, "losses", None)}
 
 
-def _refuse(*args, **kwargs):
-    raise AssertionError("torch.load / pickle was called while resuming")
-
-
-def _first(make) -> dict:
+def _first(make, record=_record) -> dict:
+    """The run that never stops and the one that crashes (saving checkpoints): ``record`` of each."""
     full = make(save=False, crash=False)
     full.train()
     crashed = make(save=True, crash=True)
@@ -180,16 +178,12 @@ def _first(make) -> dict:
         crashed.train()
     except RuntimeError as e:
         assert "simulated crash" in str(e)
-    return {"full": _record(full), "crashed": _record(crashed)}
+    return {"full": record(full), "crashed": record(crashed)}
 
 
 def _resume(t: CanonicalTrainer, checkpoint: Path) -> dict:
-    saved = torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler
-    torch.load = torch.serialization.load = pickle.load = pickle.loads = pickle.Unpickler = _refuse
-    try:
+    with no_unpickling("while resuming"):
         t.train(resume_from_checkpoint=str(checkpoint))
-    finally:
-        torch.load, torch.serialization.load, pickle.load, pickle.loads, pickle.Unpickler = saved
     return _record(t)
 
 
