@@ -794,7 +794,7 @@ def main(argv=None) -> int:
             rep.check("save large to a file object on disk, vs safetensors save_file", "≤ 1×",
                       f"{d_st:.2f}×", d_st <= 1,
                       f"{d_raw:.2f}× a plain raw write and {d_res:.2f}× a raw write that reserves the file's "
-                      "blocks first, as tensorcanon does (preallocate.py): on a disk file system, writing "
+                      "blocks first, as tensorcanon does (io/preallocate.py): on a disk file system, writing "
                       "into reserved blocks costs less, and closing a file that was truncated and rewritten "
                       "no longer starts writing it all back first (ext4)")
         mm_runs = runs if quick else max(runs, 21)

@@ -210,3 +210,28 @@ def test_a_subclass_that_adds_fields_must_be_registered_itself(registered):
     with pytest.raises(tc.UnsupportedTypeError, match="MoreConfig adds fields.*register\\(MoreConfig\\)"):
         tc.dumps({"c": MoreConfig(0.1, 1, None, 5)})
     assert tc.loads(tc.dumps(SameConfig(0.1, 1))) == Config(0.1, 1)  # no field lost
+
+
+class Complexish(complex):
+    pass
+
+
+@pytest.mark.parametrize("cls, written_as", [
+    (complex, "the tag 'complex'"), (dict, "the tag 'dict'"), (torch.Generator, "the tag 'rng.torch'"),
+    (torch.Tensor, "the tag 'tensor'"), (int, "a leaf"), (type(None), "a leaf"),
+])
+def test_a_class_the_format_writes_itself_cannot_be_registered(cls, written_as):
+    """Its own kind would win, and the registration would be silently ignored: refused, naming the kind."""
+    with pytest.raises(tc.UsageError, match=f"saved by the format itself, as {written_as}"):
+        tc.register(cls, encode=lambda v: 0, decode=lambda s: s)
+    assert tc.loads(tc.dumps({"v": cls(3) if cls in (complex, int) else None})) is not None
+
+
+def test_a_subclass_of_a_class_the_format_writes_can_be_registered():
+    tc.register(Complexish, name="test.Complexish", encode=lambda v: [v.real, v.imag],
+                decode=lambda s: Complexish(*s))
+    try:
+        back = tc.loads(tc.dumps({"z": Complexish(1, 2)}))["z"]
+        assert type(back) is Complexish and back == 1 + 2j
+    finally:
+        tc.unregister(Complexish)

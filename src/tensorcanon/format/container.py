@@ -16,14 +16,16 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring as encode_str  # json.dumps' own escaping (ensure_ascii=False)
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from . import dtypes, paths
 from .errors import FormatError, LimitError
 from .limits import Limits
+
+_R = TypeVar("_R")
 
 LENGTH_SIZE = 8
 ALIGN = 8
@@ -67,8 +69,28 @@ def size_problem(shape: Sequence[int], itemsize: int) -> str | None:
 
 
 def data_order(name: str, itemsize: int) -> tuple:
-    """Sort key of a tensor's data in the file: larger elements first, then name."""
+    """Sort key of a tensor's data in the file: larger elements first, then name (its UTF-8 bytes)."""
     return (-itemsize, name.encode("utf-8"))
+
+
+def in_data_order(rows: Iterable[_R], name: Callable[[_R], str], itemsize: Callable[[_R], int]) -> list[_R]:
+    """``rows`` sorted as their data lies in the file (docs/FORMAT.md §2.5): :func:`data_order`,
+    computed without a key tuple per row (a name is valid UTF-8, whose byte order is code point
+    order: sort by name, then stably by element size, larger first)."""
+    ordered = sorted(rows, key=name)
+    ordered.sort(key=itemsize, reverse=True)  # (reverse keeps equal sizes in name order: sort is stable)
+    return ordered
+
+
+def packed(sizes: Iterable[int]) -> tuple[list[int], int]:
+    """Where each of the tensors of ``sizes`` (bytes, in data order) starts in the data section
+    (each where the one before ends, the first at 0: §2.5, no padding), and the section's size."""
+    starts = []
+    position = 0
+    for n in sizes:
+        starts.append(position)
+        position += n
+    return starts, position
 
 
 @dataclass(frozen=True)

@@ -178,9 +178,11 @@ def from_safetensors(st: str) -> DType | None:
     return None if name is None else BY_NAME[name]
 
 
-def header_shape(row: DType, shape: tuple[int, ...]) -> list[int]:
-    """The shape written in the safetensors header for a tensor of ``shape``."""
+def header_shape(row: DType, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape written in the safetensors header for a tensor of ``shape`` (docs/FORMAT.md §4.1):
+    its own for a dtype safetensors knows, with one more dimension (the element size) for one it
+    does not, whose elements are stored as bytes. Decided here only."""
     if row.native:
-        return list(shape)
-    return [*shape, row.itemsize]
+        return shape
+    return (*shape, row.itemsize)
 

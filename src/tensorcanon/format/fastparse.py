@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 
-from . import container, manifest
+from . import container, dtypes, manifest
 from .errors import TensorCanonError
 from .limits import Limits
 
@@ -40,9 +40,8 @@ def parse(prefix: bytes, raw: bytes, file_size: int | None,
     if metadata is None or not manifest.claims(metadata):
         return None
     try:
-        m = manifest.read(metadata, limits)  # decode and read_table, in one pass
+        m = manifest.read_file(metadata, limits)  # decode, read_table and the devices, in one pass
         infos = m.tensors
-        manifest.apply_metadata(infos, metadata, m.version)
         built, data_size = manifest.canonical_header(infos, metadata)
     except (TensorCanonError, RecursionError, MemoryError):
         return None
@@ -51,13 +50,17 @@ def parse(prefix: bytes, raw: bytes, file_size: int | None,
     if file_size is not None and container.LENGTH_SIZE + len(raw) + data_size != file_size:
         return None  # truncated or trailing bytes: the full parse says which
     max_ndim = limits.max_ndim
+    header_shape = dtypes.header_shape
     for info in infos:
-        # A row named "__metadata__" would be a repeated header key, which the full parse refuses.
-        if len(info.shape) + (not info.dtype.native) > max_ndim or info.name == container.META:
+        # The header's shape has at most one dimension more than the row's, so only a row of
+        # max_ndim dimensions or more can exceed the limit. A row named "__metadata__" would be a
+        # repeated header key, which the full parse refuses.
+        if (len(info.shape) >= max_ndim and len(header_shape(info.dtype, info.shape)) > max_ndim) \
+                or info.name == container.META:
             return None
 
     def entries() -> list[container.Entry]:
-        return [container.Entry(i.name, i.dtype.st, tuple(container_shape(i)), i.begin, i.end)
+        return [container.Entry(i.name, i.dtype.st, dtypes.header_shape(i.dtype, i.shape), i.begin, i.end)
                 for i in sorted(infos, key=lambda r: r.begin)]
 
     header = container.Header(len(raw), None, metadata, data_size, built, make_entries=entries)
@@ -86,7 +89,3 @@ def find_metadata(raw: bytes) -> dict[str, str] | None:
         return None
     return metadata
 
-
-def container_shape(info: manifest.TensorInfo) -> tuple[int, ...]:
-    """The shape the header records for a table row (§4.1: an extra dimension for U8-stored dtypes)."""
-    return info.shape if info.dtype.native else (*info.shape, info.dtype.itemsize)

@@ -26,7 +26,7 @@ import math
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -52,9 +52,14 @@ _DEFAULT_ALGORITHM = digest.DEFAULT  # (inside Manifest, the name ``digest`` is 
 _BY_NAME = dtypes.BY_NAME
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class TensorInfo:
-    """One row of the tensor table, validated and matched to its header entry."""
+    """One row of the tensor table, validated and matched to its header entry; immutable.
+
+    A row is whole when the check that proves it returns it (:func:`parse`, :func:`read`,
+    :func:`read_file`, :func:`read_table`): its data's offsets in data order (docs/FORMAT.md
+    §2.5), its device and memory format from ``__metadata__``. Nothing changes it after.
+    """
 
     index: int
     name: str
@@ -71,6 +76,37 @@ class TensorInfo:
     @property
     def nbytes(self) -> int:
         return self.end - self.begin
+
+
+@dataclass(slots=True)
+class _Building:
+    """A table row while a check fills it in: TensorInfo's fields (its slots, in the same order),
+    assignable. It never leaves this module: :func:`_frozen` makes it a TensorInfo in place."""
+
+    index: int
+    name: str
+    dtype: dtypes.DType
+    shape: tuple[int, ...]
+    kind: str
+    requires_grad: bool
+    digest: bytes
+    device: str = "cpu"
+    begin: int = 0
+    end: int = 0
+    memory_format: str | None = None
+
+
+if _Building.__slots__ != TensorInfo.__slots__:
+    raise AssertionError("internal error: _Building and TensorInfo must have the same slots")
+
+
+def _frozen(rows: list[_Building]) -> list[TensorInfo]:
+    """``rows``, whose check is complete, as TensorInfo: the same objects, their class changed (the
+    two classes have the same slots, so each keeps its values). Building a frozen dataclass field
+    by field costs five times as much as this, on every row of a table of 20,000 tensors."""
+    for row in rows:
+        row.__class__ = TensorInfo  # type: ignore[assignment]
+    return cast("list[TensorInfo]", rows)
 
 
 @dataclass
@@ -206,7 +242,7 @@ def _entries(text: str, key: str, count: int, omit: str) -> Iterator[tuple[int, 
         yield int(index), value, item
 
 
-def _parse_memory_formats(text: str, infos: list[TensorInfo]) -> None:
+def _parse_memory_formats(text: str, infos: list[_Building]) -> None:
     """Apply ``__metadata__["tensorcanon.memory_formats"]`` to the table, accepting only canonical text."""
     key = KEY_MEMORY_FORMATS
     for index, name, item in _entries(text, key, len(infos), "when no tensor is channels-last"):
@@ -223,7 +259,7 @@ def _parse_memory_formats(text: str, infos: list[TensorInfo]) -> None:
         raise _bad(f"__metadata__[{key!r}] is not in canonical form (ascending indices, each index once)")
 
 
-def _parse_devices(text: str, infos: list[TensorInfo]) -> None:
+def _parse_devices(text: str, infos: list[_Building]) -> None:
     """Apply ``__metadata__["tensorcanon.devices"]`` to the table, accepting only canonical text."""
     for index, device in devices_of(text, len(infos), lambda i: infos[i].name).items():
         info = infos[index]
@@ -277,28 +313,29 @@ def parse(header: container.Header, limits: Limits) -> Manifest:
     """
     meta = header.metadata or {}
     decoded = decode(meta)
-    infos = read_table(decoded.obj["tensors"], decoded.algorithm, limits)
+    infos = _table(decoded.obj["tensors"], decoded.algorithm, limits)
     by_name = {e.name: e for e in header.entries}
     for info in infos:
         entry = by_name.get(info.name)
         if entry is None:
             raise _bad(f"tensor {info.name!r} is not in the header")
         want = dtypes.header_shape(info.dtype, info.shape)
-        if entry.dtype != info.dtype.st or list(entry.shape) != want:
+        if entry.dtype != info.dtype.st or entry.shape != want:
             raise _bad(
                 f"tensor {info.name!r} is {info.dtype.name}{list(info.shape)} here but the header says "
                 f"{entry.dtype}{list(entry.shape)}"
             )
-    apply_metadata(infos, meta, decoded.version)
+    _apply_metadata(infos, meta, decoded.version)
     if len(infos) != len(by_name):
         extra = sorted(set(by_name) - {i.name for i in infos})[:3]
         raise _bad(f"the header holds tensors the manifest does not list: {extra}")
-    if canonical_header(infos, header.metadata)[0] != header.raw:
+    rows = _placed(infos)
+    if canonical_header(rows, header.metadata)[0] != header.raw:
         raise FormatError(
             "header is not in canonical form (tensor order, offsets, key order, spacing or "
             "__metadata__ keys differ from what tensorcanon writes)", offset=container.LENGTH_SIZE,
         )
-    return decoded.manifest(infos)
+    return decoded.manifest(rows)
 
 
 @dataclass
@@ -375,7 +412,7 @@ def decode(meta: dict) -> Decoded:
     return Decoded(raw, obj, algorithm, actual, obj["version"])
 
 
-_BATCH = 256  # table rows decoded, checked canonical and turned into TensorInfo at a time
+_BATCH = 256  # table rows decoded, checked canonical and turned into table rows at a time
 
 
 def read(meta: dict, limits: Limits) -> Manifest:
@@ -391,6 +428,16 @@ def read(meta: dict, limits: Limits) -> Manifest:
     then turned into table rows and dropped. Loading many small tensors so
     leaves the garbage collector the rows only, not also a dict per row.
     """
+    return _read(meta, limits, False)
+
+
+def read_file(meta: dict, limits: Limits) -> Manifest:
+    """:func:`read`, each row with the device and memory format ``meta`` records for it (§9.2
+    item 7): the table as the file whose ``__metadata__`` is ``meta`` holds it (fastparse.py)."""
+    return _read(meta, limits, True)
+
+
+def _read(meta: dict, limits: Limits, with_metadata: bool) -> Manifest:
     raw = _manifest_bytes(meta)
     _, algorithm, recorded_raw = _recorded_digest(meta)
     actual = digest.manifest_digest(raw, algorithm)
@@ -402,8 +449,10 @@ def read(meta: dict, limits: Limits) -> Manifest:
         raise
     except Exception as e:  # noqa: BLE001 - msgpack raises many types for bad input
         raise _bad(f"is not valid, canonical msgpack ({type(e).__name__})") from None
-    return Manifest(raw=raw, root=root, meta=meta_tree, tensors=infos, digest=actual, algorithm=algorithm,
-                    version=version)
+    if with_metadata:
+        _apply_metadata(infos, meta, version)
+    return Manifest(raw=raw, root=root, meta=meta_tree, tensors=_placed(infos), digest=actual,
+                    algorithm=algorithm, version=version)
 
 
 def _map(obj: dict) -> dict:
@@ -437,7 +486,7 @@ def unpacker(raw: bytes) -> msgpack.Unpacker:
     return u
 
 
-def _stream(raw: bytes, algorithm: str, limits: Limits) -> tuple[Any, Any, list[TensorInfo], int]:
+def _stream(raw: bytes, algorithm: str, limits: Limits) -> tuple[Any, Any, list[_Building], int]:
     """The body of :func:`read`: ``(root, meta, table rows, version)`` of canonical manifest bytes."""
     u = unpacker(raw)
     unpack, tell = u.unpack, u.tell
@@ -462,8 +511,7 @@ def _stream(raw: bytes, algorithm: str, limits: Limits) -> tuple[Any, Any, list[
     view = memoryview(raw)
     if view[: len(head)] != head or tell() != len(head):
         raise _bad("is not in canonical form")
-    infos: list[TensorInfo] = []
-    seen: set[str] = set()
+    infos: list[_Building] = []
     size = digest.ALGORITHMS[algorithm]
     shapes: dict = {}
     i = 0
@@ -474,12 +522,10 @@ def _stream(raw: bytes, algorithm: str, limits: Limits) -> tuple[Any, Any, list[
         if pack(batch) != packer.pack_array_header(n) + raw[start : tell()]:
             raise _bad("is not in canonical form")
         for row in batch:
-            info = _row(i, row, algorithm, size, shapes)
-            if info.name in seen:
-                raise _bad(f"tensor name {info.name!r} appears twice")
-            seen.add(info.name)
-            infos.append(info)
+            infos.append(_row(i, row, algorithm, size, shapes))
             i += 1
+    if len({info.name for info in infos}) != count:  # (read_table names the first repeated name)
+        raise _bad("a tensor name appears twice")
     start = tell()
     if unpack() != "version":
         raise _bad("must end with 'version'")
@@ -491,7 +537,7 @@ def _stream(raw: bytes, algorithm: str, limits: Limits) -> tuple[Any, Any, list[
     return values[2], values[1], infos, version
 
 
-def apply_metadata(infos: list[TensorInfo], meta: dict, version: int) -> None:
+def _apply_metadata(infos: list[_Building], meta: dict, version: int) -> None:
     """Apply the devices and memory formats of ``__metadata__`` to a validated table (§9.2 item 7)."""
     if KEY_DEVICES in meta:
         _parse_devices(meta[KEY_DEVICES], infos)
@@ -501,41 +547,46 @@ def apply_metadata(infos: list[TensorInfo], meta: dict, version: int) -> None:
         _parse_memory_formats(meta[KEY_MEMORY_FORMATS], infos)
 
 
-def canonical_header(infos: list[TensorInfo], metadata: dict[str, str] | None) -> tuple[bytes, int]:
-    """``(header bytes, data size)`` a writer produces for this table (data order §2.5,
-    offsets, §4.1 header dtypes and shapes), giving each row its ``begin`` and ``end``."""
-    # Data order is (larger element size first, then name): sort by name, then stably by size.
-    # Names came from valid UTF-8, and for such strings code point order is UTF-8 byte order.
-    ordered = sorted(infos, key=_name)
-    ordered.sort(key=_neg_itemsize)
+def canonical_header(infos: Sequence[TensorInfo], metadata: dict[str, str] | None) -> tuple[bytes, int]:
+    """``(header bytes, data size)`` a writer produces for this table: each row's member at the
+    offsets the row holds (the functions that check a table place every row in data order,
+    §2.5), with its §4.1 header dtype and shape (:func:`dtypes.header_shape`)."""
     members: dict[str, str] = {}  # name -> member text (a dict, not pairs: no object per row)
-    # (dtype, shape) -> (bytes, header dims text): rows often share one. By the shape tuple's id,
-    # not its value: rows of one shape share one tuple (_shared), and a file can give many
-    # shapes one hash, which would make a dict of them take quadratic time.
+    # (dtype, shape) -> the member's dtype and shape text: rows often share one. By the shape
+    # tuple's id, not its value: rows of one shape share one tuple (_shared), and a file can give
+    # many shapes one hash, which would make a dict of them take quadratic time.
     per_shape: dict = {}
-    position = 0
+    size = 0
     enc = container.encode_str
-    for info in ordered:
+    header_shape = dtypes.header_shape
+    for info in infos:
         dt = info.dtype
         key = (dt.name, id(info.shape))
-        known = per_shape.get(key)
-        if known is None:
-            shape = info.shape if dt.native else (*info.shape, dt.itemsize)
-            known = per_shape[key] = (math.prod(info.shape) * dt.itemsize,
-                                      '","shape":[' + ",".join(map(str, shape)) + "]}")
-        end = position + known[0]
-        info.begin, info.end = position, end
+        text = per_shape.get(key)
+        if text is None:
+            text = per_shape[key] = f'"dtype":"{dt.st}","shape":[{",".join(map(str, header_shape(dt, info.shape)))}]}}'
+        begin, end = info.begin, info.end
         # container.entry_text, inline: one f-string per row
-        members[info.name] = f'{enc(info.name)}:{{"data_offsets":[{position},{end}],"dtype":"{dt.st}{known[1]}'
-        position = end
-    return container.assemble(members, metadata), position
+        members[info.name] = f'{enc(info.name)}:{{"data_offsets":[{begin},{end}],{text}'
+        size += end - begin
+    return container.assemble(members, metadata), size
+
+
+def _placed(rows: list[_Building]) -> list[TensorInfo]:
+    """The checked ``rows`` as TensorInfo, each given its data's offsets where the one layout of
+    a table puts them (data order, no gaps: docs/FORMAT.md §2.5), the only place a file may hold them."""
+    ordered = container.in_data_order(rows, _name, _itemsize)
+    starts, size = container.packed([math.prod(row.shape) * row.dtype.itemsize for row in ordered])
+    ends = [*starts[1:], size] if starts else []  # each ends where the next starts
+    frozen = TensorInfo
+    for row, begin, end in zip(ordered, starts, ends, strict=True):
+        row.begin, row.end = begin, end
+        row.__class__ = frozen  # type: ignore[assignment]  # (_frozen, inline: one pass over a large table)
+    return cast("list[TensorInfo]", rows)
 
 
 _name = operator.attrgetter("name")
-
-
-def _neg_itemsize(info: TensorInfo) -> int:
-    return -info.dtype.itemsize
+_itemsize = operator.attrgetter("dtype.itemsize")
 
 
 def unpack(raw: bytes) -> tuple[dict, str]:
@@ -583,13 +634,18 @@ def unpack(raw: bytes) -> tuple[dict, str]:
 
 
 def read_table(table: Any, algorithm: str, limits: Limits) -> list[TensorInfo]:
-    """Validate a manifest's tensor table (rows, dtypes, kinds, digest sizes, unique names)."""
+    """Validate a manifest's tensor table (rows, dtypes, kinds, digest sizes, unique names): its
+    rows on the CPU, each at its data's offsets in data order (§2.5)."""
+    return _placed(_table(table, algorithm, limits))
+
+
+def _table(table: Any, algorithm: str, limits: Limits) -> list[_Building]:
     if type(table) is not tuple:  # a msgpack array (see unpack)
         raise _bad("'tensors' must be a list")
     if len(table) > limits.max_tensors:
         raise LimitError(f"manifest lists {len(table)} tensors, over max_tensors={limits.max_tensors}",
                          limit="max_tensors")
-    infos: list[TensorInfo] = []
+    infos: list[_Building] = []
     seen: set[str] = set()
     size = digest.ALGORITHMS[algorithm]
     shapes: dict = {}
@@ -602,7 +658,29 @@ def read_table(table: Any, algorithm: str, limits: Limits) -> list[TensorInfo]:
     return infos
 
 
-def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> TensorInfo:
+def plain_table(header: container.Header) -> list[TensorInfo]:
+    """Table rows for a plain safetensors file (no manifest): one per header entry, in data order,
+    CPU tensors at the entry's offsets, without digests.
+
+    A dtype this torch lacks (``float8_e8m0fnu`` before torch 2.7...) is refused when
+    the tensor is read, naming it.
+    """
+    rows = []
+    for i, e in enumerate(header.entries):
+        dtype = dtypes.from_safetensors(e.dtype)
+        assert dtype is not None, e.dtype  # container.parse admits only the dtypes dtypes.py knows
+        rows.append(_Building(i, e.name, dtype, e.shape, "tensor", False, b"", "cpu", e.begin, e.end))
+    return _frozen(rows)
+
+
+def check_row(i: int, row: Any, algorithm: str) -> TensorInfo:
+    """Row ``i`` of a table (its decoded map), checked alone (every check of §5.3): on the CPU,
+    with no offsets, as the table alone gives it (lazyindex.py then takes its device and its
+    header entry's offsets, and makes the row it reads with them)."""
+    return _frozen([_row(i, row, algorithm, digest.size(algorithm), {})])[0]
+
+
+def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> _Building:
     """Row ``i`` of the table, validated (``size``: the algorithm's digest size).
 
     The common case of a valid row is checked in one pass; any failure goes
@@ -624,7 +702,7 @@ def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> TensorInf
                     break
             else:  # exact ints (checked): equal tuples are the same shape
                 if not container.too_large(shape, dtype.itemsize):
-                    return TensorInfo(i, name, dtype, _shared(shapes, shape), kind, rg, dg)
+                    return _Building(i, name, dtype, shapes.get(shape) or _shared(shapes, shape), kind, rg, dg)
     _row_error(i, row, algorithm)
     raise AssertionError("internal error: _row refused a row _row_error accepts")  # never reached
 

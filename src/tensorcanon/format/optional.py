@@ -14,7 +14,8 @@ binds the name through :func:`torch_module` (:func:`numpy_module`)::
 Type checkers see the module. At run time the name is a stand-in until the module is first used
 (any attribute: ``torch.empty``, ``np.ndarray``); then it is imported, the name is rebound to the
 real module in every such namespace (later uses cost nothing extra), and the hooks registered with
-:func:`on_load` run (they add the module's types to the encoder tables). If the program imported it
+:func:`on_load` run (format/tree.py's: the classes its node kinds name in the module, by
+``LazyType``, join the encoder's table; no other module fills a table here). If the program imported it
 before, the name is the module itself from the start. Without torch installed, its first use raises
 :class:`~tensorcanon.MissingDependencyError`: one line saying what to install.
 
@@ -33,7 +34,8 @@ from typing import Any
 
 from .errors import MissingDependencyError
 
-__all__ = ["INSTALL", "torch_module", "numpy_module", "load", "on_load", "ready", "imported", "available"]
+__all__ = ["INSTALL", "NAMES", "torch_module", "numpy_module", "load", "on_load", "ready", "imported",
+           "available"]
 
 INSTALL = "pip install 'tensorcanon[torch]'"
 """What installs everything: tensorcanon with PyTorch (docs/CLI.md, "Installing")."""
@@ -69,6 +71,9 @@ class _Lazy:
 
 
 _MODULES = {"torch": _Lazy("torch", "torch"), "numpy": _Lazy("numpy", "np")}
+
+NAMES = tuple(_MODULES)
+"""The modules imported on first use: ``("torch", "numpy")``."""
 
 
 def imported(name: str = "torch") -> ModuleType | None:
@@ -141,7 +146,10 @@ def load(name: str = "torch") -> ModuleType:
 
 
 def on_load(hook: Callable[[ModuleType], None], name: str = "torch") -> None:
-    """Call ``hook(module)`` once the module (torch, or numpy) is loaded: now if it is, else when it is."""
+    """Call ``hook(module)`` once the module (torch, or numpy) is loaded: now if it is, else when it is.
+
+    format/tree.py's hook gives the node kinds their classes of the module; a module that adds a
+    node kind names its classes with ``tree.LazyType`` and registers no hook of its own."""
     lazy = _MODULES[name]
     with _lock:
         if not lazy.ready:
@@ -153,7 +161,7 @@ def on_load(hook: Callable[[ModuleType], None], name: str = "torch") -> None:
 
 def ready() -> None:
     """Finish tensorcanon's set-up for torch and numpy if the program imported them itself since:
-    before encoding values, which may then be tensors or arrays (the encoder tables need their rows)."""
+    before encoding values, which may then be tensors or arrays (the node kinds need their classes)."""
     for name, lazy in _MODULES.items():
         if not lazy.ready and imported(name) is not None:
             load(name)

@@ -41,6 +41,16 @@ class Registration:
 _BY_TYPE: dict[type, Registration] = {}
 _BY_NAME: dict[str, Registration] = {}
 _BY_MRO: dict[type, Registration | None] = {}  # subclass lookups, cleared on every change
+#: Classes the format writes itself (a leaf, or a node kind of tree.register_kind): class -> what it
+#: is written as. register() refuses them: the format's own kind would win, and the registration
+#: would be silently ignored. Filled through :func:`reserve` only (by format/tree.py).
+_RESERVED: dict[type, str] = {}
+
+
+def reserve(cls: type, written_as: str) -> None:
+    """Mark ``cls`` as written by the format itself (``written_as``: "the tag 'complex'", ...), so
+    that :func:`register` refuses it. Called by tree.register_kind for each class of a node kind."""
+    _RESERVED[cls] = written_as
 
 Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]  # (encode, decode)
 
@@ -149,6 +159,10 @@ def register(
     """
     if not isinstance(cls, type):
         raise UsageError(f"register() takes a class, not {type(cls).__name__}")
+    if cls in _RESERVED:
+        raise UsageError(f"{cls.__module__}.{cls.__qualname__} is saved by the format itself, as "
+                         f"{_RESERVED[cls]}; it cannot be registered. Register a subclass "
+                         "of it instead to save its values another way")
     if name is None:
         name = f"{cls.__module__}.{cls.__qualname__}"
     if type(name) is not str or not name or not _is_unicode(name):

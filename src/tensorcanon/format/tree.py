@@ -2,28 +2,35 @@
 
 A node is a msgpack-native leaf (nil, bool, int, float64, str, bin), the
 big-int ext type, or a *tagged array* ``[tag, ...]`` whose first element names
-what it holds (``"dict"``, ``"tuple"``, ``"tensor"``...). Encoders are looked up
-by exact type in :data:`ENCODERS` and decoders by tag in :data:`DECODERS`:
-adding a type is adding a row to each. docs/FORMAT.md, "The object tree", is
-the normative description.
+what it holds (``"dict"``, ``"tuple"``, ``"tensor"``...). Each tag is a *node
+kind*: the tag, its decoder, and the Python types it encodes, each with its
+encoder. Every kind, this module's own and the random-state kinds of
+training/rng.py alike, is registered once through :func:`register_kind`; the
+encoder looks its encoder up by exact type and the decoder its decoder by tag in
+tables that only this module writes (read them through :func:`node_kinds` and
+:func:`kind_of`). docs/FORMAT.md, "The object tree", is the normative
+description.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import itertools
 import math
 import operator
+import sys
+import threading
 import types
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
 
 from . import codecs, container, devices, dtypes, optional, paths, registry, tensorbytes, walk
-from .errors import FormatError, LimitError, UnsupportedTypeError
+from .errors import FormatError, LimitError, UnsupportedTypeError, UsageError
 from .names import tensor_names  # the name rule lives in names.py (layout imports it from here too)
 from .ordering import KEY_TYPES, MAX_SAME_HASH, NO_KEY, UnorderableKey, crowded, sort_key, sorted_keys
 
@@ -101,7 +108,7 @@ class Encoder:
     """Turns one object into a tree of nodes and a table of tensors."""
 
     def __init__(self, max_depth: int) -> None:
-        optional.ready()  # if the program imported torch, its types are in ENCODERS
+        optional.ready()  # if the program imported torch, its types now have their node kinds
         self.max_depth = max_depth
         self.tensors: list[TensorSource] = []
         self._by_id: dict[int, int] = {}
@@ -111,7 +118,18 @@ class Encoder:
 
     # -- helpers
     def path(self) -> str:
+        """:meth:`current_path` as text (docs/FORMAT.md §3.1), as errors name it."""
         return paths.join(tuple(self._path))
+
+    @contextlib.contextmanager
+    def at(self, step: Any) -> Iterator[None]:
+        """Encode what the ``with`` block encodes one step below the current path, at ``step`` (a
+        key or an index): tensors found there, and errors, are named by that path."""
+        self._path.append(step)
+        try:
+            yield
+        finally:
+            self._path.pop()
 
     def unsupported(self, message: str) -> UnsupportedTypeError:
         return UnsupportedTypeError(f"{message} (at {self.path()})", path=self.path())
@@ -144,7 +162,7 @@ class Encoder:
                 return value
             return msgpack.ExtType(EXT_BIGINT, bigint_bytes(value))
         self.check_depth(depth)
-        enc = ENCODERS.get(t)
+        enc = _ENCODERS.get(t)
         if enc is not None:
             return enc(self, value, depth + 1)
         return self._fallback(value, depth + 1)
@@ -179,7 +197,7 @@ class Encoder:
     def enc_container(self, v: Any, depth: int) -> list:
         """list, tuple, dict, OrderedDict, set, frozenset: children in the order walk.container gives."""
         c = walk.container(v, self._ordered)
-        assert c is not None  # ENCODERS sends only the container types here
+        assert c is not None  # the container kinds send only the container types here
         path = self._path
         out: list[Any] = [c.tag]
         if c.tag in ("list", "tuple"):
@@ -297,6 +315,11 @@ class Encoder:
             device=device, requires_grad=v.requires_grad, memory_format=tensorbytes.memory_format(v),
         )
 
+    def enc_stored(self, v: tensorbytes.Stored, depth: int) -> list:
+        """A tensor of a plain safetensors file, as its bytes: planned and hashed without torch, with
+        the digest of the CPU tensor a load gives (tensorbytes.Stored)."""
+        return self.add_tensor(v, kind="tensor", dtype=v.dtype, shape=v.shape)
+
     def enc_ndarray(self, v: np.ndarray, depth: int) -> list:
         idx = self._by_id.get(id(v))
         if idx is not None:
@@ -341,28 +364,6 @@ class Encoder:
 _TEXT = (str, bytes)  # key types whose hash is random per process: never counted as crowding
 _KIND = {"dict": "dict", "odict": "OrderedDict", "set": "set", "frozenset": "frozenset"}
 _KEYS = {"dict": "keys", "odict": "keys", "set": "members", "frozenset": "members"}
-
-ENCODERS: dict[type, Callable[[Encoder, Any, int], Any]] = {
-    list: Encoder.enc_container,
-    tuple: Encoder.enc_container,
-    dict: Encoder.enc_container,
-    _OrderedDict: Encoder.enc_container,
-    set: Encoder.enc_container,
-    frozenset: Encoder.enc_container,
-    complex: Encoder.enc_complex,
-}
-
-
-def _torch_rows(torch: Any) -> None:
-    """torch's types, added to ENCODERS when torch is loaded (no value is one before: optional.py)."""
-    ENCODERS.update({torch.Size: Encoder.enc_size, torch.dtype: Encoder.enc_dtype,
-                     torch.device: Encoder.enc_device, torch.Tensor: Encoder.enc_tensor,
-                     torch.nn.Parameter: Encoder.enc_tensor})
-
-
-optional.on_load(_torch_rows)
-optional.on_load(lambda np: ENCODERS.update({np.ndarray: Encoder.enc_ndarray}), "numpy")
-
 
 def unsaveable_message(v: Any) -> str:
     """Why ``v`` (of a type nothing encodes) cannot be saved, and what to save instead."""
@@ -449,7 +450,27 @@ class Decoder:
         return self.decode(node)
 
     def error(self, message: str) -> FormatError:
-        return FormatError(f"manifest: {message} at {paths.join(tuple(self._path))}")
+        """A FormatError saying ``message`` at the current path."""
+        return FormatError(f"manifest: {message} at {self.path()}")
+
+    def current_path(self) -> tuple:
+        """The path (keys and indices from the root) of the node being decoded."""
+        return tuple(self._path)
+
+    def path(self) -> str:
+        """:meth:`current_path` as text (docs/FORMAT.md §3.1), as errors name it."""
+        return paths.join(tuple(self._path))
+
+    @contextlib.contextmanager
+    def at(self, step: Any) -> Iterator[None]:
+        """Decode what the ``with`` block decodes one step below the current path, at ``step`` (a
+        key, an index, or a part's name such as ``"bit_generator"``): errors, and the paths
+        recorded for tensors, then name it."""
+        self._path.append(step)
+        try:
+            yield
+        finally:
+            self._path.pop()
 
     def check_depth(self, depth: int) -> None:
         """Reject a tagged array at ``depth`` (the root is at 0) unless ``depth < max_depth``.
@@ -459,8 +480,8 @@ class Decoder:
         """
         if depth >= self.max_depth:
             raise LimitError(
-                f"manifest: object nested deeper than max_depth={self.max_depth} at "
-                f"{paths.join(tuple(self._path))}", limit="max_depth",
+                f"manifest: object nested deeper than max_depth={self.max_depth} at {self.path()}",
+                limit="max_depth",
             )
 
     def decode(self, node: Any, depth: int = 0) -> Any:
@@ -474,7 +495,7 @@ class Decoder:
         self.check_depth(depth)
         if not node or type(node[0]) is not str:
             raise self.error("a tagged array must start with a str tag")
-        dec = DECODERS.get(node[0])
+        dec = _DECODERS.get(node[0])
         if dec is None:
             raise self.error(f"unknown tag {node[0]!r}")
         return dec(self, node, depth + 1)
@@ -718,7 +739,7 @@ class Decoder:
         if type(name) is not str:
             raise self.error("'obj' needs a str type name")
         reg = registry.by_name(name)
-        where = paths.join(tuple(self._path))
+        where = self.path()
         if not self.build_objects:  # structural check only (verify)
             self.decode(state, depth)
             return None
@@ -738,21 +759,254 @@ class Decoder:
             raise FormatError(f"manifest: could not rebuild {name!r} at {where}: {e!r}") from e
 
 
-DECODERS: dict[str, Callable[[Decoder, list, int], Any]] = {
-    "list": Decoder.dec_list,
-    "tuple": Decoder.dec_tuple,
-    "dict": Decoder.dec_dict,
-    "odict": Decoder.dec_odict,
-    "set": Decoder.dec_set,
-    "frozenset": Decoder.dec_frozenset,
-    "complex": Decoder.dec_complex,
-    "size": Decoder.dec_size,
-    "dtype": Decoder.dec_dtype,
-    "device": Decoder.dec_device,
-    "np.scalar": Decoder.dec_numpy_scalar,
-    "tensor": Decoder.dec_tensor,
-    "obj": Decoder.dec_obj,
-}
+# --------------------------------------------------------------------------- node kinds
+
+
+EncodeFn = Callable[[Encoder, Any, int], Any]
+"""``encode(encoder, value, depth)``: the node of ``value``, whose own node sits at ``depth - 1``. It
+encodes children with ``encoder.encode(child, depth)`` (under ``encoder.at(step)`` to name their
+path), calls ``encoder.check_depth`` for each level of tagged arrays it builds itself, and refuses
+a value with ``raise encoder.unsupported(why)``."""
+
+DecodeFn = Callable[[Decoder, Sequence[Any], int], Any]
+"""``decode(decoder, node, depth)``: the value of ``node`` (a list or a tuple: ``ARRAYS``) whose tag
+picked it, its children at ``depth``. It checks every argument, decodes children with
+``decoder.decode(child, depth)`` (under ``decoder.at(step)``), calls ``decoder.check_depth`` for
+each level it walks itself, rejects a node with ``raise decoder.error(why)``, and builds nothing
+(returns None) when ``decoder.build_objects`` is false."""
+
+
+@dataclass(frozen=True)
+class LazyType:
+    """A class of torch or numpy named by its module and attribute path (``LazyType("torch",
+    "nn.Parameter")``, ``LazyType("numpy", "random.Generator")``): a node kind lists it without
+    importing the module, and its encoder applies once the module is loaded (format/optional.py)."""
+
+    module: str     # one of optional.NAMES: "torch" or "numpy"
+    attribute: str  # dotted, from the module: "Size", "nn.Parameter", "random.Generator"
+
+    def __post_init__(self) -> None:
+        if self.module not in optional.NAMES:
+            raise UsageError(
+                f"LazyType({self.module!r}, {self.attribute!r}): only the modules tensorcanon imports on "
+                f"first use ({', '.join(optional.NAMES)}) are named; list a class of any other module as "
+                "the class itself")
+        if type(self.attribute) is not str or not all(p.isidentifier() for p in self.attribute.split(".")):
+            raise UsageError(f"LazyType({self.module!r}, {self.attribute!r}): the attribute must be a dotted "
+                             "name, such as 'nn.Parameter'")
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.attribute}"
+
+    def resolve(self, module: types.ModuleType) -> type:
+        """The class in the loaded ``module``; UsageError if it holds no such class."""
+        value: Any = module
+        for part in self.attribute.split("."):
+            value = getattr(value, part, None)
+        if not isinstance(value, type):
+            version = getattr(module, "__version__", "?")
+            raise UsageError(f"{self} is not a class in this {self.module} ({version}): a node kind lists it; "
+                             "correct the name given to LazyType")
+        return value
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """One tag of the tree (docs/FORMAT.md §6.2, §6.7) as :func:`register_kind` registered it: its
+    decoder, and the types it encodes (classes, or :class:`LazyType` names), each with its encoder.
+
+    A kind may list no types: numpy scalars (``np.scalar``, every subclass of ``numpy.generic``)
+    and registered classes (``obj``, format/registry.py) are found by the encoder's fallback,
+    after the exact-type lookup misses.
+    """
+
+    tag: str
+    decode: DecodeFn
+    encoders: tuple[tuple[type | LazyType, EncodeFn], ...] = ()
+
+    @property
+    def types(self) -> tuple[type | LazyType, ...]:
+        return tuple(t for t, _ in self.encoders)
+
+    @property
+    def origin(self) -> str:
+        """The module that registered the kind (its decoder's module)."""
+        return str(getattr(self.decode, "__module__", None) or "an unknown module")
+
+
+# The tables, written by register_kind and _loaded only (under _lock). Encoder.encode and
+# Decoder.decode read _ENCODERS and _DECODERS directly: one dict lookup per node.
+_KINDS: dict[str, NodeKind] = {}                  # tag -> its kind, in registration order
+_DECODERS: dict[str, DecodeFn] = {}               # tag -> decoder
+_ENCODERS: dict[type, EncodeFn] = {}              # exact type -> encoder (a LazyType's once resolved)
+_KIND_OF: dict[type, NodeKind] = {}               # exact type -> its kind
+_WAITING: dict[str, list[tuple[LazyType, EncodeFn, NodeKind]]] = {name: [] for name in optional.NAMES}
+_LOADED: dict[str, types.ModuleType] = {}         # the modules of optional.NAMES loaded so far
+_lock = threading.RLock()
+_LEAVES = (str, float, bool, type(None), bytes, int)  # Encoder.encode writes them before any lookup
+for _leaf in _LEAVES:
+    registry.reserve(_leaf, "a leaf (docs/FORMAT.md §6.1)")
+
+DECODERS: Mapping[str, DecodeFn] = types.MappingProxyType(_DECODERS)
+"""A read-only view of the decoders by tag, for code written before :func:`node_kinds`."""
+
+
+def _type_name(t: type | LazyType) -> str:
+    return str(t) if isinstance(t, LazyType) else f"{t.__module__}.{t.__qualname__}"
+
+
+def _taken(t: type | LazyType, by: NodeKind) -> UsageError:
+    return UsageError(f"{_type_name(t)} is already encoded by the node kind {by.tag!r} (registered by "
+                      f"{by.origin}): a type has one node kind; register the new kind without it")
+
+
+def register_kind(tag: str, decode: DecodeFn,
+                  encoders: Mapping[type | LazyType, EncodeFn] | None = None) -> NodeKind:
+    """Register the node kind ``tag``: ``decode`` (a :data:`DecodeFn`) builds the value of every
+    ``[tag, ...]`` node, and ``encoders`` maps each Python type whose values it writes (by exact
+    type, not subclasses) to its :data:`EncodeFn`. A class of torch or numpy is named by a
+    :class:`LazyType`, so that registering imports neither: its encoder applies once the module
+    is loaded (at once if it is).
+
+    The one way a tag or a type enters the tables; each is registered once. A tag or a type that
+    another kind has, or a leaf type (``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``:
+    docs/FORMAT.md §6.1), raises :class:`~tensorcanon.UsageError` and registers nothing. A
+    :class:`LazyType` naming the class of another kind under another name is found when its module
+    loads, and raises then. A tag is a format rule: docs/FORMAT.md lists every one.
+
+    Example (training/rng.py)::
+
+        tree.register_kind("rng.random", _dec_random, {random.Random: _enc_random})
+        tree.register_kind("rng.torch", _dec_torch, {tree.LazyType("torch", "Generator"): _enc_torch})
+    """
+    if type(tag) is not str or not tag:
+        raise UsageError(f"register_kind() takes a non-empty str tag, not {tag!r}")
+    if not callable(decode):
+        raise UsageError(f"register_kind({tag!r}): decode must be a function (decoder, node, depth) -> value, "
+                         f"not {type(decode).__name__}")
+    pairs = tuple((encoders or {}).items())
+    for t, enc in pairs:
+        if not isinstance(t, (type, LazyType)):
+            raise UsageError(f"register_kind({tag!r}): encoders are keyed by a class or a LazyType, not {t!r}")
+        if t in _LEAVES:
+            raise UsageError(f"register_kind({tag!r}): {t.__qualname__} values are leaves (docs/FORMAT.md §6.1), "
+                             "written as they are before any node kind is looked up; they cannot have a kind")
+        if not callable(enc):
+            raise UsageError(f"register_kind({tag!r}): the encoder of {_type_name(t)} must be a function "
+                             f"(encoder, value, depth) -> node, not {type(enc).__name__}")
+    kind = NodeKind(tag, decode, pairs)
+    with _lock:
+        old = _KINDS.get(tag)
+        if old is not None:
+            raise UsageError(f"the tag {tag!r} is already registered (by {old.origin}): a tag has one node "
+                             "kind; register it once, or choose another tag")
+        now: dict[type, EncodeFn] = {}
+        later: list[tuple[LazyType, EncodeFn]] = []
+        for t, enc in pairs:
+            if isinstance(t, LazyType) and t.module not in _LOADED:
+                held = next((k for ref, _, k in _WAITING[t.module] if ref == t), None)
+                if held is not None:
+                    raise _taken(t, held)
+                later.append((t, enc))
+                continue
+            cls = t.resolve(_LOADED[t.module]) if isinstance(t, LazyType) else t
+            held = _KIND_OF.get(cls)
+            if held is not None or cls in now:
+                raise _taken(t, held or kind)
+            now[cls] = enc
+        _KINDS[tag] = kind
+        _DECODERS[tag] = decode
+        for cls, enc in now.items():
+            _ENCODERS[cls] = enc
+            _KIND_OF[cls] = kind
+            registry.reserve(cls, f"the tag {tag!r} (docs/FORMAT.md §6)")
+        for ref, enc in later:
+            _WAITING[ref.module].append((ref, enc, kind))
+    return kind
+
+
+def _loaded(module: types.ModuleType) -> None:
+    """optional's hook for torch and numpy: ``module`` is loaded, and the classes the node kinds
+    name in it (LazyType) join the encoder's table."""
+    clashes = []
+    with _lock:
+        for ref, enc, kind in _WAITING.pop(module.__name__, []):
+            try:
+                cls = ref.resolve(module)
+                held = _KIND_OF.get(cls)
+                if held is not None:
+                    raise _taken(ref, held)
+            except UsageError as e:
+                clashes.append(str(e))
+                continue
+            _ENCODERS[cls] = enc
+            _KIND_OF[cls] = kind
+            registry.reserve(cls, f"the tag {kind.tag!r} (docs/FORMAT.md §6)")
+        _LOADED[module.__name__] = module
+    if clashes:
+        raise UsageError(f"{module.__name__} was loaded, but the node kinds that name its classes clash: "
+                         + "; ".join(clashes))
+
+
+def node_kinds() -> tuple[NodeKind, ...]:
+    """Every registered node kind, in registration order (tree's own first)."""
+    with _lock:
+        return tuple(_KINDS.values())
+
+
+def kind_of(cls: type) -> NodeKind | None:
+    """The node kind that encodes values of exactly the type ``cls``, None if none does (a leaf, a
+    registered class, a numpy scalar, or any other type). A program's own import of torch or numpy
+    counts: their classes are looked up as the encoder would."""
+    optional.ready()
+    return _KIND_OF.get(cls)
+
+
+for _name in optional.NAMES:
+    optional.on_load(_loaded, _name)
+
+register_kind("list", Decoder.dec_list, {list: Encoder.enc_container})
+register_kind("tuple", Decoder.dec_tuple, {tuple: Encoder.enc_container})
+register_kind("dict", Decoder.dec_dict, {dict: Encoder.enc_container})
+register_kind("odict", Decoder.dec_odict, {_OrderedDict: Encoder.enc_container})
+register_kind("set", Decoder.dec_set, {set: Encoder.enc_container})
+register_kind("frozenset", Decoder.dec_frozenset, {frozenset: Encoder.enc_container})
+register_kind("complex", Decoder.dec_complex, {complex: Encoder.enc_complex})
+register_kind("size", Decoder.dec_size, {LazyType("torch", "Size"): Encoder.enc_size})
+register_kind("dtype", Decoder.dec_dtype, {LazyType("torch", "dtype"): Encoder.enc_dtype})
+register_kind("device", Decoder.dec_device, {LazyType("torch", "device"): Encoder.enc_device})
+register_kind("np.scalar", Decoder.dec_numpy_scalar)  # every numpy.generic: Encoder._fallback
+register_kind("tensor", Decoder.dec_tensor, {
+    LazyType("torch", "Tensor"): Encoder.enc_tensor,
+    LazyType("torch", "nn.Parameter"): Encoder.enc_tensor,
+    LazyType("numpy", "ndarray"): Encoder.enc_ndarray,
+    tensorbytes.Stored: Encoder.enc_stored,
+})
+register_kind("obj", Decoder.dec_obj)  # the classes of format/registry.py: Encoder._fallback
+
+
+def decode_manifest(root: Any, meta: Any, names: list[str], version: int, max_depth: int,
+                    values: list | None = None, uses: bool = False) -> tuple[Any, Decoder]:
+    """Every rule of docs/FORMAT.md §6 on a manifest's object tree, its table's names and order
+    (:meth:`Decoder.check_table`) and its user metadata tree: the one structural check of a file,
+    for every reader (the file reader, the sharded index). With ``values`` (one per table row)
+    the object is built, else nothing is; with ``uses``, every tensor use is recorded.
+    Returns ``(object or None, the decoder)``."""
+    decoder = Decoder(values if values is not None else [None] * len(names), max_depth,
+                      build_objects=values is not None)
+    if uses:
+        decoder.uses = []
+    try:
+        obj = decoder.decode(root)
+    except RecursionError:
+        raise FormatError(
+            "manifest: the object tree is nested deeper than Python's recursion limit "
+            f"({sys.getrecursionlimit()}) allows to decode, although within max_depth="
+            f"{max_depth}; files saved with the default limits never are") from None
+    decoder.check_table(names, version)
+    if meta is not None:
+        Decoder([], max_depth, build_objects=False).decode_metadata(meta)
+    return obj, decoder
 
 
 def nodes(root: Any, tensor_count: int, max_depth: int) -> list[tuple[tuple, Any]]:

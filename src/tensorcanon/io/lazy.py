@@ -5,12 +5,13 @@ one tensor relies on (lazyindex.py): the header length, and that the
 manifest is the one the recorded file digest covers. Reading a tensor then
 checks its table row and header entry and hashes its bytes (once), so what
 it returns is exactly what was saved, in a few hundred microseconds for a
-file of a thousand tensors. Everything else :func:`tensorcanon.load` checks
-(the canonical form of the header, the manifest and the object tree) is
-checked the first time something needs the whole file: :meth:`LazyFile.keys`,
-``len``, iteration, :meth:`LazyFile.check`, a path or name the quick lookup
-cannot resolve, ``verify=False`` (checked in full at open, as nothing is
-hashed then) or a plain safetensors file.
+file of a thousand tensors: a :class:`reader.RowReader` reads the rows so
+proven. Everything else :func:`tensorcanon.load` checks (the canonical form
+of the header, the manifest and the object tree) is checked the first time
+something needs the whole file, by making the file's :class:`reader.CheckedFile`:
+:meth:`LazyFile.keys`, ``len``, iteration, :meth:`LazyFile.check`, a path or
+name the quick lookup cannot resolve, ``verify=False`` (checked in full at
+open, as nothing is hashed then) or a plain safetensors file.
 """
 
 from __future__ import annotations
@@ -59,16 +60,14 @@ class LazyFile(Mapping):
             self.path = "<bytes>"
             self._src = source.Source(data=path)
         elif isinstance(path, storage.Location):  # an object in a store: ranged reads
-            from . import remote
-
             self.path = path.display
-            self._src = remote.source(path.but(sequential=False))
+            self._src = source.of_object(path.but(sequential=False))
         else:
             self.path = os.fspath(path)
             self._src = source.map_file(self.path)
         self._full: reader.CheckedFile | None = None
         self._quick: lazyindex.QuickIndex | None = None
-        self._quick_reader: reader.CheckedFile | None = None
+        self._quick_reader: reader.RowReader | None = None  # reads the rows self._quick proves
         self._verified: set[int] = set()
         self._paths: dict[str, int] | None = None  # path text -> table index (_path_index)
         try:
@@ -93,8 +92,11 @@ class LazyFile(Mapping):
         """The file checked in full (as load checks it, without hashing tensor data); once."""
         if self._full is None:
             src = self._open_src()
-            src.seek(0)
-            f = reader.CheckedFile(src, self._limits)
+            q = self._quick
+            if q is None:
+                src.seek(0)
+            # (the header bytes the quick index read: every check is made on them again)
+            f = reader.CheckedFile(src, self._limits, raw_header=None if q is None else (q.prefix, q.raw))
             f.check_tree()  # the whole tree, building nothing (paths only when asked: _path_index)
             self._by_name = {r.name: r.index for r in f.rows}
             self._full = f
@@ -201,7 +203,7 @@ class LazyFile(Mapping):
                 return _MISSING
             info = q.info(idx)
             if self._quick_reader is None:
-                self._quick_reader = reader.CheckedFile(src, self._limits, checked=(q.header(), _stub(q)))
+                self._quick_reader = reader.RowReader(src, self._limits, q.data_start, q.algorithm)
             check = idx not in self._verified
             value = self._quick_reader.read_row(info, map_location=self.map_location, verify=check)
         except (lazyindex.NotQuick, TensorCanonError):
@@ -244,13 +246,6 @@ def digest_text(q: lazyindex.QuickIndex) -> str:
     from ..format import digest
 
     return digest.to_text(q.digest, q.algorithm)
-
-
-def _stub(q: lazyindex.QuickIndex) -> Any:
-    """A manifest with no table: reading rows proven one at a time needs only the algorithm."""
-    from ..format.manifest import Manifest
-
-    return Manifest(raw=q.manifest, root=None, meta=None, tensors=[], digest=q.digest, algorithm=q.algorithm)
 
 
 def open(path: str | os.PathLike | bytes, *, map_location: Any = None, verify: bool = True,

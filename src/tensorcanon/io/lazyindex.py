@@ -6,28 +6,49 @@ rebuilt, the object tree walked. Reading one tensor of a thousand needs far
 less to be proven, so :class:`QuickIndex` checks, before ``open`` returns:
 
 - the header length (against the limits and the file size);
-- ``__metadata__``'s keys, and that the manifest it holds is the one the
-  recorded file digest was computed from (so every table row and the whole
+- ``__metadata__`` as a canonical header holds it (fastparse.find_metadata: the
+  first ``"__metadata__":{...}`` in the header's bytes, its values str): its
+  keys, no memory formats, and that the manifest its base64 holds is the one
+  the recorded file digest was computed from (so every table row and the whole
   object tree are exactly what was saved);
 - the manifest's outline: the top-level keys in order, the algorithm the
-  digest names, a supported version, the table's length within the limits.
+  digest names, a supported version, the table's length within the limits;
+  the devices text in canonical form for a table of that length.
 
-and for each tensor read: its table row (every check of §5.3), the header
-entry for it (exactly one, in the canonical form for that row, inside the
-file) and its bytes against its digest. A path is found by following the
-tree from the root, checking each container on the way holds the key once.
+and for each tensor read, by its path or stored name (:meth:`QuickIndex.index_of`):
 
-Anything unexpected raises :class:`NotQuick`; the caller then checks the
-whole file as :func:`tensorcanon.load` does, which raises the precise error
-(or finds the file valid after all). Checks of the file as a whole (canonical
-encodings, the header of every tensor, the table's order and names, every
-node of the tree) are made the first time anything needs the whole file.
+- the path: followed from the root, each container on the way a dict, an
+  OrderedDict (by a key other than ``_metadata``, its metadata slot's path), a
+  list or a tuple holding the key once (registered objects' states add no
+  component), ending at a tensor node within the table and within the limits'
+  max_depth; a name: the one table row whose name it is;
+- its table row (:meth:`QuickIndex.info`): every check of §5.3, decoded alone
+  from its bytes in the manifest; its device from the devices text (none for
+  an ndarray); a name other than ``__metadata__``;
+- its header member: exactly one ``"<name>":{"data_offsets":[`` that starts a
+  member (after ``{`` or ``,``), whose text is exactly the canonical member for
+  that row (dtype, shape as dtypes.header_shape gives it, within max_ndim,
+  offsets) followed by ``,`` or ``}``, its size the row's, inside the file;
+- its bytes against its row's digest (the reader, when it reads them).
+
+So a row it gives is the row the full check gives, for every file the full
+check accepts (tests/test_lazyindex_differential.py). What it does not prove is
+the file as a whole: that the header is valid, canonical JSON with no other
+member or key out of place, the other rows, the canonical encodings of the
+manifest and its base64, the data section's size and every node of the tree.
+Those are checked the first time anything needs the whole file, and a file that
+fails them is refused then; a tensor whose own row, member and bytes are proven
+is read before that even from such a file (damage elsewhere does not block it).
+Anything unexpected raises :class:`NotQuick`; the caller then checks the whole
+file as :func:`tensorcanon.load` does, which raises the precise error (or finds
+the file valid after all).
 """
 
 from __future__ import annotations
 
 import base64
 import bisect
+import dataclasses
 import json
 import re
 from json.encoder import encode_basestring
@@ -35,7 +56,7 @@ from typing import Any
 
 import msgpack
 
-from ..format import container, digest, fastparse, manifest, paths
+from ..format import container, digest, dtypes, fastparse, manifest, paths
 from ..format.errors import FormatError
 from ..format.limits import Limits
 from ..format.manifest import TensorInfo
@@ -62,7 +83,8 @@ class QuickIndex:
 
     def __init__(self, src: Source, limits: Limits) -> None:
         prefix, raw = container.read_raw(src.read, src.size, limits)
-        self.raw = raw
+        self.prefix, self.raw = prefix, raw  # (reader.CheckedFile takes them as they are: raw_header)
+        self._max_ndim, self._max_depth = limits.max_ndim, limits.max_depth
         self.data_start = container.LENGTH_SIZE + len(raw)
         self.file_size = src.size
         meta = fastparse.find_metadata(raw)
@@ -140,11 +162,12 @@ class QuickIndex:
                 self._root = msgpack.unpackb(self.manifest[a:b], **manifest.UNPACK_OPTIONS)  # as unpack does
             except Exception:  # noqa: BLE001 - any failure: the full checks name the problem
                 raise NotQuick from None
-        node = self._root
+        node, depth = self._root, 0  # depth: of node, counted as the decoder counts it (tagged arrays)
         for c in trail:
-            node = _unwrap(node)
+            node, depth = _unwrap(node, depth)
             if type(node) is not tuple or not node:
                 return None
+            depth += 1
             tag = node[0]
             if tag == "dict" or tag == "odict":
                 if (tag == "odict" and c == METADATA) or (len(node) - first_item(tag)) % 2:
@@ -159,9 +182,9 @@ class QuickIndex:
                 node = node[c + 1]
             else:
                 return None
-        node = _unwrap(node)
+        node, depth = _unwrap(node, depth)
         if type(node) is tuple and len(node) == 2 and node[0] == "tensor" and type(node[1]) is int \
-                and 0 <= node[1] < self.count:
+                and 0 <= node[1] < self.count and depth < self._max_depth:
             return node[1]
         return None
 
@@ -191,21 +214,18 @@ class QuickIndex:
     def info(self, i: int) -> TensorInfo:
         """Row ``i``, validated, with its device and its header entry's offsets."""
         try:
-            info = manifest._row(i, self._row_object(i), self.algorithm, digest.size(self.algorithm), {})
+            row = manifest.check_row(i, self._row_object(i), self.algorithm)
         except FormatError:
             raise NotQuick from None
-        device = self.devices.get(i)
-        if device is not None:
-            if info.kind == "ndarray":
-                raise NotQuick
-            info.device = device
-        if info.name == container.META:
+        device = self.devices.get(i, "cpu")
+        if (device != "cpu" and row.kind == "ndarray") or row.name == container.META:
             raise NotQuick
-        info.begin, info.end = self._entry(info)
-        return info
+        begin, end = self._entry(row)
+        return dataclasses.replace(row, device=device, begin=begin, end=end)
 
     def _entry(self, info: TensorInfo) -> tuple[int, int]:
-        """``(begin, end)`` from the one header member for ``info``, which must be canonical."""
+        """``(begin, end)`` from the one header member for ``info`` (a row without offsets yet),
+        which must be canonical."""
         raw = self.raw
         key = (encode_basestring(info.name) + _OFFSETS).encode("utf-8")
         at, where = raw.find(key), -1
@@ -223,7 +243,9 @@ class QuickIndex:
             raise NotQuick
         begin, end = int(numbers[0]), int(numbers[1])
         dt = info.dtype
-        shape = fastparse.container_shape(info)
+        shape = dtypes.header_shape(dt, info.shape)
+        if len(shape) > self._max_ndim:
+            raise NotQuick
         text = container.entry_text(info.name, dt.st, shape, begin, end).encode("utf-8")
         after = where + len(text)
         if raw[where:after] != text or raw[after : after + 1] not in (b",", b"}"):
@@ -236,17 +258,13 @@ class QuickIndex:
             raise NotQuick
         return begin, end
 
-    def header(self) -> container.Header:
-        """A header for reading tensors at the offsets :meth:`info` gives (no entries of its own)."""
-        size = (self.file_size or self.data_start) - self.data_start
-        return container.Header(len(self.raw), [], None, size, self.raw)
 
-
-def _unwrap(node: Any) -> Any:
-    """A registered object's state: it adds no path component (walk.py)."""
+def _unwrap(node: Any, depth: int) -> tuple[Any, int]:
+    """A registered object's state, and its depth: it adds no path component (walk.py), but its
+    ``obj`` node is one level of the tree."""
     while type(node) is tuple and len(node) == 3 and node[0] == "obj":
-        node = node[2]
-    return node
+        node, depth = node[2], depth + 1
+    return node, depth
 
 
 def _parse_path(key: str) -> tuple | None:

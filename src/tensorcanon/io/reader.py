@@ -9,6 +9,11 @@ placed on its device; the object tree is rebuilt last, so no partial object is
 ever returned. ``load``, ``verify``, ``read_metadata``, ``tensorcanon.open``,
 ``diff``, the command line and the distributed reader all go through it.
 
+The reading of tensors itself is :class:`RowReader`, which CheckedFile extends:
+it reads the tensor a proven table row describes and checks nothing else. Only
+``tensorcanon.open`` uses it alone, for the rows lazyindex.py proves one at a
+time before the whole file is checked.
+
 docs/FORMAT.md §9 ("Reading") is the normative list of checks.
 """
 
@@ -18,13 +23,12 @@ import contextlib
 import io
 import os
 import stat
-import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from ..format import container, digest, dtypes, fastparse, manifest, optional, paths, tensorbytes, tree
+from ..format import container, digest, fastparse, manifest, optional, paths, tensorbytes, tree
 from ..format.errors import FormatError, IntegrityError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.manifest import TensorInfo
@@ -52,69 +56,28 @@ def _begin(info: TensorInfo) -> int:
     return info.begin
 
 
-def _plain_rows(header: container.Header) -> list[TensorInfo]:
-    """Table rows for a plain safetensors file (no manifest): CPU tensors, no digests.
+class RowReader:
+    """Reads tensors from a file's data section, each by a table row its caller has proven.
 
-    A dtype this torch lacks (``float8_e8m0fnu`` before torch 2.7...) is refused when
-    the tensor is read, naming it.
-    """
-    rows = []
-    for i, e in enumerate(header.entries):
-        dtype = dtypes.from_safetensors(e.dtype)
-        assert dtype is not None, e.dtype  # container.parse admits only the dtypes dtypes.py knows
-        rows.append(TensorInfo(i, e.name, dtype, e.shape, "tensor", False, b"", "cpu", e.begin, e.end))
-    return rows
-
-
-class CheckedFile:
-    """A tensorcanon file (or a plain safetensors file) whose header and manifest passed every check.
-
-    Make one with :func:`open_file`. ``rows`` is the tensor table (table order;
-    for a plain file, one row per header entry in file order, without digests).
-    Reading methods: :meth:`load` (the whole object), :meth:`read_all` (every
-    tensor, in file order: works on streams), :meth:`read` (one tensor: needs a
-    path, bytes or a seekable file), :meth:`verify` (hash every byte, return the
-    digest), :meth:`metadata`. Structure: :meth:`uses` (every place a tensor
-    occurs, by path), :meth:`tensor_path`, :meth:`devices`.
-
-    Example::
-
-        with reader.open_file("ckpt.safetensors") as cf:
-            cf.digest, [r.name for r in cf.rows]
-            w = cf.read(0)
+    It checks nothing about the file itself: :class:`CheckedFile`, which extends it,
+    proves the header and the manifest first and reads the rows of its own table;
+    ``tensorcanon.open`` reads the rows lazyindex.QuickIndex proves one at a time
+    (lazy.py). ``data_start`` is where the data section starts in ``src``;
+    ``algorithm`` the digest algorithm of the rows' digests (None: a plain
+    safetensors file, nothing to hash). With ``verify``, a tensor's bytes are
+    hashed against its row's digest as they are read, and one that differs is
+    never returned.
     """
 
-    def __init__(self, src: Source, limits: Limits = DEFAULT, *,
-                 closer: contextlib.ExitStack | None = None,
-                 checked: tuple[container.Header, manifest.Manifest] | None = None) -> None:
+    def __init__(self, src: Source, limits: Limits, data_start: int, algorithm: str | None) -> None:
         self.src = src
         self.limits = limits
-        self._closer = closer
-        self.manifest: manifest.Manifest | None
-        if checked is not None:  # header and manifest already checked (see lazy.py)
-            self.header, self.manifest = checked
-        else:
-            prefix, raw = container.read_raw(src.read, src.size, limits)
-            parsed = fastparse.parse(prefix, raw, src.size, limits)  # a canonical file: one pass
-            if parsed is not None:
-                self.header, self.manifest = parsed
-            else:  # every check in the order of docs/FORMAT.md §9, naming the first that fails
-                self.header = container.parse_raw(prefix, raw, src.size, limits)
-                self.manifest = manifest.parse(self.header, limits) if manifest.is_tensorcanon(self.header) else None
-        self.rows: list[TensorInfo] = (
-            self.manifest.tensors if self.manifest is not None else _plain_rows(self.header))
-        self._decoder: Decoder | None = None
-        self._hashers = digest.Hashers(self.manifest.algorithm) if self.manifest is not None else None
-        self._ordered: list[TensorInfo] | None = None
+        self._data_start = data_start
+        self._algorithm = algorithm
+        self._hashers = digest.Hashers(algorithm) if algorithm is not None else None
         self._run_buf: bytearray | None = None
         self._run_view: memoryview | None = None
         self._run_addr = 0
-
-    # ------------------------------------------------------------------ what the file is
-    @property
-    def is_tensorcanon(self) -> bool:
-        """False for a plain safetensors file, which records no digests."""
-        return self.manifest is not None
 
     @property
     def name(self) -> str | None:
@@ -122,96 +85,17 @@ class CheckedFile:
         return self.src.name
 
     @property
-    def digest(self) -> str | None:
-        """The recorded file digest as text (checked against the manifest); None for plain safetensors."""
-        return self.manifest.text() if self.manifest is not None else None
-
-    @property
-    def algorithm(self) -> str | None:
-        """``"xxh3-128"`` or ``"sha256"``; None for plain safetensors."""
-        return self.manifest.algorithm if self.manifest is not None else None
-
-    @property
     def data_start(self) -> int:
-        return self.header.data_start
+        return self._data_start
 
     def digest_text(self, raw: bytes) -> str:
         """A raw digest of this file's algorithm, as text."""
-        assert self.manifest is not None
-        return self.manifest.text(raw)
+        assert self._algorithm is not None
+        return digest.to_text(raw, self._algorithm)
 
-    # ------------------------------------------------------------------ structure
-    def _structure(self, uses: bool = False) -> Decoder:
-        """Check the whole tree (root and user metadata) and the table, building no objects;
-        with ``uses``, also record every tensor use. (Only for the callers that need them: each
-        is a path as long as the use is deep, 2 KB for a use that takes 9 bytes of the file.)"""
-        if self._decoder is None or (uses and self._decoder.uses is None):
-            self._decoder = self._decode(None, uses)[1]
-        return self._decoder
-
-    def _decode(self, values: list | None, uses: bool = False) -> tuple[Any, Decoder]:
-        m = self.manifest
-        assert m is not None
-        build = values is not None
-        decoder = Decoder(values if values is not None else [None] * len(m.tensors), self.limits.max_depth,
-                          build_objects=build)
-        if uses:
-            decoder.uses = []
-        try:
-            root = decoder.decode(m.root)
-        except RecursionError:
-            raise FormatError(
-                "manifest: the object tree is nested deeper than Python's recursion limit "
-                f"({sys.getrecursionlimit()}) allows to decode, although within max_depth="
-                f"{self.limits.max_depth}; files saved with the default limits never are") from None
-        decoder.check_table([info.name for info in m.tensors], m.version)
-        if m.meta is not None:
-            Decoder([], self.limits.max_depth, build_objects=False).decode_metadata(m.meta)
-        return root, decoder
-
-    def check_tree(self) -> None:
-        """Raise unless the object tree and the table follow every rule of docs/FORMAT.md §6."""
-        if self.manifest is not None:
-            self._structure()
-
-    def uses(self) -> list[tuple[tuple, int]]:
-        """``(path, table index)`` for every place a tensor occurs, in canonical order.
-
-        Paths are tuples of decoded keys and indices (render with
-        :func:`tensorcanon.paths.join`). A plain safetensors file has one use
-        per tensor, at its name.
-        """
-        if self.manifest is None:
-            return [((r.name,), r.index) for r in self.rows]
-        uses = self._structure(uses=True).uses
-        assert uses is not None
-        return uses
-
-    def tensor_path(self, index: int) -> str:
-        """Where tensor ``index`` first occurs in the object, e.g. ``$["model"]["fc.weight"]``.
-
-        For error messages: if the tree itself is malformed the tensor is named
-        by its stored name instead.
-        """
-        if self.manifest is None:
-            return paths.join((self.rows[index].name,))
-        try:
-            return paths.join(self._structure().first_paths[index])
-        except (TensorCanonError, RecursionError, IndexError):
-            return f"tensor {self.rows[index].name!r}" if index < len(self.rows) else f"tensor {index}"
-
-    def devices(self) -> dict[str, str]:
-        """Path of every tensor use recorded on a device other than the CPU, and that device."""
-        if all(r.device == "cpu" for r in self.rows):
-            return {}
-        return {paths.join(trail): self.rows[i].device for trail, i in self.uses()
-                if self.rows[i].device != "cpu"}
-
-    def metadata(self) -> Any:
-        """The ``metadata`` dict the file was saved with (None if none, or for plain safetensors)."""
-        if self.manifest is None or self.manifest.meta is None:
-            return None
-        return Decoder([], self.limits.max_depth).decode_metadata(self.manifest.meta)
+    def _where(self, info: TensorInfo) -> str:
+        """The tensor of ``info`` as errors name it (a CheckedFile names its path in the object)."""
+        return repr(info.name)
 
     # ------------------------------------------------------------------ data
     def _fill(self, view: memoryview, hasher: Any, what: str) -> None:
@@ -269,7 +153,7 @@ class CheckedFile:
 
     def integrity_error(self, info: TensorInfo, actual: bytes) -> IntegrityError:
         """The error for tensor ``info`` whose bytes hash to ``actual``: names its path and bytes."""
-        where = self.tensor_path(info.index)
+        where = self._where(info)
         recorded, computed = self.digest_text(info.digest), self.digest_text(actual)
         start = self.data_start
         file = f" of {self.name}" if self.name else ""
@@ -278,12 +162,13 @@ class CheckedFile:
             f"{file}) does not match its digest: recorded {recorded}, computed {computed}; the file "
             "is damaged", path=where, expected=recorded, actual=computed)
 
+    # ------------------------------------------------------------------ reading rows
     def _read_here(self, info: TensorInfo, map_location: Any, verify: bool) -> Any:
         """Read tensor ``info`` at the current position: verified, typed and placed."""
         what = f"data of tensor {info.name!r}"
         row = info.dtype  # a dtype this torch lacks is refused by tensorbytes.finish, after hashing
         h = self._hasher(info, verify)
-        where: Callable[[], str] = lambda: self.tensor_path(info.index)  # noqa: E731
+        where: Callable[[], str] = lambda: self._where(info)  # noqa: E731
         device = (None if placement.stays_on_cpu(info.kind, info.device, map_location)
                   else placement.target(info.device, map_location))
         ready = None
@@ -314,16 +199,14 @@ class CheckedFile:
                 and info.dtype.torch in tensorbytes.numpy_viewable()
                 and info.memory_format is None)
 
-    def _cpu_bound(self, map_location: Any, devices: set[str] | None = None) -> set[str]:
-        """The recorded devices (of ``devices``, default: every row's) whose tensors
-        ``map_location`` leaves on (or sends to) the CPU without a callable to consult."""
+    def _cpu_bound(self, map_location: Any, devices: Iterable[str]) -> set[str]:
+        """The recorded devices (of ``devices``, iterated only when ``map_location`` needs it) whose
+        tensors ``map_location`` leaves on (or sends to) the CPU without a callable to consult."""
         if map_location is None:
             return {"cpu"}
         if callable(map_location) and not isinstance(map_location, (str, torch.device, dict)):
             return set()
-        if devices is None:
-            devices = {r.device for r in self.rows}
-        return {d for d in devices if (t := placement.target(d, map_location)) is not None and t.type == "cpu"}
+        return {d for d in set(devices) if (t := placement.target(d, map_location)) is not None and t.type == "cpu"}
 
     def _run(self, rows: list[TensorInfo], i: int, values: Any, verify: bool, cpu: set[str]) -> int:
         """Read the run of small tensors that starts at ``rows[i]`` with one read; the next index.
@@ -382,27 +265,18 @@ class CheckedFile:
         mapped = self.src.tensor(start, n)
         if mapped is None:
             return None
-        if verify and self.manifest is not None:
+        if verify and self._hashers is not None:
             self._check_bytes(info, self.src.data[start : start + n])  # type: ignore[index]
         tensorbytes.check_bool(mapped, info.dtype, info.name)
         value = tensorbytes.viewed(mapped, info.dtype, info.shape, info.kind)
         if value is None:
             return None
-        return placement.as_recorded(value, info, map_location, lambda: self.tensor_path(info.index))
-
-    def read(self, index: int, *, map_location: Any = None, verify: bool = True, share: bool = False) -> Any:
-        """Tensor (or array) ``index`` of :attr:`rows`, read alone, verified, placed.
-
-        Needs random access: a path, bytes or a seekable file object. With
-        ``share`` (a mapped file only) a CPU tensor views the map instead of
-        holding a copy (see :meth:`load`).
-        """
-        return self.read_row(self.rows[index], map_location=map_location, verify=verify, share=share)
+        return placement.as_recorded(value, info, map_location, lambda: self._where(info))
 
     def read_row(self, info: TensorInfo, *, map_location: Any = None, verify: bool = True,
                  share: bool = False) -> Any:
-        """The tensor a checked table row describes (see :meth:`read`)."""
-        placement.check_all([info], map_location, self.tensor_path)
+        """The tensor a proven table row describes: verified, placed (see :meth:`CheckedFile.read`)."""
+        placement.check_all([info], map_location, lambda _: self._where(info))
         if share:
             if self.src.mapped is None:
                 raise UsageError("share=True needs a memory-mapped file (open_file(path, use_mmap=True))")
@@ -416,6 +290,138 @@ class CheckedFile:
             self._run([info], 0, values, verify, cpu)
             return values[info.index]
         return self._read_here(info, map_location, verify)
+
+
+class CheckedFile(RowReader):
+    """A tensorcanon file (or a plain safetensors file) whose header and manifest passed every check.
+
+    Make one with :func:`open_file`. Constructing one makes every check (docs/FORMAT.md
+    §9.1-9.2: the tree is checked when first needed, :meth:`check_tree`), so no
+    CheckedFile exists whose header, manifest or table rows are not fully checked.
+    ``rows`` is the tensor table (table order;
+    for a plain file, one row per header entry in file order, without digests).
+    Reading methods: :meth:`load` (the whole object), :meth:`read_all` (every
+    tensor, in file order: works on streams), :meth:`read` (one tensor: needs a
+    path, bytes or a seekable file), :meth:`verify` (hash every byte, return the
+    digest), :meth:`metadata`. Structure: :meth:`uses` (every place a tensor
+    occurs, by path), :meth:`tensor_path`, :meth:`devices`.
+
+    Example::
+
+        with reader.open_file("ckpt.safetensors") as cf:
+            cf.digest, [r.name for r in cf.rows]
+            w = cf.read(0)
+    """
+
+    def __init__(self, src: Source, limits: Limits = DEFAULT, *, closer: contextlib.ExitStack | None = None,
+                 raw_header: tuple[bytes, bytes] | None = None) -> None:
+        """``raw_header``: the length prefix and header bytes already read from the start of ``src``
+        (:func:`container.read_raw`, with these limits), for a caller that has them (lazy.py):
+        every check is made on them, only the reading is not repeated. ``src`` must then be at
+        the data section, where reading them left it, or allow random access."""
+        prefix, raw = raw_header if raw_header is not None else container.read_raw(src.read, src.size, limits)
+        m: manifest.Manifest | None
+        parsed = fastparse.parse(prefix, raw, src.size, limits)  # a canonical file: one pass
+        if parsed is not None:
+            header, m = parsed
+        else:  # every check in the order of docs/FORMAT.md §9, naming the first that fails
+            header = container.parse_raw(prefix, raw, src.size, limits)
+            m = manifest.parse(header, limits) if manifest.is_tensorcanon(header) else None
+        super().__init__(src, limits, header.data_start, m.algorithm if m is not None else None)
+        self._closer = closer
+        self.header = header
+        self.manifest = m
+        self.rows: list[TensorInfo] = m.tensors if m is not None else manifest.plain_table(header)
+        self._decoder: Decoder | None = None
+        self._ordered: list[TensorInfo] | None = None
+
+    def _where(self, info: TensorInfo) -> str:
+        return self.tensor_path(info.index)
+
+    # ------------------------------------------------------------------ what the file is
+    @property
+    def is_tensorcanon(self) -> bool:
+        """False for a plain safetensors file, which records no digests."""
+        return self.manifest is not None
+
+    @property
+    def digest(self) -> str | None:
+        """The recorded file digest as text (checked against the manifest); None for plain safetensors."""
+        return self.manifest.text() if self.manifest is not None else None
+
+    @property
+    def algorithm(self) -> str | None:
+        """``"xxh3-128"`` or ``"sha256"``; None for plain safetensors."""
+        return self.manifest.algorithm if self.manifest is not None else None
+
+    # ------------------------------------------------------------------ structure
+    def _structure(self, uses: bool = False) -> Decoder:
+        """Check the whole tree (root and user metadata) and the table, building no objects;
+        with ``uses``, also record every tensor use. (Only for the callers that need them: each
+        is a path as long as the use is deep, 2 KB for a use that takes 9 bytes of the file.)"""
+        if self._decoder is None or (uses and self._decoder.uses is None):
+            self._decoder = self._decode(None, uses)[1]
+        return self._decoder
+
+    def _decode(self, values: list | None, uses: bool = False) -> tuple[Any, Decoder]:
+        m = self.manifest
+        assert m is not None
+        return tree.decode_manifest(m.root, m.meta, [info.name for info in m.tensors], m.version,
+                                    self.limits.max_depth, values, uses)
+
+    def check_tree(self) -> None:
+        """Raise unless the object tree and the table follow every rule of docs/FORMAT.md §6."""
+        if self.manifest is not None:
+            self._structure()
+
+    def uses(self) -> list[tuple[tuple, int]]:
+        """``(path, table index)`` for every place a tensor occurs, in canonical order.
+
+        Paths are tuples of decoded keys and indices (render with
+        :func:`tensorcanon.paths.join`). A plain safetensors file has one use
+        per tensor, at its name.
+        """
+        if self.manifest is None:
+            return [((r.name,), r.index) for r in self.rows]
+        uses = self._structure(uses=True).uses
+        assert uses is not None
+        return uses
+
+    def tensor_path(self, index: int) -> str:
+        """Where tensor ``index`` first occurs in the object, e.g. ``$["model"]["fc.weight"]``.
+
+        For error messages: if the tree itself is malformed the tensor is named
+        by its stored name instead.
+        """
+        if self.manifest is None:
+            return paths.join((self.rows[index].name,))
+        try:
+            return paths.join(self._structure().first_paths[index])
+        except (TensorCanonError, RecursionError, IndexError):
+            return f"tensor {self.rows[index].name!r}" if index < len(self.rows) else f"tensor {index}"
+
+    def devices(self) -> dict[str, str]:
+        """Path of every tensor use recorded on a device other than the CPU, and that device."""
+        if all(r.device == "cpu" for r in self.rows):
+            return {}
+        return {paths.join(trail): self.rows[i].device for trail, i in self.uses()
+                if self.rows[i].device != "cpu"}
+
+    def metadata(self) -> Any:
+        """The ``metadata`` dict the file was saved with (None if none, or for plain safetensors)."""
+        if self.manifest is None or self.manifest.meta is None:
+            return None
+        return Decoder([], self.limits.max_depth).decode_metadata(self.manifest.meta)
+
+    # ------------------------------------------------------------------ data
+    def read(self, index: int, *, map_location: Any = None, verify: bool = True, share: bool = False) -> Any:
+        """Tensor (or array) ``index`` of :attr:`rows`, read alone, verified, placed.
+
+        Needs random access: a path, bytes or a seekable file object. With
+        ``share`` (a mapped file only) a CPU tensor views the map instead of
+        holding a copy (see :meth:`load`).
+        """
+        return self.read_row(self.rows[index], map_location=map_location, verify=verify, share=share)
 
     def _file_order(self) -> list[TensorInfo]:
         if self._ordered is None:
@@ -434,7 +440,7 @@ class CheckedFile:
         if share:
             if self.src.mapped is None:
                 raise UsageError("share=True needs a memory-mapped file (open_file(path, use_mmap=True))")
-            cpu = self._cpu_bound(map_location)
+            cpu = self._cpu_bound(map_location, (r.device for r in self.rows))
             shared = [r for r in rows if r.kind == "ndarray" or r.device in cpu
                       or (map_location is not None and not cpu and callable(map_location))]
             if verify and self.manifest is not None:
@@ -447,7 +453,7 @@ class CheckedFile:
             return values
         if self.src.random_access and self.src.pos != self.data_start:
             self.src.seek(self.data_start)
-        cpu = self._cpu_bound(map_location)
+        cpu = self._cpu_bound(map_location, (r.device for r in self.rows))
         i, n = 0, len(rows)
         simple = self._simple
         while i < n:
@@ -655,13 +661,6 @@ class CheckedFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _encode_stored(enc: tree.Encoder, v: tensorbytes.Stored, depth: int) -> list:
-    return enc.add_tensor(v, kind="tensor", dtype=v.dtype, shape=v.shape)
-
-
-tree.ENCODERS[tensorbytes.Stored] = _encode_stored
 
 
 def open_file(f: Any, limits: Limits = DEFAULT, *, use_mmap: bool = False) -> CheckedFile:

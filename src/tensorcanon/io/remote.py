@@ -37,9 +37,8 @@ from typing import Any, BinaryIO, TypeVar
 
 from ..format.errors import FileAccessError, TensorCanonError, UsageError
 from . import storage, writer
-from .source import Source
 
-__all__ = ["RemoteFile", "ObjectWriter", "save", "opened", "open_binary", "size", "read_bytes"]
+__all__ = ["RemoteFile", "ObjectWriter", "save", "open_object", "open_binary", "size", "read_bytes"]
 
 PIECE = 16 << 20       # bytes per ranged read
 AHEAD = 64 << 20       # bytes read ahead of a sequential reader
@@ -327,7 +326,9 @@ def write_object(store: storage.Store, path: str, fill: Callable[[BinaryIO], _T]
         return fill(f)
 
 
-def _reader(loc: storage.Location) -> tuple[RemoteFile, Any]:
+def open_object(loc: storage.Location) -> tuple[RemoteFile, Any]:
+    """The object at ``loc`` for reading: its :class:`RemoteFile` (which the caller closes), and
+    the file object to read (the same one, or ``loc.wrap``'s wrapper around it)."""
     store, path = storage.open_store(loc.url, loc.options)
     fh = RemoteFile(store.reader(path), sequential=loc.sequential)
     return fh, (loc.wrap(fh, fh.size) if loc.wrap is not None else fh)
@@ -336,23 +337,9 @@ def _reader(loc: storage.Location) -> tuple[RemoteFile, Any]:
 @contextlib.contextmanager
 def open_binary(loc: storage.Location) -> Iterator[RemoteFile]:
     """The object at ``loc`` as a seekable binary file, closed on exit."""
-    fh, _ = _reader(loc)
+    fh, _ = open_object(loc)
     with fh:
         yield fh
-
-
-@contextlib.contextmanager
-def opened(loc: storage.Location) -> Iterator[Source]:
-    """A :class:`~tensorcanon.source.Source` over the object at ``loc`` (named by its URL)."""
-    fh, f = _reader(loc)
-    with fh:
-        yield Source(f, name=fh.name)
-
-
-def source(loc: storage.Location) -> Source:
-    """A Source over the object at ``loc``, for a caller that closes ``src.f`` itself (lazy.py)."""
-    fh, f = _reader(loc)
-    return Source(f, name=fh.name)
 
 
 def size(loc: storage.Location) -> int:

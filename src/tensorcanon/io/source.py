@@ -357,7 +357,7 @@ def opened(f: Any, *, use_mmap: bool = False, tensors: bool = True) -> Iterator[
     (:func:`map_file`), so the Source can hand out views of its bytes
     (:meth:`Source.view`) and tensors that view them (:meth:`Source.tensor`);
     with ``tensors=False`` too, views of its bytes only, without torch (:func:`map_bytes`).
-    A URL (``s3://…``, or a :class:`~tensorcanon.storage.Location`) is read by
+    A URL (``s3://…``, or a :class:`~tensorcanon.io.storage.Location`) is read by
     ranged reads of the object (remote.py); a ``file://`` URL is a path.
     """
     if isinstance(f, storage.Location) or storage.is_url(f):
@@ -367,8 +367,9 @@ def opened(f: Any, *, use_mmap: bool = False, tensors: bool = True) -> Iterator[
 
             if use_mmap:
                 raise remote.refuse_mmap(f)
-            with remote.opened(f) as src:
-                yield src
+            held, obj = remote.open_object(f)
+            with held:
+                yield Source(obj, name=held.name)
             return
     if isinstance(f, (bytes, bytearray, memoryview)):
         yield Source(data=f)
@@ -389,3 +390,11 @@ def opened(f: Any, *, use_mmap: bool = False, tensors: bool = True) -> Iterator[
         yield Source(f)
         return
     raise UsageError(f"expected a path, a binary file object or bytes, not {type(f).__name__}")
+
+
+def of_object(loc: storage.Location) -> Source:
+    """A Source over the object at ``loc`` (ranged reads), for a caller that closes ``src.f`` itself (lazy.py)."""
+    from . import remote
+
+    fh, obj = remote.open_object(loc)
+    return Source(obj, name=fh.name)

@@ -51,7 +51,7 @@ class Plan:
     data_size: int
     algorithm: str = digest.DEFAULT
     version: int = manifest.VERSION
-    max_header_bytes: int = DEFAULT.max_header_bytes  # what readers accept (checked when the header is built)
+    limits: Limits = DEFAULT  # what readers accept (the header's size is checked when it is built)
 
     _packed: manifest.Packed | None = None  # the manifest, packed once; only digests change
     _hashers: digest.Hashers | None = None
@@ -59,7 +59,7 @@ class Plan:
     @property
     def layout(self) -> list[container.Entry]:
         """The header entries, in data order."""
-        return [container.Entry(s.name, s.dtype.st, tuple(dtypes.header_shape(s.dtype, s.shape)), b, b + s.nbytes)
+        return [container.Entry(s.name, s.dtype.st, dtypes.header_shape(s.dtype, s.shape), b, b + s.nbytes)
                 for s, b in zip(self.ordered, self.starts, strict=True)]
 
     def manifest_bytes(self) -> bytes:
@@ -86,15 +86,14 @@ class Plan:
         entry = container.entry_text
         members = {}
         for s, b in zip(self.ordered, self.starts, strict=True):
-            dt = s.dtype
-            shape = s.shape if dt.native else (*s.shape, dt.itemsize)
-            members[s.name] = entry(s.name, dt.st, shape, b, b + s.nbytes)
+            members[s.name] = entry(s.name, s.dtype.st, dtypes.header_shape(s.dtype, s.shape), b, b + s.nbytes)
         built = container.assemble(members, meta)
         size = len(built) - container.LENGTH_SIZE
-        if size > self.max_header_bytes:  # the writer never writes a file its reader rejects
+        limit = self.limits.max_header_bytes
+        if size > limit:
             raise LimitError(
                 f"the file's header would be {size} bytes (its manifest holds the object tree: bytes and "
-                f"strings in the object count in full), more than max_header_bytes={self.max_header_bytes} "
+                f"strings in the object count in full), more than max_header_bytes={limit} "
                 "that readers accept; keep large byte strings in tensors (torch.frombuffer) or save with "
                 "limits=tensorcanon.Limits(max_header_bytes=...) and load with the same",
                 limit="max_header_bytes", path="$", saving=True)
@@ -174,8 +173,7 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
             "that readers accept", limit="max_tensors", path="$", saving=True,
         )
     enc.assign_names(version)
-    ordered = sorted(enc.tensors, key=lambda s: container.data_order(s.name, s.dtype.itemsize))
-    starts, position = [], 0
+    ordered = container.in_data_order(enc.tensors, _name, _itemsize)
     for s in ordered:
         ndim = len(s.shape) + (not s.dtype.native)
         if ndim > limits.max_ndim:
@@ -185,9 +183,16 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
                 f"one for a dtype stored as bytes, if any), more than max_ndim={limits.max_ndim} that "
                 "readers accept", limit="max_ndim", path=where, saving=True,
             )
-        starts.append(position)
-        position += s.nbytes
-    return Plan(root, meta, enc.tensors, ordered, starts, position, algorithm, version, limits.max_header_bytes)
+    starts, position = container.packed(s.nbytes for s in ordered)
+    return Plan(root, meta, enc.tensors, ordered, starts, position, algorithm, version, limits)
+
+
+def _name(s: TensorSource) -> str:
+    return s.name
+
+
+def _itemsize(s: TensorSource) -> int:
+    return s.dtype.itemsize
 
 
 def _chunks(src: TensorSource) -> Iterable[memoryview]:

@@ -95,10 +95,8 @@ class RankFile(reader.CheckedFile):
         url, path = path, storage.redact(path) if remote else path  # (path: as shown, credentials hidden)
         try:
             if remote:
-                from ..io import remote as _remote
-
                 # read ahead in parallel: readers take chunks in file order (dcp.Reader, W=1 verify)
-                src = stack.enter_context(_remote.opened(storage.Location(url, options or {}, sequential=True)))
+                src = stack.enter_context(opened(storage.Location(url, options or {}, sequential=True)))
             else:
                 # (its bytes, mapped without torch: hashed in place, copied out or viewed by RankFile.tensor)
                 src = stack.enter_context(opened(path, use_mmap=True, tensors=False))

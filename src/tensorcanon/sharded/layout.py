@@ -34,7 +34,6 @@ replaces, or hides inside, a value that the logical digest covers.
 from __future__ import annotations
 
 import itertools
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from typing import Any
 
 import msgpack
 
-from ..format import container, digest as _digest, manifest, paths as _paths
+from ..format import digest as _digest, manifest, paths as _paths
 from ..format.errors import FormatError, LimitError, TensorCanonError
 from ..format.limits import DEFAULT, Limits
 from ..format.ordering import UnorderableKey, sort_key
@@ -55,7 +54,7 @@ from ..format.sharding import (  # noqa: F401 - the names the index is checked a
     chunk_key,
     rank_file_name,
 )
-from ..format.tree import Decoder, items, tag_of, tensor_names
+from ..format.tree import Decoder, decode_manifest, items, tag_of, tensor_names
 from ..io import storage
 from . import files, tiling
 from .errors import CheckpointNotFoundError
@@ -277,11 +276,11 @@ def read(folder: Any, limits: Limits = DEFAULT, storage_options: Any = None) -> 
             _check_shape(info, limits)
         if obj["meta"] is not None:
             raise FormatError("manifest: 'meta' must be nil in a sharded checkpoint's logical manifest")
-        place(infos)
         logical = manifest.Manifest(raw=raw, root=obj["root"], meta=None, tensors=infos,
                                     digest=_digest.manifest_digest(raw, algorithm), algorithm=algorithm,
                                     version=obj["version"])
-        _check_tree(logical, limits)  # the tree's structure, the table's order and names
+        # the tree's structure, the table's order and names: the check every reader makes
+        decode_manifest(logical.root, None, [info.name for info in infos], logical.version, limits.max_depth)
     except TensorCanonError as e:
         raise files.with_context(e, f"{where_}: logical manifest: ") from None
     if own_algorithm != algorithm:
@@ -328,27 +327,6 @@ def read(folder: Any, limits: Limits = DEFAULT, storage_options: Any = None) -> 
     _check_per_rank(logical.root, paths, limits, bad)
     return Index(folder, own_digest, list(digests), logical, chunks, list(paths), per_rank_keys(list(paths)),
                  options)
-
-
-def place(infos: list[manifest.TensorInfo]) -> int:
-    """Give each logical tensor its offsets in the consolidated file (data order, docs/FORMAT.md
-    §2.5), so ``info.nbytes`` is its size; return the data section's size."""
-    position = 0
-    for info in sorted(infos, key=lambda i: container.data_order(i.name, i.dtype.itemsize)):
-        n = math.prod(info.shape) * info.dtype.itemsize
-        info.begin, info.end = position, position + n
-        position += n
-    return position
-
-
-def _check_tree(m: manifest.Manifest, limits: Limits) -> None:
-    """The checks a reader makes on a file's tree (docs/FORMAT.md §6, §9.2 step 9), building nothing."""
-    decoder = Decoder([None] * len(m.tensors), limits.max_depth, build_objects=False)
-    try:
-        decoder.decode(m.root)
-    except RecursionError:
-        raise FormatError("the object tree is nested deeper than Python's recursion limit allows") from None
-    decoder.check_table([info.name for info in m.tensors], m.version)
 
 
 def _check_shape(info: manifest.TensorInfo, limits: Limits) -> None:

@@ -1,9 +1,10 @@
 """Random state as canonical values: generator objects and :class:`RngState`.
 
-Importing this module adds rows to :data:`tensorcanon.format.tree.ENCODERS` (by exact
-type) and :data:`tensorcanon.format.tree.DECODERS` (by tag), so that generator objects
-found anywhere in a saved tree are written as explicit values (bytes with a
-fixed layout, ints, floats) and never pickled:
+Importing this module registers six node kinds with
+:func:`tensorcanon.format.tree.register_kind` (``tensorcanon/__init__.py`` imports it,
+so the tags exist wherever the package is used), so that generator objects found
+anywhere in a saved tree are written as explicit values (bytes with a fixed layout,
+ints, floats) and never pickled:
 
 =================  ============================================================
 tag                value
@@ -22,6 +23,7 @@ the user guide.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import struct
@@ -124,7 +126,6 @@ _FIELDS: dict[str, list[_Field]] = {
         _int("has_uint32", **_FLAG), _int("uinteger")],
     "SFC64": [_Field(("state", "state"), "u64[]", 4), _int("has_uint32", **_FLAG), _int("uinteger")],
 }
-_BITGEN_NAME_BY_TYPE: dict[type, str] = {}  # filled when numpy is loaded
 
 if TYPE_CHECKING:
     BIT_GENERATORS: dict[str, tuple[type, list[_Field]]]
@@ -136,6 +137,12 @@ def __getattr__(name: str) -> Any:
         value = {n: (getattr(np.random, n), fields) for n, fields in _FIELDS.items()}
         return globals().setdefault(name, value)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _bit_generator_classes() -> frozenset[type]:
+    """numpy.random's classes of the bit generators _FIELDS names (imports numpy)."""
+    return frozenset(getattr(np.random, name) for name in _FIELDS)
 
 
 def bitgen_fields(state: dict) -> tuple[str, tuple]:
@@ -335,7 +342,7 @@ def _enc_bitgen(enc: tree.Encoder, bg: Any, depth: int) -> list:
 
 def _enc_generator(enc: tree.Encoder, g: np.random.Generator, depth: int) -> list:
     bg = g.bit_generator
-    if type(bg) not in _BITGEN_NAME_BY_TYPE:
+    if type(bg) not in _bit_generator_classes():
         raise enc.unsupported(f"numpy Generator with bit generator {type(bg).__qualname__} is not supported "
                               f"(supported: {sorted(_FIELDS)})")
     return ["rng.numpy", enc.encode(bg, depth)]  # encode() checks the bit generator's depth
@@ -344,7 +351,7 @@ def _enc_generator(enc: tree.Encoder, g: np.random.Generator, depth: int) -> lis
 def _enc_randomstate(enc: tree.Encoder, rs: np.random.RandomState, depth: int) -> list:
     st = rs.get_state(legacy=False)
     bg = rs._bit_generator
-    if type(bg) not in _BITGEN_NAME_BY_TYPE:
+    if type(bg) not in _bit_generator_classes():
         raise enc.unsupported(f"RandomState with bit generator {type(bg).__qualname__} is not supported")
     has_gauss, gauss = int(st["has_gauss"]), float(st["gauss"])
     problem = check_gauss(has_gauss, gauss)
@@ -416,24 +423,21 @@ def _enc_rngstate(enc: tree.Encoder, s: RngState, depth: int) -> list:
 # --------------------------------------------------------------------------- decoders
 
 
-def _nested(dec: tree.Decoder, node: Any, tag: str, depth: int, where: Any) -> Any:
-    """Decode the ``tag`` node that sits at ``depth`` inside another random-state node."""
-    if type(node) not in tree.ARRAYS or not node or node[0] != tag:
-        raise dec.error(f"expected a {tag!r} node")
-    dec._path.append(where)
-    try:
+def _nested_bitgen(dec: tree.Decoder, node: Any, depth: int) -> np.random.BitGenerator | None:
+    """Decode the ``rng.bitgen`` node that sits at ``depth`` inside an ``rng.numpy`` or ``rng.legacy``
+    node, at the path step ``bit_generator``."""
+    if type(node) not in tree.ARRAYS or not node or node[0] != "rng.bitgen":
+        raise dec.error("expected a 'rng.bitgen' node")
+    with dec.at("bit_generator"):
         dec.check_depth(depth)
-        return DECODE[tag](dec, node, depth + 1)
-    finally:
-        dec._path.pop()
+        return _dec_bitgen(dec, node, depth + 1)
 
 
-def _decode_args(dec: tree.Decoder, node: list, depth: int, start: int) -> list:
+def _decode_args(dec: tree.Decoder, node: Sequence[Any], depth: int, start: int) -> list:
     out = []
     for i in range(start, len(node)):
-        dec._path.append(i - 1)
-        out.append(dec.decode(node[i], depth))
-        dec._path.pop()
+        with dec.at(i - 1):
+            out.append(dec.decode(node[i], depth))
     return out
 
 
@@ -447,7 +451,7 @@ def _dec_seed_seq(dec: tree.Decoder, node: Any, depth: int) -> tuple | None:
     return v
 
 
-def _dec_bitgen(dec: tree.Decoder, node: list, depth: int) -> np.random.BitGenerator | None:
+def _dec_bitgen(dec: tree.Decoder, node: Sequence[Any], depth: int) -> np.random.BitGenerator | None:
     if len(node) < 3:
         raise dec.error("'rng.bitgen' takes a name, a seed sequence and the state fields")
     name = node[1]
@@ -480,10 +484,10 @@ def _dec_bitgen(dec: tree.Decoder, node: list, depth: int) -> np.random.BitGener
     return bg
 
 
-def _dec_numpy(dec: tree.Decoder, node: list, depth: int) -> np.random.Generator | None:
+def _dec_numpy(dec: tree.Decoder, node: Sequence[Any], depth: int) -> np.random.Generator | None:
     if len(node) != 2:
         raise dec.error("'rng.numpy' takes 1 value")
-    bg = _nested(dec, node[1], "rng.bitgen", depth, "bit_generator")
+    bg = _nested_bitgen(dec, node[1], depth)
     return None if bg is None else np.random.Generator(bg)
 
 
@@ -493,12 +497,12 @@ def _check_gauss(dec: tree.Decoder, has_gauss: Any, gauss: Any) -> None:
         raise dec.error(problem)
 
 
-def _dec_legacy(dec: tree.Decoder, node: list, depth: int) -> np.random.RandomState | None:
+def _dec_legacy(dec: tree.Decoder, node: Sequence[Any], depth: int) -> np.random.RandomState | None:
     if len(node) != 4:
         raise dec.error(f"'rng.legacy' takes 3 values, found {len(node) - 1}")
     _, has_gauss, gauss, bg_node = node
     _check_gauss(dec, has_gauss, gauss)
-    bg = _nested(dec, bg_node, "rng.bitgen", depth, "bit_generator")
+    bg = _nested_bitgen(dec, bg_node, depth)
     if bg is None:
         return None
     rs = np.random.RandomState(bg)
@@ -508,7 +512,7 @@ def _dec_legacy(dec: tree.Decoder, node: list, depth: int) -> np.random.RandomSt
     return rs
 
 
-def _dec_random(dec: tree.Decoder, node: list, depth: int) -> random.Random | None:
+def _dec_random(dec: tree.Decoder, node: Sequence[Any], depth: int) -> random.Random | None:
     if len(node) != 5:
         raise dec.error(f"'rng.random' takes 4 values, found {len(node) - 1}")
     problem = _check_random_state(*node[1:])
@@ -521,7 +525,7 @@ def _dec_random(dec: tree.Decoder, node: list, depth: int) -> random.Random | No
     return r
 
 
-def _dec_torch(dec: tree.Decoder, node: list, depth: int) -> torch.Generator | None:
+def _dec_torch(dec: tree.Decoder, node: Sequence[Any], depth: int) -> torch.Generator | None:
     if len(node) != 3:
         raise dec.error(f"'rng.torch' takes 2 values, found {len(node) - 1}")
     _, device, state = node
@@ -532,7 +536,7 @@ def _dec_torch(dec: tree.Decoder, node: list, depth: int) -> torch.Generator | N
         return None
     dev = torch.device(device)
     if not placement.device_exists(dev):
-        where = paths.join(tuple(dec._path))
+        where = dec.path()
         raise DeviceUnavailableError(
             f"a torch.Generator at {where} was saved on {device}, which this machine does not have; "
             "a generator's stream depends on its device type, so it is not moved",
@@ -561,7 +565,7 @@ def _bytes_list(dec: tree.Decoder, node: Any, kind: str, what: str) -> tuple:
     return tuple(items)
 
 
-def _dec_rngstate(dec: tree.Decoder, node: list, depth: int) -> RngState:
+def _dec_rngstate(dec: tree.Decoder, node: Sequence[Any], depth: int) -> RngState:
     if len(node) != 7:
         raise dec.error(f"'rng.state' takes 6 values, found {len(node) - 1}")
     dec.check_depth(depth + 1)  # its parts are at ``depth``, numpy's bit generator one deeper
@@ -594,16 +598,6 @@ def _dec_rngstate(dec: tree.Decoder, node: list, depth: int) -> RngState:
         numpy=(bg[1], tuple(fields), leg[1], leg[2]),
         torch_cpu=cpu, cuda=cuda_t, mps=mps, xpu=xpu_t,
     )
-
-
-DECODE = {
-    "rng.torch": _dec_torch,
-    "rng.bitgen": _dec_bitgen,
-    "rng.numpy": _dec_numpy,
-    "rng.legacy": _dec_legacy,
-    "rng.random": _dec_random,
-    "rng.state": _dec_rngstate,
-}
 
 
 # --------------------------------------------------------------------------- RngState
@@ -734,14 +728,14 @@ class RngState:
             torch.mps.set_rng_state(_u8(self.mps))
 
 
-def _numpy_rows(np: Any) -> None:
-    """numpy's generator types, added to the tables when numpy is loaded (no value is one before)."""
-    _BITGEN_NAME_BY_TYPE.update({getattr(np.random, name): name for name in _FIELDS})
-    tree.ENCODERS.update({np.random.Generator: _enc_generator, np.random.RandomState: _enc_randomstate,
-                          **{cls: _enc_bitgen for cls in _BITGEN_NAME_BY_TYPE}})
+# --------------------------------------------------------------------------- the node kinds
 
-
-tree.ENCODERS.update({random.Random: _enc_random, RngState: _enc_rngstate})
-tree.DECODERS.update(DECODE)
-optional.on_load(lambda torch: tree.ENCODERS.update({torch.Generator: _enc_torch}))
-optional.on_load(_numpy_rows, "numpy")
+# Registered when this module is imported (tensorcanon/__init__.py imports it). numpy's and torch's
+# classes are named, not imported: they get their encoders when numpy (torch) is loaded.
+tree.register_kind("rng.torch", _dec_torch, {tree.LazyType("torch", "Generator"): _enc_torch})
+tree.register_kind("rng.bitgen", _dec_bitgen,
+                   {tree.LazyType("numpy", f"random.{name}"): _enc_bitgen for name in _FIELDS})
+tree.register_kind("rng.numpy", _dec_numpy, {tree.LazyType("numpy", "random.Generator"): _enc_generator})
+tree.register_kind("rng.legacy", _dec_legacy, {tree.LazyType("numpy", "random.RandomState"): _enc_randomstate})
+tree.register_kind("rng.random", _dec_random, {random.Random: _enc_random})
+tree.register_kind("rng.state", _dec_rngstate, {RngState: _enc_rngstate})
