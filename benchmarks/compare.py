@@ -45,6 +45,8 @@ import tarfile
 import tempfile
 import time
 
+import mounts  # benchmarks/mounts.py, beside this file
+
 MiB = 1 << 20
 MARK = "@@tensorcanon-compare@@ "  # the child's result line
 
@@ -284,22 +286,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def filesystem_of(path: str) -> str:
-    """'<fstype> at <mount point>' for the mount that holds ``path`` (Linux), else ''."""
-    path = os.path.realpath(path)
-    best = ("", "")
-    try:
-        with open("/proc/mounts") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) >= 3 and (path == parts[1] or path.startswith(parts[1].rstrip("/") + "/")):
-                    if len(parts[1]) > len(best[0]):
-                        best = (parts[1], parts[2])
-    except OSError:
-        pass
-    return f"{best[1]} at {best[0]}" if best[0] else ""
-
-
 def describe_head(repo: str, head: str) -> str:
     if head != "worktree":
         return f"{git(repo, 'rev-parse', '--short', head + '^{commit}')} ({head})"
@@ -380,8 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{s} child {took[s]:.1f} s" for s in order), file=sys.stderr, flush=True)
         elapsed = time.perf_counter() - started
         load_after = load_average()
-        fs = filesystem_of(files_dir)
-        dir_text = f"{files_dir} ({fs})" if fs else files_dir
+        fs = mounts.filesystem_of(files_dir)
+        dir_text = f"{files_dir} ({fs})" if fs != os.path.realpath(files_dir) else files_dir
     finally:
         shutil.rmtree(trees, ignore_errors=True)
         if files_dir:
