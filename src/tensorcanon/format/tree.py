@@ -847,8 +847,6 @@ _LEAVES = (str, float, bool, type(None), bytes, int)  # Encoder.encode writes th
 for _leaf in _LEAVES:
     registry.reserve(_leaf, "a leaf (docs/FORMAT.md §6.1)")
 
-DECODERS: Mapping[str, DecodeFn] = types.MappingProxyType(_DECODERS)
-"""A read-only view of the decoders by tag, for code written before :func:`node_kinds`."""
 
 
 def _type_name(t: type | LazyType) -> str:
