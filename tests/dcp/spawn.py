@@ -17,7 +17,6 @@ import faulthandler
 import json
 import os
 import sys
-import threading
 import time
 import traceback
 
@@ -104,24 +103,12 @@ def main(batch: str, folder: str) -> None:
         _leave(rank)
 
 
-def _leave(rank: int, wait_s: float = 30.0) -> None:
-    """Leave the process group, its results already written. With gloo on torch 2.4, one rank's
-    destroy_process_group was seen to block forever after the others had exited (the floors job):
-    teardown is not what these tests check, so a rank whose teardown does not return in
-    ``wait_s`` says so in its log and exits as it would have."""
-    done = threading.Event()
-
-    def destroy() -> None:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
-        done.set()
-
-    threading.Thread(target=destroy, daemon=True).start()
-    if not done.wait(wait_s):
-        print(f"rank {rank}: destroy_process_group did not return in {wait_s:.0f} s; exiting without it", flush=True)
-        sys.stdout.flush()
-        os._exit(0)
+def _leave(rank: int) -> None:
+    """Exit, the results written, without tearing the process group down: with gloo on torch 2.4
+    (the floors job) a rank hung there, holding the interpreter (even a new thread could not
+    start), after every rank had finished. Teardown is not what these tests check."""
+    print(f"rank {rank}: results written; exiting", flush=True)
+    os._exit(0)
 
 
 if __name__ == "__main__":
