@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .training.data import ResumableSampler, SamplerStateError, seed_worker
     from .training.seeded import SeededCollator, SeededDataset
 
-__version__ = "0.1.0"
+__version__ = "0.4.0.dev0"  # the next release, 0.4.0, in development (CHANGELOG.md says how versions are numbered)
 
 __all__ = [
     "save", "load", "dumps", "loads", "fingerprint", "verify", "read_metadata",
