@@ -24,7 +24,7 @@ allowed in between; several may be stacked:
   console commands: ``bash -n``).
 - ``<!-- doctest: setup`` … ``-->``: hidden Python, run in the page's namespace just before the
   block: what the reader brings (their model, their dataset). Prefer visible code; use this for
-  what the text says the reader supplies.
+  what the text says the reader supplies. Shell blocks see ``os.environ`` as setup code left it.
 - ``<!-- doctest: files DIR -->``: copy DIR (relative to the repository root) into the working
   folder first, e.g. ``tests/cli/inputs`` for command-line examples.
 - ``<!-- doctest: needs s3 BUCKET... -->``: the page's interpreter starts moto's S3 server on
@@ -100,6 +100,8 @@ class Page:
     run_by: dict[str, str]      # language group ("python") -> the test file that runs those blocks
     headings: list[str]         # as CommonMark renders them
     text: str
+    indented: list[int]         # lines of indented code blocks (examples there would go unchecked)
+    misnumbered: list[str]      # 'line N: item 6 where 4 renders' in ordered lists (CommonMark renumbers)
 
 
 def pages() -> list[str]:
@@ -162,7 +164,29 @@ def parse(page: str) -> Page:
             headings.append(tokens[i + 1].content)
     if pending:
         raise DocsError(f"{page}:{pending[0].line}: a doctest mark at the end of the page marks no block")
-    return Page(page, blocks, run_by, headings, text)
+    indented = [tok.map[0] + 1 for tok in tokens if tok.type == "code_block" and tok.map]
+    return Page(page, blocks, run_by, headings, text, indented, _misnumbered(tokens))
+
+
+def _misnumbered(tokens: list) -> list[str]:
+    """Ordered-list items whose written number is not the one CommonMark shows (it counts on from
+    the first item's number whatever the others say)."""
+    out: list[str] = []
+    stack: list[int | None] = []  # per open list: the number the next item renders as (None: bullets)
+    for tok in tokens:
+        if tok.type == "ordered_list_open":
+            stack.append(-1)
+        elif tok.type == "bullet_list_open":
+            stack.append(None)
+        elif tok.type in ("ordered_list_close", "bullet_list_close"):
+            stack.pop()
+        elif tok.type == "list_item_open" and stack and stack[-1] is not None:
+            written = int(tok.info)
+            shown = written if stack[-1] == -1 else stack[-1]
+            if written != shown:
+                out.append(f"line {tok.map[0] + 1}: item {written} renders as {shown}")
+            stack[-1] = shown + 1
+    return out
 
 
 def naive_headings(text: str) -> tuple[list[str], list[int]]:

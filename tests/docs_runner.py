@@ -34,9 +34,15 @@ class Runner:
         self.names: dict = {"__name__": "__main__", "__file__": os.path.join(work, "example.py")}
         self.last_stdout: str | None = None
         self.s3 = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment of shell blocks: this process's (setup code may set variables), with this
+        interpreter's scripts (the ``tensorcanon`` command) first on PATH, and no COLUMNS."""
         bindir = os.path.dirname(sys.executable)
-        self.env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
-        self.env.pop("COLUMNS", None)
+        env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+        env.pop("COLUMNS", None)
+        return env
 
     # -- one block -------------------------------------------------------------------------------
     def run(self, block: Block) -> str:
@@ -129,7 +135,7 @@ class Runner:
             self.s3.start()
             for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                                ("AWS_DEFAULT_REGION", "us-east-1")):
-                os.environ[key] = self.env[key] = value
+                os.environ[key] = value
             self.names["S3_ENDPOINT"] = f"http://127.0.0.1:{port}"
             self.fs = s3fs.S3FileSystem(endpoint_url=self.names["S3_ENDPOINT"])
         for bucket in buckets:

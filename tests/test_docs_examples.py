@@ -31,6 +31,7 @@ def test_page_renders_with_the_headings_it_means(page):
     meant, unclosed = docs_blocks.naive_headings(parsed.text)
     assert not unclosed, f"{page}:{unclosed[0]}: this fence never closes"
     rendered = parsed.headings
+    assert not parsed.misnumbered, f"{page}: a numbered list out of order: {parsed.misnumbered}"
     missing = [h for h in meant if h not in rendered]
     assert rendered == meant, (f"{page}: CommonMark renders {len(rendered)} headings where the page means "
                                f"{len(meant)}; not rendered as headings: {missing} (look for a fence that does "
@@ -44,6 +45,8 @@ def test_every_block_is_labelled_and_parses(page):
     import yaml
 
     parsed = docs_blocks.parse(page)
+    assert not parsed.indented, (f"{page}:{parsed.indented[0]}: an indented code block: use a fenced block with a "
+                                 "language (```python, ```bash, ```text, ...) so that it is run or checked")
     for test in parsed.run_by.values():
         path = os.path.join(docs_blocks.ROOT, test)
         assert os.path.exists(path), f"{page}: the doctest-page mark names {test}, which does not exist"

@@ -235,9 +235,12 @@ def test_verify_expect_with_the_other_algorithm_says_so():
 
 @pytest.mark.parametrize("bad", ["nope", "sha256:" + "0" * 63, "SHA256:" + "0" * 64, "sha256:" + "A" * 64,
                                  "xxh3-128:" + "0" * 64, "md5:" + "0" * 32])
-def test_verify_expect_malformed_is_a_clear_error(bad):
-    with pytest.raises(tc.FormatError, match="is not a digest .*'xxh3-128:' and 32 .*'sha256:' and 64"):
-        tc.verify(tc.dumps(_obj()), expect=bad)
+def test_verify_expect_malformed_is_a_usage_error(bad, tmp_path):
+    # the argument is wrong, not the file: a UsageError (a ValueError too), before the file is read
+    for target in (tc.dumps(_obj()), str(tmp_path / "not-even-there.safetensors")):
+        with pytest.raises(tc.UsageError, match="is not a digest .*'xxh3-128:' and 32 .*'sha256:' and 64") as info:
+            tc.verify(target, expect=bad)
+        assert isinstance(info.value, ValueError) and str(info.value).startswith("expect=")
 
 
 def test_digest_text_helpers():
@@ -363,3 +366,13 @@ def test_real_process_verify_expect_sha256(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"OK        {path}  {d}\n"
+
+
+def test_a_malformed_expect_for_a_sharded_checkpoint_is_a_usage_error_too(tmp_path):
+    import tensorcanon.dcp as tcd
+
+    folder = str(tmp_path / "ckpt")
+    tcd.save({"w": torch.ones(2)}, folder)
+    for verify in (tc.verify, tcd.verify):
+        with pytest.raises(tc.UsageError, match=r"^expect='sha256:…' is not a digest"):
+            verify(folder, expect="sha256:…")

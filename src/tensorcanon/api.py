@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any, BinaryIO, Union
 
 from .format import digest as _digest
-from .format.errors import FormatError, IntegrityError, UsageError
+from .format.errors import IntegrityError, UsageError
 from .format.limits import DEFAULT, Limits
 from .io import reader, storage, writer
 
@@ -165,8 +165,8 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
     (by its path in the object) whose bytes do not match, and when ``expect``
     is given and differs from the file's digest; ``expect`` must then use the
     file's algorithm (a digest of the other algorithm is an ``IntegrityError``
-    saying so). A malformed ``expect`` raises :class:`FormatError` before the
-    file is read. Tensors are streamed, never loaded whole; an object in a store
+    saying so). A malformed ``expect`` (an argument mistake, not a damaged file)
+    raises :class:`UsageError` before the file is read. Tensors are streamed, never loaded whole; an object in a store
     (a URL, with ``storage_options``) is streamed by ranged reads, with no local copy.
 
     A sharded checkpoint directory (tensorcanon.dcp) is verified whole: its
@@ -177,7 +177,7 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
         tensorcanon.verify("ckpt.safetensors", expect="sha256:…")  # obtained out of band
     """
     if expect is not None and not _digest.is_text(expect):
-        raise FormatError(f"expect={_digest.text_error(expect)}")
+        raise UsageError(f"expect={_digest.text_error(expect)}")
     f = storage.resolve(f, storage_options)
     if isinstance(f, (str, os.PathLike)) and os.path.isdir(f):
         from .sharded import verify as verify_checkpoint  # a sharded checkpoint (tensorcanon.dcp)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from ..format import digest, tensorbytes
-from ..format.errors import FormatError, IntegrityError, TensorCanonError
+from ..format.errors import FormatError, IntegrityError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.manifest import TensorInfo
 from ..format.ordering import sort_key
@@ -248,7 +248,7 @@ def verify(folder: str | os.PathLike, *, expect: str | None = None, limits: Limi
     digest, hence the logical digest. ``expect`` must then equal the logical digest.
     """
     if expect is not None and not digest.is_text(expect):
-        raise FormatError(f"expect={digest.text_error(expect)}")
+        raise UsageError(f"expect={digest.text_error(expect)}")
     index = _open(folder, limits, storage_options)
     with RankFiles(index, limits) as files:
         wanted: list[set] = [set(index.per_rank_keys) for _ in range(index.world_size)]
