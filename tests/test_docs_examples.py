@@ -109,7 +109,8 @@ def _runnable(page: str) -> bool:
 
 
 def run_page(page: str, work: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1",
+    # No example may need the network: the Hugging Face libraries are told so (a download would fail fast).
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, os.path.join(HERE, "docs_runner.py"), page, work], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
