@@ -4,9 +4,13 @@ of a torchrun job (test_docs_examples.py starts it).
     torchrun --nproc_per_node N docs_examples.py WORKDIR [SAVED_BY_OTHERS]
 
 The examples run in WORKDIR (they save into ``ckpt/...`` there); ``build_model()`` is this
-file's. With SAVED_BY_OTHERS (the WORKDIR of a run with another world size), the example that
-starts with ``# Resume, with any world size`` then runs once more, in that directory: it resumes
-what the other world size saved, and the model must hold exactly the saved tensors.
+file's. The page's Python blocks are read by tests/docs_blocks.py, which every page's examples
+share (tests/test_docs_examples.py): blocks marked ``doctest: skip`` are left out, a ``doctest:
+setup`` comment runs before its block, and tracebacks point at the lines of the page.
+
+With SAVED_BY_OTHERS (the WORKDIR of a run with another world size), the example that starts
+with ``# Resume, with any world size`` then runs once more, in that directory: it resumes what
+the other world size saved, and the model must hold exactly the saved tensors.
 
 The examples' code runs under ``if __name__ == "__main__":`` here, as the process executor of
 ``async_save`` requires (DCP's spawn start method imports this file again in its child).
@@ -15,20 +19,34 @@ The examples' code runs under ``if __name__ == "__main__":`` here, as the proces
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DOC = os.path.join(HERE, "..", "..", "docs", "DISTRIBUTED.md")
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: docs_blocks (torchrun starts this file by path)
+import docs_blocks
+
+PAGE = "docs/DISTRIBUTED.md"
+DOC = os.path.join(docs_blocks.ROOT, PAGE)
 RESUME = "# Resume, with any world size"
 
 
-def examples(path: str = DOC) -> list[str]:
-    with open(path, encoding="utf-8") as fh:
-        return re.findall(r"^```python\n(.*?)^```", fh.read(), re.S | re.M)
+def blocks() -> list[docs_blocks.Block]:
+    """The page's Python blocks that run, in order."""
+    return [b for b in docs_blocks.parse(PAGE).blocks if b.lang in docs_blocks.PYTHON and not b.skip_reason]
+
+
+def examples() -> list[str]:
+    return [b.code for b in blocks()]
+
+
+def _run(block: docs_blocks.Block, names: dict) -> None:
+    setup = block.mark("setup")
+    if setup:
+        exec(compile("\n" * (setup.body_line - 1) + setup.body, DOC, "exec"), names)
+    exec(compile("\n" * (block.code_line - 1) + block.code, DOC, "exec"), names)
 
 
 def build_model() -> torch.nn.Module:
@@ -41,20 +59,21 @@ def main(work: str, saved_by_others: str | None) -> None:
     started = time.perf_counter()
     os.makedirs(work, exist_ok=True)
     os.chdir(work)
-    blocks = examples()
+    todo = blocks()
     names: dict = {"__name__": "docs_examples", "build_model": build_model}
-    for i, code in enumerate(blocks, 1):
-        exec(compile(code, f"docs/DISTRIBUTED.md, example {i}", "exec"), names)
-        print(f"rank {rank}: example {i} of {len(blocks)} ran ({time.perf_counter() - started:.1f} s)", flush=True)
+    for i, block in enumerate(todo, 1):
+        _run(block, names)
+        print(f"rank {rank}: example {i} of {len(todo)} ({block.where}) ran ({time.perf_counter() - started:.1f} s)",
+              flush=True)
     if saved_by_others:
-        _resume_from(saved_by_others, next(c for c in blocks if c.startswith(RESUME)), names)
+        _resume_from(saved_by_others, next(b for b in todo if b.code.startswith(RESUME)), names)
         print(f"rank {rank}: resumed what another world size saved", flush=True)
     import torch.distributed as dist
 
     dist.barrier()
     dist.destroy_process_group()
     _stop_dcp_background_process()
-    print(f"rank {rank}: all {len(blocks)} examples passed", flush=True)
+    print(f"rank {rank}: all {len(todo)} examples passed", flush=True)
 
 
 def _stop_dcp_background_process() -> None:
@@ -69,11 +88,12 @@ def _stop_dcp_background_process() -> None:
         child.__del__()
 
 
-def _resume_from(folder: str, code: str, names: dict) -> None:
+def _resume_from(folder: str, block: docs_blocks.Block, names: dict) -> None:
+    """Run the resume example once more, in the folder another world size saved into."""
     import tensorcanon.dcp as tcd
 
     os.chdir(folder)
-    exec(compile(code, "docs/DISTRIBUTED.md, the resume example (another world size's checkpoint)", "exec"), names)
+    _run(block, names)
     saved = tcd.load_unsharded("ckpt/step1000")
     assert names["state"]["rng"].value is None             # kept: no saved RNG state is this rank's
     for key, value in names["model"].state_dict().items():
