@@ -37,8 +37,9 @@ from .errors import MissingDependencyError
 __all__ = ["INSTALL", "NAMES", "torch_module", "numpy_module", "load", "on_load", "ready", "imported",
            "available"]
 
-INSTALL = "pip install 'tensorcanon[torch]'"
-"""What installs everything: tensorcanon with PyTorch (docs/CLI.md, "Installing")."""
+INSTALL = "pip install torch safetensors (the [torch] extra of tensorcanon)"
+"""What adds everything to the light install: a command that works however tensorcanon was installed
+(no package index serves tensorcanon itself: README.md, "Install")."""
 
 _lock = threading.RLock()
 
@@ -114,7 +115,7 @@ def numpy_module(namespace: dict[str, Any]) -> Any:
 
 def _message(e: ImportError) -> str:
     if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == "torch":
-        return (f"this needs PyTorch, which is not installed: {INSTALL} (or pip install torch); "
+        return (f"this needs PyTorch, which is not installed: {INSTALL}; "
                 "hash, verify, check, lock and inspect work without it")
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
     return f"this needs PyTorch, which cannot be imported here ({first}): reinstall it, e.g. {INSTALL}"

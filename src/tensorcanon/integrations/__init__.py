@@ -16,7 +16,8 @@ module                                     what it gives
                                            checkpoints hold no pickle)
 =========================================  ==============================================
 
-Install the framework with the matching extra, e.g. ``pip install "tensorcanon[lightning]"``.
+Install the framework (``pip install lightning``), or tensorcanon with the matching extra
+(``pip install ".[lightning]"`` in a clone: README.md, "Install").
 docs/INTEGRATIONS.md says what each one saves, what you write, how resumption is
 proven and where the limits are.
 """

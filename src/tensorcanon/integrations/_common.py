@@ -29,7 +29,8 @@ def framework_import(extra: str, *packages: str) -> Iterator[None]:
             raise
         raise ModuleNotFoundError(
             f"tensorcanon.integrations.{extra} needs the {missing} package, which cannot be imported "
-            f"({e}); install it with: pip install \"tensorcanon[{extra}]\"", name=e.name) from e
+            f"({e}); install it with: pip install {missing} (the [{extra}] extra of tensorcanon)",
+            name=e.name) from e
 
 
 def sampler_of(loader: Any) -> ResumableSampler | None:

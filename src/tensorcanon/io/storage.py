@@ -40,8 +40,8 @@ __all__ = ["Location", "Store", "ObjectReader", "Upload", "is_url", "resolve", "
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*(://|::)")
 #: Query parameters that carry credentials (presigned URLs, SAS tokens): hidden wherever a URL is shown.
 _SECRET_QUERY = re.compile(r"sig|signature|token|secret|credential|password|passwd|key|auth", re.IGNORECASE)
-EXTRA_HINT = "install the extra: pip install 'tensorcanon[s3]' for s3:// (fsspec and s3fs), 'tensorcanon[fsspec]' " \
-             "for other fsspec protocols (with that protocol's fsspec package)"
+EXTRA_HINT = "pip install s3fs for s3:// (with fsspec: the [s3] extra of tensorcanon), or fsspec and the " \
+             "protocol's own fsspec package for other protocols (the [fsspec] extra)"
 
 
 def is_url(f: Any) -> bool:
