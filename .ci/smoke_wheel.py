@@ -84,7 +84,8 @@ def light(src: pathlib.Path) -> None:
         proc = subprocess.run([script, "diff", "plain.safetensors", "arrays.npz"], cwd=tmp,
                               capture_output=True, text=True)
         lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and len(lines) == 1 and "pip install torch safetensors (the [torch] extra" in lines[0], proc.stderr
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert "pip install torch safetensors (the [torch] extra" in lines[0], proc.stderr
     print(f"light wheel smoke test passed (no torch): tensorcanon {tensorcanon.__version__} from {where.parent}")
 
 

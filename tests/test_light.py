@@ -275,7 +275,8 @@ def test_what_needs_torch_says_what_to_install(tmp_path):
         if what.startswith(("verify", "check")):
             assert code == 0 and err == "", (what, err)
             continue
-        assert code == 2 and err.count("\n") == 1 and "pip install torch safetensors (the [torch] extra" in err, (what, err)
+        assert code == 2 and err.count("\n") == 1, (what, err)
+        assert "pip install torch safetensors (the [torch] extra" in err, (what, err)
 
 
 def test_readme_commands_install_what_they_need():

@@ -74,7 +74,7 @@ def test_storage_options_need_a_url(tmp_path):
 def test_without_fsspec_a_url_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "fsspec", None)
     monkeypatch.setitem(sys.modules, "fsspec.core", None)
-    with pytest.raises(tc.UsageError, match=r"pip install s3fs for s3:// \(with fsspec: the \[s3\] extra of tensorcanon\)"):
+    with pytest.raises(tc.UsageError, match=r"pip install s3fs for s3:// \(with fsspec: the \[s3\] extra"):
         tc.load("s3://bucket/ckpt.safetensors")
 
 
