@@ -12,8 +12,8 @@ How a block is checked, by its language (the word after the opening fence):
   to the next ``$ ``, are its expected output (stdout and stderr together). A line ``...`` matches
   any number of lines, and ``...`` inside a line any text; trailing spaces are ignored.
 - ``yaml`` / ``yml``, ``json``: parsed (PyYAML, json): they are never run.
-- ``text``, or no language: not code. An unlabelled block that looks like a session (a line
-  starting with ``$ `` or ``>>> ``) fails: label it ``console`` (or ``python``).
+- ``text``: not code (a diagram, a file layout, output). A block without a language fails: every
+  block says what it is, so no example goes unchecked by mistake.
 - Any other language fails: add it here.
 
 Marks are HTML comments (invisible once rendered) on the lines just before a block, blank lines
@@ -54,7 +54,7 @@ PYTHON = ("python", "py")
 SHELL = ("bash", "sh", "shell")
 CONSOLE = ("console",)
 DATA = ("yaml", "yml", "json")
-TEXT = ("text", "")
+TEXT = ("text",)
 KEYWORDS = ("skip", "setup", "files", "needs", "output")
 
 

@@ -145,7 +145,7 @@ def _hexdump_bytes(block: str) -> bytes:
 
 def test_the_worked_example_is_what_the_writer_writes():
     section = FORMAT.split("## 10. Worked example", 1)[1]
-    dump = re.search(r"```\n(00000000:.*?)```", section, flags=re.S).group(1)
+    dump = re.search(r"```(?:text)?\n(00000000:.*?)```", section, flags=re.S).group(1)
     data = tensorcanon.dumps({"w": torch.arange(4, dtype=torch.float32)})
     assert _hexdump_bytes(dump) == data
     digest = tensorcanon.fingerprint({"w": torch.arange(4, dtype=torch.float32)})

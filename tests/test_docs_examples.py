@@ -55,11 +55,13 @@ def test_every_block_is_labelled_and_parses(page):
     known = docs_blocks.PYTHON + docs_blocks.SHELL + docs_blocks.CONSOLE + docs_blocks.DATA + docs_blocks.TEXT
     for block in parsed.blocks:
         where = block.where
+        assert block.lang, (f"{where}: a block without a language: label it (```text for a diagram or output, "
+                            "```python, ```bash or ```console for an example: tests/docs_blocks.py)")
         assert block.lang in known, \
             f"{where}: unknown language {block.lang!r}: use one of {known} (tests/docs_blocks.py)"
         if block.lang in docs_blocks.TEXT:
             assert not docs_blocks.looks_like_a_session(block.code), \
-                f"{where}: an unlabelled block that looks like a session: label it console (or python)"
+                f"{where}: a text block that looks like a session: label it console (or python)"
             assert not block.mark("skip"), f"{where}: a text block cannot be skipped: it never runs"
             if block.mark("output"):
                 assert block.lang == "text", f"{where}: label an output block 'text'"
