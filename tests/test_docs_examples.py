@@ -125,8 +125,9 @@ def test_examples_run_in_a_subprocess(page, tmp_path):
 
 
 def test_the_runner_names_the_line_of_a_broken_example_in_a_subprocess(tmp_path):
-    """The mechanism itself: a Python block that raises, a console block whose output differs and a
-    setup comment are each reported at their own line, and a passing page passes."""
+    """The mechanism itself: a setup comment, an output block, a console block, copied files and a
+    Python block that raises, each reported at its own line; then a console block whose output
+    differs."""
     page = tmp_path / "page.md"
     page.write_text(
         "# A page\n"                                   # 1
@@ -146,17 +147,23 @@ def test_the_runner_names_the_line_of_a_broken_example_in_a_subprocess(tmp_path)
         "one\n"                                        # 15
         "...\n"                                        # 16
         "```\n"                                        # 17
-        "```python\n"                                  # 18
-        "x = 1\n"                                      # 19
-        "raise ValueError('broken on purpose')\n"      # 20
-        "```\n"                                        # 21
+        "<!-- doctest: files tests/cli/inputs -->\n"   # 18
+        "```console\n"                                 # 19
+        "$ ls base.safetensors\n"                      # 20
+        "base.safetensors\n"                           # 21
+        "```\n"                                        # 22
+        "```python\n"                                  # 23
+        "x = 1\n"                                      # 24
+        "raise ValueError('broken on purpose')\n"      # 25
+        "```\n"                                        # 26
     )
     proc = run_page(str(page), str(tmp_path / "work"), timeout=60)
     assert proc.returncode == 1, proc.stdout
-    assert f"FAILED {page}:18 (python)" in proc.stdout, proc.stdout
-    assert f'File "{page}", line 20' in proc.stdout and "broken on purpose" in proc.stdout, proc.stdout
+    assert f"FAILED {page}:23 (python)" in proc.stdout, proc.stdout
+    assert f'File "{page}", line 25' in proc.stdout and "broken on purpose" in proc.stdout, proc.stdout
     assert f"{page}:10 [text]: output compared" in proc.stdout, proc.stdout
     assert f"{page}:13 [console]: ran, output compared" in proc.stdout, proc.stdout
+    assert f"{page}:19 [console]: ran, output compared" in proc.stdout, proc.stdout  # the files were copied
 
     page.write_text(page.read_text().replace("one\n...\n", "three\n"))
     proc = run_page(str(page), str(tmp_path / "work2"), timeout=60)
