@@ -2,6 +2,7 @@
 
 from .tools.lockfile import (
     HEADER,
+    TIMEOUT,
     VERSION,
     CheckResult,
     LockEntry,
@@ -12,8 +13,9 @@ from .tools.lockfile import (
     make_lock,
     parse_lock,
     read_lock,
+    target,
     write_lock,
 )
 
-__all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect",
-           "make_lock", "format_lock", "parse_lock", "read_lock", "write_lock", "check_lock"]
+__all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect", "target",
+           "make_lock", "format_lock", "parse_lock", "read_lock", "write_lock", "check_lock", "TIMEOUT"]

@@ -85,18 +85,19 @@ class _Out:
 
     def line(self, text: str = "") -> None:
         if not self.as_json:
-            print(text, file=self.stdout)
+            print(printable(text, self.stdout), file=self.stdout)
 
     def json(self, obj: Any) -> None:
-        if self.as_json:
-            print(json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False), file=self.stdout)
+        if self.as_json:  # file names that are not UTF-8 are escaped: the JSON is always valid UTF-8
+            text = json.dumps(_utf8(obj), indent=2, ensure_ascii=False, allow_nan=False)
+            print(printable(text, self.stdout), file=self.stdout)
 
     def error(self, text: str) -> None:
         self.close_bars()
-        print(f"{PROG}: error: {text}", file=self.stderr)
+        print(printable(f"{PROG}: error: {text}", self.stderr), file=self.stderr)
 
     def warn(self, text: str) -> None:
-        print(f"{PROG}: warning: {text}", file=self.stderr)
+        print(printable(f"{PROG}: warning: {text}", self.stderr), file=self.stderr)
 
     def wrap(self, verb: str) -> Callable[[Any, int], Any] | None:
         """A file wrapper that draws a progress bar (on a terminal, for large files); None elsewhere."""
@@ -116,6 +117,42 @@ class _Out:
         for bar in self._bars:
             bar.close()
         self._bars.clear()
+
+
+def _escaped(text: str) -> str:
+    """``text`` as valid UTF-8: the bytes of a file name that are not UTF-8 (which Python holds as
+    surrogate escapes, ``\\udcff``) become ``\\xff``, the same escape everywhere (stdout, stderr,
+    JSON)."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that no file name decodes to
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def printable(text: str, stream: Any) -> str:
+    """``text`` as ``stream`` can write it: escaped as :func:`_escaped` does, and characters its
+    encoding lacks (an ASCII terminal's) as backslash escapes, never a UnicodeEncodeError."""
+    text = _escaped(text)
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        text = text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:
+        pass
+    return text
+
+
+def _utf8(v: Any) -> Any:
+    """A JSON-ready object with every string :func:`_escaped` (keys included)."""
+    if isinstance(v, str):
+        return _escaped(v)
+    if isinstance(v, dict):
+        return {(_escaped(k) if isinstance(k, str) else k): _utf8(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_utf8(x) for x in v]
+    return v
 
 
 def _message(e: BaseException, path: str | None = None) -> str:
@@ -484,7 +521,8 @@ def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
 
 def cmd_lock(args: argparse.Namespace, out: _Out) -> int:
     try:
-        entries = lockfile.make_lock(args.paths, args.output, wrap=out.wrap("lock"))
+        entries = lockfile.make_lock(args.paths, args.output, wrap=out.wrap("lock"), allow=args.allow,
+                                     timeout=args.timeout)
         lockfile.write_lock(entries, args.output)
     except _READ_ERRORS as e:
         out.error(_message(e))
@@ -494,7 +532,17 @@ def cmd_lock(args: argparse.Namespace, out: _Out) -> int:
     out.json({"lockfile": args.output, "entries": [
         {"path": e.path, "digest": e.digest, "size": e.size} for e in entries]})
     out.line(f"wrote {args.output}: {len(entries)} file{'s' if len(entries) != 1 else ''}")
+    prefixes = sorted({_url_folder(e.path) for e in entries if storage.is_url(e.path)})
+    if prefixes:  # check follows a URL line only under a prefix it is allowed
+        allow = " ".join(f"--allow {p}" for p in prefixes)
+        out.warn(f"check this lockfile with: {PROG} check {allow} {args.output}")
     return EXIT_OK
+
+
+def _url_folder(url: str) -> str:
+    """The URL of the folder an object's URL is in (``s3://b/ckpt/a.safetensors``: ``s3://b/ckpt``)."""
+    head, _, _ = url.rpartition("/")
+    return head if "://" in head and not head.endswith(":/") else url
 
 
 def cmd_check(args: argparse.Namespace, out: _Out) -> int:
@@ -503,7 +551,8 @@ def cmd_check(args: argparse.Namespace, out: _Out) -> int:
     several = len(args.lockfiles) > 1
     for lock in args.lockfiles:
         try:
-            results = lockfile.check_lock(lock, wrap=wrap, workers=1 if wrap else WORKERS)
+            results = lockfile.check_lock(lock, wrap=wrap, workers=1 if wrap else WORKERS, allow=args.allow,
+                                          timeout=args.timeout)
         except _READ_ERRORS as e:
             out.error(_message(e, lock))
             code = EXIT_ERROR
@@ -837,6 +886,13 @@ def _nonnegative(text: str) -> float:
     return x
 
 
+def _positive(text: str) -> float:
+    x = _nonnegative(text)
+    if x == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return x
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
@@ -879,14 +935,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "sharing and non-tensor values, e.g. against a file written by transformers")
     p.set_defaults(func=cmd_diff)
 
-    p = sub.add_parser("lock", parents=[common], help="write a lockfile of expected digests")
-    p.add_argument("paths", nargs="+", metavar="PATH_OR_GLOB")
+    scope = argparse.ArgumentParser(add_help=False)
+    scope.add_argument("--allow", action="append", default=[], metavar="FOLDER_OR_URL",
+                       help="also let lockfile lines name files under this folder, or objects under this URL "
+                            "prefix (s3://bucket/prefix); repeatable. By default a line may name only files "
+                            "inside the lockfile's folder")
+    scope.add_argument("--timeout", type=_positive, default=lockfile.TIMEOUT, metavar="SECONDS",
+                       help=f"give up after this many seconds in all (default {lockfile.TIMEOUT:g})")
+
+    p = sub.add_parser("lock", parents=[common, scope], help="write a lockfile of expected digests")
+    p.add_argument("paths", nargs="+", metavar="PATH_OR_GLOB",
+                   help="files, folders (every tensor file under them) or quoted globs ('ckpt/**/*.safetensors'), "
+                        "or URLs of objects in a store")
     p.add_argument("-o", "--output", default="tensors.lock", metavar="LOCKFILE",
                    help="lockfile to write (default tensors.lock)")
     p.set_defaults(func=cmd_lock)
 
-    p = sub.add_parser("check", parents=[common], help="verify files against lockfiles")
-    p.add_argument("lockfiles", nargs="+", metavar="LOCKFILE")
+    p = sub.add_parser("check", parents=[common, scope], help="verify files against lockfiles")
+    p.add_argument("lockfiles", nargs="+", metavar="LOCKFILE", help="lockfiles written by `tensorcanon lock`")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("convert", parents=[common], help="convert .pt/.safetensors/.npz to tensorcanon and back")
@@ -924,10 +990,14 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, usage errors
         return e.code if isinstance(e.code, int) else EXIT_ERROR
     out = _Out(sys.stdout, sys.stderr, args.json, not args.no_progress)
+    code: int | None = None
     try:
-        return args.func(args, out)
+        code = args.func(args, out)
+        sys.stdout.flush()  # (a closed pipe shows here, not at exit)
+        return code
     except CommandLineError as e:
-        print(f"{PROG} {args.command}: error: {e}\n(see '{PROG} {args.command} --help')", file=sys.stderr)
+        text = f"{PROG} {args.command}: error: {e}\n(see '{PROG} {args.command} --help')"
+        print(printable(text, sys.stderr), file=sys.stderr)
         return EXIT_ERROR
     except TensorCanonError as e:
         out.error(str(e))
@@ -935,9 +1005,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         out.error("interrupted")
         return 130
-    except BrokenPipeError:  # the reader of our output went away (`| head`): stop quietly
+    except BrokenPipeError:
+        # The reader of our output went away (`tensorcanon inspect x | head -1`): not an error.
+        # Python's documented recipe: point stdout at devnull, so the flush at exit cannot fail.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_OK if code is None else code
+    except Exception as e:  # noqa: BLE001 - the last line: any input gives exit 2 and a message, never a traceback
+        out.error(f"{args.command} failed: {type(e).__name__}: {e} (this is a bug in tensorcanon, please "
+                  "report it with the command that caused it)")
         return EXIT_ERROR
     finally:
         out.close_bars()

@@ -255,12 +255,16 @@ def _detect_local(path: str) -> str:
     if suffix in _TORCH_SUFFIXES and head[:1] == b"\x80":  # legacy (non-zip) torch.save
         return "torch"
     if head[8:9] != b"{":
-        raise FormatError(
-            f"{path}: not a tensorcanon, safetensors, torch (.pt), .npz or .npy file "
-            f"(it starts with {bytes(head[:8])!r})"
-        )
+        raise FormatError(_unrecognized(path, len(head)))
     with reader.open_file(path, DEFAULT) as cf:
         return "tensorcanon" if cf.is_tensorcanon else "safetensors"
+
+
+def _unrecognized(name: str, n: int) -> str:
+    # The file's bytes are never quoted: the file may be anything (a lockfile line or an argument
+    # naming a secret), and what is not a tensor file is nobody's business in a message or a log.
+    what = "it is empty" if n == 0 else "its first bytes match none of them"
+    return f"{name}: not a tensorcanon, safetensors, torch (.pt), .npz or .npy file ({what})"
 
 
 def _detect_remote(loc: storage.Location) -> str:
@@ -285,8 +289,7 @@ def _detect_remote(loc: storage.Location) -> str:
         if suffix in _TORCH_SUFFIXES and head[:1] == b"\x80":
             return "torch"
         if head[8:9] != b"{":
-            raise FormatError(f"{name}: not a tensorcanon, safetensors, torch (.pt), .npz or .npy file "
-                              f"(it starts with {bytes(head[:8])!r})")
+            raise FormatError(_unrecognized(name, len(head)))
         fh.seek(0)
         with reader.CheckedFile(Source(fh, name=name)) as cf:  # type: ignore[arg-type]  # a binary file
             return "tensorcanon" if cf.is_tensorcanon else "safetensors"
@@ -354,6 +357,17 @@ def load_file(path: str | os.PathLike | storage.Location, *, limits: Limits = DE
         return _load_foreign(fh, fmt, name)
 
 
+def _remaining(f: Any) -> int | None:
+    """Bytes left in the file object ``f`` from its position, where that can be known."""
+    try:
+        here = f.tell()
+        end = f.seek(0, os.SEEK_END)
+        f.seek(here)
+        return int(end - here)
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def _load_foreign(data: Any, fmt: str, path: str) -> Loaded:
     """A ``.pt``, ``.npy`` or ``.npz`` file's value, read from the file object ``data``, without
     unpickling anything but what ``torch.load(weights_only=True)`` allows."""
@@ -367,14 +381,12 @@ def _load_foreign(data: Any, fmt: str, path: str) -> Loaded:
                 "never unpickles arbitrary objects"
             ) from None
         return Loaded(value, fmt, path)
-    try:
-        if fmt == "npz":
-            with np.load(data, allow_pickle=False) as z:
-                value = {k: z[k] for k in sorted(z.files)}
-        else:
-            value = np.load(data, allow_pickle=False)
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-        raise FormatError(f"{path}: numpy.load(allow_pickle=False) cannot read it: {e}") from None
+    from . import npyfile  # bounded by the bytes the file holds, object arrays refused (never unpickled)
+
+    if fmt == "npz":
+        value = npyfile.read_npz(data, path)
+    else:
+        value = npyfile.read_npy(data, path, _remaining(data))
     return Loaded(value, fmt, path)
 
 
