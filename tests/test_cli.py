@@ -50,7 +50,8 @@ def _golden_parts(name):
     ("hash_unreadable", ["hash", "truncated.safetensors", "notes.txt", "nope.safetensors"]),
 ])
 def test_python_dash_m_matches_golden(inputs, name, argv):
-    proc = subprocess.run([sys.executable, "-m", "tensorcanon", *argv], cwd=inputs, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "tensorcanon", *argv], cwd=inputs, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": ""})  # not a terminal of any width
     code, stdout, stderr = _golden_parts(name)
     assert proc.returncode == code
     assert proc.stdout.rstrip("\n") == stdout.rstrip("\n")

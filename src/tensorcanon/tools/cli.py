@@ -12,7 +12,22 @@ for people by default and JSON with ``--json``. Exit codes, for CI:
 - 2: the command could not do its job: a usage error, a file that cannot be
   read or is not a file tensorcanon reads, a command that failed.
 
-docs/CLI.md describes every command and its output.
+Commands (``tensorcanon COMMAND --help`` lists each one's arguments)::
+
+    hash FILE... [--verify]                 content digest of each file
+    verify FILE... [--expect DIGEST]        re-hash files, name the first corrupt tensor
+    inspect FILE                            the object tree, one row per value
+    diff A B [--atol X] [--rtol Y] [--tensors-only]
+    lock PATH_OR_GLOB... [-o LOCKFILE] [--allow FOLDER_OR_URL] [--timeout S]
+    check LOCKFILE... [--allow FOLDER_OR_URL] [--timeout S]
+    convert IN OUT [--to FORMAT] [--algorithm ALG] [--force]
+    consolidate DIR OUT                     a sharded checkpoint as one file
+    repro [--runs N] --out PATH... -- CMD...
+
+A lockfile's lines may name files inside its own folder only; ``--allow`` adds folders and URL
+prefixes (``s3://bucket/ckpt``). This docstring is installed with the package
+(``python -m pydoc tensorcanon.tools.cli``); docs/CLI.md of the source tree describes every
+command and its output in full.
 """
 
 from __future__ import annotations
@@ -25,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO, TypeVar
@@ -266,6 +282,7 @@ def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
         raise CommandLineError(f"--expect {digest.text_error(args.expect)}")
     code, results = EXIT_OK, []
     wrap = out.wrap("verify")  # progress bars (a terminal): one file at a time; else several at once
+    width = max(len(_escaped(storage.redact(f))) for f in args.files)  # digests in one column
     try:
         checked = _each(lambda given: _verify_one(given, wrap), args.files, parallel=wrap is None)
         for given, (status, found) in zip(args.files, checked, strict=True):
@@ -290,7 +307,7 @@ def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
                 out.line(f"MISMATCH  {path}: digest {found}, expected {args.expect}{why}")
             else:
                 results.append({"path": path, "status": "ok", "digest": found})
-                out.line(f"OK        {path}  {found}")
+                out.line(f"OK        {_escaped(path):<{width}}  {found}")
     finally:
         out.close_bars()
     out.json({"files": results})
@@ -370,14 +387,71 @@ def _fit(text: str, width: int) -> str:
     return text[:head] + "..." + text[len(text) - (keep - head):]
 
 
+_TYPE_ROOM, _SHAPE_ROOM, _PATH_MIN, _LAST_MIN = 16, 16, 16, len("DIGEST / VALUE")
+
+
+def _fit_table(rows: list[list[str]], width: int) -> tuple[list[list[str]], set[int], str | None]:
+    """Cut the cells of inspect's table (header first) so that its lines fit ``width`` columns.
+
+    TYPE keeps the last part of a dotted name (``AttributeDict``, not its module), SHAPE is cut
+    in the middle; PATH gets the room left, before DIGEST / VALUE, and is cut keeping its tail (the
+    informative end: ``$["sta...layers.0.weight"]``); a digest that does not fit loses its algorithm
+    prefix, then its end (``ffde60cb...``), a value its end; a DEVICE column that holds one device
+    only is left out (``(rows, right-aligned columns, note)``: the note names that device). When
+    even the shortest cells do not fit, lines are as short as they can be."""
+    body = rows[1:]
+    for cells in body:
+        cells[1] = _fit(cells[1].rsplit(".", 1)[-1], _TYPE_ROOM)
+        cells[3] = _fit(cells[3], _SHAPE_ROOM)
+    fixed = sum(max(len(r[i]) for r in rows) for i in range(1, 6))
+    room = width - fixed - 2 * (len(rows[0]) - 1)  # for PATH and DIGEST / VALUE
+    path_w = max(len(r[0]) for r in rows)
+    last_w = max(len(r[6]) for r in rows)
+    if path_w + last_w <= room:
+        return rows, {5}, None
+    devices = {r[4] for r in body} - {""}
+    note = None
+    if len(devices) <= 1:  # one device for every tensor: said once, above the table, not on each row
+        note = f"every tensor on {next(iter(devices))}" if devices else None
+        rows = [r[:4] + r[5:] for r in rows]
+        room += len("DEVICE") + 2
+    path_room = max(min(path_w, room - min(last_w, _LAST_MIN)), min(path_w, _PATH_MIN))
+    last_room = max(room - path_room, _LAST_MIN)
+    for cells in rows[1:]:
+        cells[0] = _keep_tail(cells[0], path_room)
+        cells[-1] = _clip_value(cells[-1], last_room)
+    return rows, {len(rows[0]) - 2}, note
+
+
+def _keep_tail(text: str, width: int) -> str:
+    """``text`` in ``width`` characters: a short head, ``...``, and as much of its end as fits."""
+    if len(text) <= width:
+        return text
+    head = min(max(width // 5, 2), 8)
+    tail = max(width - head - 3, 1)
+    return text[:head] + "..." + text[len(text) - tail:]
+
+
+def _clip_value(text: str, width: int) -> str:
+    """The DIGEST / VALUE cell in ``width`` characters (a digest first loses its ``xxh3-128:``)."""
+    if len(text) <= width:
+        return text
+    algorithm, colon, rest = text.partition(":")
+    if colon and algorithm in digest.ALGORITHMS:
+        text = rest
+    return text if len(text) <= width else text[: max(width - 3, 1)] + "..."
+
+
 def _terminal_width(stream: TextIO) -> int | None:
     """The width to fit a table to: the terminal's (or $COLUMNS), None when writing to a file or pipe."""
-    if "COLUMNS" not in os.environ:
-        try:
-            if not stream.isatty():
-                return None
-        except (AttributeError, ValueError):
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        if not stream.isatty():
             return None
+    except (AttributeError, ValueError):
+        return None
     return shutil.get_terminal_size().columns
 
 
@@ -436,6 +510,7 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
         "unique_tensors": sum(1 for r in rows if r["dtype"] is not None and r["same_as"] is None),
         "tensor_bytes": sum(r["bytes"] for r in rows if r["dtype"] is not None and r["same_as"] is None),
         "file_bytes": size,
+        **({"stored_bytes": sharded["stored_size"]} if sharded is not None else {}),
     }
     fmt_text = f"tensorcanon (format version {version})" if fmt == "tensorcanon" else \
         f"{fmt} (no tensorcanon manifest: digests are those tensorcanon convert would record)"
@@ -449,16 +524,26 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
               "entries": rows, "totals": totals, **({"layout": layout_info} if layout_info else {})})
     if out.as_json:
         return EXIT_OK
-    out.line(f"file:     {path}")
-    out.line(f"format:   {fmt_text}")
-    out.line(f"digest:   {file_digest}")
+    width = _terminal_width(out.stdout)
+
+    def field(name: str, text: str) -> None:  # on a terminal, wrapped to its width
+        label = f"{name + ':':<10}"
+        if width is None or len(label) + len(text) <= width:
+            out.line(label + text)
+            return
+        for line in textwrap.wrap(text, max(width - 10, 20), initial_indent=label, subsequent_indent=" " * 10,
+                                  break_on_hyphens=False):
+            out.line(line)
+
+    field("file", path)
+    field("format", fmt_text)
+    field("digest", file_digest)
     if layout_info:
         split = sum(1 for cs in layout_info["chunks"].values() if len(cs) > 1)
-        out.line(f"layout:   {split} of {len(layout_info['chunks'])} tensors split into chunks; "
-                 f"per-rank values at {', '.join(map(str, layout_info['per_rank'])) or 'none'}")
+        field("layout", f"{split} of {len(layout_info['chunks'])} tensors split into chunks; "
+                        f"per-rank values at {', '.join(map(str, layout_info['per_rank'])) or 'none'}")
     if metadata is not None:
-        out.line(f"metadata: {_short_repr(metadata, 200)}")
-    out.line()
+        field("metadata", _short_repr(metadata, 200))
     table_rows = [["PATH", "TYPE", "DTYPE", "SHAPE", "DEVICE", "BYTES", "DIGEST / VALUE"]]
     for r in rows:
         last = r["digest"] or r["value"] or ""
@@ -468,18 +553,24 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
             r["path"], r["type"], r["dtype"] or "", "" if r["shape"] is None else str(r["shape"]),
             r["device"] or "", "" if r["bytes"] is None else str(r["bytes"]), last,
         ])
-    width = _terminal_width(out.stdout)
-    if width is not None:  # long paths (a Lightning checkpoint's) cut in the middle, to fit the terminal
-        widths = [max(len(r[i]) for r in table_rows) for i in range(1, len(table_rows[0]))]
-        room = max(width - sum(widths) - 2 * len(widths), 24)
-        for cells in table_rows[1:]:
-            cells[0] = _fit(cells[0], room)
-    for line in _table(table_rows, right={5}):
+    right = {5}
+    if width is not None:  # a terminal: every line fits its width (a file, a pipe and JSON get it all)
+        table_rows, right, note = _fit_table(table_rows, width)
+        if note:
+            field("devices", note)
+    out.line()
+    for line in _table(table_rows, right=right):
         out.line(line)
     out.line()
     t = totals
-    out.line(f"total: {t['entries']} entries, {t['tensors']} tensors ({t['unique_tensors']} stored), "
-             f"{t['tensor_bytes']} bytes of tensor data, file {t['file_bytes']} bytes")
+    size = f"file {t['file_bytes']} bytes"
+    if sharded is not None:  # one definition of a checkpoint's size (lock records the same)
+        size = (f"{t['file_bytes']} bytes as one file ({t['stored_bytes']} bytes in its "
+                f"{sharded['world_size'] + 1} files)")
+    total = (f"{t['entries']} entries, {t['tensors']} tensors ({t['unique_tensors']} stored), "
+             f"{t['tensor_bytes']} bytes of tensor data, {size}")
+    for line in [f"total: {total}"] if width is None else textwrap.wrap(f"total: {total}", max(width, 20)):
+        out.line(line)
     return EXIT_OK
 
 
@@ -634,6 +725,8 @@ def cmd_convert(args: argparse.Namespace, out: _Out) -> int:
         raise CommandLineError(
             f"OUT {args.output!r} names a {_OTHER_FORMATS[suffix]} file, but convert writes tensorcanon or plain "
             "safetensors files (which torch.load and numpy.load cannot read): name it .safetensors")
+    if os.path.lexists(args.output) and not args.force:  # as repro: nothing the user has is overwritten unasked
+        raise CommandLineError(f"OUT {args.output!r} already exists; pass --force to replace it")
     if args.algorithm is not None and args.to == "safetensors":
         raise CommandLineError(f"--algorithm {args.algorithm} applies to tensorcanon output only; plain safetensors "
                          "records no digests (drop --to safetensors, or --algorithm)")
@@ -886,6 +979,14 @@ def _nonnegative(text: str) -> float:
     return x
 
 
+EPILOG = f"""\
+exit status: 0 ok, 1 difference or mismatch found, 2 usage error or unreadable file.
+
+A command's arguments: {PROG} COMMAND --help. The commands and exit statuses, wherever tensorcanon
+is installed: python -m pydoc tensorcanon.tools.cli. The full manual with examples is docs/CLI.md
+of the source tree (not installed with the wheel)."""
+
+
 def _positive(text: str) -> float:
     x = _nonnegative(text)
     if x == 0:
@@ -902,32 +1003,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(  # its usage errors exit with status 2, as ours do
         prog=PROG,
         description="Hash, verify, inspect, compare and lock tensor files; check that runs reproduce.",
-        epilog="Exit status: 0 ok, 1 difference or mismatch found, 2 usage error or unreadable file. "
-               "See docs/CLI.md.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     p = sub.add_parser("hash", parents=[common], help="print the content digest of each file")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="tensor files (any format `convert` reads), sharded checkpoint directories or URLs")
     p.add_argument("--verify", action="store_true", help="re-hash every tensor instead of trusting the manifest")
     p.set_defaults(func=cmd_hash)
 
     p = sub.add_parser("verify", parents=[common], help="re-hash files and name the first corrupt tensor")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="tensorcanon files, sharded checkpoint directories or URLs")
     p.add_argument("--expect", metavar="DIGEST",
                    help="also require this digest (of every FILE): xxh3-128:<32 hex> or sha256:<64 hex>, "
                         "in the algorithm the file records")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("inspect", parents=[common], help="show the object tree, tensor by tensor")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="a tensor file (any format `convert` reads), a sharded "
+                   "checkpoint directory or a URL")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("diff", parents=[common], help="structural and numeric differences between two files")
-    p.add_argument("a", metavar="A")
-    p.add_argument("b", metavar="B")
+    p.add_argument("a", metavar="A", help="the reference file (or directory, or URL)")
+    p.add_argument("b", metavar="B", help="the file compared with it; relative differences are relative to B")
     p.add_argument("--atol", type=_nonnegative, default=0.0, help="absolute tolerance (default 0: bit-exact)")
     p.add_argument("--rtol", type=_nonnegative, default=0.0, help="relative tolerance, relative to B (default 0)")
     p.add_argument("--tensors-only", action="store_true",
@@ -956,8 +1060,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("convert", parents=[common], help="convert .pt/.safetensors/.npz to tensorcanon and back")
-    p.add_argument("input", metavar="IN")
-    p.add_argument("output", metavar="OUT")
+    p.add_argument("input", metavar="IN", help="the file to convert: .pt/.pth/.bin, .npz/.npy, plain safetensors, "
+                   "a tensorcanon file or a sharded checkpoint directory")
+    p.add_argument("output", metavar="OUT", help="the file to write (atomically); it must not exist, unless --force")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--to", choices=["tensorcanon", "safetensors"],
                    help="output format (default: safetensors for a tensorcanon input without --algorithm, "
                         "else tensorcanon)")
@@ -968,8 +1074,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("consolidate", parents=[common],
                        help="write a sharded checkpoint directory as one tensorcanon file")
-    p.add_argument("dir", metavar="DIR")
-    p.add_argument("output", metavar="OUT")
+    p.add_argument("dir", metavar="DIR", help="a sharded checkpoint directory (written by tensorcanon.dcp)")
+    p.add_argument("output", metavar="OUT", help="the tensorcanon file to write; not DIR or a file in it")
     p.set_defaults(func=cmd_consolidate)
 
     p = sub.add_parser("repro", parents=[common], help="run a command several times and compare what it writes",

@@ -535,7 +535,28 @@ def _scalar(flat: torch.Tensor, u: torch.Tensor, i: int, numeric: torch.dtype | 
         return _bits_hex(u[i])
     if not (flat.dtype.is_floating_point or flat.dtype.is_complex):
         return x.item()
-    return x.to(numeric).item()
+    value = x.to(numeric).item()
+    if flat.dtype.is_complex:
+        part = torch.float32 if flat.dtype == torch.complex64 else torch.float64
+        if flat.dtype == torch.complex32:
+            part = torch.float16
+        return complex(_shortest(value.real, part), _shortest(value.imag, part))
+    return _shortest(value, flat.dtype)
+
+
+def _shortest(value: float, dtype: torch.dtype) -> float:
+    """``value`` (exactly a ``dtype`` number) as the float with the fewest decimal digits that is
+    still that ``dtype`` number: a float32 element prints as ``0.45777494``, as numpy and torch
+    print it, not with the 17 digits of its float64 widening (``0.45777493715286255``)."""
+    if dtype == torch.float64 or not math.isfinite(value):
+        return value
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[dtype.itemsize]
+    want = torch.tensor(value, dtype=torch.float64).to(dtype).view(bits)
+    for digits in range(1, 18):
+        candidate = float(f"{value:.{digits}g}")
+        if bool(torch.tensor(candidate, dtype=torch.float64).to(dtype).view(bits) == want):
+            return candidate
+    return value
 
 
 def tensor_stats(a: torch.Tensor, b: torch.Tensor, atol: float = 0.0, rtol: float = 0.0) -> TensorStats | None:
