@@ -33,6 +33,7 @@ command and its output in full.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -54,7 +55,7 @@ from ..format.tree import Decoder
 from ..io import reader, storage, writer
 from ..io.source import open_path
 from . import lockfile
-from .diff import DiffResult, describe, detect_format, diff, load_file
+from .diff import DiffResult, describe, detect_format, diff, load_file, open_lazily
 from .progress import BinaryReader, Progress, ProgressFile
 
 EXIT_OK = 0
@@ -587,15 +588,15 @@ def _print_diff(result: DiffResult, out: _Out, indent: str = "", limit: int | No
 
 def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
     loaded = []
-    for path in (args.a, args.b):
-        try:  # (a directory is a sharded checkpoint, compared by its logical content)
-            loaded.append(load_file(path, wrap=out.wrap("read")))
-        except _READ_ERRORS as e:
-            out.error(_message(e, storage.redact(path)))
-            return EXIT_ERROR
-        finally:
-            out.close_bars()
-    result = diff(loaded[0], loaded[1], atol=args.atol, rtol=args.rtol, tensors_only=args.tensors_only)
+    with contextlib.ExitStack() as opened:
+        for path in (args.a, args.b):
+            try:  # (a directory is a sharded checkpoint, compared by its logical content)
+                loaded.append(opened.enter_context(contextlib.closing(open_lazily(path))))
+            except _READ_ERRORS as e:
+                out.error(_message(e, storage.redact(path)))
+                return EXIT_ERROR
+        # tensors are read as they are compared, one pair at a time (memory: the largest tensors)
+        result = diff(loaded[0], loaded[1], atol=args.atol, rtol=args.rtol, tensors_only=args.tensors_only)
     data = result.to_dict()
     data["formats"] = [loaded[0].format, loaded[1].format]
     out.json(data)

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..format import dtypes, optional, paths, registry, tensorbytes, walk
+from ..format import dtypes, optional, paths, registry, tensorbytes, tree, walk
 from ..format.errors import FormatError, LimitError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.ordering import UnorderableKey, sorted_keys
@@ -218,6 +218,15 @@ class Loaded:
     devices: dict[str, str] = field(default_factory=dict)  # path -> recorded device, where not "cpu"
     metadata: Any = None                          # a tensorcanon file's ``metadata`` dict, if any
     algorithm: str | None = None                  # a tensorcanon file's digest algorithm
+    # Read lazily (:func:`open_lazily`): id of a placeholder tensor (no data) -> reads its values.
+    fetch: dict[int, Callable[[], Any]] = field(default_factory=dict)
+    closer: Callable[[], None] | None = None
+
+    def close(self) -> None:
+        """Check the tensors never read (a lazily read file) and close the file."""
+        if self.closer is not None:
+            closer, self.closer = self.closer, None
+            closer()
 
 
 def detect_format(path: str | os.PathLike | storage.Location, storage_options: Any = None) -> str:
@@ -368,6 +377,76 @@ def _remaining(f: Any) -> int | None:
         return None
 
 
+def open_lazily(path: str | os.PathLike | storage.Location, *, limits: Limits = DEFAULT,
+                storage_options: Any = None) -> Loaded:
+    """A file read for :func:`diff` with memory bounded by its largest tensor, not its size.
+
+    A local tensorcanon or plain safetensors file comes with its object tree whole and placeholder
+    tensors that hold no data (meta tensors; zero-stride arrays), each read, verified, when it is
+    compared (:attr:`Loaded.fetch`) and dropped after; :meth:`Loaded.close` verifies the ones never
+    compared (a damaged file is an error, whatever is compared) and closes the file. Anything
+    else is :func:`load_file` (loaded whole). Use it as ``with contextlib.closing(...)``.
+    """
+    target = storage.resolve(path, storage_options)
+    if isinstance(target, storage.Location) or os.path.isdir(os.fspath(target)) \
+            or detect_format(target) not in ("tensorcanon", "safetensors"):
+        return load_file(target, limits=limits)
+    name = os.fspath(target)
+    cf = reader.open_file(name, limits)
+    try:
+        rows = cf.rows
+        holders = [_placeholder(info) for info in rows]
+        if any(h is None for h in holders):  # a dtype this torch or numpy cannot hold: read whole
+            cf.close()
+            return load_file(name, limits=limits)
+        read: set[int] = set()
+
+        def fetcher(index: int) -> Callable[[], Any]:
+            def fetch() -> Any:
+                read.add(index)
+                return cf.read(index, map_location="cpu")
+            return fetch
+
+        def close() -> None:
+            try:
+                for info in rows:  # the tensors no comparison read: checked all the same
+                    if info.index not in read:
+                        cf.read(info.index, map_location="cpu")
+            finally:
+                cf.close()
+
+        fetch = {id(h): fetcher(i) for i, h in enumerate(holders)}
+        if cf.manifest is None:
+            value = {r.name: holders[r.index] for r in sorted(rows, key=lambda r: r.name)}
+            return Loaded(value, "safetensors", name, fetch=fetch, closer=close)
+        cf.check_tree()
+        m = cf.manifest
+        value = tree.decode_manifest(m.root, m.meta, [info.name for info in m.tensors], m.version,
+                                     limits.max_depth, holders, False)[0]
+        return Loaded(value, "tensorcanon", name, cf.devices(), cf.metadata(), cf.algorithm,
+                      fetch=fetch, closer=close)
+    except BaseException:
+        cf.close()
+        raise
+
+
+def _placeholder(info: Any) -> Any:
+    """A tensor or array with ``info``'s kind, dtype, shape and grad flag and no data, or None."""
+    if info.kind == "ndarray":
+        if not info.dtype.has_numpy:
+            return None
+        one = np.zeros(1, dtype=info.dtype.numpy)
+        return np.lib.stride_tricks.as_strided(one, shape=info.shape, strides=(0,) * len(info.shape),
+                                               writeable=False)
+    dtype = info.dtype.torch
+    if dtype is None:
+        return None
+    t = torch.empty(info.shape, dtype=dtype, device="meta")
+    if info.kind == "parameter":
+        return torch.nn.Parameter(t, requires_grad=info.requires_grad)
+    return t.requires_grad_(True) if info.requires_grad else t
+
+
 def _load_foreign(data: Any, fmt: str, path: str) -> Loaded:
     """A ``.pt``, ``.npy`` or ``.npz`` file's value, read from the file object ``data``, without
     unpickling anything but what ``torch.load(weights_only=True)`` allows."""
@@ -463,19 +542,20 @@ def diff(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, tensors_only: 
     """
     if not (atol >= 0 and rtol >= 0 and math.isfinite(atol) and math.isfinite(rtol)):
         raise UsageError(f"atol and rtol must be finite and >= 0, got atol={atol!r}, rtol={rtol!r}")
-    sides: list[tuple[Any, dict[str, str], str | None]] = []
-    for value in (a, b):
-        if isinstance(value, (str, os.PathLike, storage.Location)):
-            loc = storage.resolve(value, storage_options) if storage.is_url(value) else value
-            loaded = load_file(loc, limits=limits)
-            sides.append((loaded.value, loaded.devices, loaded.path))
-        elif isinstance(value, Loaded):
-            sides.append((value.value, value.devices, value.path))
-        else:
-            sides.append((value, {}, None))
-    d = _Differ(float(atol), float(rtol), sides[0][1], sides[1][1], limits.max_depth, bool(tensors_only))
-    d.compare(sides[0][0], sides[1][0], (), 0)
-    return DiffResult(d.out, float(atol), float(rtol), sides[0][2] or "A", sides[1][2] or "B",
+    sides: list[Loaded] = []
+    with contextlib.ExitStack() as opened:
+        for value in (a, b):
+            if isinstance(value, (str, os.PathLike, storage.Location)):  # read one tensor at a time
+                loc = storage.resolve(value, storage_options) if storage.is_url(value) else value
+                sides.append(opened.enter_context(contextlib.closing(open_lazily(loc, limits=limits))))
+            elif isinstance(value, Loaded):
+                sides.append(value)
+            else:
+                sides.append(Loaded(value, "object", ""))
+        d = _Differ(float(atol), float(rtol), sides[0].devices, sides[1].devices, limits.max_depth,
+                    bool(tensors_only), sides[0].fetch, sides[1].fetch)
+        d.compare(sides[0].value, sides[1].value, (), 0)
+    return DiffResult(d.out, float(atol), float(rtol), sides[0].path or "A", sides[1].path or "B",
                       bool(tensors_only))
 
 
@@ -568,11 +648,16 @@ def tensor_stats(a: torch.Tensor, b: torch.Tensor, atol: float = 0.0, rtol: floa
     ua, ub = fa.view(torch.uint8).reshape(-1, itemsize), fb.view(torch.uint8).reshape(-1, itemsize)
     numeric = _numeric(a.dtype)
     tolerant = (atol > 0 or rtol > 0) and numeric is not None
+    whole = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(itemsize)
+    ia, ib = (fa.view(whole), fb.view(whole)) if whole is not None else (None, None)
     count, first = 0, None
     max_abs = max_rel = 0.0
     for start in range(0, n, _CHUNK_ELEMENTS):
         end = min(start + _CHUNK_ELEMENTS, n)
-        ne = (ua[start:end] != ub[start:end]).any(dim=1)
+        if ia is not None and ib is not None:  # bits compared an element at a time: 1 byte per element
+            ne = ia[start:end] != ib[start:end]
+        else:
+            ne = (ua[start:end] != ub[start:end]).any(dim=1)
         if tolerant:
             close = torch.isclose(fa[start:end].to(numeric), fb[start:end].to(numeric),
                                   rtol=rtol, atol=atol, equal_nan=True)
@@ -642,7 +727,8 @@ def _float_bits(x: float) -> bytes:
 
 class _Differ:
     def __init__(self, atol: float, rtol: float, devices_a: dict, devices_b: dict, max_depth: int,
-                 tensors_only: bool = False) -> None:
+                 tensors_only: bool = False, fetch_a: dict | None = None, fetch_b: dict | None = None) -> None:
+        self.fetch_a, self.fetch_b = fetch_a or {}, fetch_b or {}  # placeholders of files read lazily
         self.atol, self.rtol = atol, rtol
         self.tolerant = atol > 0 or rtol > 0
         self.devices_a, self.devices_b = devices_a, devices_b
@@ -776,16 +862,19 @@ class _Differ:
         if tuple(a.shape) != tuple(b.shape):
             self.add(trail, "shape", str(list(a.shape)), str(list(b.shape)))
             return
-        dev_a = self.devices_a.get(where, "cpu" if isinstance(a, np.ndarray) else str(a.device))
-        dev_b = self.devices_b.get(where, "cpu" if isinstance(b, np.ndarray) else str(b.device))
+        fa, fb = self.fetch_a.get(id(a)), self.fetch_b.get(id(b))
+        dev_a = self.devices_a.get(where, "cpu" if fa or isinstance(a, np.ndarray) else str(a.device))
+        dev_b = self.devices_b.get(where, "cpu" if fb or isinstance(b, np.ndarray) else str(b.device))
         if dev_a != dev_b:
             self.add(trail, "device", dev_a, dev_b)
         rg_a = bool(getattr(a, "requires_grad", False))
         rg_b = bool(getattr(b, "requires_grad", False))
         if rg_a != rg_b:
             self.add(trail, "requires_grad", str(rg_a), str(rg_b))
-        if getattr(a, "is_meta", False) or getattr(b, "is_meta", False):
+        if (not fa and getattr(a, "is_meta", False)) or (not fb and getattr(b, "is_meta", False)):
             return  # meta tensors hold no values
-        stats = tensor_stats(_as_torch(a), _as_torch(b), self.atol, self.rtol)
+        # (a placeholder's values are read now, and dropped once compared: memory is bounded by
+        # the tensors compared at once, not by the files)
+        stats = tensor_stats(_as_torch(fa() if fa else a), _as_torch(fb() if fb else b), self.atol, self.rtol)
         if stats is not None:
             self.add(trail, "values", None, None, stats)
