@@ -160,3 +160,53 @@ def test_inspect_fits_80_columns_with_a_lightning_checkpoint(tmp_path, monkeypat
     shown_paths = [row[: starts[0]].rstrip() for row in table[1:]]
     tails = [p for p in shown_paths if p.endswith('["exp_avg_sq"]')]
     assert len(tails) == len(set(tails)) > 1  # the parameter index survives the cut
+
+
+ROOT = os.path.dirname(HERE)
+CLI_MD = os.path.join(ROOT, "docs", "CLI.md")
+
+
+def _blocks_and_headings(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """CommonMark's fences (``` opens with an optional info string; only a line of backticks, as
+    many or more, closes) and the ATX headings outside them."""
+    blocks, headings, fence, info, body = [], [], None, "", []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if fence is None:
+            m = re.match(r"^ {0,3}(`{3,})([^`]*)$", line)
+            if m:
+                fence, info, body = m.group(1), m.group(2).strip(), []
+            elif re.match(r"^ {0,3}#{1,6} ", line):
+                headings.append(stripped)
+        elif re.fullmatch(r"`{3,}", stripped) and len(stripped) >= len(fence) and not line.startswith("    "):
+            blocks.append((info, "\n".join(body)))
+            fence = None
+        else:
+            body.append(line)
+    assert fence is None, "a fence is never closed"
+    return blocks, headings
+
+
+def test_cli_md_renders_with_every_heading_and_its_yaml_parses():
+    import yaml
+
+    text = open(CLI_MD, encoding="utf-8").read()
+    blocks, headings = _blocks_and_headings(text)
+    for command in ("hash", "verify", "inspect", "diff", "lock and check", "convert", "consolidate", "repro"):
+        assert f"## {command}" in headings, (command, headings)
+    assert "### In CI" in headings and "### As a pre-commit hook" in headings
+    hooks = {h["id"]: h for h in yaml.safe_load(open(os.path.join(ROOT, ".pre-commit-hooks.yaml")))}
+    configs = [yaml.safe_load(body) for info, body in blocks if info == "yaml"]
+    assert len(configs) == 3
+    for config in configs[1:]:  # the pre-commit snippets
+        (repo,) = config["repos"]
+        assert "<owner>" not in str(repo["repo"]) and [h["id"] for h in repo["hooks"]] == ["tensorcanon-check"]
+        if repo["repo"] == "local":
+            hook = repo["hooks"][0]
+            assert hook["entry"] == hooks["tensorcanon-check"]["entry"]
+            assert hook["files"] == hooks["tensorcanon-check"]["files"]
+    # no install line that needs a package index (tensorcanon is on none): a path, a wheel or git
+    assert not re.search(r"pip install \"?tensorcanon(\[\w+\])?\"?(?=\s|$)(?! @)", text), "install from an index"
+    synopsis = blocks[0][1]
+    for command in cli.build_parser()._subparsers._group_actions[0].choices:
+        assert f"tensorcanon {command} " in synopsis, command
