@@ -171,3 +171,13 @@ def test_glob_does_not_follow_symlinked_folders(tmp_path):
     assert str(d / ".hidden" / "h.safetensors") not in lockfile.collect([str(d / "**" / "*.safetensors")])
     code, out, err = run_cli("lock", "dir/**/*.safetensors", "-o", "t.lock", cwd=tmp_path)
     assert code == 0 and out == "wrote t.lock: 3 files\n", err
+
+
+def test_lock_treats_local_urls_as_the_paths_they_are(tree):
+    locks = tree / "locks"
+    code, _, err = run_cli("lock", f"local://{tree}/outside.safetensors", "-o", str(locks / "t.lock"))
+    assert code == 2 and "outside the lockfile's folder" in err, err
+    code, _, err = run_cli("lock", f"local://{locks}/ok.safetensors", "-o", str(locks / "t.lock"))
+    assert code == 0, err
+    assert (locks / "t.lock").read_text().splitlines()[1].endswith(" ok.safetensors")  # relative, as a path's
+    assert run_cli("check", str(locks / "t.lock"))[0] == 0

@@ -726,11 +726,11 @@ def cmd_convert(args: argparse.Namespace, out: _Out) -> int:
         raise CommandLineError(
             f"OUT {args.output!r} names a {_OTHER_FORMATS[suffix]} file, but convert writes tensorcanon or plain "
             "safetensors files (which torch.load and numpy.load cannot read): name it .safetensors")
-    if os.path.lexists(args.output) and not args.force:  # as repro: nothing the user has is overwritten unasked
-        raise CommandLineError(f"OUT {args.output!r} already exists; pass --force to replace it")
     if args.algorithm is not None and args.to == "safetensors":
         raise CommandLineError(f"--algorithm {args.algorithm} applies to tensorcanon output only; plain safetensors "
                          "records no digests (drop --to safetensors, or --algorithm)")
+    if os.path.lexists(args.output) and not args.force:  # as repro: nothing the user has is overwritten unasked
+        raise CommandLineError(f"OUT {args.output!r} already exists; pass --force to replace it")
     try:
         loaded = load_file(args.input, wrap=out.wrap("read"))
     except _READ_ERRORS as e:

@@ -487,6 +487,8 @@ def _size(path: str, limits: Limits = DEFAULT, storage_options: Any = None) -> i
 
 
 def _relative(path: str, base: str) -> str:
+    if storage.is_url(path) and _url_local_path(path) is not None:  # a local file named by a URL
+        path = _url_local_path(path) or path
     if storage.is_url(path):  # an object in a store: its URL
         rel = path
         if any(c in rel for c in "\n\r") or rel != rel.strip(" "):
@@ -517,11 +519,20 @@ def make_lock(patterns: Iterable[str], lock_path: str | os.PathLike, *, wrap: Wr
     lock_path = os.fspath(lock_path)
     base = os.path.dirname(os.path.abspath(lock_path))
     scope = Scope(base, allow)
-    paths = collect(patterns, exclude=lock_path, storage_options=storage_options)
+    start = time.monotonic()
+    patterns = list(patterns)
+
+    def listed(_: None) -> list[str]:  # (listing a store is bounded by the deadline too)
+        return collect(patterns, exclude=lock_path, storage_options=storage_options)
+
+    def late_listing(_: None) -> list[str]:
+        raise _timed_out("listing the files to lock", timeout)
+
+    paths = _run_bounded(listed, [None], 1, timeout, late_listing)[0]
     named = []
     for path in paths:
         rel = _relative(path, base)
-        if not storage.is_url(path):
+        if not storage.is_url(path) or _url_local_path(path) is not None:  # a local file, however named
             target(rel, scope, where=f"cannot lock {path}")
         named.append((path, rel))
 
@@ -538,7 +549,7 @@ def make_lock(patterns: Iterable[str], lock_path: str | os.PathLike, *, wrap: Wr
     def late(item: tuple[str, str]) -> LockEntry:
         raise _timed_out(f"cannot lock {item[1]}", timeout)
 
-    entries = _run_bounded(one, named, 1, timeout, late)
+    entries = _run_bounded(one, named, 1, max(timeout - (time.monotonic() - start), 1e-3), late)
     return sorted(entries, key=lambda e: e.path.encode("utf-8"))
 
 
