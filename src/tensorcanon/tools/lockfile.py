@@ -270,7 +270,8 @@ def _run_bounded(fn: Callable[[_T], _R], items: Sequence[_T], workers: int, time
                  late: Callable[[_T], _R]) -> list[_R]:
     """``fn`` of every item on up to ``workers`` daemon threads; an item not done ``timeout``
     seconds after the start gets ``late(item)`` instead (its thread is left to finish or to end
-    with the process: a read that never returns cannot be interrupted)."""
+    with the process: a read that never returns cannot be interrupted). The first exception of
+    ``fn`` stops the run and is raised here."""
     if not (timeout > 0):
         raise UsageError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     results: dict[int, _R] = {}
@@ -282,7 +283,7 @@ def _run_bounded(fn: Callable[[_T], _R], items: Sequence[_T], workers: int, time
     def work() -> None:
         while True:
             with lock:
-                i = next(todo, None)
+                i = None if errors else next(todo, None)  # (after a failure, nothing more is started)
             if i is None or time.monotonic() > deadline:
                 return
             try:
@@ -299,16 +300,14 @@ def _run_bounded(fn: Callable[[_T], _R], items: Sequence[_T], workers: int, time
     for n in range(max(1, min(workers, len(items)))):
         threading.Thread(target=work, name=f"tensorcanon-lock-{n}", daemon=True).start()
     with lock:
-        while len(results) + len(errors) < len(items):
+        while not errors and len(results) < len(items):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             lock.wait(min(left, 0.5))
-        out = []
-        for i, item in enumerate(items):
-            if i in errors:
-                raise errors[i]
-            out.append(results[i] if i in results else late(item))
+        if errors:
+            raise errors[min(errors)]
+        out = [results[i] if i in results else late(item) for i, item in enumerate(items)]
         return out
 
 
