@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..format import dtypes, optional, paths, registry, tensorbytes, tree, walk
-from ..format.errors import FormatError, LimitError, UsageError
+from ..format.errors import FormatError, LimitError, UnsupportedTypeError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.ordering import UnorderableKey, sorted_keys
 from ..io import reader, storage
@@ -205,6 +205,9 @@ def _json_scalar(x: Any) -> bool | int | float | str | None:
 # --------------------------------------------------------------------------- files
 
 FORMATS = ("tensorcanon", "safetensors", "torch", "npz", "npy")
+# What zipfile raises on a damaged archive: names that are not UTF-8 (UnicodeDecodeError, a
+# ValueError), unknown versions or methods (NotImplementedError), encryption (RuntimeError).
+_ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError)
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
@@ -251,7 +254,7 @@ def _detect_local(path: str) -> str:
                 fh.seek(0)
                 with zipfile.ZipFile(fh) as z:
                     names = z.namelist()
-            except (zipfile.BadZipFile, OSError) as e:
+            except _ZIP_ERRORS as e:
                 raise FormatError(f"{path}: damaged zip archive ({e})") from None
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         if suffix == ".npz":
@@ -290,7 +293,7 @@ def _detect_remote(loc: storage.Location) -> str:
             try:
                 with zipfile.ZipFile(fh) as z:
                     names = z.namelist()
-            except (zipfile.BadZipFile, OSError) as e:
+            except _ZIP_ERRORS as e:
                 raise FormatError(f"{name}: damaged zip archive ({e})") from None
             return "npz" if names and all(n.endswith(".npy") for n in names) else "torch"
         if head.startswith(b"\x93NUMPY"):
@@ -873,6 +876,12 @@ class _Differ:
             self.add(trail, "requires_grad", str(rg_a), str(rg_b))
         if (not fa and getattr(a, "is_meta", False)) or (not fb and getattr(b, "is_meta", False)):
             return  # meta tensors hold no values
+        for v in (a, b):
+            if isinstance(v, np.ndarray) and (v.dtype.fields is not None
+                                              or dtypes.BY_NUMPY.get(v.dtype.newbyteorder("<")) is None):
+                raise UnsupportedTypeError(
+                    f"{where}: a numpy array of dtype {v.dtype}, which tensorcanon does not save, so diff "
+                    "does not compare its elements; compare such arrays with numpy", path=where)
         # (a placeholder's values are read now, and dropped once compared: memory is bounded by
         # the tensors compared at once, not by the files)
         stats = tensor_stats(_as_torch(fa() if fa else a), _as_torch(fb() if fb else b), self.atol, self.rtol)

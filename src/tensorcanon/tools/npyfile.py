@@ -47,6 +47,23 @@ def _read_exactly(f: IO[bytes], n: int, where: str, limit: int | None) -> bytear
 
 
 def _header(f: IO[bytes], where: str) -> tuple[Any, tuple[int, ...], bool]:
+    try:
+        dtype, shape, fortran = _parsed_header(f)
+    except FormatError:
+        raise
+    except Exception as e:  # noqa: BLE001 - numpy's parser (tokenize, ast) raises undocumented types
+        raise FormatError(f"{where}: not a valid .npy header: {type(e).__name__}: {e}") from None
+    if dtype.hasobject:
+        raise FormatError(f"{where}: holds an object array (dtype {dtype}), which only unpickling could "
+                          "read; tensorcanon never unpickles: save it as numeric arrays")
+    if not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise FormatError(f"{where}: bad shape {shape!r} in its header")
+    return dtype, tuple(shape), bool(fortran)
+
+
+def _parsed_header(f: IO[bytes]) -> tuple[Any, Any, Any]:
+    """``(dtype, shape, fortran_order)`` as numpy's own parser reads them (no object is built
+    from the header but by ``ast.literal_eval``)."""
     fmt = np.lib.format
     version = fmt.read_magic(f)
     if version == (1, 0):
@@ -56,15 +73,9 @@ def _header(f: IO[bytes], where: str) -> tuple[Any, tuple[int, ...], bool]:
     else:  # (3, 0): UTF-8 field names; numpy parses it with a private function only
         reader = getattr(fmt, "_read_array_header", None)
         if reader is None:
-            raise FormatError(f"{where}: .npy format version {version[0]}.{version[1]} is not supported "
-                              "by this numpy")
+            raise ValueError(f".npy format version {version[0]}.{version[1]} is not supported by this numpy")
         shape, fortran, dtype = reader(f, version, max_header_size=_MAX_HEADER)
-    if dtype.hasobject:
-        raise FormatError(f"{where}: holds an object array (dtype {dtype}), which only unpickling could "
-                          "read; tensorcanon never unpickles: save it as numeric arrays")
-    if not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise FormatError(f"{where}: bad shape {shape!r} in its header")
-    return dtype, tuple(shape), bool(fortran)
+    return dtype, shape, fortran
 
 
 def _array(f: IO[bytes], where: str, remaining: int | None) -> Any:
