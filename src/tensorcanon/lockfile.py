@@ -6,6 +6,7 @@ from .tools.lockfile import (
     VERSION,
     CheckResult,
     LockEntry,
+    Scope,
     check_lock,
     collect,
     content_digest,
@@ -17,5 +18,5 @@ from .tools.lockfile import (
     write_lock,
 )
 
-__all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect", "target",
+__all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect", "Scope", "target",
            "make_lock", "format_lock", "parse_lock", "read_lock", "write_lock", "check_lock", "TIMEOUT"]

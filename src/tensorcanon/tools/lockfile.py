@@ -71,7 +71,7 @@ from ..format.errors import (
 from ..format.limits import DEFAULT, Limits
 from ..io import storage, writer
 
-__all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect", "target",
+__all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect", "Scope", "target",
            "make_lock", "format_lock", "parse_lock", "read_lock", "write_lock", "check_lock", "TIMEOUT"]
 
 VERSION = 2
