@@ -54,7 +54,7 @@ from ..format.tensorbytes import resolved
 from ..format.tree import Decoder
 from ..io import reader, storage, writer
 from ..io.source import open_path
-from . import lockfile
+from . import lockfile, textout
 from .diff import DiffResult, describe, detect_format, diff, load_file, open_lazily
 from .progress import BinaryReader, Progress, ProgressFile
 
@@ -102,19 +102,19 @@ class _Out:
 
     def line(self, text: str = "") -> None:
         if not self.as_json:
-            print(printable(text, self.stdout), file=self.stdout)
+            print(textout.printable(text, self.stdout), file=self.stdout)
 
     def json(self, obj: Any) -> None:
         if self.as_json:  # file names that are not UTF-8 are escaped: the JSON is always valid UTF-8
-            text = json.dumps(_utf8(obj), indent=2, ensure_ascii=False, allow_nan=False)
-            print(printable(text, self.stdout), file=self.stdout)
+            text = json.dumps(textout.utf8(obj), indent=2, ensure_ascii=False, allow_nan=False)
+            print(textout.printable(text, self.stdout), file=self.stdout)
 
     def error(self, text: str) -> None:
         self.close_bars()
-        print(printable(f"{PROG}: error: {text}", self.stderr), file=self.stderr)
+        print(textout.printable(f"{PROG}: error: {text}", self.stderr), file=self.stderr)
 
     def warn(self, text: str) -> None:
-        print(printable(f"{PROG}: warning: {text}", self.stderr), file=self.stderr)
+        print(textout.printable(f"{PROG}: warning: {text}", self.stderr), file=self.stderr)
 
     def wrap(self, verb: str) -> Callable[[Any, int], Any] | None:
         """A file wrapper that draws a progress bar (on a terminal, for large files); None elsewhere."""
@@ -134,42 +134,6 @@ class _Out:
         for bar in self._bars:
             bar.close()
         self._bars.clear()
-
-
-def _escaped(text: str) -> str:
-    """``text`` as valid UTF-8: the bytes of a file name that are not UTF-8 (which Python holds as
-    surrogate escapes, ``\\udcff``) become ``\\xff``, the same escape everywhere (stdout, stderr,
-    JSON)."""
-    try:
-        raw = text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # a lone surrogate that no file name decodes to
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return raw.decode("utf-8", "backslashreplace")
-
-
-def printable(text: str, stream: Any) -> str:
-    """``text`` as ``stream`` can write it: escaped as :func:`_escaped` does, and characters its
-    encoding lacks (an ASCII terminal's) as backslash escapes, never a UnicodeEncodeError."""
-    text = _escaped(text)
-    encoding = getattr(stream, "encoding", None) or "utf-8"
-    try:
-        text.encode(encoding)
-    except UnicodeEncodeError:
-        text = text.encode(encoding, "backslashreplace").decode(encoding)
-    except LookupError:
-        pass
-    return text
-
-
-def _utf8(v: Any) -> Any:
-    """A JSON-ready object with every string :func:`_escaped` (keys included)."""
-    if isinstance(v, str):
-        return _escaped(v)
-    if isinstance(v, dict):
-        return {(_escaped(k) if isinstance(k, str) else k): _utf8(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_utf8(x) for x in v]
-    return v
 
 
 def _message(e: BaseException, path: str | None = None) -> str:
@@ -199,15 +163,6 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, dict) and all(type(k) is str for k in v):
         return {k: _jsonable(x) for k, x in v.items()}
     return repr(v)
-
-
-def _table(rows: list[list[str]], right: set[int] | frozenset[int] = frozenset()) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for r in rows:
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
-        out.append("  ".join(cells).rstrip())
-    return out
 
 
 # --------------------------------------------------------------------------- hash / verify
@@ -283,7 +238,7 @@ def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
         raise CommandLineError(f"--expect {digest.text_error(args.expect)}")
     code, results = EXIT_OK, []
     wrap = out.wrap("verify")  # progress bars (a terminal): one file at a time; else several at once
-    width = max(len(_escaped(storage.redact(f))) for f in args.files)  # digests in one column
+    width = max(len(textout.escaped(storage.redact(f))) for f in args.files)  # digests in one column
     try:
         checked = _each(lambda given: _verify_one(given, wrap), args.files, parallel=wrap is None)
         for given, (status, found) in zip(args.files, checked, strict=True):
@@ -308,7 +263,7 @@ def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
                 out.line(f"MISMATCH  {path}: digest {found}, expected {args.expect}{why}")
             else:
                 results.append({"path": path, "status": "ok", "digest": found})
-                out.line(f"OK        {_escaped(path):<{width}}  {found}")
+                out.line(f"OK        {textout.escaped(path):<{width}}  {found}")
     finally:
         out.close_bars()
     out.json({"files": results})
@@ -377,83 +332,6 @@ def _torch_value_text(node: Any) -> str:
     assert parsed is not None  # the tree was checked
     kind, index = parsed
     return f"device(type={kind!r})" if index is None else f"device(type={kind!r}, index={index})"
-
-
-def _fit(text: str, width: int) -> str:
-    """``text`` cut to ``width`` characters by an ellipsis in its middle (both ends stay readable)."""
-    if len(text) <= width:
-        return text
-    keep = max(width - 3, 2)
-    head = (keep + 1) // 2
-    return text[:head] + "..." + text[len(text) - (keep - head):]
-
-
-_TYPE_ROOM, _SHAPE_ROOM, _PATH_MIN, _LAST_MIN = 16, 16, 16, len("DIGEST / VALUE")
-
-
-def _fit_table(rows: list[list[str]], width: int) -> tuple[list[list[str]], set[int], str | None]:
-    """Cut the cells of inspect's table (header first) so that its lines fit ``width`` columns.
-
-    TYPE keeps the last part of a dotted name (``AttributeDict``, not its module), SHAPE is cut
-    in the middle; PATH gets the room left, before DIGEST / VALUE, and is cut keeping its tail (the
-    informative end: ``$["sta...layers.0.weight"]``); a digest that does not fit loses its algorithm
-    prefix, then its end (``ffde60cb...``), a value its end; a DEVICE column that holds one device
-    only is left out (``(rows, right-aligned columns, note)``: the note names that device). When
-    even the shortest cells do not fit, lines are as short as they can be."""
-    body = rows[1:]
-    for cells in body:
-        cells[1] = _fit(cells[1].rsplit(".", 1)[-1], _TYPE_ROOM)
-        cells[3] = _fit(cells[3], _SHAPE_ROOM)
-    fixed = sum(max(len(r[i]) for r in rows) for i in range(1, 6))
-    room = width - fixed - 2 * (len(rows[0]) - 1)  # for PATH and DIGEST / VALUE
-    path_w = max(len(r[0]) for r in rows)
-    last_w = max(len(r[6]) for r in rows)
-    if path_w + last_w <= room:
-        return rows, {5}, None
-    devices = {r[4] for r in body} - {""}
-    note = None
-    if len(devices) <= 1:  # one device for every tensor: said once, above the table, not on each row
-        note = f"every tensor on {next(iter(devices))}" if devices else None
-        rows = [r[:4] + r[5:] for r in rows]
-        room += len("DEVICE") + 2
-    path_room = max(min(path_w, room - min(last_w, _LAST_MIN)), min(path_w, _PATH_MIN))
-    last_room = max(room - path_room, _LAST_MIN)
-    for cells in rows[1:]:
-        cells[0] = _keep_tail(cells[0], path_room)
-        cells[-1] = _clip_value(cells[-1], last_room)
-    return rows, {len(rows[0]) - 2}, note
-
-
-def _keep_tail(text: str, width: int) -> str:
-    """``text`` in ``width`` characters: a short head, ``...``, and as much of its end as fits."""
-    if len(text) <= width:
-        return text
-    head = min(max(width // 5, 2), 8)
-    tail = max(width - head - 3, 1)
-    return text[:head] + "..." + text[len(text) - tail:]
-
-
-def _clip_value(text: str, width: int) -> str:
-    """The DIGEST / VALUE cell in ``width`` characters (a digest first loses its ``xxh3-128:``)."""
-    if len(text) <= width:
-        return text
-    algorithm, colon, rest = text.partition(":")
-    if colon and algorithm in digest.ALGORITHMS:
-        text = rest
-    return text if len(text) <= width else text[: max(width - 3, 1)] + "..."
-
-
-def _terminal_width(stream: TextIO) -> int | None:
-    """The width to fit a table to: the terminal's (or $COLUMNS), None when writing to a file or pipe."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
-    try:
-        if not stream.isatty():
-            return None
-    except (AttributeError, ValueError):
-        return None
-    return shutil.get_terminal_size().columns
 
 
 def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
@@ -525,7 +403,7 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
               "entries": rows, "totals": totals, **({"layout": layout_info} if layout_info else {})})
     if out.as_json:
         return EXIT_OK
-    width = _terminal_width(out.stdout)
+    width = textout.terminal_width(out.stdout)
 
     def field(name: str, text: str) -> None:  # on a terminal, wrapped to its width
         label = f"{name + ':':<10}"
@@ -556,11 +434,11 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
         ])
     right = {5}
     if width is not None:  # a terminal: every line fits its width (a file, a pipe and JSON get it all)
-        table_rows, right, note = _fit_table(table_rows, width)
+        table_rows, right, note = textout.fit_table(table_rows, width)
         if note:
             field("devices", note)
     out.line()
-    for line in _table(table_rows, right=right):
+    for line in textout.table(table_rows, right=right):
         out.line(line)
     out.line()
     t = totals
@@ -1104,7 +982,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except CommandLineError as e:
         text = f"{PROG} {args.command}: error: {e}\n(see '{PROG} {args.command} --help')"
-        print(printable(text, sys.stderr), file=sys.stderr)
+        print(textout.printable(text, sys.stderr), file=sys.stderr)
         return EXIT_ERROR
     except TensorCanonError as e:
         out.error(str(e))

@@ -49,8 +49,8 @@ def _read_exactly(f: IO[bytes], n: int, where: str, limit: int | None) -> bytear
 def _header(f: IO[bytes], where: str) -> tuple[Any, tuple[int, ...], bool]:
     try:
         dtype, shape, fortran = _parsed_header(f)
-    except FormatError:
-        raise
+    except (FormatError, OSError, EOFError, zlib.error, zipfile.BadZipFile):
+        raise  # (reading failed: said by the caller, as for the data)
     except Exception as e:  # noqa: BLE001 - numpy's parser (tokenize, ast) raises undocumented types
         raise FormatError(f"{where}: not a valid .npy header: {type(e).__name__}: {e}") from None
     if dtype.hasobject:
