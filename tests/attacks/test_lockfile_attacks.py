@@ -181,3 +181,8 @@ def test_lock_treats_local_urls_as_the_paths_they_are(tree):
     assert code == 0, err
     assert (locks / "t.lock").read_text().splitlines()[1].endswith(" ok.safetensors")  # relative, as a path's
     assert run_cli("check", str(locks / "t.lock"))[0] == 0
+
+
+def test_a_file_that_is_not_a_lockfile_is_not_quoted(tree):
+    code, out, err = run_cli("check", str(tree / "secret.txt"))
+    assert code == 2 and "not a tensorcanon lockfile" in err and "TOP-SECRET" not in err + out, err

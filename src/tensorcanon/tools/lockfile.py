@@ -583,7 +583,8 @@ def _parse(text: str, where: str) -> tuple[int, list[LockEntry]]:
                 f"{where}: lockfile version {first.split(' ', 1)[1]!r} is not supported (this "
                 f"tensorcanon reads versions {', '.join(map(str, FORMAT_OF))}); upgrade tensorcanon"
             )
-        raise FormatError(f"{where}: not a tensorcanon lockfile: line 1 must be {HEADER!r}, found {first!r}")
+        # (what the file holds is not quoted: it may be any file, a secret one included)
+        raise FormatError(f"{where}: not a tensorcanon lockfile: line 1 must be {HEADER!r}")
     entries, seen = [], set()
     for number, line in enumerate(lines[1:], start=2):
         parts = line.split(" ", 2)
