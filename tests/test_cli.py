@@ -50,7 +50,8 @@ def _golden_parts(name):
     ("hash_unreadable", ["hash", "truncated.safetensors", "notes.txt", "nope.safetensors"]),
 ])
 def test_python_dash_m_matches_golden(inputs, name, argv):
-    proc = subprocess.run([sys.executable, "-m", "tensorcanon", *argv], cwd=inputs, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "tensorcanon", *argv], cwd=inputs, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": ""})  # not a terminal of any width
     code, stdout, stderr = _golden_parts(name)
     assert proc.returncode == code
     assert proc.stdout.rstrip("\n") == stdout.rstrip("\n")
@@ -128,17 +129,20 @@ def test_lockfile_paths_are_relative_to_the_lockfile_and_may_hold_spaces(tmp_pat
     (data / "README").write_text("not collected from a folder")
     locks = tmp_path / "locks"
     locks.mkdir()
-    code, out, err = run_cli("lock", str(data), "-o", "locks/t.lock", cwd=tmp_path)
+    # files outside the lockfile's folder are locked, and checked, only where allowed explicitly
+    assert run_cli("lock", str(data), "-o", "locks/t.lock", cwd=tmp_path)[0] == 2
+    code, out, err = run_cli("lock", "--allow", str(data), str(data), "-o", "locks/t.lock", cwd=tmp_path)
     assert code == 0, err
     text = (locks / "t.lock").read_text()
     lines = text.splitlines()
     assert lines[0] == "tensorcanon-lock 2"
     assert [line.split(" ", 2)[2] for line in lines[1:]] == ["../data dir/c.safetensors",
                                                             "../data dir/sub/a b.safetensors"]
-    assert run_cli("check", "locks/t.lock", cwd=tmp_path)[0] == 0
+    assert run_cli("check", "locks/t.lock", cwd=tmp_path)[0] == 2
+    assert run_cli("check", "--allow", str(data), "locks/t.lock", cwd=tmp_path)[0] == 0
     # A change of one file is one changed line, and check names it.
     tensorcanon.save({"w": torch.ones(2) * 2}, data / "c.safetensors")
-    code, out, _ = run_cli("check", "t.lock", cwd=locks)
+    code, out, _ = run_cli("check", "--allow", str(data), "t.lock", cwd=locks)
     assert code == 1
     assert out.splitlines()[0].startswith("MISMATCH    ../data dir/c.safetensors: digest ")
     assert out.splitlines()[1] == "ok          ../data dir/sub/a b.safetensors"

@@ -26,6 +26,9 @@ INPUTS = os.path.join(CLI, "inputs")
 EXPECTED = os.path.join(CLI, "expected")
 WRITE_ARTIFACT = os.path.join(CLI, "write_artifact.py")
 UPDATE = os.environ.get("TENSORCANON_UPDATE_GOLDEN") == "1"
+# Not a terminal of any width: inspect fits a terminal's width when $COLUMNS is set (some libraries
+# set it in the C environment of the test process, where os.environ does not show it).
+ENV = {**os.environ, "COLUMNS": ""}
 
 ZERO = "xxh3-128:" + "0" * 32
 
@@ -152,7 +155,7 @@ def _one_process_per_case(cases, work):
         folder = os.path.join(work, case["name"])
         shutil.copytree(INPUTS, folder)
         proc = subprocess.run([sys.executable, "-m", "tensorcanon", *case["argv"]], cwd=folder,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=300, env=ENV)
         files = {}
         for name in case["files"]:
             path = os.path.join(folder, name)
@@ -172,7 +175,7 @@ def results(tmp_path_factory):
         found = _one_process_per_case(cases, work)
     else:
         proc = subprocess.run([sys.executable, os.path.join(CLI, "run_cases.py"), INPUTS, work],
-                              input=json.dumps(cases), capture_output=True, text=True, timeout=300)
+                              input=json.dumps(cases), capture_output=True, text=True, timeout=300, env=ENV)
         assert proc.returncode == 0, proc.stderr
         found = json.loads(proc.stdout)
     return {r["name"]: (r, next(c["argv"] for c in cases if c["name"] == r["name"])) for r in found}

@@ -89,8 +89,9 @@ _RUNNER = textwrap.dedent("""
     import tensorcanon
     from tensorcanon import lockfile
     lock = os.path.join({work!r}, "api.lock")
-    lockfile.write_lock(lockfile.make_lock([{golden!r}], lock), lock)
-    api = {{"verify": tensorcanon.verify({sharded!r}), "check": [r.status for r in lockfile.check_lock(lock)],
+    lockfile.write_lock(lockfile.make_lock([{golden!r}], lock, allow=[{golden_dir!r}]), lock)
+    api = {{"verify": tensorcanon.verify({sharded!r}),
+            "check": [r.status for r in lockfile.check_lock(lock, allow=[{golden_dir!r}])],
             "metadata": repr(tensorcanon.read_metadata({plain!r}))}}
     json.dump({{"results": results, "api": api, "torch": "torch" in sys.modules}}, sys.stdout)
 """)
@@ -98,8 +99,8 @@ _RUNNER = textwrap.dedent("""
 
 def _run_cases(python: str, work: str, env: dict) -> dict:
     os.makedirs(work)
-    code = _RUNNER.format(run_cases=RUN_CASES, inputs=INPUTS, work=work, golden=GOLDEN, sharded=SHARDED,
-                          plain=os.path.join(INPUTS, "plain.safetensors"))
+    code = _RUNNER.format(run_cases=RUN_CASES, inputs=INPUTS, work=work, golden=GOLDEN, golden_dir=GOLDEN,
+                          sharded=SHARDED, plain=os.path.join(INPUTS, "plain.safetensors"))
     proc = subprocess.run([python, "-c", code], input=json.dumps(_light_cases()), capture_output=True,
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -173,7 +174,8 @@ def test_light_commands_do_not_import_torch_where_it_is_installed(tmp_path):
     """In this interpreter (torch installed), measured the way the issue asks: -X importtime."""
     for argv in (["verify", _golden("dtypes_u8"), SHARDED], ["check", os.path.join(INPUTS, "good.lock")],
                  ["inspect", _golden("torch_values")], ["hash", os.path.join(INPUTS, "plain.safetensors")],
-                 ["lock", "-o", str(tmp_path / "t.lock"), GOLDEN], ["--help"], ["convert", "--help"]):
+                 ["lock", "--allow", GOLDEN, "-o", str(tmp_path / "t.lock"), GOLDEN], ["--help"],
+                 ["convert", "--help"]):
         proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "tensorcanon", *argv],
                               capture_output=True, text=True, env=_env())
         assert proc.returncode == 0, proc.stderr[-2000:]

@@ -165,10 +165,12 @@ def test_lockfile_with_urls(url, tmp_path):
     entries = lockfile.make_lock([f"{url}/ckpt/*.safetensors"], lock)
     assert [e.path for e in entries] == [f"{url}/ckpt/a.safetensors", f"{url}/ckpt/b.safetensors"]
     lockfile.write_lock(entries, lock)
-    assert all(r.ok for r in lockfile.check_lock(lock))
+    with pytest.raises(tc.FormatError, match="outside the allowed URL prefixes"):  # never followed by default
+        lockfile.check_lock(lock)
+    assert all(r.ok for r in lockfile.check_lock(lock, allow=[f"{url}/ckpt"]))
     tc.save({"x": torch.zeros(3)}, f"{url}/ckpt/b.safetensors")
     fsspec.filesystem("memory").rm_file(f"{url}/ckpt/a.safetensors")
-    assert [r.status for r in lockfile.check_lock(lock)] == ["missing", "mismatch"]
+    assert [r.status for r in lockfile.check_lock(lock, allow=[f"{url}/ckpt"])] == ["missing", "mismatch"]
     with pytest.raises(tc.UsageError, match="password or a signature"):
         lockfile.make_lock(["https://u:pw@example.com/a.safetensors"], lock)
 
@@ -198,8 +200,10 @@ def test_cli_with_urls(url, tmp_path):
     code, _, err = run_cli("verify", f"{url}/missing.safetensors")
     assert code == 2 and "no such object" in err
     lock = str(tmp_path / "t.lock")
-    assert run_cli("lock", f"{url}/a.safetensors", "-o", lock)[0] == 0
-    assert run_cli("check", lock)[0] == 0
+    code, _, err = run_cli("lock", f"{url}/a.safetensors", "-o", lock)
+    assert code == 0 and f"check --allow {url} " in err, err
+    assert run_cli("check", lock)[0] == 2
+    assert run_cli("check", "--allow", url, lock)[0] == 0
 
 
 def test_remote_file_reads_ahead_in_order():

@@ -53,6 +53,7 @@ def test_a_part_of_the_checkpoint_loads_and_a_missing_key_is_named(saved, no_unp
         assert got == model_only and lr == 0.5
         assert isinstance(refused, tensorcanon.UsageError) and '$["lr"]' in str(refused)
         assert "allow_partial_load=True" in str(refused)
+        assert "(which holds 'cfg', 'extra', 'model', 'optim', 'step' there)" in str(refused)  # quoted once
 
 
 def test_dcp_default_planner_reads_verified_tensors_and_values_without_pickle(saved, no_unpickling):

@@ -127,7 +127,7 @@ def test_async_save_consolidate_and_cli(s3, monkeypatch, capsys, tmp_path):
             assert logical_digest() in shown.out, (command, shown.out)
     lock = str(tmp_path / "tensorcanon.lock")
     assert cli.main(["lock", url, "-o", lock]) == 0
-    assert logical_digest() in open(lock).read() and cli.main(["check", lock]) == 0
+    assert logical_digest() in open(lock).read() and cli.main(["check", "--allow", url, lock]) == 0
 
 
 KILLED_SAVE = textwrap.dedent("""

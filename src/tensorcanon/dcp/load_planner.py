@@ -255,9 +255,11 @@ class _Walk:
                 if changed:
                     target[k] = v
             elif not self.partial:
+                shown = sorted(map(paths.show, saved))  # each key shown once, as repr shows it: 'model'
+                held = ", ".join(shown[:8]) + (f" and {len(shown) - 8} more" if len(shown) > 8 else "")
                 raise UsageError(
                     f"{paths.join(where)} is in the state dict but not in the checkpoint (which holds "
-                    f"{sorted(map(paths.show, saved))[:8]} there); remove it from the state dict to load the rest, "
+                    f"{held or 'no keys'} there); remove it from the state dict to load the rest, "
                     "or pass allow_partial_load=True to keep its value"
                 )
 

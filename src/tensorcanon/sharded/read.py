@@ -274,6 +274,29 @@ def verify(folder: str | os.PathLike, *, expect: str | None = None, limits: Limi
     return found
 
 
+def _refuse_own_file(folder: str, out: str) -> None:
+    """UsageError when ``out`` is (by name, symlink or hard link: the same device and inode) the
+    checkpoint folder or a file in it: writing it would destroy the checkpoint being read."""
+    try:
+        st = os.stat(out)
+    except OSError:
+        return  # nothing there yet (or unreachable: the write says why)
+    mine = [folder]
+    try:
+        mine += [e.path for e in os.scandir(folder)]
+    except OSError:
+        return  # not a folder: _open says so
+    for path in mine:
+        try:
+            other = os.stat(path)
+        except OSError:
+            continue
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            what = "the checkpoint folder" if path == folder else f"{path}, a file of the checkpoint"
+            raise UsageError(f"cannot consolidate into {out}: it is {what} being read, which writing it "
+                             "would destroy; write the file elsewhere")
+
+
 def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Limits = DEFAULT,
                 storage_options: Any = None) -> str:
     """Write the checkpoint as one ordinary tensorcanon file; return its digest (the logical digest).
@@ -286,6 +309,8 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
     one object, which appears only complete (docs/STORAGE.md).
     """
     out_url = storage.is_url(os.fspath(out)) and storage.local_path(os.fspath(out)) is None
+    if not out_url and not layout.is_remote(folder):
+        _refuse_own_file(os.fspath(folder), storage.local_path(os.fspath(out)) or os.fspath(out))
     index = _open(folder, limits, storage_options if layout.is_remote(folder) or not out_url else None)
     infos = index.logical.tensors
     header, data_size = index.consolidated_header()

@@ -42,7 +42,12 @@ def content_digest(path: Any, *, verify: bool = True, limits: Limits = DEFAULT) 
 def consolidated_size(path: Any, limits: Limits = DEFAULT) -> int:
     """The size in bytes of the file ``consolidate`` writes: the checkpoint's size as one file,
     the same for every world size (lockfiles record it)."""
-    header, data_size = layout.read(path, limits).consolidated_header()
+    return _logical_size(layout.read(path, limits))
+
+
+def _logical_size(index: layout.Index) -> int:
+    """A checkpoint's size: its consolidated file's, the one size ``inspect`` and ``lock`` give it."""
+    header, data_size = index.consolidated_header()
     return len(header) + data_size
 
 
@@ -67,7 +72,8 @@ def describe(path: Any, limits: Limits = DEFAULT) -> dict[str, Any]:
         "chunks": {info.name: [{"rank": c.rank, "offsets": list(c.offsets), "sizes": list(c.sizes)}
                                for c in index.chunks[t]] for t, info in enumerate(index.logical.tensors)},
         "per_rank": [paths.join(p) for p in index.per_rank],  # (repr fails on an int of 4,300+ digits)
-        "size": _size(index),
+        "size": _logical_size(index),        # as one file: the size lock records, any world size
+        "stored_size": _size(index),          # its files as saved (index and rank files)
     }
 
 

@@ -12,12 +12,28 @@ for people by default and JSON with ``--json``. Exit codes, for CI:
 - 2: the command could not do its job: a usage error, a file that cannot be
   read or is not a file tensorcanon reads, a command that failed.
 
-docs/CLI.md describes every command and its output.
+Commands (``tensorcanon COMMAND --help`` lists each one's arguments)::
+
+    hash FILE... [--verify]                 content digest of each file
+    verify FILE... [--expect DIGEST]        re-hash files, name the first corrupt tensor
+    inspect FILE                            the object tree, one row per value
+    diff A B [--atol X] [--rtol Y] [--tensors-only]
+    lock PATH_OR_GLOB... [-o LOCKFILE] [--allow FOLDER_OR_URL] [--timeout S]
+    check LOCKFILE... [--allow FOLDER_OR_URL] [--timeout S]
+    convert IN OUT [--to FORMAT] [--algorithm ALG] [--force]
+    consolidate DIR OUT                     a sharded checkpoint as one file
+    repro [--runs N] --out PATH... -- CMD...
+
+A lockfile's lines may name files inside its own folder only; ``--allow`` adds folders and URL
+prefixes (``s3://bucket/ckpt``). This docstring is installed with the package
+(``python -m pydoc tensorcanon.tools.cli``); docs/CLI.md of the source tree describes every
+command and its output in full.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -25,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO, TypeVar
@@ -37,8 +54,8 @@ from ..format.tensorbytes import resolved
 from ..format.tree import Decoder
 from ..io import reader, storage, writer
 from ..io.source import open_path
-from . import lockfile
-from .diff import DiffResult, describe, detect_format, diff, load_file
+from . import lockfile, textout
+from .diff import DiffResult, describe, detect_format, diff, load_file, open_lazily
 from .progress import BinaryReader, Progress, ProgressFile
 
 EXIT_OK = 0
@@ -85,18 +102,19 @@ class _Out:
 
     def line(self, text: str = "") -> None:
         if not self.as_json:
-            print(text, file=self.stdout)
+            print(textout.printable(text, self.stdout), file=self.stdout)
 
     def json(self, obj: Any) -> None:
-        if self.as_json:
-            print(json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False), file=self.stdout)
+        if self.as_json:  # file names that are not UTF-8 are escaped: the JSON is always valid UTF-8
+            text = json.dumps(textout.utf8(obj), indent=2, ensure_ascii=False, allow_nan=False)
+            print(textout.printable(text, self.stdout), file=self.stdout)
 
     def error(self, text: str) -> None:
         self.close_bars()
-        print(f"{PROG}: error: {text}", file=self.stderr)
+        print(textout.printable(f"{PROG}: error: {text}", self.stderr), file=self.stderr)
 
     def warn(self, text: str) -> None:
-        print(f"{PROG}: warning: {text}", file=self.stderr)
+        print(textout.printable(f"{PROG}: warning: {text}", self.stderr), file=self.stderr)
 
     def wrap(self, verb: str) -> Callable[[Any, int], Any] | None:
         """A file wrapper that draws a progress bar (on a terminal, for large files); None elsewhere."""
@@ -145,15 +163,6 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, dict) and all(type(k) is str for k in v):
         return {k: _jsonable(x) for k, x in v.items()}
     return repr(v)
-
-
-def _table(rows: list[list[str]], right: set[int] | frozenset[int] = frozenset()) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for r in rows:
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
-        out.append("  ".join(cells).rstrip())
-    return out
 
 
 # --------------------------------------------------------------------------- hash / verify
@@ -229,6 +238,7 @@ def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
         raise CommandLineError(f"--expect {digest.text_error(args.expect)}")
     code, results = EXIT_OK, []
     wrap = out.wrap("verify")  # progress bars (a terminal): one file at a time; else several at once
+    width = max(len(textout.escaped(storage.redact(f))) for f in args.files)  # digests in one column
     try:
         checked = _each(lambda given: _verify_one(given, wrap), args.files, parallel=wrap is None)
         for given, (status, found) in zip(args.files, checked, strict=True):
@@ -253,7 +263,7 @@ def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
                 out.line(f"MISMATCH  {path}: digest {found}, expected {args.expect}{why}")
             else:
                 results.append({"path": path, "status": "ok", "digest": found})
-                out.line(f"OK        {path}  {found}")
+                out.line(f"OK        {textout.escaped(path):<{width}}  {found}")
     finally:
         out.close_bars()
     out.json({"files": results})
@@ -324,26 +334,6 @@ def _torch_value_text(node: Any) -> str:
     return f"device(type={kind!r})" if index is None else f"device(type={kind!r}, index={index})"
 
 
-def _fit(text: str, width: int) -> str:
-    """``text`` cut to ``width`` characters by an ellipsis in its middle (both ends stay readable)."""
-    if len(text) <= width:
-        return text
-    keep = max(width - 3, 2)
-    head = (keep + 1) // 2
-    return text[:head] + "..." + text[len(text) - (keep - head):]
-
-
-def _terminal_width(stream: TextIO) -> int | None:
-    """The width to fit a table to: the terminal's (or $COLUMNS), None when writing to a file or pipe."""
-    if "COLUMNS" not in os.environ:
-        try:
-            if not stream.isatty():
-                return None
-        except (AttributeError, ValueError):
-            return None
-    return shutil.get_terminal_size().columns
-
-
 def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
     path = storage.redact(args.file)  # a URL is shown without credentials
     sharded = None
@@ -399,6 +389,7 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
         "unique_tensors": sum(1 for r in rows if r["dtype"] is not None and r["same_as"] is None),
         "tensor_bytes": sum(r["bytes"] for r in rows if r["dtype"] is not None and r["same_as"] is None),
         "file_bytes": size,
+        **({"stored_bytes": sharded["stored_size"]} if sharded is not None else {}),
     }
     fmt_text = f"tensorcanon (format version {version})" if fmt == "tensorcanon" else \
         f"{fmt} (no tensorcanon manifest: digests are those tensorcanon convert would record)"
@@ -412,16 +403,26 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
               "entries": rows, "totals": totals, **({"layout": layout_info} if layout_info else {})})
     if out.as_json:
         return EXIT_OK
-    out.line(f"file:     {path}")
-    out.line(f"format:   {fmt_text}")
-    out.line(f"digest:   {file_digest}")
+    width = textout.terminal_width(out.stdout)
+
+    def field(name: str, text: str) -> None:  # on a terminal, wrapped to its width
+        label = f"{name + ':':<10}"
+        if width is None or len(label) + len(text) <= width:
+            out.line(label + text)
+            return
+        for line in textwrap.wrap(text, max(width - 10, 20), initial_indent=label, subsequent_indent=" " * 10,
+                                  break_on_hyphens=False):
+            out.line(line)
+
+    field("file", path)
+    field("format", fmt_text)
+    field("digest", file_digest)
     if layout_info:
         split = sum(1 for cs in layout_info["chunks"].values() if len(cs) > 1)
-        out.line(f"layout:   {split} of {len(layout_info['chunks'])} tensors split into chunks; "
-                 f"per-rank values at {', '.join(map(str, layout_info['per_rank'])) or 'none'}")
+        field("layout", f"{split} of {len(layout_info['chunks'])} tensors split into chunks; "
+                        f"per-rank values at {', '.join(map(str, layout_info['per_rank'])) or 'none'}")
     if metadata is not None:
-        out.line(f"metadata: {_short_repr(metadata, 200)}")
-    out.line()
+        field("metadata", _short_repr(metadata, 200))
     table_rows = [["PATH", "TYPE", "DTYPE", "SHAPE", "DEVICE", "BYTES", "DIGEST / VALUE"]]
     for r in rows:
         last = r["digest"] or r["value"] or ""
@@ -431,18 +432,24 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
             r["path"], r["type"], r["dtype"] or "", "" if r["shape"] is None else str(r["shape"]),
             r["device"] or "", "" if r["bytes"] is None else str(r["bytes"]), last,
         ])
-    width = _terminal_width(out.stdout)
-    if width is not None:  # long paths (a Lightning checkpoint's) cut in the middle, to fit the terminal
-        widths = [max(len(r[i]) for r in table_rows) for i in range(1, len(table_rows[0]))]
-        room = max(width - sum(widths) - 2 * len(widths), 24)
-        for cells in table_rows[1:]:
-            cells[0] = _fit(cells[0], room)
-    for line in _table(table_rows, right={5}):
+    right = {5}
+    if width is not None:  # a terminal: every line fits its width (a file, a pipe and JSON get it all)
+        table_rows, right, note = textout.fit_table(table_rows, width)
+        if note:
+            field("devices", note)
+    out.line()
+    for line in textout.table(table_rows, right=right):
         out.line(line)
     out.line()
     t = totals
-    out.line(f"total: {t['entries']} entries, {t['tensors']} tensors ({t['unique_tensors']} stored), "
-             f"{t['tensor_bytes']} bytes of tensor data, file {t['file_bytes']} bytes")
+    size = f"file {t['file_bytes']} bytes"
+    if sharded is not None:  # one definition of a checkpoint's size (lock records the same)
+        size = (f"{t['file_bytes']} bytes as one file ({t['stored_bytes']} bytes in its "
+                f"{sharded['world_size'] + 1} files)")
+    total = (f"{t['entries']} entries, {t['tensors']} tensors ({t['unique_tensors']} stored), "
+             f"{t['tensor_bytes']} bytes of tensor data, {size}")
+    for line in [f"total: {total}"] if width is None else textwrap.wrap(f"total: {total}", max(width, 20)):
+        out.line(line)
     return EXIT_OK
 
 
@@ -459,15 +466,15 @@ def _print_diff(result: DiffResult, out: _Out, indent: str = "", limit: int | No
 
 def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
     loaded = []
-    for path in (args.a, args.b):
-        try:  # (a directory is a sharded checkpoint, compared by its logical content)
-            loaded.append(load_file(path, wrap=out.wrap("read")))
-        except _READ_ERRORS as e:
-            out.error(_message(e, storage.redact(path)))
-            return EXIT_ERROR
-        finally:
-            out.close_bars()
-    result = diff(loaded[0], loaded[1], atol=args.atol, rtol=args.rtol, tensors_only=args.tensors_only)
+    with contextlib.ExitStack() as opened:
+        for path in (args.a, args.b):
+            try:  # (a directory is a sharded checkpoint, compared by its logical content)
+                loaded.append(opened.enter_context(contextlib.closing(open_lazily(path))))
+            except _READ_ERRORS as e:
+                out.error(_message(e, storage.redact(path)))
+                return EXIT_ERROR
+        # tensors are read as they are compared, one pair at a time (memory: the largest tensors)
+        result = diff(loaded[0], loaded[1], atol=args.atol, rtol=args.rtol, tensors_only=args.tensors_only)
     data = result.to_dict()
     data["formats"] = [loaded[0].format, loaded[1].format]
     out.json(data)
@@ -484,7 +491,8 @@ def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
 
 def cmd_lock(args: argparse.Namespace, out: _Out) -> int:
     try:
-        entries = lockfile.make_lock(args.paths, args.output, wrap=out.wrap("lock"))
+        entries = lockfile.make_lock(args.paths, args.output, wrap=out.wrap("lock"), allow=args.allow,
+                                     timeout=args.timeout)
         lockfile.write_lock(entries, args.output)
     except _READ_ERRORS as e:
         out.error(_message(e))
@@ -494,7 +502,17 @@ def cmd_lock(args: argparse.Namespace, out: _Out) -> int:
     out.json({"lockfile": args.output, "entries": [
         {"path": e.path, "digest": e.digest, "size": e.size} for e in entries]})
     out.line(f"wrote {args.output}: {len(entries)} file{'s' if len(entries) != 1 else ''}")
+    prefixes = sorted({_url_folder(e.path) for e in entries if storage.is_url(e.path)})
+    if prefixes:  # check follows a URL line only under a prefix it is allowed
+        allow = " ".join(f"--allow {p}" for p in prefixes)
+        out.warn(f"check this lockfile with: {PROG} check {allow} {args.output}")
     return EXIT_OK
+
+
+def _url_folder(url: str) -> str:
+    """The URL of the folder an object's URL is in (``s3://b/ckpt/a.safetensors``: ``s3://b/ckpt``)."""
+    head, _, _ = url.rpartition("/")
+    return head if "://" in head and not head.endswith(":/") else url
 
 
 def cmd_check(args: argparse.Namespace, out: _Out) -> int:
@@ -503,7 +521,8 @@ def cmd_check(args: argparse.Namespace, out: _Out) -> int:
     several = len(args.lockfiles) > 1
     for lock in args.lockfiles:
         try:
-            results = lockfile.check_lock(lock, wrap=wrap, workers=1 if wrap else WORKERS)
+            results = lockfile.check_lock(lock, wrap=wrap, workers=1 if wrap else WORKERS, allow=args.allow,
+                                          timeout=args.timeout)
         except _READ_ERRORS as e:
             out.error(_message(e, lock))
             code = EXIT_ERROR
@@ -588,6 +607,8 @@ def cmd_convert(args: argparse.Namespace, out: _Out) -> int:
     if args.algorithm is not None and args.to == "safetensors":
         raise CommandLineError(f"--algorithm {args.algorithm} applies to tensorcanon output only; plain safetensors "
                          "records no digests (drop --to safetensors, or --algorithm)")
+    if os.path.lexists(args.output) and not args.force:  # as repro: nothing the user has is overwritten unasked
+        raise CommandLineError(f"OUT {args.output!r} already exists; pass --force to replace it")
     try:
         loaded = load_file(args.input, wrap=out.wrap("read"))
     except _READ_ERRORS as e:
@@ -837,6 +858,21 @@ def _nonnegative(text: str) -> float:
     return x
 
 
+EPILOG = f"""\
+exit status: 0 ok, 1 difference or mismatch found, 2 usage error or unreadable file.
+
+A command's arguments: {PROG} COMMAND --help. The commands and exit statuses, wherever tensorcanon
+is installed: python -m pydoc tensorcanon.tools.cli. The full manual with examples is docs/CLI.md
+of the source tree (not installed with the wheel)."""
+
+
+def _positive(text: str) -> float:
+    x = _nonnegative(text)
+    if x == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return x
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
@@ -846,32 +882,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(  # its usage errors exit with status 2, as ours do
         prog=PROG,
         description="Hash, verify, inspect, compare and lock tensor files; check that runs reproduce.",
-        epilog="Exit status: 0 ok, 1 difference or mismatch found, 2 usage error or unreadable file. "
-               "See docs/CLI.md.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     p = sub.add_parser("hash", parents=[common], help="print the content digest of each file")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="tensor files (any format `convert` reads), sharded checkpoint directories or URLs")
     p.add_argument("--verify", action="store_true", help="re-hash every tensor instead of trusting the manifest")
     p.set_defaults(func=cmd_hash)
 
     p = sub.add_parser("verify", parents=[common], help="re-hash files and name the first corrupt tensor")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="tensorcanon files, sharded checkpoint directories or URLs")
     p.add_argument("--expect", metavar="DIGEST",
                    help="also require this digest (of every FILE): xxh3-128:<32 hex> or sha256:<64 hex>, "
                         "in the algorithm the file records")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("inspect", parents=[common], help="show the object tree, tensor by tensor")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="a tensor file (any format `convert` reads), a sharded "
+                   "checkpoint directory or a URL")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("diff", parents=[common], help="structural and numeric differences between two files")
-    p.add_argument("a", metavar="A")
-    p.add_argument("b", metavar="B")
+    p.add_argument("a", metavar="A", help="the reference file (or directory, or URL)")
+    p.add_argument("b", metavar="B", help="the file compared with it; relative differences are relative to B")
     p.add_argument("--atol", type=_nonnegative, default=0.0, help="absolute tolerance (default 0: bit-exact)")
     p.add_argument("--rtol", type=_nonnegative, default=0.0, help="relative tolerance, relative to B (default 0)")
     p.add_argument("--tensors-only", action="store_true",
@@ -879,19 +918,31 @@ def build_parser() -> argparse.ArgumentParser:
                         "sharing and non-tensor values, e.g. against a file written by transformers")
     p.set_defaults(func=cmd_diff)
 
-    p = sub.add_parser("lock", parents=[common], help="write a lockfile of expected digests")
-    p.add_argument("paths", nargs="+", metavar="PATH_OR_GLOB")
+    scope = argparse.ArgumentParser(add_help=False)
+    scope.add_argument("--allow", action="append", default=[], metavar="FOLDER_OR_URL",
+                       help="also let lockfile lines name files under this folder, or objects under this URL "
+                            "prefix (s3://bucket/prefix); repeatable. By default a line may name only files "
+                            "inside the lockfile's folder")
+    scope.add_argument("--timeout", type=_positive, default=lockfile.TIMEOUT, metavar="SECONDS",
+                       help=f"give up after this many seconds in all (default {lockfile.TIMEOUT:g})")
+
+    p = sub.add_parser("lock", parents=[common, scope], help="write a lockfile of expected digests")
+    p.add_argument("paths", nargs="+", metavar="PATH_OR_GLOB",
+                   help="files, folders (every tensor file under them) or quoted globs ('ckpt/**/*.safetensors'), "
+                        "or URLs of objects in a store")
     p.add_argument("-o", "--output", default="tensors.lock", metavar="LOCKFILE",
                    help="lockfile to write (default tensors.lock)")
     p.set_defaults(func=cmd_lock)
 
-    p = sub.add_parser("check", parents=[common], help="verify files against lockfiles")
-    p.add_argument("lockfiles", nargs="+", metavar="LOCKFILE")
+    p = sub.add_parser("check", parents=[common, scope], help="verify files against lockfiles")
+    p.add_argument("lockfiles", nargs="+", metavar="LOCKFILE", help="lockfiles written by `tensorcanon lock`")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("convert", parents=[common], help="convert .pt/.safetensors/.npz to tensorcanon and back")
-    p.add_argument("input", metavar="IN")
-    p.add_argument("output", metavar="OUT")
+    p.add_argument("input", metavar="IN", help="the file to convert: .pt/.pth/.bin, .npz/.npy, plain safetensors, "
+                   "a tensorcanon file or a sharded checkpoint directory")
+    p.add_argument("output", metavar="OUT", help="the file to write (atomically); it must not exist, unless --force")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--to", choices=["tensorcanon", "safetensors"],
                    help="output format (default: safetensors for a tensorcanon input without --algorithm, "
                         "else tensorcanon)")
@@ -902,8 +953,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("consolidate", parents=[common],
                        help="write a sharded checkpoint directory as one tensorcanon file")
-    p.add_argument("dir", metavar="DIR")
-    p.add_argument("output", metavar="OUT")
+    p.add_argument("dir", metavar="DIR", help="a sharded checkpoint directory (written by tensorcanon.dcp)")
+    p.add_argument("output", metavar="OUT", help="the tensorcanon file to write; not DIR or a file in it")
     p.set_defaults(func=cmd_consolidate)
 
     p = sub.add_parser("repro", parents=[common], help="run a command several times and compare what it writes",
@@ -924,10 +975,14 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, usage errors
         return e.code if isinstance(e.code, int) else EXIT_ERROR
     out = _Out(sys.stdout, sys.stderr, args.json, not args.no_progress)
+    code: int | None = None
     try:
-        return args.func(args, out)
+        code = args.func(args, out)
+        sys.stdout.flush()  # (a closed pipe shows here, not at exit)
+        return code
     except CommandLineError as e:
-        print(f"{PROG} {args.command}: error: {e}\n(see '{PROG} {args.command} --help')", file=sys.stderr)
+        text = f"{PROG} {args.command}: error: {e}\n(see '{PROG} {args.command} --help')"
+        print(textout.printable(text, sys.stderr), file=sys.stderr)
         return EXIT_ERROR
     except TensorCanonError as e:
         out.error(str(e))
@@ -935,9 +990,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         out.error("interrupted")
         return 130
-    except BrokenPipeError:  # the reader of our output went away (`| head`): stop quietly
+    except BrokenPipeError:
+        # The reader of our output went away (`tensorcanon inspect x | head -1`): not an error.
+        # Python's documented recipe: point stdout at devnull, so the flush at exit cannot fail.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_OK if code is None else code
+    except Exception as e:  # noqa: BLE001 - the last line: any input gives exit 2 and a message, never a traceback
+        out.error(f"{args.command} failed: {type(e).__name__}: {e} (this is a bug in tensorcanon, please "
+                  "report it with the command that caused it)")
         return EXIT_ERROR
     finally:
         out.close_bars()

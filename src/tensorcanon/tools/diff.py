@@ -42,8 +42,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..format import dtypes, optional, paths, registry, tensorbytes, walk
-from ..format.errors import FormatError, LimitError, UsageError
+from ..format import dtypes, optional, paths, registry, tensorbytes, tree, walk
+from ..format.errors import FormatError, LimitError, UnsupportedTypeError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.ordering import UnorderableKey, sorted_keys
 from ..io import reader, storage
@@ -205,6 +205,9 @@ def _json_scalar(x: Any) -> bool | int | float | str | None:
 # --------------------------------------------------------------------------- files
 
 FORMATS = ("tensorcanon", "safetensors", "torch", "npz", "npy")
+# What zipfile raises on a damaged archive: names that are not UTF-8 (UnicodeDecodeError, a
+# ValueError), unknown versions or methods (NotImplementedError), encryption (RuntimeError).
+_ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError)
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
@@ -218,6 +221,15 @@ class Loaded:
     devices: dict[str, str] = field(default_factory=dict)  # path -> recorded device, where not "cpu"
     metadata: Any = None                          # a tensorcanon file's ``metadata`` dict, if any
     algorithm: str | None = None                  # a tensorcanon file's digest algorithm
+    # Read lazily (:func:`open_lazily`): id of a placeholder tensor (no data) -> reads its values.
+    fetch: dict[int, Callable[[], Any]] = field(default_factory=dict)
+    closer: Callable[[], None] | None = None
+
+    def close(self) -> None:
+        """Check the tensors never read (a lazily read file) and close the file."""
+        if self.closer is not None:
+            closer, self.closer = self.closer, None
+            closer()
 
 
 def detect_format(path: str | os.PathLike | storage.Location, storage_options: Any = None) -> str:
@@ -242,7 +254,7 @@ def _detect_local(path: str) -> str:
                 fh.seek(0)
                 with zipfile.ZipFile(fh) as z:
                     names = z.namelist()
-            except (zipfile.BadZipFile, OSError) as e:
+            except _ZIP_ERRORS as e:
                 raise FormatError(f"{path}: damaged zip archive ({e})") from None
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         if suffix == ".npz":
@@ -255,12 +267,16 @@ def _detect_local(path: str) -> str:
     if suffix in _TORCH_SUFFIXES and head[:1] == b"\x80":  # legacy (non-zip) torch.save
         return "torch"
     if head[8:9] != b"{":
-        raise FormatError(
-            f"{path}: not a tensorcanon, safetensors, torch (.pt), .npz or .npy file "
-            f"(it starts with {bytes(head[:8])!r})"
-        )
+        raise FormatError(_unrecognized(path, len(head)))
     with reader.open_file(path, DEFAULT) as cf:
         return "tensorcanon" if cf.is_tensorcanon else "safetensors"
+
+
+def _unrecognized(name: str, n: int) -> str:
+    # The file's bytes are never quoted: the file may be anything (a lockfile line or an argument
+    # naming a secret), and what is not a tensor file is nobody's business in a message or a log.
+    what = "it is empty" if n == 0 else "its first bytes match none of them"
+    return f"{name}: not a tensorcanon, safetensors, torch (.pt), .npz or .npy file ({what})"
 
 
 def _detect_remote(loc: storage.Location) -> str:
@@ -277,7 +293,7 @@ def _detect_remote(loc: storage.Location) -> str:
             try:
                 with zipfile.ZipFile(fh) as z:
                     names = z.namelist()
-            except (zipfile.BadZipFile, OSError) as e:
+            except _ZIP_ERRORS as e:
                 raise FormatError(f"{name}: damaged zip archive ({e})") from None
             return "npz" if names and all(n.endswith(".npy") for n in names) else "torch"
         if head.startswith(b"\x93NUMPY"):
@@ -285,8 +301,7 @@ def _detect_remote(loc: storage.Location) -> str:
         if suffix in _TORCH_SUFFIXES and head[:1] == b"\x80":
             return "torch"
         if head[8:9] != b"{":
-            raise FormatError(f"{name}: not a tensorcanon, safetensors, torch (.pt), .npz or .npy file "
-                              f"(it starts with {bytes(head[:8])!r})")
+            raise FormatError(_unrecognized(name, len(head)))
         fh.seek(0)
         with reader.CheckedFile(Source(fh, name=name)) as cf:  # type: ignore[arg-type]  # a binary file
             return "tensorcanon" if cf.is_tensorcanon else "safetensors"
@@ -354,6 +369,87 @@ def load_file(path: str | os.PathLike | storage.Location, *, limits: Limits = DE
         return _load_foreign(fh, fmt, name)
 
 
+def _remaining(f: Any) -> int | None:
+    """Bytes left in the file object ``f`` from its position, where that can be known."""
+    try:
+        here = f.tell()
+        end = f.seek(0, os.SEEK_END)
+        f.seek(here)
+        return int(end - here)
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def open_lazily(path: str | os.PathLike | storage.Location, *, limits: Limits = DEFAULT,
+                storage_options: Any = None) -> Loaded:
+    """A file read for :func:`diff` with memory bounded by its largest tensor, not its size.
+
+    A local tensorcanon or plain safetensors file comes with its object tree whole and placeholder
+    tensors that hold no data (meta tensors; zero-stride arrays), each read, verified, when it is
+    compared (:attr:`Loaded.fetch`) and dropped after; :meth:`Loaded.close` verifies the ones never
+    compared (a damaged file is an error, whatever is compared) and closes the file. Anything
+    else is :func:`load_file` (loaded whole). Use it as ``with contextlib.closing(...)``.
+    """
+    target = storage.resolve(path, storage_options)
+    if isinstance(target, storage.Location) or os.path.isdir(os.fspath(target)) \
+            or detect_format(target) not in ("tensorcanon", "safetensors"):
+        return load_file(target, limits=limits)
+    name = os.fspath(target)
+    cf = reader.open_file(name, limits)
+    try:
+        rows = cf.rows
+        holders = [_placeholder(info) for info in rows]
+        if any(h is None for h in holders):  # a dtype this torch or numpy cannot hold: read whole
+            cf.close()
+            return load_file(name, limits=limits)
+        read: set[int] = set()
+
+        def fetcher(index: int) -> Callable[[], Any]:
+            def fetch() -> Any:
+                read.add(index)
+                return cf.read(index, map_location="cpu")
+            return fetch
+
+        def close() -> None:
+            try:
+                for info in rows:  # the tensors no comparison read: checked all the same
+                    if info.index not in read:
+                        cf.read(info.index, map_location="cpu")
+            finally:
+                cf.close()
+
+        fetch = {id(h): fetcher(i) for i, h in enumerate(holders)}
+        if cf.manifest is None:
+            value = {r.name: holders[r.index] for r in sorted(rows, key=lambda r: r.name)}
+            return Loaded(value, "safetensors", name, fetch=fetch, closer=close)
+        cf.check_tree()
+        m = cf.manifest
+        value = tree.decode_manifest(m.root, m.meta, [info.name for info in m.tensors], m.version,
+                                     limits.max_depth, holders, False)[0]
+        return Loaded(value, "tensorcanon", name, cf.devices(), cf.metadata(), cf.algorithm,
+                      fetch=fetch, closer=close)
+    except BaseException:
+        cf.close()
+        raise
+
+
+def _placeholder(info: Any) -> Any:
+    """A tensor or array with ``info``'s kind, dtype, shape and grad flag and no data, or None."""
+    if info.kind == "ndarray":
+        if not info.dtype.has_numpy:
+            return None
+        one = np.zeros(1, dtype=info.dtype.numpy)
+        return np.lib.stride_tricks.as_strided(one, shape=info.shape, strides=(0,) * len(info.shape),
+                                               writeable=False)
+    dtype = info.dtype.torch
+    if dtype is None:
+        return None
+    t = torch.empty(info.shape, dtype=dtype, device="meta")
+    if info.kind == "parameter":
+        return torch.nn.Parameter(t, requires_grad=info.requires_grad)
+    return t.requires_grad_(True) if info.requires_grad else t
+
+
 def _load_foreign(data: Any, fmt: str, path: str) -> Loaded:
     """A ``.pt``, ``.npy`` or ``.npz`` file's value, read from the file object ``data``, without
     unpickling anything but what ``torch.load(weights_only=True)`` allows."""
@@ -367,14 +463,12 @@ def _load_foreign(data: Any, fmt: str, path: str) -> Loaded:
                 "never unpickles arbitrary objects"
             ) from None
         return Loaded(value, fmt, path)
-    try:
-        if fmt == "npz":
-            with np.load(data, allow_pickle=False) as z:
-                value = {k: z[k] for k in sorted(z.files)}
-        else:
-            value = np.load(data, allow_pickle=False)
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-        raise FormatError(f"{path}: numpy.load(allow_pickle=False) cannot read it: {e}") from None
+    from . import npyfile  # bounded by the bytes the file holds, object arrays refused (never unpickled)
+
+    if fmt == "npz":
+        value = npyfile.read_npz(data, path)
+    else:
+        value = npyfile.read_npy(data, path, _remaining(data))
     return Loaded(value, fmt, path)
 
 
@@ -451,19 +545,20 @@ def diff(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, tensors_only: 
     """
     if not (atol >= 0 and rtol >= 0 and math.isfinite(atol) and math.isfinite(rtol)):
         raise UsageError(f"atol and rtol must be finite and >= 0, got atol={atol!r}, rtol={rtol!r}")
-    sides: list[tuple[Any, dict[str, str], str | None]] = []
-    for value in (a, b):
-        if isinstance(value, (str, os.PathLike, storage.Location)):
-            loc = storage.resolve(value, storage_options) if storage.is_url(value) else value
-            loaded = load_file(loc, limits=limits)
-            sides.append((loaded.value, loaded.devices, loaded.path))
-        elif isinstance(value, Loaded):
-            sides.append((value.value, value.devices, value.path))
-        else:
-            sides.append((value, {}, None))
-    d = _Differ(float(atol), float(rtol), sides[0][1], sides[1][1], limits.max_depth, bool(tensors_only))
-    d.compare(sides[0][0], sides[1][0], (), 0)
-    return DiffResult(d.out, float(atol), float(rtol), sides[0][2] or "A", sides[1][2] or "B",
+    sides: list[Loaded] = []
+    with contextlib.ExitStack() as opened:
+        for value in (a, b):
+            if isinstance(value, (str, os.PathLike, storage.Location)):  # read one tensor at a time
+                loc = storage.resolve(value, storage_options) if storage.is_url(value) else value
+                sides.append(opened.enter_context(contextlib.closing(open_lazily(loc, limits=limits))))
+            elif isinstance(value, Loaded):
+                sides.append(value)
+            else:
+                sides.append(Loaded(value, "object", ""))
+        d = _Differ(float(atol), float(rtol), sides[0].devices, sides[1].devices, limits.max_depth,
+                    bool(tensors_only), sides[0].fetch, sides[1].fetch)
+        d.compare(sides[0].value, sides[1].value, (), 0)
+    return DiffResult(d.out, float(atol), float(rtol), sides[0].path or "A", sides[1].path or "B",
                       bool(tensors_only))
 
 
@@ -523,7 +618,28 @@ def _scalar(flat: torch.Tensor, u: torch.Tensor, i: int, numeric: torch.dtype | 
         return _bits_hex(u[i])
     if not (flat.dtype.is_floating_point or flat.dtype.is_complex):
         return x.item()
-    return x.to(numeric).item()
+    value = x.to(numeric).item()
+    if flat.dtype.is_complex:
+        part = torch.float32 if flat.dtype == torch.complex64 else torch.float64
+        if flat.dtype == torch.complex32:
+            part = torch.float16
+        return complex(_shortest(value.real, part), _shortest(value.imag, part))
+    return _shortest(value, flat.dtype)
+
+
+def _shortest(value: float, dtype: torch.dtype) -> float:
+    """``value`` (exactly a ``dtype`` number) as the float with the fewest decimal digits that is
+    still that ``dtype`` number: a float32 element prints as ``0.45777494``, as numpy and torch
+    print it, not with the 17 digits of its float64 widening (``0.45777493715286255``)."""
+    if dtype == torch.float64 or not math.isfinite(value):
+        return value
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[dtype.itemsize]
+    want = torch.tensor(value, dtype=torch.float64).to(dtype).view(bits)
+    for digits in range(1, 18):
+        candidate = float(f"{value:.{digits}g}")
+        if bool(torch.tensor(candidate, dtype=torch.float64).to(dtype).view(bits) == want):
+            return candidate
+    return value
 
 
 def tensor_stats(a: torch.Tensor, b: torch.Tensor, atol: float = 0.0, rtol: float = 0.0) -> TensorStats | None:
@@ -535,11 +651,16 @@ def tensor_stats(a: torch.Tensor, b: torch.Tensor, atol: float = 0.0, rtol: floa
     ua, ub = fa.view(torch.uint8).reshape(-1, itemsize), fb.view(torch.uint8).reshape(-1, itemsize)
     numeric = _numeric(a.dtype)
     tolerant = (atol > 0 or rtol > 0) and numeric is not None
+    whole = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(itemsize)
+    ia, ib = (fa.view(whole), fb.view(whole)) if whole is not None else (None, None)
     count, first = 0, None
     max_abs = max_rel = 0.0
     for start in range(0, n, _CHUNK_ELEMENTS):
         end = min(start + _CHUNK_ELEMENTS, n)
-        ne = (ua[start:end] != ub[start:end]).any(dim=1)
+        if ia is not None and ib is not None:  # bits compared an element at a time: 1 byte per element
+            ne = ia[start:end] != ib[start:end]
+        else:
+            ne = (ua[start:end] != ub[start:end]).any(dim=1)
         if tolerant:
             close = torch.isclose(fa[start:end].to(numeric), fb[start:end].to(numeric),
                                   rtol=rtol, atol=atol, equal_nan=True)
@@ -609,7 +730,8 @@ def _float_bits(x: float) -> bytes:
 
 class _Differ:
     def __init__(self, atol: float, rtol: float, devices_a: dict, devices_b: dict, max_depth: int,
-                 tensors_only: bool = False) -> None:
+                 tensors_only: bool = False, fetch_a: dict | None = None, fetch_b: dict | None = None) -> None:
+        self.fetch_a, self.fetch_b = fetch_a or {}, fetch_b or {}  # placeholders of files read lazily
         self.atol, self.rtol = atol, rtol
         self.tolerant = atol > 0 or rtol > 0
         self.devices_a, self.devices_b = devices_a, devices_b
@@ -743,16 +865,25 @@ class _Differ:
         if tuple(a.shape) != tuple(b.shape):
             self.add(trail, "shape", str(list(a.shape)), str(list(b.shape)))
             return
-        dev_a = self.devices_a.get(where, "cpu" if isinstance(a, np.ndarray) else str(a.device))
-        dev_b = self.devices_b.get(where, "cpu" if isinstance(b, np.ndarray) else str(b.device))
+        fa, fb = self.fetch_a.get(id(a)), self.fetch_b.get(id(b))
+        dev_a = self.devices_a.get(where, "cpu" if fa or isinstance(a, np.ndarray) else str(a.device))
+        dev_b = self.devices_b.get(where, "cpu" if fb or isinstance(b, np.ndarray) else str(b.device))
         if dev_a != dev_b:
             self.add(trail, "device", dev_a, dev_b)
         rg_a = bool(getattr(a, "requires_grad", False))
         rg_b = bool(getattr(b, "requires_grad", False))
         if rg_a != rg_b:
             self.add(trail, "requires_grad", str(rg_a), str(rg_b))
-        if getattr(a, "is_meta", False) or getattr(b, "is_meta", False):
+        if (not fa and getattr(a, "is_meta", False)) or (not fb and getattr(b, "is_meta", False)):
             return  # meta tensors hold no values
-        stats = tensor_stats(_as_torch(a), _as_torch(b), self.atol, self.rtol)
+        for v in (a, b):
+            if isinstance(v, np.ndarray) and (v.dtype.fields is not None
+                                              or dtypes.BY_NUMPY.get(v.dtype.newbyteorder("<")) is None):
+                raise UnsupportedTypeError(
+                    f"{where}: a numpy array of dtype {v.dtype}, which tensorcanon does not save, so diff "
+                    "does not compare its elements; compare such arrays with numpy", path=where)
+        # (a placeholder's values are read now, and dropped once compared: memory is bounded by
+        # the tensors compared at once, not by the files)
+        stats = tensor_stats(_as_torch(fa() if fa else a), _as_torch(fb() if fb else b), self.atol, self.rtol)
         if stats is not None:
             self.add(trail, "values", None, None, stats)

@@ -26,6 +26,16 @@ written as it was given (a URL holding a password or a signature is refused: giv
 credentials through the environment or ``storage_options``); ``check`` reads it
 from the store again.
 
+What a line may name is decided in one place (:func:`target`): a path inside the lockfile's
+folder (after following symlinks, so ``..``, an absolute path, a ``file://``/``local://`` URL or
+a symlink cannot leave it), nothing else. A lockfile is input like any file: one from a pull
+request or a download must not make ``check`` read ``/etc``, or send requests to a host it
+names. ``allow`` (``--allow`` on the command line) widens the scope explicitly: each item is a
+folder (lines may then also name files under it) or a URL prefix such as ``s3://bucket/ckpt``
+(lines may name objects under it: same scheme, same bucket or host, under that prefix).
+``make_lock`` applies the same rule to the local files it locks (the URLs it is given are what
+it was asked for); every lockfile operation ends within ``timeout`` seconds.
+
 The lockfile version says which file-format version those computed digests
 use: a version-1 lockfile (written before format version 2) holds format-1
 fingerprints, and :func:`check_lock` computes format-1 fingerprints to check
@@ -40,19 +50,29 @@ Example::
 
 from __future__ import annotations
 
-import glob
+import errno as _errno
 import os
-from collections.abc import Callable, Iterable
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..format import digest as _digest, manifest
-from ..format.errors import FormatError, IntegrityError, MissingFileError, TensorCanonError, UsageError
+from ..format.errors import (
+    FileAccessError,
+    FormatError,
+    IntegrityError,
+    MissingFileError,
+    TensorCanonError,
+    UsageError,
+)
 from ..format.limits import DEFAULT, Limits
 from ..io import storage, writer
 
-__all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect",
-           "make_lock", "format_lock", "parse_lock", "read_lock", "write_lock", "check_lock"]
+__all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect", "Scope", "target",
+           "make_lock", "format_lock", "parse_lock", "read_lock", "write_lock", "check_lock", "TIMEOUT"]
 
 VERSION = 2
 HEADER = f"tensorcanon-lock {VERSION}"
@@ -61,7 +81,14 @@ FORMAT_OF = {1: 1, 2: 2}
 #: Suffixes picked up when a folder is given to :func:`collect`.
 SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".npz", ".npy")
 
+#: Seconds a whole ``make_lock`` or ``check_lock`` may take by default (``timeout=`` changes it).
+TIMEOUT = 3600.0
+#: The largest lockfile read (bytes): a lockfile is text, about 100 bytes a line.
+MAX_LOCKFILE_BYTES = 64 << 20
+
 Wrap = Callable[[Any, int], Any]
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True)
@@ -150,6 +177,214 @@ def _local_digest(path: str, verify: bool, wrap: Wrap | None, limits: Limits, fo
     return writer.fingerprint(writer.plan(loaded.value, None, limits, version=format_version)), fmt
 
 
+# --------------------------------------------------------------------------- what a line may name
+
+
+class Scope:
+    """Where the lines of one lockfile may point: its folder, and what ``allow`` adds.
+
+    ``allow`` items are folders (local paths, relative to the current folder) or URL prefixes
+    (``s3://bucket/prefix``: objects of that scheme and bucket or host, under that prefix)."""
+
+    def __init__(self, base: str, allow: Iterable[str | os.PathLike] = ()) -> None:
+        self.base = base
+        self.folders = [os.path.realpath(base)]
+        self.urls: list[str] = []
+        for item in allow:
+            text = os.fspath(item)
+            if not isinstance(text, str) or not text:
+                raise UsageError(f"allow: {text!r} is not a folder or a URL prefix")
+            if storage.is_url(text) and _url_local_path(text) is None:
+                if storage.redact(text) != text:
+                    raise UsageError(f"allow: {storage.redact(text)!r} holds a password or a signature; "
+                                     "give credentials through the environment or storage_options")
+                if "::" in text or any(seg in (".", "..") for seg in text.split("://", 1)[1].split("/")):
+                    raise UsageError(f"allow: {text!r} must be a plain URL prefix (no '::' chain, no '.' "
+                                     "or '..' segments)")
+                self.urls.append(text.rstrip("/") + "/")
+            else:
+                path = _url_local_path(text) or text
+                self.folders.append(os.path.realpath(path))
+
+    def hint(self) -> str:
+        return ("a lockfile's lines may name files inside its own folder only, unless more is allowed "
+                "explicitly: `tensorcanon check --allow FOLDER_OR_URL_PREFIX LOCKFILE` "
+                "(Python: check_lock(..., allow=[...]))")
+
+    def local(self, path: str) -> bool:
+        """True when ``path`` (followed through symlinks) lies in the folder or an allowed one."""
+        real = os.path.realpath(path)
+        return any(real == f or real.startswith(f.rstrip(os.sep) + os.sep) for f in self.folders)
+
+    def url(self, url: str) -> bool:
+        """True when the URL is under an allowed prefix, without '.', '..' or '::' to leave it."""
+        if "::" in url or "\x00" in url:
+            return False
+        rest = url.split("://", 1)[1]
+        segments = rest.split("?", 1)[0].split("#", 1)[0].split("/")
+        if any(_unquoted(seg) in (".", "..") for seg in segments):
+            return False
+        return any((url.rstrip("/") + "/").startswith(prefix) for prefix in self.urls)
+
+
+def _unquoted(segment: str) -> str:
+    return re.sub(r"%2[eE]", ".", segment)
+
+
+def _url_local_path(url: str) -> str | None:
+    """The local path of a ``file://`` or ``local://`` URL (both read local files), else None."""
+    for scheme in ("file://", "local://"):
+        if url.startswith(scheme) and "::" not in url:
+            return url[len(scheme):]
+    return None
+
+
+def target(line_path: str, scope: Scope, where: str = "lockfile") -> str:
+    """The file (a local path) or object (a URL) a lockfile line names, or :class:`FormatError`
+    when the line names something outside ``scope`` (see the module docstring). This is the one
+    place that decides what a lockfile line may name."""
+    def refuse(why: str) -> FormatError:
+        return FormatError(f"{where}: the line for {storage.redact(line_path)!r} {why}; {scope.hint()}")
+
+    if "\x00" in line_path:
+        raise refuse("holds a NUL character")
+    if storage.is_url(line_path):
+        local = _url_local_path(line_path)
+        if local is None:
+            if not scope.url(line_path):
+                raise refuse("names an object in a store outside the allowed URL prefixes "
+                             f"({', '.join(scope.urls) or 'none'})")
+            return line_path
+        path = local  # a file:// or local:// URL: an absolute path, under the same rule as one
+    elif os.path.isabs(line_path) or line_path.startswith("/"):
+        path = line_path
+    else:
+        path = os.path.join(scope.base, *line_path.split("/"))
+    if not scope.local(path):
+        raise refuse("names a file outside the lockfile's folder (an absolute path, '..' or a symlink "
+                     "leading out of it)")
+    return path
+
+
+def _run_bounded(fn: Callable[[_T], _R], items: Sequence[_T], workers: int, timeout: float,
+                 late: Callable[[_T], _R]) -> list[_R]:
+    """``fn`` of every item on up to ``workers`` daemon threads; an item not done ``timeout``
+    seconds after the start gets ``late(item)`` instead (its thread is left to finish or to end
+    with the process: a read that never returns cannot be interrupted). The first exception of
+    ``fn`` stops the run and is raised here."""
+    if not (timeout > 0):
+        raise UsageError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    results: dict[int, _R] = {}
+    errors: dict[int, BaseException] = {}
+    lock = threading.Condition()
+    todo = iter(range(len(items)))
+    deadline = time.monotonic() + timeout
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = None if errors else next(todo, None)  # (after a failure, nothing more is started)
+            if i is None or time.monotonic() > deadline:
+                return
+            try:
+                r = fn(items[i])
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread, raised there
+                with lock:
+                    errors[i] = e
+                    lock.notify_all()
+                continue
+            with lock:
+                results[i] = r
+                lock.notify_all()
+
+    for n in range(max(1, min(workers, len(items)))):
+        threading.Thread(target=work, name=f"tensorcanon-lock-{n}", daemon=True).start()
+    with lock:
+        while not errors and len(results) < len(items):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            lock.wait(min(left, 0.5))
+        if errors:
+            raise errors[min(errors)]
+        out = [results[i] if i in results else late(item) for i, item in enumerate(items)]
+        return out
+
+
+def _timed_out(what: str, timeout: float) -> FileAccessError:
+    return FileAccessError(f"{what}: not finished within the timeout of {timeout:g} s (pass a larger "
+                           "timeout=, or --timeout on the command line, for larger files or slower stores)",
+                           errno=_errno.ETIMEDOUT)
+
+
+# --------------------------------------------------------------------------- collecting files
+
+
+def _glob(pattern: str) -> list[str]:
+    """The paths a glob matches, ``**`` matching any number of folders, without following
+    symlinked folders (``glob.glob`` follows them: a link to its own folder repeats every file
+    under it ~40 times, two such links never finish). A symlinked file is matched by its name."""
+    parts = pattern.split(os.sep)
+    fixed = 0
+    while fixed < len(parts) - 1 and not _has_magic(parts[fixed]):
+        fixed += 1
+    root = os.sep.join(parts[:fixed]) or ("" if not pattern.startswith(os.sep) else os.sep)
+    rest = parts[fixed:]
+    regex = re.compile(_translate(rest), re.DOTALL)
+    top = root or os.curdir
+    if not os.path.isdir(top):
+        return []
+    found = []
+    for folder, dirs, names in os.walk(top):  # (os.walk never descends into a symlinked folder)
+        dirs.sort()
+        rel_folder = os.path.relpath(folder, top)
+        for name in sorted(dirs + names):
+            rel = name if rel_folder == os.curdir else os.path.join(rel_folder, name)
+            if regex.fullmatch(rel):
+                found.append(os.path.join(root, rel) if root else rel)
+    return found
+
+
+def _translate(parts: list[str]) -> str:
+    """A regular expression for the path components of a glob, relative to its fixed root."""
+    out = []
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if part == "**":
+            out.append("(?:(?!\\.)[^/]+/)*" if not last else "(?:(?!\\.)[^/]+/)*(?!\\.)[^/]+")
+            continue
+        piece = _component(part)
+        out.append(piece + ("" if last else "/"))
+    return "".join(out).replace("/", re.escape(os.sep))
+
+
+def _component(part: str) -> str:
+    """The regular expression of one glob component: ``*`` and ``?`` never cross a separator."""
+    out, i = [], 0
+    if not part.startswith("."):
+        out.append("(?!\\.)")
+    while i < len(part):
+        c = part[i]
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = part.find("]", i + 2 if part[i + 1:i + 2] in ("!", "]") else i + 1)
+            if j < 0:
+                out.append(re.escape(c))
+            else:
+                body = part[i + 1:j]
+                neg = body.startswith("!")
+                body = body[1:] if neg else body
+                out.append("[" + ("^/" if neg else "") + body.replace("\\", "\\\\") + "]")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
 def _has_magic(pattern: str) -> bool:
     return any(c in pattern for c in "*?[")
 
@@ -173,7 +408,7 @@ def collect(patterns: Iterable[str], exclude: str | None = None, storage_options
             continue
         pattern = storage.local_path(pattern) or pattern
         if _has_magic(pattern):
-            matches = [m for m in glob.glob(pattern, recursive=True)
+            matches = [m for m in _glob(pattern)
                        if (os.path.exists(m) and not os.path.isdir(m)) or _checkpoint(m)]
             if not matches:
                 raise MissingFileError(f"no file matches {pattern!r}", filename=pattern)
@@ -251,6 +486,8 @@ def _size(path: str, limits: Limits = DEFAULT, storage_options: Any = None) -> i
 
 
 def _relative(path: str, base: str) -> str:
+    if storage.is_url(path) and _url_local_path(path) is not None:  # a local file named by a URL
+        path = _url_local_path(path) or path
     if storage.is_url(path):  # an object in a store: its URL
         rel = path
         if any(c in rel for c in "\n\r") or rel != rel.strip(" "):
@@ -259,26 +496,59 @@ def _relative(path: str, base: str) -> str:
     rel = os.path.relpath(os.path.abspath(path), base).replace(os.sep, "/")
     if any(c in rel for c in "\n\r") or rel != rel.strip(" "):
         raise FormatError(f"path {rel!r} cannot be written in a lockfile (line break or edge spaces)")
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:  # a name of bytes that are not UTF-8 (held as surrogate escapes)
+        shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise FormatError(f"path '{shown}' cannot be written in a lockfile: its name is not UTF-8 text "
+                          "(a lockfile is UTF-8); rename the file") from None
     return rel
 
 
 def make_lock(patterns: Iterable[str], lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
-              limits: Limits = DEFAULT, storage_options: Any = None) -> list[LockEntry]:
+              limits: Limits = DEFAULT, storage_options: Any = None, allow: Iterable[str | os.PathLike] = (),
+              timeout: float = TIMEOUT) -> list[LockEntry]:
     """Hash every file the patterns name and return the lockfile's entries (not yet written).
 
-    ``storage_options`` are used for patterns that are URLs (objects in a store)."""
+    ``storage_options`` are used for patterns that are URLs (objects in a store). A local file
+    outside the lockfile's folder (followed through symlinks) is refused unless under a folder of
+    ``allow``, as :func:`check_lock` would refuse its line (see the module docstring); ``check_lock``
+    of URL entries needs their prefix in its ``allow``. Raises ``FileAccessError`` when hashing
+    takes longer than ``timeout`` seconds."""
     lock_path = os.fspath(lock_path)
     base = os.path.dirname(os.path.abspath(lock_path))
-    entries = []
-    for path in collect(patterns, exclude=lock_path, storage_options=storage_options):
+    scope = Scope(base, allow)
+    start = time.monotonic()
+    patterns = list(patterns)
+
+    def listed(_: None) -> list[str]:  # (listing a store is bounded by the deadline too)
+        return collect(patterns, exclude=lock_path, storage_options=storage_options)
+
+    def late_listing(_: None) -> list[str]:
+        raise _timed_out("listing the files to lock", timeout)
+
+    paths = _run_bounded(listed, [None], 1, timeout, late_listing)[0]
+    named = []
+    for path in paths:
         rel = _relative(path, base)
+        if not storage.is_url(path) or _url_local_path(path) is not None:  # a local file, however named
+            target(rel, scope, where=f"cannot lock {path}")
+        named.append((path, rel))
+
+    def one(item: tuple[str, str]) -> LockEntry:
+        path, rel = item
         options = storage_options if storage.is_url(path) else None
         try:
             d, _ = content_digest(path, wrap=wrap, limits=limits, storage_options=options)
-            size = _size(path, limits, options) if storage.is_url(path) else None
+            size = _size(path, limits, options)
         except TensorCanonError as e:  # a file that cannot be locked: say which
             raise FormatError(f"cannot lock {rel}: {e}") from e
-        entries.append(LockEntry(rel, d, _size(path, limits) if size is None else size))
+        return LockEntry(rel, d, size)
+
+    def late(item: tuple[str, str]) -> LockEntry:
+        raise _timed_out(f"cannot lock {item[1]}", timeout)
+
+    entries = _run_bounded(one, named, 1, max(timeout - (time.monotonic() - start), 1e-3), late)
     return sorted(entries, key=lambda e: e.path.encode("utf-8"))
 
 
@@ -313,7 +583,8 @@ def _parse(text: str, where: str) -> tuple[int, list[LockEntry]]:
                 f"{where}: lockfile version {first.split(' ', 1)[1]!r} is not supported (this "
                 f"tensorcanon reads versions {', '.join(map(str, FORMAT_OF))}); upgrade tensorcanon"
             )
-        raise FormatError(f"{where}: not a tensorcanon lockfile: line 1 must be {HEADER!r}, found {first!r}")
+        # (what the file holds is not quoted: it may be any file, a secret one included)
+        raise FormatError(f"{where}: not a tensorcanon lockfile: line 1 must be {HEADER!r}")
     entries, seen = [], set()
     for number, line in enumerate(lines[1:], start=2):
         parts = line.split(" ", 2)
@@ -340,7 +611,10 @@ def _read(lock_path: str | os.PathLike) -> tuple[int, list[LockEntry]]:
 
     lock_path = os.fspath(lock_path)
     with open_path(lock_path, what="a lockfile") as fh:
-        raw = fh.read()
+        raw = fh.read(MAX_LOCKFILE_BYTES + 1)
+    if len(raw) > MAX_LOCKFILE_BYTES:
+        raise FormatError(f"{lock_path}: larger than {MAX_LOCKFILE_BYTES} bytes, not a lockfile "
+                          "(a lockfile holds one short line per file)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -349,27 +623,38 @@ def _read(lock_path: str | os.PathLike) -> tuple[int, list[LockEntry]]:
 
 
 def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
-               limits: Limits = DEFAULT, storage_options: Any = None, workers: int = 1) -> list[CheckResult]:
+               limits: Limits = DEFAULT, storage_options: Any = None, workers: int = 1,
+               allow: Iterable[str | os.PathLike] = (), timeout: float = TIMEOUT) -> list[CheckResult]:
     """Re-hash every file a lockfile lists; one :class:`CheckResult` per entry, in order.
 
+    Every line must name a file inside the lockfile's folder (followed through symlinks), or
+    something ``allow`` adds (folders, and URL prefixes such as ``s3://bucket/ckpt``): else
+    :class:`FormatError` names the line, before anything is read (see the module docstring).
     ``storage_options`` are used for the entries that are URLs (objects in a store). With
     ``workers`` > 1, that many files are hashed at once, on threads (reading and hashing release
-    the GIL): the results are the same, in the same order."""
+    the GIL): the results are the same, in the same order. A file not checked within ``timeout``
+    seconds of the start is ``unreadable`` ("not finished within the timeout"); a file that
+    cannot be read, whatever the reason, is ``unreadable`` while the others are still checked."""
     lock_path = os.fspath(lock_path)
     base = os.path.dirname(os.path.abspath(lock_path))
+    scope = Scope(base, allow)
     version, entries = _read(lock_path)
+    targets = [(entry, target(entry.path, scope, where=f"{lock_path}, line {n}"))
+               for n, entry in enumerate(entries, start=2)]
 
-    def check(entry: LockEntry) -> CheckResult:
-        if storage.is_url(entry.path) and storage.local_path(entry.path) is None:
-            return _check_url(entry, version, wrap, limits, storage_options)
-        return _check_local(entry, os.path.join(base, *entry.path.split("/")), version, wrap, limits)
+    def check(item: tuple[LockEntry, str]) -> CheckResult:
+        entry, where = item
+        try:
+            if storage.is_url(where):
+                return _check_url(entry, version, wrap, limits, storage_options)
+            return _check_local(entry, where, version, wrap, limits)
+        except Exception as e:  # noqa: BLE001 - one file's surprise must not stop the others' check
+            return CheckResult(entry, "unreadable", None, None, f"{type(e).__name__}: {e}")
 
-    if workers <= 1 or len(entries) < 2:
-        return [check(entry) for entry in entries]
-    from concurrent.futures import ThreadPoolExecutor
+    def late(item: tuple[LockEntry, str]) -> CheckResult:
+        return CheckResult(item[0], "unreadable", None, None, str(_timed_out("checking it", timeout)))
 
-    with ThreadPoolExecutor(min(workers, len(entries)), thread_name_prefix="tensorcanon-check") as pool:
-        return list(pool.map(check, entries))
+    return _run_bounded(check, targets, max(1, workers), timeout, late)
 
 
 def _check_local(entry: LockEntry, path: str, version: int, wrap: Wrap | None, limits: Limits) -> CheckResult:
