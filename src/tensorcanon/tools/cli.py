@@ -46,7 +46,6 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO, TypeVar
 
-from .. import __version__
 from ..format import devices, digest, manifest, paths, tree
 from ..format.errors import FileAccessError, FormatError, IntegrityError, MissingDependencyError, TensorCanonError
 from ..format.limits import DEFAULT, Limits
@@ -54,7 +53,7 @@ from ..format.tensorbytes import resolved
 from ..format.tree import Decoder
 from ..io import reader, storage, writer
 from ..io.source import open_path
-from . import lockfile, textout
+from . import lockfile, textout, versions
 from .diff import DiffResult, describe, detect_format, diff, load_file, open_lazily
 from .progress import BinaryReader, Progress, ProgressFile
 
@@ -885,7 +884,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action="version", version=versions.describe(PROG))
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
