@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from ..format import tensorbytes
 from ..format.errors import UsageError
 from ..format.limits import Limits
 from ..format.tree import Decoder, items, tag_of
@@ -105,7 +106,7 @@ def dcp_view(index: layout.Index, limits: Limits) -> tuple[dict, dict, Checkpoin
     """
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
-    placeholders = [torch.empty(0) for _ in index.logical.tensors]
+    placeholders = [tensorbytes.host_empty(0, torch.float32) for _ in index.logical.tensors]
     which = {id(p): t for t, p in enumerate(placeholders)}
     try:
         decoder = Decoder(placeholders, limits.max_depth)

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..format import digest as _digest, optional
+from ..format import digest as _digest, optional, tensorbytes
 from ..format.errors import FormatError, IntegrityError, MissingFileError, TensorCanonError, UnsupportedTypeError
 from ..format.limits import DEFAULT, Limits
 from ..format.manifest import TensorInfo
@@ -194,7 +194,7 @@ class RankFile(reader.CheckedFile):
                 f"{what()} has dtype {info.dtype.name}, which this torch ({torch.__version__}) does not "
                 f"have: read the checkpoint with a torch that has torch.{info.dtype.name}")
         if not len(view):
-            return torch.empty(info.shape, dtype=t)
+            return tensorbytes.host_empty(info.shape, t)
         with warnings.catch_warnings():  # "not writable": we only ever read from it
             warnings.simplefilter("ignore", UserWarning)
             flat = torch.frombuffer(view, dtype=torch.uint8)
