@@ -301,3 +301,4 @@ def _decode(state: Any) -> DeterminismSettings:
 
 
 registry.register(DeterminismSettings, name="tensorcanon.DeterminismSettings", encode=_encode, decode=_decode)
+registry.specify("tensorcanon.DeterminismSettings", _decode)  # docs/FORMAT.md §6.7.2: verify checks it too
