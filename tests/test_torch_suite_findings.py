@@ -205,3 +205,52 @@ def test_mmap_load_is_private_writes_never_reach_the_file(tmp_path):
     out["w"].fill_(1.0)
     assert path.read_bytes() == before
     assert torch.equal(tensorcanon.load(path)["w"], torch.zeros(1024))
+
+
+# ------------------------------------------------------------------ the harness itself
+
+_FAKE_SUITE = textwrap.dedent('''
+    import ctypes, io, unittest
+    import torch
+
+    class T(unittest.TestCase):
+        def test_round_trip(self):
+            f = io.BytesIO()
+            torch.save({"w": torch.arange(3.0)}, f)
+            f.seek(0)
+            self.assertTrue(torch.equal(torch.load(f)["w"], torch.arange(3.0)))
+
+        def test_refused(self):
+            torch.save(torch.nn.Linear(2, 2), io.BytesIO())
+
+        def test_pickle_option_refused(self):
+            torch.load(io.BytesIO(b""), pickle_module=object())
+
+        def test_assertion(self):
+            self.assertEqual(1, 2)
+
+        def test_z_crash(self):
+            ctypes.string_at(0)
+
+        def test_zz_after_the_crash(self):
+            pass
+''')
+
+
+def test_the_suite_harness_classifies_and_survives_a_crash(tmp_path):
+    fake = tmp_path / "test_fake.py"
+    fake.write_text(_FAKE_SUITE)
+    out = tmp_path / "out.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(os.path.dirname(HERE), "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "benchmarks",
+                                                        "torch_serialization_suite.py"), str(fake), "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    import json
+
+    result = json.loads(out.read_text())
+    got = {r["test"].rsplit(".", 1)[1]: r["outcome"] for r in result["tests"]}
+    assert got == {"test_round_trip": "pass", "test_refused": "refusal", "test_pickle_option_refused": "refusal",
+                   "test_assertion": "assertion", "test_z_crash": "crash", "test_zz_after_the_crash": "pass"}, got
+    assert proc.returncode == 1  # a crash fails the run
+    assert "crash" in proc.stdout and "counts: pass 2, refusal 2, assertion 1" in proc.stdout, proc.stdout
