@@ -254,3 +254,12 @@ def test_the_suite_harness_classifies_and_survives_a_crash(tmp_path):
                    "test_assertion": "assertion", "test_z_crash": "crash", "test_zz_after_the_crash": "pass"}, got
     assert proc.returncode == 1  # a crash fails the run
     assert "crash" in proc.stdout and "counts: pass 2, refusal 2, assertion 1" in proc.stdout, proc.stdout
+
+
+def test_a_file_object_read_from_where_it_stands():
+    # torch's test_serialization_with_header: bytes before the file, then the file
+    f = io.BytesIO()
+    f.write(b"header")
+    tensorcanon.save({"w": torch.arange(3.0)}, f)
+    f.seek(6)
+    assert torch.equal(tensorcanon.load(f)["w"], torch.arange(3.0))
