@@ -12,6 +12,7 @@ Part of the time is DCP's own planning, the same for any storage reader.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import tempfile
 import time
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| ---: | ---: | ---: |")
     for n, a, b in rows:
         print(f"| {n:,} | {a:.3f} s | {b:.3f} s |")
-    for (n0, a0, b0), (n1, a1, b1) in zip(rows, rows[1:]):
+    for (n0, a0, b0), (n1, a1, b1) in itertools.pairwise(rows):
         print(f"{n0:,} -> {n1:,} values ({n1 / n0:.1f}x): DefaultLoadPlanner {a1 / a0:.1f}x, "
               f"tensorcanon.dcp.load {b1 / b0:.1f}x")
     return 0
