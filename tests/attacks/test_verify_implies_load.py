@@ -51,12 +51,7 @@ def outcomes(data: bytes) -> tuple[bool, BaseException | None]:
 
 @pytest.fixture(autouse=True)
 def _builtin_codecs():
-    tensorcanon.register_builtin_codecs()
-    yield
-    for cls in (argparse.Namespace, datetime.date, datetime.time, datetime.datetime, datetime.timedelta):
-        tensorcanon.unregister(cls)
-    import pathlib as _p
-    tensorcanon.unregister(_p.PurePath)
+    tensorcanon.register_builtin_codecs()  # (conftest's builtin_codecs_left_off turns them off again)
 
 
 def _corpus() -> list[pathlib.Path]:
