@@ -105,6 +105,17 @@ def test_compare_reports_each_difference():
     assert "SM count" in str(diffs[3]) and str(diffs[1]).startswith("num_threads: saved")
 
 
+@pytest.mark.parametrize("saved, now, differs", [
+    (None, "0", False), ("random", "7", False), ("", None, False),   # the saved run's hashes were random
+    ("0", None, True), ("1", "2", True), ("0", "random", True),     # a fixed order that is not repeated
+    ("3", "3", False),
+])
+def test_compare_reports_the_hash_seed_only_when_the_saved_run_had_a_fixed_one(saved, now, differs):
+    s = DeterminismSettings.capture()
+    a, b = dataclasses.replace(s, pythonhashseed=saved), dataclasses.replace(s, pythonhashseed=now)
+    assert [d.field for d in a.compare(b)] == (["pythonhashseed"] if differs else [])
+
+
 def test_settings_round_trip_and_validation():
     s = DeterminismSettings.capture()
     data = tensorcanon.dumps({"settings": s})

@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import io
 import math
+import mmap
 import pathlib
 import pickle
 import re
@@ -41,6 +42,9 @@ ROWS = {
     "numpy": "test_numpy",
     "Registered types": "test_registered_types",
     "Python values": "test_python_values",
+    "`load(path, mmap=True)`": "test_mmap_is_private",
+    "Default device, tensor modes": "test_default_device_and_tensor_modes",
+    "Efficient zero tensors": "test_efficient_zero_tensors",
 }
 
 
@@ -197,3 +201,38 @@ def test_python_values():
     assert back[2] == 10**5000 and math.copysign(1, back[3]) < 0
     assert struct.pack(">d", back[4]) == struct.pack(">d", nan)
     assert back[5:] == obj[5:]
+
+
+def test_mmap_is_private(tmp_path):
+    path = tmp_path / "f.safetensors"
+    tensorcanon.save({"w": torch.zeros(8)}, path)
+    before = path.read_bytes()
+    tensorcanon.load(path, mmap=True)["w"].fill_(1.0)
+    assert path.read_bytes() == before
+    # torch's map is private by default too; MAP_SHARED is its opt-in, which tensorcanon does not have
+    assert torch.serialization.get_default_mmap_options() == mmap.MAP_PRIVATE
+    torch.save({"w": torch.zeros(8)}, tmp_path / "t.pt")
+    torch.serialization.set_default_mmap_options(mmap.MAP_SHARED)  # (a plain function on torch 2.4)
+    try:
+        shared = torch.load(tmp_path / "t.pt", mmap=True, weights_only=True)["w"]
+    finally:
+        torch.serialization.set_default_mmap_options(mmap.MAP_PRIVATE)
+    shared.fill_(1.0)
+    del shared
+    assert torch.equal(torch.load(tmp_path / "t.pt", weights_only=True)["w"], torch.ones(8))
+
+
+def test_default_device_and_tensor_modes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    data = tensorcanon.dumps({"w": torch.arange(3.0)})
+    with torch.device("meta"):
+        back = tensorcanon.loads(data)
+    assert back["w"].device.type == "cpu" and back["w"].tolist() == [0.0, 1.0, 2.0]
+    with FakeTensorMode(), pytest.raises(tensorcanon.UsageError, match="FakeTensorMode"):
+        tensorcanon.loads(data)
+
+
+def test_efficient_zero_tensors():
+    back = tensorcanon.loads(tensorcanon.dumps({"z": torch._efficientzerotensor(2, 3)}))
+    assert torch.equal(back["z"], torch.zeros(2, 3)) and not back["z"]._is_zerotensor()

@@ -118,7 +118,10 @@ def test_a_rank_file_cut_short_after_it_was_opened_is_a_format_error(checkpoint,
     for name in READERS:
         kind, message = results[name]
         assert kind == "FormatError" or (name == "dcp_load" and kind == "CheckpointError"), (name, kind, message)
-        assert "is shorter than its header says: it changed while being read" in message, (name, message)
+        # (dcp_load opens each rank file first to bound the index's sizes by them, in DCP's metadata
+        # step: the file cut then is found truncated when the read step opens it again)
+        assert "is shorter than its header says: it changed while being read" in message or (
+            name == "dcp_load" and "the file is truncated" in message), (name, message)
         assert "rank-0000" in message and ".safetensors" in message, (name, message)  # names the rank file
     assert not os.path.exists(tmp_path / "out.safetensors")  # consolidate removed its output
 

@@ -34,10 +34,10 @@ from ..format import tensorbytes
 from ..format.errors import FormatError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..sharded import layout
-from ..sharded.files import decode_subtree, with_context
-from ..sharded.read import RankFiles, chunk_info, read_tensor
+from ..sharded.files import SubtreeDecoder, with_context
+from ..sharded.read import RankFiles, bound_sizes, chunk_info, read_tensor
 from . import _compat
-from .views import CheckpointInfo, FailedIndex, ValueRef, dcp_view, node_at
+from .views import CheckpointInfo, FailedIndex, NodeFinder, ValueRef, dcp_view
 
 _OWN_LOAD_BYTES = (
     "tensorcanon.dcp.Reader cannot give {what} to {name}: that planner has a load_bytes of its own, which "
@@ -86,6 +86,9 @@ class Reader(StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         try:
             index = layout.read(self.path, self.limits, self.options)
+            # DCP builds tensors of the shapes it is given (_load_state_dict_from_keys, its planners)
+            # before it asks for any data: give it only shapes the rank files back
+            bound_sizes(index, self.limits)
         except TensorCanonError as e:
             return Metadata({}, planner_data=FailedIndex(e))
         md, storage, info = dcp_view(index, self.limits)
@@ -132,11 +135,12 @@ class Reader(StorageReader):
                 raise UsageError(f"{req.storage_index.fqn!r}: the load plan asks for something this checkpoint "
                                  "does not hold there (a tensor where it holds a value, or the reverse)")
         with RankFiles(index, self.limits) as files:
+            find = NodeFinder(index, self.limits)  # (one finder and one decoder: linear in the values asked)
+            subtrees = SubtreeDecoder(len(index.logical.tensors), self.limits)
             for req, ref in values:
-                node = node_at(index, ref.path, self.limits)
+                node = find(ref.path)
                 try:
-                    value = decode_subtree(node, len(index.logical.tensors), self.limits,
-                                           lambda t: read_tensor(index, files, t))
+                    value = subtrees.decode(node, lambda t: read_tensor(index, files, t))
                 except TensorCanonError as e:
                     raise with_context(e, f"{req.storage_index.fqn!r}: ") from None
                 _compat.give_value(planner, req, value)

@@ -44,7 +44,7 @@ def staged_copy(state: Any) -> Any:
         new = storages.get(st._cdata)
         if new is None:
             new = storages[st._cdata] = st.clone() if st.device.type == "cpu" else st.cpu()
-        return torch.empty(0, dtype=t.dtype).set_(new, t.storage_offset(), t.size(), t.stride())
+        return tensorbytes.host_empty(0, t.dtype).set_(new, t.storage_offset(), t.size(), t.stride())
 
     def walk(v: Any) -> Any:
         if id(v) in memo:
@@ -57,9 +57,9 @@ def staged_copy(state: Any) -> Any:
         elif t is torch.Tensor or t is torch.nn.Parameter:
             if tensorbytes.unsaveable(v) is not None:
                 out = v  # meta, sparse, quantized...: saving refuses it (or plans it) as without staging
-            elif v.is_conj() or v.is_neg():
-                # its storage holds other values than it reads: stage what it reads (alias_key never
-                # lets such a tensor share a stored tensor's storage anyway)
+            elif v.is_conj() or v.is_neg() or v._is_zerotensor():
+                # its storage holds other values than it reads (an efficient zero tensor has none):
+                # stage what it reads (alias_key never lets such a tensor share a stored tensor's storage)
                 out = tensorbytes.resolved(v).cpu()
             else:
                 out = memory(v)

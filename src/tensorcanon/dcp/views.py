@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from ..format import tensorbytes
 from ..format.errors import UsageError
 from ..format.limits import Limits
 from ..format.tree import Decoder, items, tag_of
@@ -105,7 +106,7 @@ def dcp_view(index: layout.Index, limits: Limits) -> tuple[dict, dict, Checkpoin
     """
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
-    placeholders = [torch.empty(0) for _ in index.logical.tensors]
+    placeholders = [tensorbytes.host_empty(0, torch.float32) for _ in index.logical.tensors]
     which = {id(p): t for t, p in enumerate(placeholders)}
     try:
         decoder = Decoder(placeholders, limits.max_depth)
@@ -128,25 +129,51 @@ def dcp_view(index: layout.Index, limits: Limits) -> tuple[dict, dict, Checkpoin
 _MISSING = object()
 
 
-def node_at(index: layout.Index, path: tuple, limits: Limits) -> Any:
-    """The logical tree's node at a DCP path (dict keys as DCP writes them: ``str(key)``)."""
-    keys = Decoder([], limits.max_depth)
-    node = index.logical.root
-    for step in path:
-        tag = tag_of(node)
-        found: Any = _MISSING
-        if tag in ("dict", "odict") and isinstance(step, str):
+class NodeFinder:
+    """The logical tree's nodes by DCP path (dict keys as DCP writes them: ``str(key)``).
+
+    Each dict of the tree is indexed by those names the first time a path goes through it, so
+    finding the nodes of n values costs time linear in n: DCP's own planner asks for every
+    non-tensor value by its own path, and scanning a dict of n values for each was quadratic.
+    """
+
+    def __init__(self, index: layout.Index, limits: Limits) -> None:
+        self._root = index.logical.root
+        self._keys = Decoder([], limits.max_depth)
+        self._children: dict[int, dict[str, Any]] = {}  # id of a dict node -> its values by DCP name
+
+    def _named(self, node: Any) -> dict[str, Any]:
+        children = self._children.get(id(node))
+        if children is None:
+            children = {}
             for key, value in items(node):
-                if str(keys.decode(key)) == step:
-                    found = value
-                    break
-        elif tag == "list" and type(step) is int and 0 <= step < len(node) - 1:
-            found = node[step + 1]
-        if found is _MISSING:
-            raise UsageError(f"{'.'.join(map(str, path))}: not found in the checkpoint's tree the way DCP's "
-                             "flattening names it; load it with tensorcanon.dcp.LoadPlanner")
-        node = found
-    return node
+                try:
+                    name = str(self._keys.decode(key))
+                except ValueError:  # an int too long for str(): DCP cannot name it either
+                    continue
+                children.setdefault(name, value)  # the first key of a name, as a scan in order finds it
+            self._children[id(node)] = children
+        return children
+
+    def __call__(self, path: tuple) -> Any:
+        node = self._root
+        for step in path:
+            tag = tag_of(node)
+            found: Any = _MISSING
+            if tag in ("dict", "odict") and isinstance(step, str):
+                found = self._named(node).get(step, _MISSING)
+            elif tag == "list" and type(step) is int and 0 <= step < len(node) - 1:
+                found = node[step + 1]
+            if found is _MISSING:
+                raise UsageError(f"{'.'.join(map(str, path))}: not found in the checkpoint's tree the way DCP's "
+                                 "flattening names it; load it with tensorcanon.dcp.LoadPlanner")
+            node = found
+        return node
 
 
-__all__ = ["FailedIndex", "ValueRef", "CheckpointInfo", "canonical_view", "dcp_view", "node_at"]
+def node_at(index: layout.Index, path: tuple, limits: Limits) -> Any:
+    """The logical tree's node at a DCP path (one lookup; :class:`NodeFinder` for many)."""
+    return NodeFinder(index, limits)(path)
+
+
+__all__ = ["FailedIndex", "ValueRef", "CheckpointInfo", "canonical_view", "dcp_view", "node_at", "NodeFinder"]

@@ -110,6 +110,18 @@ def _encode_path(p: pathlib.PurePath) -> list:
 
 
 def _decode_path(state: Any) -> pathlib.PurePath:
+    kind, text = _path_state(state)
+    try:
+        return _PATH_KINDS[kind](text)
+    except NotImplementedError:  # (Python < 3.13) or UnsupportedOperation, a NotImplementedError subclass
+        raise ValueError(f"a {kind} cannot be created on this system; load the file where it was "
+                         f"saved, or save pathlib.Pure{kind.removesuffix('Path').removeprefix('Pure')}Path "
+                         "values instead") from None
+
+
+def _path_state(state: Any) -> tuple[str, str]:
+    """A path's state checked (docs/FORMAT.md §6.9.1): ``(kind, text)``. What verify checks on any
+    system (a concrete path of the other system is valid content that only its own system builds)."""
     if type(state) is not list or len(state) != 2 or state[0] not in _PATH_KINDS or type(state[1]) is not str:
         raise ValueError(f"a path is [kind, text] with kind one of {sorted(_PATH_KINDS)}")
     kind, text = state
@@ -119,12 +131,7 @@ def _decode_path(state: Any) -> pathlib.PurePath:
     canonical = posix_text_is_canonical(text) if pure is pathlib.PurePosixPath else str(pure(text)) == text
     if not canonical:
         raise ValueError(f"path text {text[:80]!r} is not in canonical form")
-    try:
-        return _PATH_KINDS[kind](text)
-    except NotImplementedError:  # (Python < 3.13) or UnsupportedOperation, a NotImplementedError subclass
-        raise ValueError(f"a {kind} cannot be created on this system; load the file where it was "
-                         f"saved, or save pathlib.Pure{kind.removesuffix('Path').removeprefix('Pure')}Path "
-                         "values instead") from None
+    return kind, text
 
 
 # ------------------------------------------------------------------ dates and times
@@ -296,6 +303,9 @@ _UNCHECKED: dict[str, _Codec] = {
 # each encode checked once, so that enabling a codec twice finds the same functions (a no-op)
 _CODECS: dict[str, _Codec] = {name: (cls, _checked(encode, decode), decode)
                               for name, (cls, encode, decode) in _UNCHECKED.items()}
+for _name, (_cls, _encode, _decode) in _UNCHECKED.items():
+    # the format fixes these states: verify checks them, enabled or not (a path's without building it)
+    registry.specify(_name, _path_state if _name == PATH else _decode)
 
 
 def _install(*names: str) -> None:

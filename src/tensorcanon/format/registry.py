@@ -248,3 +248,21 @@ def _fields_of(cls: type) -> tuple[str, ...]:
 
 def by_name(name: str) -> Registration | None:
     return _BY_NAME.get(name)
+
+
+#: Registered types whose state the format itself specifies (docs/FORMAT.md §6.7.2, §6.9): name ->
+#: the reader's check of a state, the function that rebuilds the value (it raises ValueError on a
+#: state the format forbids). A verifying reader runs it too, whether the type is enabled in the
+#: verifying process or not, so that a file that verifies loads wherever the type is enabled.
+_SPECIFIED: dict[str, Callable[[Any], Any]] = {}
+
+
+def specify(name: str, rebuild: Callable[[Any], Any]) -> None:
+    """Record ``rebuild`` as the format's check of the state of registered name ``name``
+    (format/codecs.py for the built-in codecs, training/determinism.py for DeterminismSettings)."""
+    _SPECIFIED[name] = rebuild
+
+
+def specified(name: str) -> Callable[[Any], Any] | None:
+    """The format's check of the state of ``name`` (see :func:`specify`), or None for a user type."""
+    return _SPECIFIED.get(name)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import optional
 from .dtypes import DType
-from .errors import FormatError, UnsupportedTypeError
+from .errors import FormatError, UnsupportedTypeError, UsageError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,12 +84,16 @@ class Stored:
 
 
 def resolved(t: torch.Tensor) -> torch.Tensor:
-    """``t`` detached, with lazy conjugation and negation applied: the values its bytes must hold.
+    """``t`` detached, with lazy conjugation and negation applied and an efficient zero tensor
+    (``torch._efficientzerotensor``, which has no memory) made an ordinary one of zeros: the values
+    its bytes must hold.
 
     The one place that decides what a tensor's logical values are, for saving on
     the CPU (:func:`host_bytes`), staging from a GPU (cuda.py) and comparing (diff).
     """
     t = t.detach()
+    if t._is_zerotensor():
+        t = torch.zeros(t.shape, dtype=t.dtype, device=t.device)
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
@@ -110,7 +114,7 @@ def alias_key(value: Any, kind: str) -> Any:
         if not value.size:
             return None
         return ("ndarray", value.__array_interface__["data"][0], value.shape, value.strides, value.dtype.str)
-    if value.numel() == 0:
+    if value.numel() == 0 or value._is_zerotensor():  # an efficient zero tensor has no memory
         return None
     device = "cpu" if value.is_cpu else str(value.device)
     return (value.data_ptr(), device, tuple(value.shape), value.stride(), value.dtype, kind,
@@ -195,7 +199,7 @@ def host_bytes(value: Any, kind: str) -> memoryview:
             a = (a != 0).view(np.uint8)
         return a.data
     if (value.is_cpu and value.dtype in numpy_viewable() and value.is_contiguous()
-            and not value.is_conj() and not value.is_neg() and value.numel()):
+            and not value.is_conj() and not value.is_neg() and value.numel() and not value._is_zerotensor()):
         # The common case, kept cheap for checkpoints of many small tensors: no copy, no reshape.
         return _numpy_of(value.detach() if value.requires_grad else value).data.cast("B")
     t = resolved(value)
@@ -214,6 +218,31 @@ def host_bytes(value: Any, kind: str) -> memoryview:
     return u.numpy().data
 
 
+@functools.cache
+def _cpu() -> torch.device:
+    return torch.device("cpu")
+
+
+def host_empty(shape: tuple[int, ...] | int, dtype: torch.dtype, *, pin_memory: bool = False) -> torch.Tensor:
+    """A new, uninitialized tensor in this process's memory: the one way every reader path makes the
+    tensors it fills (eager, mmap, lazy, open, sharded, dcp).
+
+    The device is always given as ``"cpu"``: a tensor made on the default device would land on
+    ``meta`` inside ``with torch.device("meta")`` or after ``torch.set_default_device(...)``, and
+    writing bytes through its data pointer would crash the interpreter. A tensor mode that makes
+    tensors without memory (``FakeTensorMode``) is refused, with what to do instead.
+    """
+    value = torch.empty(shape, dtype=dtype, device=_cpu(), pin_memory=pin_memory)
+    if type(value) is not torch.Tensor or value.device.type != "cpu":
+        raise UsageError(
+            f"cannot read tensors while a tensor mode is active that makes {type(value).__name__} "
+            "objects instead of CPU tensors with memory (e.g. FakeTensorMode): tensorcanon reads "
+            "real data only; load outside the mode (then fake_mode.from_tensor(t) if fake "
+            "tensors are wanted), or use tensorcanon.read_metadata / tensorcanon.open for shapes "
+            "and dtypes without data")
+    return value
+
+
 def empty_tensor(dtype: DType, shape: tuple[int, ...], kind: str) -> tuple[torch.Tensor, memoryview] | None:
     """``(tensor, flat byte view of it)`` already of ``dtype`` and ``shape``, so that reading
     into the view finishes the tensor; None when the general path is needed (arrays, bool,
@@ -223,7 +252,7 @@ def empty_tensor(dtype: DType, shape: tuple[int, ...], kind: str) -> tuple[torch
     t = dtype.torch
     if t not in numpy_viewable() or 0 in shape:
         return None
-    value = torch.empty(shape, dtype=t)
+    value = host_empty(shape, t)
     return value, _numpy_of(value).data.cast("B")
 
 
@@ -236,7 +265,7 @@ def empty_buffer(nbytes: int, kind: str) -> tuple[Any, memoryview]:
     if kind == "ndarray":
         arr = np.empty(nbytes, dtype=np.uint8)
         return arr, arr.data
-    t = torch.empty(nbytes, dtype=torch.uint8)
+    t = host_empty(nbytes, torch.uint8)
     return t, t.numpy().data
 
 
@@ -289,7 +318,7 @@ def copied(dtype: DType, shape: tuple[int, ...], kind: str, src: int, nbytes: in
     t = dtype.torch
     if t not in numpy_viewable():
         return None
-    value = torch.empty(*shape, dtype=t) if shape else torch.empty((), dtype=t)
+    value = host_empty(shape, t)
     _memmove(value.data_ptr(), src, nbytes)
     return value
 

@@ -740,8 +740,11 @@ class Decoder:
             raise self.error("'obj' needs a str type name")
         reg = registry.by_name(name)
         where = self.path()
-        if not self.build_objects:  # structural check only (verify)
+        if not self.build_objects:  # verify: the structure, and a state the format specifies
             self.decode(state, depth)
+            rebuild = registry.specified(name)
+            if rebuild is not None:  # the check load runs (below), on the state as far as it is plain
+                _rebuilt(name, where, rebuild, self.plain(state))
             return None
         if reg is None:
             enable = codecs.NAMES.get(name)
@@ -752,11 +755,35 @@ class Decoder:
                 f"not registered in this process; {how} (tensorcanon never imports names found in a file)",
                 path=where,
             )
-        value = self.decode(state, depth)
-        try:
-            return reg.decode(value)
-        except Exception as e:
-            raise FormatError(f"manifest: could not rebuild {name!r} at {where}: {e!r}") from e
+        return _rebuilt(name, where, reg.decode, self.decode(state, depth))
+
+    def plain(self, node: Any) -> Any:
+        """The value of a node that :meth:`decode` has checked, built without objects: leaves (big
+        ints included), lists, tuples and dicts as they load; every other node (a tensor, a torch
+        value, a registered object, a set...) a new opaque object, which no specified state
+        accepts where a loaded one would be refused (registry.specify)."""
+        t = type(node)
+        if t is msgpack.ExtType:
+            return self._ext(node)
+        if t is not list and t is not tuple:
+            return node
+        tag = node[0]
+        if tag == "list":
+            return [self.plain(x) for x in node[1:]]
+        if tag == "tuple":
+            return tuple(self.plain(x) for x in node[1:])
+        if tag == "dict":
+            return {self.plain(node[i]): self.plain(node[i + 1]) for i in range(first_item("dict"), len(node), 2)}
+        return object()
+
+
+def _rebuilt(name: str, where: str, rebuild: Callable[[Any], Any], state: Any) -> Any:
+    """``rebuild(state)``, a registered type's value; its failure a FormatError naming the path: the
+    one check of a registered value's state, for load and (for specified states) verify alike."""
+    try:
+        return rebuild(state)
+    except Exception as e:
+        raise FormatError(f"manifest: could not rebuild {name!r} at {where}: {e!r}") from e
 
 
 # --------------------------------------------------------------------------- node kinds

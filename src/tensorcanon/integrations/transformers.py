@@ -108,12 +108,57 @@ class _TrainingData(SeededDataset):
 
 def _weight_files(folder: str) -> list[str]:
     """The safetensors files of model weights ``save_pretrained`` writes in ``folder``: ``model.safetensors``
-    (or ``adapter_model.safetensors``), or the shards an ``*.safetensors.index.json`` lists."""
+    (or ``adapter_model.safetensors``), or the shards an ``*.safetensors.index.json`` lists.
+
+    Every file an index names must lie in ``folder`` (docs/SECURITY.md, "In-process integrations"):
+    a stale or hostile index there would otherwise make a save rewrite a file anywhere."""
     names = {"model.safetensors", "adapter_model.safetensors"}
     for index in (n for n in os.listdir(folder) if n.endswith(".safetensors.index.json")):
-        with open(os.path.join(folder, index), encoding="utf-8") as f:
-            names.update(json.load(f).get("weight_map", {}).values())
-    return [os.path.join(folder, n) for n in sorted(names) if os.path.isfile(os.path.join(folder, n))]
+        names.update(_index_shards(folder, index))
+    root = os.path.realpath(folder)
+    out = []
+    for n in sorted(names):
+        path = os.path.join(folder, n)
+        if not os.path.isfile(path):
+            continue
+        if os.path.commonpath([root, os.path.realpath(path)]) != root:  # a link out of the folder
+            raise FormatError(f"{path} is a link to {os.path.realpath(path)}, outside the output folder: "
+                              "CanonicalTrainer rewrites the weight files in its output folder only; "
+                              "remove the link")
+        out.append(path)
+    return out
+
+
+def _index_shards(folder: str, index: str) -> set[str]:
+    """The shard file names of ``folder/index`` (a ``weight_map``'s values), each checked to name a
+    file inside ``folder``: relative, without ``..``, and not a link that leads out of it."""
+    path = os.path.join(folder, index)
+
+    def refuse(why: str) -> FormatError:
+        return FormatError(f"{path}: {why}; CanonicalTrainer rewrites the shards a weight index lists in its "
+                           "output folder, so it refuses to save: remove or fix this index (a stale one from "
+                           "another run, or one that was tampered with)")
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            weight_map = json.load(f).get("weight_map", {})
+    except (OSError, ValueError, AttributeError) as e:  # AttributeError: the JSON is not an object
+        raise refuse(f"is not a readable weight index ({type(e).__name__}: {e})") from None
+    if not isinstance(weight_map, dict):
+        raise refuse("its weight_map is not an object")
+    root = os.path.realpath(folder)
+    out = set()
+    for name in weight_map.values():
+        if type(name) is not str or not name or "\0" in name:
+            raise refuse(f"its weight_map names {name!r}, which is not a file name")
+        parts = name.replace("\\", "/").split("/")
+        if os.path.isabs(name) or name.startswith(("/", "\\")) or ".." in parts or ":" in parts[0]:
+            raise refuse(f"its weight_map names {name!r}, which is not a file inside the output folder")
+        real = os.path.realpath(os.path.join(folder, name))
+        if os.path.commonpath([root, real]) != root:
+            raise refuse(f"its weight_map names {name!r}, which leads out of the output folder (to {real})")
+        out.add(name)
+    return out
 
 
 def _make_weights_canonical(folder: str) -> None:

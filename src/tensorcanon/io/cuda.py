@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from ..format import tensorbytes
 from ..format.tensorbytes import resolved
 
 CHUNK = 16 << 20   # bytes per pinned staging buffer
@@ -38,7 +39,7 @@ def is_cuda(value: object) -> bool:
 def _buffers() -> list[torch.Tensor]:
     if not _ring:
         for _ in range(DEPTH):
-            _ring.append(torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True))
+            _ring.append(tensorbytes.host_empty(CHUNK, torch.uint8, pin_memory=True))
     return _ring
 
 

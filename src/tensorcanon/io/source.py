@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from ..format import sharding
+from ..format import sharding, tensorbytes
 from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError, UsageError
 from . import storage
 
@@ -89,9 +89,9 @@ class Source:
         if self.data is not None:
             chunk: bytes | None = bytes(self.data[self.pos : self.pos + n])
         else:
-            chunk = self.f.read(n)  # type: ignore[union-attr]
+            chunk = self._read_some(n)
             while chunk is not None and len(chunk) < n:
-                more = self.f.read(n - len(chunk))  # type: ignore[union-attr]
+                more = self._read_some(n - len(chunk))
                 if not more:
                     break
                 chunk += more
@@ -120,13 +120,35 @@ class Source:
             buf[:got] = self.data[self.pos : self.pos + got]
         else:
             got = 0
+            readinto = getattr(self.f, "readinto", None)
             while got < n:
-                k = self.f.readinto(buf[got:])  # type: ignore[union-attr]
+                k = readinto(buf[got:]) if readinto is not None else self._read_into(buf[got:])
                 if not k:
                     break
                 got += k
         self.pos += got
         return got
+
+    def _read_some(self, n: int) -> bytes | None:
+        """``f.read(n)``, checked: bytes of at most ``n`` (None: a non-blocking stream has none yet)."""
+        chunk = self.f.read(n)  # type: ignore[union-attr]
+        if chunk is None:
+            return None
+        if not isinstance(chunk, (bytes, bytearray, memoryview)):
+            raise UsageError(f"the file object's read() returned {type(chunk).__name__}, not bytes: "
+                             "open the file in binary mode ('rb')")
+        if len(chunk) > n:
+            raise UsageError(f"the file object's read({n}) returned {len(chunk)} bytes, more than asked: "
+                             "it is not a binary file object")
+        return bytes(chunk)
+
+    def _read_into(self, buf: memoryview) -> int:
+        """``readinto`` for a file object that has only ``read`` (gzip-like wrappers, mocks)."""
+        chunk = self._read_some(len(buf))
+        if not chunk:
+            return 0
+        buf[: len(chunk)] = chunk
+        return len(chunk)
 
     def view(self, offset: int, n: int) -> memoryview | None:
         """The ``n`` bytes at ``offset`` without a copy, when the Source holds them in memory."""
@@ -325,7 +347,7 @@ def map_file(name: str) -> Source:
             if (now.st_ino, now.st_dev, now.st_size) != (st.st_ino, st.st_dev, st.st_size):
                 raise FileAccessError(f"cannot map {name!r}: it was replaced while being opened; "
                                       "open it again", filename=name)
-    mapped = torch.empty(0, dtype=torch.uint8).set_(cast(torch.UntypedStorage, storage))  # (its stub says less)
+    mapped = tensorbytes.host_empty(0, torch.uint8).set_(cast(torch.UntypedStorage, storage))  # (its stub says less)
     return Source(data=mapped.numpy(), name=name, mapped=mapped)
 
 

@@ -94,6 +94,16 @@ def chunk_rows(index: layout.Index, files: RankFiles, t: int) -> list[tuple[Rank
     return [chunk_info(files, index, t, c) for c in index.chunks[t]]
 
 
+def bound_sizes(index: layout.Index, limits: Limits = DEFAULT) -> None:
+    """Every tensor size the index claims, bounded by the rank files (:func:`chunk_rows` of every
+    tensor): for a reader that hands the index's shapes to code that allocates from them (DCP's
+    ``_load_state_dict_from_keys`` and planners build empty tensors from the metadata) before
+    reading any chunk. Reads the rank files' headers, no data."""
+    with RankFiles(index, limits) as files:
+        for t in range(len(index.logical.tensors)):
+            chunk_rows(index, files, t)
+
+
 def stream(index: layout.Index, files: RankFiles, t: int, sink: Callable[[memoryview], object] | None = None,
            *, check_chunks: bool = True, rows: list[tuple[RankFile, TensorInfo]] | None = None) -> bytes:
     """Feed logical tensor ``t``'s bytes in C order to ``sink`` and return its digest.

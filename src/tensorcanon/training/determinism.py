@@ -56,8 +56,14 @@ def _interpreter_hashseed() -> str | None:
     return None if _STARTUP_HASHSEED == "0" else _STARTUP_HASHSEED
 
 
+def randomized(hashseed: str | None) -> bool:
+    """Whether a recorded ``pythonhashseed`` means str hashes were randomized (nil, ``""`` or
+    ``"random"``): each process then hashes differently, so there is no order to match."""
+    return hashseed in (None, "", "random")
+
+
 def _hashes_randomized() -> bool:
-    return _interpreter_hashseed() in (None, "", "random")
+    return randomized(_interpreter_hashseed())
 
 
 def seed_everything(seed: int, *, deterministic: bool = True, warn_only: bool = False) -> int:
@@ -214,12 +220,17 @@ class DeterminismSettings:
 
         An empty list means nothing recorded differs. Each item names the
         field, both values and why it matters; ``str(item)`` reads as a sentence.
+        ``pythonhashseed`` differs only when the saved run's str hashes were fixed: a
+        run whose hashes were randomized (saved None) had an order no process can
+        repeat, so a resume with any hash seed is as faithful as one can be.
         """
         if current is None:
             current = DeterminismSettings.capture()
         out = []
         for f in dataclasses.fields(self):
             a, b = getattr(self, f.name), getattr(current, f.name)
+            if f.name == "pythonhashseed" and randomized(a):
+                continue  # nothing to match: the saved run's own hash order was random
             if a != b:
                 out.append(SettingDifference(f.name, a, b, _WHY[f.name]))
         return out
@@ -301,3 +312,4 @@ def _decode(state: Any) -> DeterminismSettings:
 
 
 registry.register(DeterminismSettings, name="tensorcanon.DeterminismSettings", encode=_encode, decode=_decode)
+registry.specify("tensorcanon.DeterminismSettings", _decode)  # docs/FORMAT.md §6.7.2: verify checks it too

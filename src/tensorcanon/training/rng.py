@@ -203,6 +203,19 @@ def check_seed_seq(value: Any) -> str | None:
     return None
 
 
+def nil_seed_seq_problem(name: Any, seed_seq: Any, global_state: bool) -> str | None:
+    """docs/FORMAT.md §6.7, the one rule of when an ``rng.bitgen`` has a nil seed sequence: inside
+    ``rng.state`` always, whatever the bit generator (numpy's global generator is restored into the
+    process's own, so its seed sequence is not part of the state: a program may have installed a
+    PCG64 there with ``numpy.random.set_bit_generator``); elsewhere only for a legacy-seeded MT19937."""
+    if global_state:
+        return None if seed_seq is None else "'rng.state' numpy bit generator must have a nil seed sequence"
+    if seed_seq is None and name != "MT19937":
+        return (f"a {name} bit generator needs a seed sequence (only MT19937 may have nil, or any bit "
+                "generator inside 'rng.state')")
+    return None
+
+
 def check_gauss(has_gauss: Any, gauss: Any) -> str | None:
     """None for a valid ``rng.legacy`` cache (``has_gauss`` 0 or 1, ``gauss`` a float that is +0.0
     when ``has_gauss`` is 0, as numpy leaves it when it uses the value), else what is wrong."""
@@ -315,8 +328,8 @@ def _enc_seed_seq(enc: tree.Encoder, bg: Any, depth: int) -> Any:
     # MT19937 as legacy-seeded (other bytes) and refuse the other bit generators on 1.24.
     ss = bg.seed_seq if hasattr(bg, "seed_seq") else getattr(bg, "_seed_seq", None)
     if type(ss) is not np.random.SeedSequence:
-        if ss is None and type(bg) is np.random.MT19937:
-            return None  # legacy-seeded (RandomState(seed)): nothing to spawn from
+        if ss is None and nil_seed_seq_problem(type(bg).__name__, None, global_state=False) is None:
+            return None  # legacy-seeded MT19937 (RandomState(seed)): nothing to spawn from
         raise enc.unsupported(f"a bit generator whose seed sequence is a {type(ss).__qualname__} "
                               "cannot be saved (only numpy.random.SeedSequence)")
     entropy: int | tuple[int, ...]
@@ -411,7 +424,7 @@ def _enc_rngstate(enc: tree.Encoder, s: RngState, depth: int) -> list:
     return [
         "rng.state",
         ["rng.random", version, key, pos, gauss],
-        ["rng.legacy", has_gauss, gauss_np,
+        ["rng.legacy", has_gauss, gauss_np,  # a nil seed sequence, whatever the name: nil_seed_seq_problem
          ["rng.bitgen", np_name, None, *(enc.encode(f, depth) for f in np_fields)]],
         s.torch_cpu,
         ["list", *s.cuda],
@@ -460,8 +473,9 @@ def _dec_bitgen(dec: tree.Decoder, node: Sequence[Any], depth: int) -> np.random
     problem = check_bitgen_fields(name, fields)
     if problem is not None:
         raise dec.error(problem)
-    if seed_seq is None and name != "MT19937":
-        raise dec.error(f"a {name} bit generator needs a seed sequence (only MT19937 may have nil)")
+    problem = nil_seed_seq_problem(name, seed_seq, global_state=False)
+    if problem is not None:
+        raise dec.error(problem)
     if not dec.build_objects:
         return None
     cls = getattr(np.random, name)
@@ -579,8 +593,11 @@ def _dec_rngstate(dec: tree.Decoder, node: Sequence[Any], depth: int) -> RngStat
         raise dec.error("'rng.state' numpy part must be an 'rng.legacy' node")
     _check_gauss(dec, leg[1], leg[2])
     bg = leg[3]
-    if type(bg) not in tree.ARRAYS or len(bg) < 3 or bg[0] != "rng.bitgen" or bg[2] is not None:
-        raise dec.error("'rng.state' numpy bit generator must be an 'rng.bitgen' node without seed sequence")
+    if type(bg) not in tree.ARRAYS or len(bg) < 3 or bg[0] != "rng.bitgen":
+        raise dec.error("'rng.state' numpy part must hold an 'rng.bitgen' node")
+    problem = nil_seed_seq_problem(bg[1], bg[2], global_state=True)
+    if problem is not None:
+        raise dec.error(problem)
     fields = [dec.decode(f, depth) for f in bg[3:]]
     problem = check_bitgen_fields(bg[1], fields)
     if problem is not None:
