@@ -9,7 +9,8 @@ generator states), and saving that value gives the same bytes.
 
 The values: nested containers with keys of every key type (big ints, -0.0, NaN payloads,
 lone surrogates, tuples, frozensets); tensors of every dtype and layout (views, non-contiguous,
-channels-last, 0-d, zero-size, conj/neg bits, parameters) and arrays; registered dataclasses,
+channels-last, 0-d, zero-size, conj/neg bits, parameters) and arrays; collections.Counter,
+defaultdict and deque; registered dataclasses,
 NamedTuples, Enums and a custom codec; the built-in codecs (paths, dates and times,
 namespaces); every random-state kind, perturbed into states a user can set; and
 ``DeterminismSettings`` with arbitrary field values.
@@ -39,7 +40,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import tensorcanon
 from tensorcanon import DeterminismSettings, RngState
-from tensorcanon.format import codecs, tensorbytes
+from tensorcanon.format import codecs, stdkinds, tensorbytes
 from tensorcanon.format.errors import TensorCanonError
 from tensorcanon.format.ordering import sort_key
 from tensorcanon.training import rng
@@ -190,7 +191,12 @@ def assert_equal(a: typing.Any, b: typing.Any, path: str = "$") -> None:
     elif type(a) in (set, frozenset):
         assert len(a) == len(b), path
         assert_equal(sorted(a, key=sort_key), sorted(b, key=sort_key), path)
+    elif type(a) is collections.deque:
+        assert a.maxlen == b.maxlen, f"{path}: maxlen"
+        assert_equal(list(a), list(b), path)
     elif isinstance(a, dict):
+        if type(a) is collections.defaultdict:
+            assert a.default_factory is b.default_factory, f"{path}: default_factory"
         if type(a) is collections.OrderedDict:
             assert_equal(list(a.items()), list(b.items()), path)
             assert hasattr(b, "_metadata") == (getattr(a, "_metadata", None) is not None), f"{path}: _metadata"
@@ -255,6 +261,10 @@ scalars = st.one_of(key_leaves, st.complex_numbers(allow_nan=True), st.sampled_f
                     st.sampled_from(NUMPY_SCALARS), st.sampled_from(ODD_VALUES))
 
 
+# the default factories a defaultdict may have (docs/FORMAT.md §6.10.2), and some it may not
+FACTORIES = st.sampled_from([None, *stdkinds.FACTORIES.values(), lambda: 0, Point, collections.UserDict])
+
+
 def _odict(pairs: list, metadata: typing.Any) -> collections.OrderedDict:
     od = collections.OrderedDict(pairs)
     if metadata is not None:
@@ -274,6 +284,9 @@ def containers(children: st.SearchStrategy) -> st.SearchStrategy:
         st.builds(Frozen, children),
         st.builds(Pair, children, children),
         st.builds(Box, children),
+        st.dictionaries(keys, children, max_size=3).map(collections.Counter),
+        st.builds(collections.defaultdict, FACTORIES, st.dictionaries(keys, children, max_size=3)),
+        st.builds(collections.deque, st.lists(children, max_size=3), st.none() | st.integers(0, 4)),
     )
 
 

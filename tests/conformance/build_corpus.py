@@ -262,6 +262,22 @@ NEW_INVALID.update({
         "an argparse.Namespace state with the int key 0", "building"),
 })
 
+# issue 30: the standard containers (§6.10)
+NEW_INVALID.update({
+    "counter_keys_out_of_order": (
+        lambda: _edit_value(collections.Counter({"a": 1, "b": 2}), lambda node: ["counter", "b", 2, "a", 1]),
+        "6.10.1", "counter-order", "FormatError", "not in canonical order",
+        "a Counter whose keys are not in canonical order", "always"),
+    "defaultdict_unknown_factory": (
+        lambda: _edit_value(collections.defaultdict(list, {"a": 1}), lambda node: node.__setitem__(1, "os.system")),
+        "6.10.2", "defaultdict-factory", "FormatError", "not a default factory",
+        "a defaultdict whose factory is a name outside the closed list", "always"),
+    "deque_over_maxlen": (
+        lambda: _edit_value(collections.deque([1, 2], maxlen=2), lambda node: node.__setitem__(1, 1)),
+        "6.10.3", "deque-maxlen", "FormatError", "holds 2 items",
+        "a deque of maxlen 1 holding 2 items", "always"),
+})
+
 # name -> (builder, what it shows): valid files for rules settled in issue 20
 NEW_VALID: dict[str, tuple] = {
     "philox_negative_offset": (lambda: tensorcanon.dumps({"v": _rngstate_cuda(-4)}),

@@ -239,6 +239,25 @@ def bytes_io():
             "as_leaf": b"losses: 0.5 0.25 0.125"}
 
 
+def std_containers():
+    """docs/FORMAT.md §6.10: collections.Counter, defaultdict (every listed factory, and None) and deque,
+    beside a MultiStepLR state_dict (its milestones are a Counter)."""
+    from tensorcanon.format.stdkinds import FACTORIES
+
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[3, 1, 3], gamma=0.5)
+    return {
+        "counter": collections.Counter({"b": 2, "a": 1, 7: -1, (1, "x"): 0}),
+        "empty_counter": collections.Counter(),
+        "defaultdicts": {name: collections.defaultdict(cls, {"k": name}) for name, cls in FACTORIES.items()},
+        "no_factory": collections.defaultdict(None, {2: [1], 1: collections.Counter("aab")}),
+        "deques": [collections.deque(), collections.deque([1, "a", torch.arange(3, dtype=torch.int8)]),
+                   collections.deque([0.5], maxlen=4), collections.deque(maxlen=0)],
+        "milestones": {k: v for k, v in sched.state_dict().items() if k in ("milestones", "gamma", "base_lrs")},
+    }
+
+
 def random_state():
     """docs/FORMAT.md §6.7: every random-state tag, built from fixed seeds (no global state)."""
     from tensorcanon.training import rng
@@ -328,6 +347,7 @@ VECTORS = {
     "names": (names, None),
     "builtin_codecs": (builtin_codecs, None),
     "bytes_io": (bytes_io, None),
+    "std_containers": (std_containers, None),
     "random_state": (random_state, None),
     "empty_dict": (dict, None),
     "generators": (generators, None),

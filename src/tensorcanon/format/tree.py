@@ -55,7 +55,7 @@ def tag_of(node: Any) -> str | None:
     return node[0] if type(node) in ARRAYS and node and type(node[0]) is str else None
 
 
-_FIRST_ITEM = {"dict": 1, "odict": 2}
+_FIRST_ITEM = {"dict": 1, "odict": 2, "counter": 1, "defaultdict": 2}  # (stdkinds.py: the last two)
 
 
 def first_item(tag: str) -> int:
@@ -225,6 +225,22 @@ class Encoder:
             path.pop()
         return out
 
+    def encode_mapping(self, mapping: Mapping[Any, Any], tag: str, out: list, depth: int) -> list:
+        """Append the keys of ``mapping`` in canonical order (docs/FORMAT.md §6.3), each followed by
+        its value, to ``out`` (a node being built with ``tag``, a mapping tag of ``first_item``),
+        as a dict's are written: keys without a canonical order, and too many sharing a hash, are
+        refused. For the node kinds of other modules (format/stdkinds.py)."""
+        keys = self._ordered(mapping.keys())
+        if keys and (type(keys[0]) is not str or type(keys[-1]) is not str):
+            self._not_crowded(keys, tag)
+        path = self._path
+        for k in keys:
+            out.append(self.encode(k, depth))
+            path.append(k)
+            out.append(self.encode(mapping[k], depth))
+            path.pop()
+        return out
+
     # -- scalars and torch values
     def enc_complex(self, v: complex, depth: int) -> list:
         return ["complex", v.real, v.imag]
@@ -362,8 +378,10 @@ class Encoder:
 
 
 _TEXT = (str, bytes)  # key types whose hash is random per process: never counted as crowding
-_KIND = {"dict": "dict", "odict": "OrderedDict", "set": "set", "frozenset": "frozenset"}
-_KEYS = {"dict": "keys", "odict": "keys", "set": "members", "frozenset": "members"}
+_KIND = {"dict": "dict", "odict": "OrderedDict", "set": "set", "frozenset": "frozenset", "counter": "Counter",
+         "defaultdict": "defaultdict"}
+_KEYS = {"dict": "keys", "odict": "keys", "set": "members", "frozenset": "members", "counter": "keys",
+         "defaultdict": "keys"}
 
 def unsaveable_message(v: Any) -> str:
     """Why ``v`` (of a type nothing encodes) cannot be saved, and what to save instead."""
@@ -611,6 +629,26 @@ class Decoder:
                 if a == b:
                     raise self.error(f"OrderedDict key {paths.show(k)} repeats")
         return (len(node) - start) // 2
+
+    def decode_mapping(self, node: Sequence[Any], depth: int, out: Any, what: str) -> Any:
+        """Decode the keys and values of ``node`` (a mapping tag of ``first_item``) into ``out``, a
+        dict or dict subclass, with every check of a ``dict`` node (docs/FORMAT.md §6.3): canonical
+        order, no repeats, the hash bound, no keys Python merges (``what`` names the container in
+        that error). For the node kinds of other modules (format/stdkinds.py)."""
+        return self._no_merged_keys(out, self._fill(node, first_item(node[0]), depth, True, out), what)
+
+    def decode_items(self, node: Sequence[Any], start: int, depth: int) -> list:
+        """The values of ``node[start:]``, decoded as a list's items (paths 0, 1, ...)."""
+        out = []
+        path = self._path
+        visit = self.visit
+        for i in range(start, len(node)):
+            path.append(i - start)
+            if visit is not None:
+                visit(tuple(path), node[i])
+            out.append(self.decode(node[i], depth))
+            path.pop()
+        return out
 
     def dec_list(self, node: Sequence[Any], depth: int) -> list:
         return self._items(node, depth)
