@@ -43,7 +43,7 @@ def cycle():
     ({"s": [sparse()]}, '$["s"][0]', ["sparse", "to_dense"]),
     ({"q": torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)}, '$["q"]', ["quantized"]),
     ({"sub": torch.ones(2).as_subclass(MyTensor)}, '$["sub"]', ["subclass", "MyTensor"]),
-    ({"dd": collections.defaultdict(list)}, '$["dd"]', ["defaultdict"]),
+    ({"dd": collections.defaultdict(lambda: [])}, '$["dd"]', ["defaultdict", "<lambda>"]),
     ({"d": MyDict(a=1)}, '$["d"]', ["MyDict"]),
     ({"k": {torch.ones(1): 1}}, '$["k"]', ["Tensor", "key"]),
     ({"s": {Opaque()}}, '$["s"]', ["Opaque"]),

@@ -414,11 +414,14 @@ def unsaveable_message(v: Any) -> str:
                 "save the name or settings that select it (e.g. a str) and look it up when loading")
     return (
         f"cannot save a value of type {name}: tensorcanon saves None, bool, int, float, complex, "
-        "str, bytes, list, tuple, dict, OrderedDict, set, frozenset, tensors, numpy arrays and "
-        f"scalars, torch.Size/dtype/device; to save {t.__qualname__}, call "
-        f"tensorcanon.register({t.__qualname__}) first (dataclasses, NamedTuples and Enums need "
-        "nothing more; other classes pass encode= and decode=)"
+        "str, bytes, list, tuple, dict, OrderedDict, set, frozenset, Counter, defaultdict, deque, "
+        f"tensors, numpy arrays and scalars, torch.Size/dtype/device; to save {t.__qualname__}, call "
+        f"tensorcanon.register({t.__qualname__}) first ({_REGISTER_HOW})"
     )
+
+
+_REGISTER_HOW = ("dataclasses, NamedTuples, Enums and dict or list subclasses need nothing more; other classes "
+                 "pass encode= and decode=")
 
 
 def _qualname(v: Any) -> str:
