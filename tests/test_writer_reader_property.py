@@ -242,7 +242,13 @@ floats = st.one_of(st.floats(), nans, st.sampled_from([-0.0, 0.0, math.inf, -mat
 ints = st.one_of(st.integers(-(2**70), 2**70), st.integers(-(2**300), 2**300),
                  st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1]))
 texts = st.one_of(st.text(max_size=6), st.sampled_from(["", "\ud800", "a\x00", "\u2028", "__metadata__", "é"]))
-key_leaves = st.one_of(st.none(), st.booleans(), ints, floats, texts, st.binary(max_size=5))
+NUMPY_INTS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+numpy_keys = st.one_of(
+    st.builds(lambda t, n: t(n % (2 ** (8 * np.dtype(t).itemsize))) if np.dtype(t).kind == "u"
+              else t(n % 2 ** (8 * np.dtype(t).itemsize - 1)), st.sampled_from(NUMPY_INTS), st.integers(0, 2**64)),
+    st.sampled_from([np.True_, np.False_]), texts.map(np.str_), st.binary(max_size=4).map(np.bytes_))
+other_keys = st.sampled_from([torch.float32, torch.int8, torch.bfloat16, *Color, *Level])
+key_leaves = st.one_of(st.none(), st.booleans(), ints, floats, texts, st.binary(max_size=5), numpy_keys, other_keys)
 keys = st.recursive(key_leaves, lambda k: st.one_of(st.lists(k, max_size=3).map(tuple), st.frozensets(k, max_size=3)),
                     max_leaves=5)
 
