@@ -436,8 +436,8 @@ def unsaveable_message(v: Any) -> str:
                 "obj.state_dict() instead and restore it with load_state_dict() after loading")
     opt_in = codecs.hint(v)
     if opt_in is not None:
-        return (f"cannot save a {name}: paths, dates and times and argparse namespaces are saved by "
-                f"built-in codecs that are off by default; call {opt_in} (or "
+        return (f"cannot save a {name}: paths, dates and times are saved by built-in codecs that are off "
+                f"by default (argparse namespaces once unregistered); call {opt_in} (or "
                 "tensorcanon.register_builtin_codecs() for all of them) before saving and loading")
     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                       functools.partial, types.ModuleType, type)):
