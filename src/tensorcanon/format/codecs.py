@@ -168,7 +168,7 @@ def _exact(value: Any, cls: type, what: str) -> None:
         raise UnsupportedTypeError(
             f"{t.__module__}.{t.__qualname__} is a subclass of {what} and may hold more than the "
             f"{what} codec stores (pandas.Timestamp has nanoseconds): convert it to a plain {what} "
-            f"(for pandas: .to_pydatetime()) or register {t.__qualname__} itself")
+            f"(for pandas: .to_pydatetime()) or register {t.__qualname__} itself, with encode= and decode=")
 
 
 def _ints(state: Any, n: int, what: str) -> list:
@@ -253,7 +253,8 @@ def _encode_bytes_io(buf: io.BytesIO) -> bytes:
     if t is not io.BytesIO:
         raise UnsupportedTypeError(
             f"{t.__module__}.{t.__qualname__} is a subclass of io.BytesIO and may hold more than the bytes "
-            f"the io.BytesIO codec stores: save io.BytesIO(value.getvalue()) or register {t.__qualname__} itself")
+            f"the io.BytesIO codec stores: save io.BytesIO(value.getvalue()) or register {t.__qualname__} itself, "
+            "with encode= and decode=")
     if buf.closed:
         raise UnsupportedTypeError("this io.BytesIO is closed and holds no bytes any more: save it before "
                                    "closing it, or save its bytes")
