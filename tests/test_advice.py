@@ -21,7 +21,6 @@ import torch
 import tensorcanon
 from tensorcanon.format import codecs, registry
 
-
 # ------------------------------------------------------------------ the classes the rows save
 
 
