@@ -183,7 +183,8 @@ ROWS: dict[str, tuple] = {
         lambda: (codecs.register_datetime(), MyDate(2024, 5, 6))[1], r"convert it to a plain datetime\.date",
         lambda v: dt.date(v.year, v.month, v.day), lambda v, b: b == v and type(b) is dt.date),
     "a date subclass: or register it with encode= and decode=": (
-        lambda: (codecs.register_datetime(), MyDate(2024, 5, 6))[1], r"register MyDate itself, with encode= and decode=",
+        lambda: (codecs.register_datetime(), MyDate(2024, 5, 6))[1],
+        r"register MyDate itself, with encode= and decode=",
         lambda v: (tensorcanon.register(MyDate, encode=lambda d: d.toordinal(), decode=MyDate.fromordinal), v)[1],
         lambda v, b: b == v and type(b) is MyDate),
     "a BytesIO subclass: save io.BytesIO(value.getvalue())": (
