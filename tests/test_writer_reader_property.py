@@ -102,7 +102,19 @@ class Box:
         self.value = value
 
 
-USER_TYPES = [Point, Frozen, Pair, Color, Level]
+class Cfg(dict):
+    """A dict subclass registered in one call (yacs's CfgNode, issue 30): saved as its items."""
+
+
+class Steps(list):
+    pass
+
+
+class OrderedCfg(collections.OrderedDict):
+    pass
+
+
+USER_TYPES = [Point, Frozen, Pair, Color, Level, Cfg, Steps, OrderedCfg]
 
 
 @pytest.fixture(autouse=True)
@@ -184,7 +196,7 @@ def assert_equal(a: typing.Any, b: typing.Any, path: str = "$") -> None:
         assert _float_bits(a) == _float_bits(b), f"{path}: {a!r} != {b!r}"
     elif type(a) is complex:
         assert _float_bits(a.real) + _float_bits(a.imag) == _float_bits(b.real) + _float_bits(b.imag), path
-    elif type(a) in (list, tuple) or isinstance(a, Pair):
+    elif type(a) in (list, tuple, Steps) or isinstance(a, Pair):
         assert len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_equal(x, y, f"{path}[{i}]")
@@ -197,7 +209,7 @@ def assert_equal(a: typing.Any, b: typing.Any, path: str = "$") -> None:
     elif isinstance(a, dict):
         if type(a) is collections.defaultdict:
             assert a.default_factory is b.default_factory, f"{path}: default_factory"
-        if type(a) is collections.OrderedDict:
+        if type(a) in (collections.OrderedDict, OrderedCfg):
             assert_equal(list(a.items()), list(b.items()), path)
             assert hasattr(b, "_metadata") == (getattr(a, "_metadata", None) is not None), f"{path}: _metadata"
             if hasattr(b, "_metadata"):
@@ -291,6 +303,9 @@ def containers(children: st.SearchStrategy) -> st.SearchStrategy:
         st.builds(Pair, children, children),
         st.builds(Box, children),
         st.dictionaries(keys, children, max_size=3).map(collections.Counter),
+        st.dictionaries(keys, children, max_size=3).map(Cfg),
+        st.lists(children, max_size=3).map(Steps),
+        st.lists(st.tuples(keys, children), max_size=3).map(OrderedCfg),
         st.builds(collections.defaultdict, FACTORIES, st.dictionaries(keys, children, max_size=3)),
         st.builds(collections.deque, st.lists(children, max_size=3), st.none() | st.integers(0, 4)),
     )
