@@ -189,3 +189,21 @@ def test_reader_rejects_string_nodes_that_break_the_rules(node, match):
         tensorcanon.loads(bad)
     with pytest.raises(FormatError, match=match):
         tensorcanon.verify(bad)
+
+
+HOSTILE = [
+    ["np.strings", ["list"], 1, 0], ["np.strings", "U", True, 0], ["np.strings", "U", 1, True],
+    ["np.strings", "U", 1, 1, 2**64 - 1], ["np.strings", "S", 2**31, 0], ["np.strings", "U", 1, 1, 1, ["list"]],
+    ["np.strings", "U", 1, 32, *([2**62] * 32)], ["np.str", ["list", "a"]], ["np.bytes"], ["np.str", "a", "b"],
+    ["defaultdict", ["list"], 1, 2], ["defaultdict", "int", ["list"], 1], ["deque", 2**64 - 1, 1],
+    ["counter", ["dict"], 1], ["dict", ["dtype", "nope"], 1], ["dict", ["obj", "x", ["list"]], 1],
+    ["set", ["tuple", ["dtype", "float32"], ["np.str", "a"]], ["tuple", ["dtype", "float32"], ["np.str", "a"]]],
+]
+
+
+@pytest.mark.parametrize("node", HOSTILE, ids=[repr(n)[:50] for n in HOSTILE])
+def test_malformed_nodes_of_the_new_kinds_are_format_errors_on_every_path(node):
+    bad = _root(node)
+    for read in (tensorcanon.loads, tensorcanon.verify):
+        with pytest.raises((FormatError, UnsupportedTypeError)):
+            read(bad)

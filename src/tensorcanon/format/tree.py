@@ -787,7 +787,7 @@ class Decoder:
         if len(node) < 4:
             raise self.error("'np.strings' needs its kind, width and number of dimensions")
         kind, width, ndim = node[1], node[2], node[3]
-        if kind not in _STRING_KINDS or type(kind) is not str:
+        if type(kind) is not str or kind not in _STRING_KINDS:
             raise self.error(f"'np.strings' kind is 'U' or 'S', not {paths.show(kind)}")
         if type(width) is not int or not 1 <= width * _CHAR_SIZE[kind] < 2**31:
             raise self.error(f"'np.strings' width {paths.show(width)} is not an int in [1, 2^31) bytes")
