@@ -184,3 +184,15 @@ def test_keys_that_share_a_hash_are_refused_in_a_counter():
         tensorcanon.dumps(collections.Counter(keys))
     with pytest.raises(UnsupportedTypeError, match="share one Python hash"):
         tensorcanon.dumps(collections.defaultdict(int, keys))
+
+
+def test_diff_compares_the_new_containers_and_string_arrays():
+    import numpy as np
+
+    a = {"q": collections.deque([torch.ones(2)], maxlen=3), "m": collections.Counter({3: 1}),
+         "s": np.array(["a", "b"]), "d": collections.defaultdict(list, a=[1])}
+    b = {"q": collections.deque([torch.zeros(2)], maxlen=4), "m": collections.Counter({3: 2}),
+         "s": np.array(["a", "c"]), "d": collections.defaultdict(list, a=[2])}
+    found = {d.path for d in tensorcanon.diff(a, b).differences}
+    assert found == {'$["q"]', '$["q"][0]', '$["m"][3]', '$["s"]', '$["d"]["a"][0]'}
+    assert not tensorcanon.diff(tensorcanon.loads(tensorcanon.dumps(a)), a).differences  # loaded: the same
