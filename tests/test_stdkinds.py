@@ -196,3 +196,17 @@ def test_diff_compares_the_new_containers_and_string_arrays():
     found = {d.path for d in tensorcanon.diff(a, b).differences}
     assert found == {'$["q"]', '$["q"][0]', '$["m"][3]', '$["s"]', '$["d"]["a"][0]'}
     assert not tensorcanon.diff(tensorcanon.loads(tensorcanon.dumps(a)), a).differences  # loaded: the same
+
+
+def test_inspect_shows_the_new_containers_and_string_arrays(tmp_path, capsys):
+    import numpy as np
+
+    from tensorcanon.tools.cli import main as tensorcanon_cli
+
+    path = tmp_path / "x.safetensors"
+    tensorcanon.save({"c": collections.Counter("aab"), "q": collections.deque([1], maxlen=2),
+                      "d": collections.defaultdict(int, a=1), "s": np.array([["ab"], ["c"]])}, path)
+    assert tensorcanon_cli(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    for text in ("Counter", "2 keys", "deque", "1 item", "defaultdict", "1 key", "U2 array of shape [2, 1]"):
+        assert text in out, text
