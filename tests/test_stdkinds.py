@@ -210,3 +210,13 @@ def test_inspect_shows_the_new_containers_and_string_arrays(tmp_path, capsys):
     out = capsys.readouterr().out
     for text in ("Counter", "2 keys", "deque", "1 item", "defaultdict", "1 key", "U2 array of shape [2, 1]"):
         assert text in out, text
+
+
+def test_the_parts_of_a_tuple_key_are_not_entries_of_the_tree():
+    """tree.nodes: keys and set members are not entries (a tuple key's items were listed as values)."""
+    from tensorcanon.format import tree
+
+    data = tensorcanon.dumps({"p": {("a", 1): "x"}, "s": {(1, 2)}, "c": collections.Counter({(3,): 1})})
+    m, _, _ = h.manifest_of(data)
+    found = [t for t, _ in tree.nodes(m["root"], 0, 64)]
+    assert found == [(), ("c",), ("c", (3,)), ("p",), ("p", ("a", 1)), ("s",)], found

@@ -582,7 +582,15 @@ class Decoder:
         return out
 
     def _key(self, node: Any, depth: int) -> tuple[Any, tuple]:
-        k = self.decode(node, depth)
+        visit = self.visit
+        if visit is None:
+            k = self.decode(node, depth)
+        else:  # a key's parts (a tuple key's items) are not values of the tree: not visited
+            self.visit = None
+            try:
+                k = self.decode(node, depth)
+            finally:
+                self.visit = visit
         if k is None and not self.build_objects and tag_of(node) in _TORCH_VALUES:  # refused as when built
             raise self.error(f"a key or set member of type {_TORCH_VALUES[node[0]]} is not allowed")
         try:
