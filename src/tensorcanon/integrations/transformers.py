@@ -107,7 +107,9 @@ def register_training_arguments(cls: type | None = None) -> None:
     derives the rest (devices, the distributed state) in the loading process, as for arguments
     built from a command line. Recorded as ``["obj", "transformers.<class name>", ...]``; call it in
     the saving and the loading process. Values of other classes (a subclass not registered) are
-    refused. :class:`CanonicalTrainer` calls it for its ``args``' class.
+    refused. :class:`CanonicalTrainer` calls it for its ``args``' class. Loading runs the
+    constructor's checks on the file's values, as on a command line's (it reads a DeepSpeed or
+    FSDP config file that ``deepspeed`` or ``fsdp_config`` names).
 
     Example::
 
