@@ -392,7 +392,7 @@ def test_tags_arity_and_arguments(node, match):
         tensorcanon.verify(bad)
 
 
-@pytest.mark.parametrize("key", [1 + 2j, np.int64(1), torch.ones(1), torch.float32])
+@pytest.mark.parametrize("key", [1 + 2j, np.float32(1), torch.ones(1), torch.device("cpu")])
 def test_writer_refuses_keys_that_are_not_key_values(key):
     with pytest.raises(tensorcanon.UnsupportedTypeError, match="no canonical order"):
         tensorcanon.dumps({key: 1})

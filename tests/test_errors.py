@@ -43,7 +43,7 @@ def cycle():
     ({"s": [sparse()]}, '$["s"][0]', ["sparse", "to_dense"]),
     ({"q": torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)}, '$["q"]', ["quantized"]),
     ({"sub": torch.ones(2).as_subclass(MyTensor)}, '$["sub"]', ["subclass", "MyTensor"]),
-    ({"dd": collections.defaultdict(list)}, '$["dd"]', ["defaultdict"]),
+    ({"dd": collections.defaultdict(lambda: [])}, '$["dd"]', ["defaultdict", "<lambda>"]),
     ({"d": MyDict(a=1)}, '$["d"]', ["MyDict"]),
     ({"k": {torch.ones(1): 1}}, '$["k"]', ["Tensor", "key"]),
     ({"s": {Opaque()}}, '$["s"]', ["Opaque"]),
@@ -62,7 +62,7 @@ def cycle():
     ({"scaler": torch.amp.GradScaler("cpu")}, '$["scaler"]', ["GradScaler", "state_dict()"]),
     ({"nt": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, '$["nt"]', ["nested", "unbind"]),
     ({"csr": torch.eye(3).to_sparse_csr()}, '$["csr"]', ["sparse_csr", "to_dense"]),
-    ({"np": np.array(["a"])}, '$["np"]', ["dtype"]),
+    ({"np": np.zeros(1, dtype="V4")}, '$["np"]', ["dtype"]),
     ({"np": np.array([1], dtype=object)}, '$["np"]', ["dtype"]),
 ])
 def test_unsupported_values_name_their_path_and_type(value, where, words):

@@ -8,8 +8,11 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, BinaryIO, Union
 
-from .format import digest as _digest
-from .format.errors import IntegrityError, UsageError
+from .format import (
+    digest as _digest,
+    stdkinds as _stdkinds,  # noqa: F401 - registers the tags of Counter, defaultdict, deque
+)
+from .format.errors import FormatError, IntegrityError, UsageError
 from .format.limits import DEFAULT, Limits
 from .io import reader, storage, writer
 

@@ -98,6 +98,7 @@ ERROR_CATEGORY = {"FormatError": "format", "LimitError": "limit", "IntegrityErro
 MAY_REJECT = {
     "dtypes_u8": {"unsupported": "a reader whose torch lacks a dtype of §4.1 fails naming it (§4.5)"},
     "registered": {"unsupported": "a reader that did not register golden.GoldenConfig (§6.6)"},
+    "enum_keys": {"unsupported": "a reader that did not register golden.Split (§6.6)"},
     "builtin_codecs": {"unsupported": "a reader that did not enable the built-in codecs (§6.9)"},
     "v1/dtypes_u8": {"unsupported": "a reader whose torch lacks a dtype of §4.1 fails naming it (§4.5)"},
     "v1/registered": {"unsupported": "a reader that did not register golden.GoldenConfig (§6.6)"},
@@ -262,8 +263,50 @@ NEW_INVALID.update({
         "an argparse.Namespace state with the int key 0", "building"),
 })
 
+# issue 30: the standard containers (§6.10)
+NEW_INVALID.update({
+    "counter_keys_out_of_order": (
+        lambda: _edit_value(collections.Counter({"a": 1, "b": 2}), lambda node: ["counter", "b", 2, "a", 1]),
+        "6.10.1", "counter-order", "FormatError", "not in canonical order",
+        "a Counter whose keys are not in canonical order", "always"),
+    "defaultdict_unknown_factory": (
+        lambda: _edit_value(collections.defaultdict(list, {"a": 1}), lambda node: node.__setitem__(1, "os.system")),
+        "6.10.2", "defaultdict-factory", "FormatError", "not a default factory",
+        "a defaultdict whose factory is a name outside the closed list", "always"),
+    "deque_over_maxlen": (
+        lambda: _edit_value(collections.deque([1, 2], maxlen=2), lambda node: node.__setitem__(1, 1)),
+        "6.10.3", "deque-maxlen", "FormatError", "holds 2 items",
+        "a deque of maxlen 1 holding 2 items", "always"),
+})
+
+# issue 30: numpy strings (§6.11) and the new key kinds (§6.3)
+NEW_INVALID.update({
+    "np_str_of_bytes": (
+        lambda: _edit_value(np.str_("ab"), lambda node: node.__setitem__(1, b"ab")), "6.11", "numpy-str-args",
+        "FormatError", "takes a str", "a numpy str_ whose text is a bin", "always"),
+    "np_strings_too_long": (
+        lambda: _edit_value(np.array(["ab", "c"]), lambda node: node.__setitem__(5, "abc")), "6.11",
+        "numpy-strings-reader", "FormatError", "at most 2 characters",
+        "a U2 array holding an element of 3 characters", "always"),
+    "np_strings_count": (
+        lambda: _edit_value(np.array(["ab", "c"]), lambda node: node.__delitem__(-1)), "6.11", "numpy-strings-reader",
+        "FormatError", "holds 1 elements", "a U2 array of shape [2] holding one element", "always"),
+    "dtype_keys_out_of_order": (
+        lambda: _edit_value({torch.float32: 1, torch.int8: 2},
+                            lambda node: ["dict", ["dtype", "int8"], 2, ["dtype", "float32"], 1]),
+        "6.3", "dict-key-order", "FormatError", "not in canonical order",
+        "a dict whose torch.dtype keys are not in name order", "always"),
+    "numpy_float_key": (
+        lambda: _edit_value({np.int64(1): 1},
+                            lambda node: node.__setitem__(1, ["np.scalar", "float32", b"\x00\x00\x80?"])),
+        "6.3", "key-types", "FormatError", "is not allowed", "a dict whose key is a numpy float32 scalar",
+        "always"),
+})
+
 # name -> (builder, what it shows): valid files for rules settled in issue 20
 NEW_VALID: dict[str, tuple] = {
+    "np_str_trailing_nuls": (lambda: tensorcanon.dumps({"v": [np.str_("a\x00"), np.bytes_(b"\x00")]}),
+                             "numpy str_ and bytes_ scalars whose trailing NULs are part of them, §6.11"),
     "philox_negative_offset": (lambda: tensorcanon.dumps({"v": _rngstate_cuda(-4)}),
                                "an RngState whose CUDA Philox offset is -4 (2^64 - 4 as torch counts), §6.7.1"),
     "mps_generator": (lambda: _generator_state("mps"), "a torch generator on device text mps, §6.7"),
@@ -330,7 +373,8 @@ def manifest(built: list[tuple[str, bytes, dict]]) -> dict:
         "reader": {
             "builds_values": True,
             "builtin_codecs": True,
-            "registered": {"golden.GoldenConfig": "a dataclass with the fields lr (float), steps (int), tags (tuple)"},
+            "registered": {"golden.GoldenConfig": "a dataclass with the fields lr (float), steps (int), tags (tuple)",
+                           "golden.Split": "an Enum with the members TRAIN = 'train', TEST = 'test', FOLD = (1, 2)"},
         },
         "categories": CATEGORIES,
         "cases": [{"file": name, "sha256": hashlib.sha256(data).hexdigest(), **entry}

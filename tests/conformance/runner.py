@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import hashlib
 import importlib
 import json
@@ -116,7 +117,8 @@ def run(read: Reader, manifest_path: pathlib.Path = HERE / "manifest.json", stri
 
 def tensorcanon_reader(path: str) -> str:
     """The reference reader under the corpus's contract: builds every value, with the built-in codecs
-    enabled and ``golden.GoldenConfig`` registered, verifies every tensor; returns the file digest."""
+    enabled and ``golden.GoldenConfig`` and ``golden.Split`` registered, verifies every tensor; returns the
+    file digest."""
     import tensorcanon
     from tensorcanon import codecs
     from tensorcanon.format import registry
@@ -131,12 +133,21 @@ def tensorcanon_reader(path: str) -> str:
             steps: int
             tags: tuple
         golden = tensorcanon.register(GoldenConfig, name="golden.GoldenConfig")
+    split = None
+    if registry.by_name("golden.Split") is None:
+        class GoldenSplit(enum.Enum):
+            TRAIN = "train"
+            TEST = "test"
+            FOLD = (1, 2)
+        split = tensorcanon.register(GoldenSplit, name="golden.Split")
     try:
         tensorcanon.load(path)
         return tensorcanon.verify(path)
     finally:  # leave the process's registrations as they were
         if golden is not None:
             tensorcanon.unregister(golden)
+        if split is not None:
+            tensorcanon.unregister(split)
         for name in enabled:
             reg = registry.by_name(name)
             if reg is not None:

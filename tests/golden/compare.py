@@ -84,7 +84,12 @@ def assert_same(a, b, path="$", aliases=None):
         assert len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{path}[{i}]", aliases)
+    elif isinstance(a, collections.deque):
+        assert a.maxlen == b.maxlen, f"{path}: maxlen {a.maxlen} != {b.maxlen}"
+        assert_same(list(a), list(b), path, aliases)
     elif isinstance(a, dict):
+        if isinstance(a, collections.defaultdict):
+            assert a.default_factory is b.default_factory, f"{path}: default_factory differs"
         if isinstance(a, collections.OrderedDict):
             assert list(a) == list(b), f"{path}: OrderedDict order differs"
             assert getattr(a, "_metadata", None) == getattr(b, "_metadata", None), f"{path}: _metadata"

@@ -13,6 +13,7 @@ import argparse
 import collections
 import dataclasses
 import datetime
+import enum
 import io
 import math
 import pathlib
@@ -39,6 +40,21 @@ REGISTERED_NAME = "golden.GoldenConfig"
 
 def ensure_registered() -> None:
     tc.register(GoldenConfig, name=REGISTERED_NAME)
+
+
+class GoldenSplit(enum.Enum):
+    """A registered Enum whose members are dict keys (docs/FORMAT.md §6.3 rank 9)."""
+
+    TRAIN = "train"
+    TEST = "test"
+    FOLD = (1, 2)
+
+
+SPLIT_NAME = "golden.Split"
+
+
+def ensure_split_registered() -> None:
+    tc.register(GoldenSplit, name=SPLIT_NAME)
 
 
 def _nan_with_payload() -> float:
@@ -239,6 +255,55 @@ def bytes_io():
             "as_leaf": b"losses: 0.5 0.25 0.125"}
 
 
+def std_containers():
+    """docs/FORMAT.md §6.10: collections.Counter, defaultdict (every listed factory, and None) and deque,
+    beside a MultiStepLR state_dict (its milestones are a Counter)."""
+    from tensorcanon.format.stdkinds import FACTORIES
+
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[3, 1, 3], gamma=0.5)
+    return {
+        "counter": collections.Counter({"b": 2, "a": 1, 7: -1, (1, "x"): 0}),
+        "empty_counter": collections.Counter(),
+        "defaultdicts": {name: collections.defaultdict(cls, {"k": name}) for name, cls in FACTORIES.items()},
+        "no_factory": collections.defaultdict(None, {2: [1], 1: collections.Counter("aab")}),
+        "deques": [collections.deque(), collections.deque([1, "a", torch.arange(3, dtype=torch.int8)]),
+                   collections.deque([0.5], maxlen=4), collections.deque(maxlen=0)],
+        "milestones": {k: v for k, v in sched.state_dict().items() if k in ("milestones", "gamma", "base_lrs")},
+    }
+
+
+def numpy_strings():
+    """docs/FORMAT.md §6.11 and §6.3: numpy str_/bytes_ scalars and fixed-width string arrays as values;
+    numpy bool, integer, str_ and bytes_ keys and torch.dtype keys, with tensors below some of them."""
+    return {
+        "scalars": [np.str_("héllo"), np.str_(""), np.bytes_(b"a\x00b"), np.bytes_(b"")],
+        "labels": np.array(["cat", "dog", "", "a\x00b"]),
+        "grid": np.array([["x", "yy"], ["zzz", "é"]], dtype=">U4"),
+        "raw": np.array([b"ab", b"", b"\x00c"], dtype="S3"),
+        "zero_d": np.array("only"),
+        "empty": np.zeros((2, 0), dtype="S1"),
+        "id_to_label": {np.int64(3): "c", np.int32(-1): "neg", np.uint8(200): "u", 1: "py"},
+        "flags": {np.True_: torch.ones(1), np.False_: torch.zeros(1)},
+        "vocab": {np.str_("b"): 1, "a": 0, np.bytes_(b"z"): 2},
+        "by_dtype": {torch.float32: torch.ones(1), torch.bfloat16: 2, torch.int8: "i8"},
+        "mixed": {(np.int16(2), torch.float16): 1, frozenset({np.str_("x"), 4}): 2},
+    }
+
+
+def enum_keys():
+    """docs/FORMAT.md §6.3 rank 9: members of a registered Enum as keys and set members."""
+    ensure_split_registered()
+    s = GoldenSplit
+    return {
+        "sizes": {s.TRAIN: 800, s.TEST: 200, s.FOLD: 0},
+        "weights": {s.TEST: torch.ones(2)},
+        "seen": {s.TRAIN, s.FOLD},
+        "pairs": {(s.TRAIN, 1): "a", (s.TEST, 0): "b", ("str", 0): "c"},
+    }
+
+
 def random_state():
     """docs/FORMAT.md §6.7: every random-state tag, built from fixed seeds (no global state)."""
     from tensorcanon.training import rng
@@ -328,6 +393,9 @@ VECTORS = {
     "names": (names, None),
     "builtin_codecs": (builtin_codecs, None),
     "bytes_io": (bytes_io, None),
+    "std_containers": (std_containers, None),
+    "numpy_strings": (numpy_strings, None),
+    "enum_keys": (enum_keys, None),
     "random_state": (random_state, None),
     "empty_dict": (dict, None),
     "generators": (generators, None),

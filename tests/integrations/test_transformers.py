@@ -125,9 +125,13 @@ def test_trainer_checkpoint_holds_no_pickle(runs):
     folder = out / "crashed" / "checkpoint-15"
     names = sorted(os.listdir(folder))
     for expected in ("model.safetensors", "optimizer.safetensors", "scheduler.safetensors",
-                     "rng_state.safetensors", "trainer_state.json", "training_args.json"):
+                     "rng_state.safetensors", "trainer_state.json", "training_args.json",
+                     "training_args.safetensors"):
         assert expected in names
     _every_file_is_canonical_or_json(folder)
+    args = tt.load_training_arguments(str(folder))  # the TrainingArguments, without pickle (issue 30)
+    assert type(args).__name__ == "TrainingArguments" and args.seed == json.loads(
+        (folder / "training_args.json").read_text())["seed"]
     assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == 15
     assert isinstance(tensorcanon.load(folder / "rng_state.safetensors")["rng"], tensorcanon.RngState)
 

@@ -20,11 +20,16 @@ Why opt-in: each codec fixes a choice a program may not want made silently. A
 path is stored as text and comes back as the same kind of path (a
 ``WindowsPath`` cannot be built on Linux); a datetime's time zone must be a
 fixed offset (zone rules live in a tz database that changes, so ``ZoneInfo``
-values are refused); a namespace comes back with its attributes in sorted
-order. The process that loads a file must enable the same codecs, as for any
-registered type.
+values are refused). The process that loads a file must enable the same codecs,
+as for any registered type.
 
-One codec is always on: ``io.BytesIO`` (recorded as ``["obj", "io.BytesIO", <bytes>]``),
+``argparse.Namespace`` is on from import (issue 30: ``'args': args`` is in every epoch
+checkpoint of torchvision's reference scripts): its state is the dict of its attributes,
+whose values go through the same allow-list as any value; it comes back with its attributes
+in canonical order. Files written while it was opt-in read the same (same name, same state).
+:func:`register_namespace` turns it back on after ``tensorcanon.unregister(argparse.Namespace)``.
+
+One more codec is always on: ``io.BytesIO`` (recorded as ``["obj", "io.BytesIO", <bytes>]``),
 the opaque state that training code and ``torch.distributed.checkpoint`` keep as byte items
 (a pickled loss history, a data loader's state). It makes no choice for the program: its
 content is ``getvalue()``, the whole buffer (as DCP's own writer stores it), and it loads as
@@ -59,8 +64,8 @@ DATE, TIME, DATETIME, TIMEDELTA = "datetime.date", "datetime.time", "datetime.da
 NAMESPACE = "argparse.Namespace"
 BYTES_IO = "io.BytesIO"
 
-#: Registration name -> the call that enables it (for error messages). ``io.BytesIO`` is on from
-#: import; its call only turns it back on after ``unregister(io.BytesIO)``.
+#: Registration name -> the call that enables it (for error messages). ``io.BytesIO`` and
+#: ``argparse.Namespace`` are on from import; their calls only turn them back on after ``unregister``.
 NAMES = {PATH: "register_paths", DATE: "register_datetime", TIME: "register_datetime",
          DATETIME: "register_datetime", TIMEDELTA: "register_datetime", NAMESPACE: "register_namespace",
          BYTES_IO: "register_bytes_io"}
@@ -170,7 +175,7 @@ def _exact(value: Any, cls: type, what: str) -> None:
         raise UnsupportedTypeError(
             f"{t.__module__}.{t.__qualname__} is a subclass of {what} and may hold more than the "
             f"{what} codec stores (pandas.Timestamp has nanoseconds): convert it to a plain {what} "
-            f"(for pandas: .to_pydatetime()) or register {t.__qualname__} itself")
+            f"(for pandas: .to_pydatetime()) or register {t.__qualname__} itself, with encode= and decode=")
 
 
 def _ints(state: Any, n: int, what: str) -> list:
@@ -255,7 +260,8 @@ def _encode_bytes_io(buf: io.BytesIO) -> bytes:
     if t is not io.BytesIO:
         raise UnsupportedTypeError(
             f"{t.__module__}.{t.__qualname__} is a subclass of io.BytesIO and may hold more than the bytes "
-            f"the io.BytesIO codec stores: save io.BytesIO(value.getvalue()) or register {t.__qualname__} itself")
+            f"the io.BytesIO codec stores: save io.BytesIO(value.getvalue()) or register {t.__qualname__} itself, "
+            "with encode= and decode=")
     if buf.closed:
         raise UnsupportedTypeError("this io.BytesIO is closed and holds no bytes any more: save it before "
                                    "closing it, or save its bytes")
@@ -352,12 +358,12 @@ def register_datetime() -> None:
 
 
 def register_namespace() -> None:
-    """Save ``argparse.Namespace`` objects as the dict of their attributes.
+    """Save ``argparse.Namespace`` objects as the dict of their attributes. On from import: only
+    needed after ``tensorcanon.unregister(argparse.Namespace)``.
 
     Example::
 
-        tensorcanon.codecs.register_namespace()
-        tensorcanon.save({"args": parser.parse_args()}, path)
+        tensorcanon.save({"args": parser.parse_args()}, path)  # no call needed
     """
     _install(NAMESPACE)
 
@@ -380,8 +386,8 @@ def register_bytes_io() -> None:
 
 
 def register_all() -> None:
-    """Enable every built-in codec (paths, dates and times, argparse namespaces; and
-    ``io.BytesIO``, which is on from import).
+    """Enable every built-in codec (paths, dates and times; and argparse namespaces and
+    ``io.BytesIO``, which are on from import).
 
     Also available as ``tensorcanon.register_builtin_codecs()``. Calling it again
     does nothing; a class you registered yourself is not replaced (that raises
@@ -405,3 +411,4 @@ def hint(value: Any) -> str | None:
 
 
 register_bytes_io()  # always on: it stores a buffer's bytes and makes no choice for the program
+register_namespace()  # on by default (issue 30): a dict of attributes, each value checked as any value

@@ -17,6 +17,9 @@ None, bool     ``None``, ``True``, ``False``
 bytes          ``b'…'``: printable ASCII kept, the rest ``\\xNN``       ``b'k\\x00'``
 tuple          ``(a, b)``, ``(a,)``, ``()``                             ``(1, 'a')``
 frozenset      members in canonical key order                          ``frozenset({1, 'a'})``
+numpy scalar   the text of the bool, int, str or bytes it equals         ``3``
+torch.dtype    ``torch.`` and its name                                   ``torch.float32``
+Enum member    registration name, then its value's text in parentheses   ``pkg.Split('train')``
 =============  ======================================================  ==================
 
 Version-1 files derived names with ``repr()``; :func:`tensor_names` applies that
@@ -25,12 +28,15 @@ rule to them (``version=1``), see docs/FORMAT.md §3.5.
 
 from __future__ import annotations
 
+import enum
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any
 
+from . import registry
 from .errors import FormatError
-from .ordering import sorted_keys
+from .ordering import Unbuilt, sorted_keys
 
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 RESERVED = "__metadata__"
@@ -112,7 +118,28 @@ def key_text(key: Any) -> str:
         return int_text(key)
     if type(key) is str:
         return key
+    plain = _plain(key)
+    if type(plain) is str:  # a numpy str_: written as the str it holds
+        return plain
     return _value_text(key)
+
+
+def _plain(key: Any) -> Any:
+    """A numpy bool, integer, str_ or bytes_ key as the Python value it equals (its text is that
+    value's, docs/FORMAT.md §3.2); any other key as it is."""
+    np = sys.modules.get("numpy")
+    t = type(key)
+    if np is None or not issubclass(t, np.generic):
+        return key
+    if t is np.bool_:
+        return bool(key)
+    if issubclass(t, np.integer):
+        return int(key)
+    if t is np.str_:
+        return str.__add__(key, "")  # (str() would drop trailing NULs, which the value holds)
+    if t is np.bytes_:
+        return bytes(key)
+    return key
 
 
 def _compound(key: Any, leaf: Callable[[Any], str]) -> str:
@@ -145,6 +172,26 @@ def _leaf_text(key: Any) -> str:
         return repr(key)  # "None", "True", "False"
     if t is bytes:
         return bytes_text(key)
+    return _other_text(key)
+
+
+def _other_text(key: Any) -> str:
+    """The text of the key kinds added in issue 30 (docs/FORMAT.md §3.2): numpy scalars as the
+    Python value they equal, ``torch.<name>`` for a dtype, ``<registration name>(<value>)`` for a
+    registered Enum member (what a verifying reader's :class:`~.ordering.Unbuilt` stands for too)."""
+    plain = _plain(key)
+    if plain is not key:
+        return _leaf_text(plain)
+    t = type(key)
+    if t is Unbuilt:
+        return f"torch.{key.name}" if key.tag == "dtype" else f"{key.name}({_value_text(key.state)})"
+    th = sys.modules.get("torch")
+    if th is not None and t is th.dtype:
+        return str(key)
+    if isinstance(key, enum.Enum):
+        reg = registry.by_type(t)
+        if reg is not None:
+            return f"{reg.name}({_value_text(key.value)})"
     raise TypeError(f"{t.__name__} is not a key type")
 
 

@@ -6,25 +6,35 @@ naturally: numbers numerically, strings by their UTF-8 bytes (the same as code
 point order). Values of different kinds are ranked::
 
     None < bool < numbers (int and float, by value) < NaN < str < bytes
-         < tuple < frozenset
+         < tuple < frozenset < torch.dtype < registered Enum members
 
+numpy bools, integers, ``str_`` and ``bytes_`` scalars rank with Python's bools,
+numbers, strs and bytes (Python holds ``np.int64(1)`` and ``1`` as one key).
 Tuples compare element by element (a prefix sorts first); frozensets compare
 as the tuple of their members in this order. NaN keys rank after all numbers,
-ordered by their bit pattern. Any other key type is not supported.
+ordered by their bit pattern. dtypes compare by name, Enum members by their
+registration name, then by their value. Any other key type is not supported.
 docs/FORMAT.md, "Canonical key order", is the normative text.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import math
 import struct
+import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-_RANK_NONE, _RANK_BOOL, _RANK_NUMBER, _RANK_NAN, _RANK_STR, _RANK_BYTES, _RANK_TUPLE, _RANK_FROZENSET = range(8)
+from . import registry
 
-KEY_TYPES = "None, bool, int, float, str, bytes, and tuples or frozensets of these"
+(_RANK_NONE, _RANK_BOOL, _RANK_NUMBER, _RANK_NAN, _RANK_STR, _RANK_BYTES, _RANK_TUPLE, _RANK_FROZENSET,
+ _RANK_DTYPE, _RANK_ENUM) = range(10)
+
+KEY_TYPES = ("None, bool, int, float, str, bytes, numpy bool, integer, str_ and bytes_ scalars, torch.dtype, "
+             "members of registered Enums, and tuples or frozensets of these")
 
 MAX_SAME_HASH = 64
 """How many keys of one dict or OrderedDict, or members of one set or frozenset, other than str and
@@ -63,7 +73,49 @@ def sort_key(key: Any) -> tuple[Any, ...]:
         return (_RANK_TUPLE, tuple(sort_key(k) for k in key))
     if t is frozenset:
         return (_RANK_FROZENSET, tuple(sorted(sort_key(k) for k in key)))
+    return _other_key(key, t)
+
+
+def _other_key(key: Any, t: type) -> tuple[Any, ...]:
+    """The sort key of a key of the kinds added in issue 30 (docs/FORMAT.md §6.3): numpy scalars,
+    torch dtypes, registered Enum members, and a verifying reader's :class:`Unbuilt` stand-ins."""
+    if t is Unbuilt:
+        stand_in: Unbuilt = key
+        return stand_in.sort_key()
+    np = sys.modules.get("numpy")  # (a numpy scalar is only made once numpy is imported)
+    if np is not None and issubclass(t, np.generic):
+        if t is np.bool_:
+            return (_RANK_BOOL, bool(key))
+        if issubclass(t, np.integer):
+            return (_RANK_NUMBER, int(key))
+        if t is np.str_:  # (str() would drop trailing NULs, which the value holds)
+            return (_RANK_STR, str.__add__(key, "").encode("utf-8"))
+        if t is np.bytes_:
+            return (_RANK_BYTES, bytes(key))
+        raise UnorderableKey(key)
+    th = sys.modules.get("torch")
+    if th is not None and t is th.dtype:
+        return (_RANK_DTYPE, str(key).removeprefix("torch.").encode("utf-8"))
+    if isinstance(key, enum.Enum):
+        reg = registry.by_type(t)
+        if reg is not None and reg.automatic and reg.cls is t:
+            return (_RANK_ENUM, reg.name.encode("utf-8"), sort_key(key.value))
     raise UnorderableKey(key)
+
+
+@dataclass(frozen=True)
+class Unbuilt:
+    """What a verifying reader, which builds no values, decodes a ``dtype`` node or an ``obj`` node
+    to: it sorts (as a key) where the value would, and is equal to another only for the same node."""
+
+    tag: str        # "dtype" or "obj"
+    name: str       # the dtype name, or the registration name
+    state: Any = None  # (obj) the state, as decoded
+
+    def sort_key(self) -> tuple[Any, ...]:
+        if self.tag == "dtype":
+            return (_RANK_DTYPE, self.name.encode("utf-8"))
+        return (_RANK_ENUM, self.name.encode("utf-8"), sort_key(self.state))
 
 
 def crowded(keys: list[Any]) -> Any:

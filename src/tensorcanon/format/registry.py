@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import struct
@@ -56,22 +57,76 @@ Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]  # (encode, decode)
 
 
 def _dataclass_codec(cls: type) -> Codec:
+    """State: the dict of every field. A value is rebuilt as pickle rebuilds it, without running
+    ``__init__`` or ``__post_init__`` (which could derive a field again from its saved value):
+    ``object.__new__`` and each field set as saved (``object.__setattr__``, so frozen dataclasses too)."""
+    initvars = [name for name, f in getattr(cls, "__dataclass_fields__", {}).items()
+                if getattr(f, "_field_type", None) is getattr(dataclasses, "_FIELD_INITVAR", object())]
+    if initvars:
+        raise UsageError(
+            f"{cls.__qualname__} has InitVar fields ({', '.join(initvars)}): they are passed to __init__ and "
+            "__post_init__ but not stored on the object, so a file cannot hold them, and a value is rebuilt "
+            "from its fields without running __init__; make them ordinary fields, or register "
+            f"{cls.__qualname__} with encode= and decode=")
     fields = dataclasses.fields(cls)
-    init_names = [f.name for f in fields if f.init]
-    other_names = [f.name for f in fields if not f.init]
+    names = tuple(f.name for f in fields)
+    known = frozenset(names)
 
     def encode(obj: Any) -> dict[str, Any]:
-        return {f.name: getattr(obj, f.name) for f in fields}
+        extra = [k for k in getattr(obj, "__dict__", ()) if k not in known]
+        if extra:
+            shown = ", ".join(map(repr, sorted(extra)[:5]))
+            raise UnsupportedTypeError(
+                f"this {cls.__qualname__} has attributes that are not fields ({shown}), which a file would lose "
+                "(only fields are saved, and loading does not run __init__ or __post_init__ again): declare them "
+                f"as fields (dataclasses.field(init=False)), or register {cls.__qualname__} with encode= and "
+                "decode=")
+        return {name: getattr(obj, name) for name in names}
 
     def decode(state: Any) -> Any:
-        if not isinstance(state, dict) or set(state) != {f.name for f in fields}:
-            raise ValueError(f"expected the fields {sorted(f.name for f in fields)}")
-        obj = cls(**{k: state[k] for k in init_names})
-        for k in other_names:
-            object.__setattr__(obj, k, state[k])
+        if not isinstance(state, dict) or set(state) != known:
+            raise ValueError(f"expected the fields {sorted(known)}")
+        obj: Any = object.__new__(cls)
+        for name in names:
+            object.__setattr__(obj, name, state[name])
         return obj
 
     return encode, decode
+
+
+def _mapping_codec(cls: type) -> Codec:
+    """A dict subclass (an OrderedDict subclass keeps its order) or a list subclass: its items as a
+    plain dict, OrderedDict or list; rebuilt as ``cls(items)``. The writer rebuilds the value before
+    writing it and refuses it unless what comes back is equal, with equal attributes."""
+    plain: type = (collections.OrderedDict if issubclass(cls, collections.OrderedDict)
+                   else dict if issubclass(cls, dict) else list)
+
+    def decode(state: Any) -> Any:
+        if type(state) is not plain:
+            raise ValueError(f"a {cls.__qualname__} is stored as a {plain.__name__} of its items")
+        return cls(state)
+
+    def encode(obj: Any) -> Any:
+        state = plain(obj)
+        try:
+            back = decode(state)
+            same = type(back) is type(obj) and back == obj and vars_of(back) == vars_of(obj)
+        except Exception as e:  # noqa: BLE001 - any failure of the class's own constructor
+            raise UnsupportedTypeError(
+                f"this {cls.__qualname__} cannot be saved by its items: {cls.__qualname__}(items) raised {e!r}; "
+                "register it with encode= and decode=") from None
+        if not same:
+            raise UnsupportedTypeError(
+                f"this {cls.__qualname__} cannot be saved by its items: {cls.__qualname__}(items) does not give "
+                "it back (its attributes, or its items, differ); register it with encode= and decode=")
+        return state
+
+    return encode, decode
+
+
+def vars_of(obj: Any) -> dict[str, Any]:
+    """An object's instance attributes (empty when it has no ``__dict__``)."""
+    return dict(getattr(obj, "__dict__", {}))
 
 
 def _namedtuple_codec(cls: type) -> Codec:
@@ -139,19 +194,31 @@ def register(
     decode: Callable[[Any], Any] | None = None,
     replace: bool = False,
 ) -> type:
-    """Allow instances of ``cls`` (and of its subclasses) to be saved and loaded.
+    """Allow instances of ``cls`` to be saved and loaded (and of its subclasses, with a codec).
 
-    Dataclasses, NamedTuples and Enums need no codec: their fields (or value)
-    are saved. Any other class needs ``encode`` (instance to a saveable value)
+    Dataclasses, NamedTuples, Enums and dict or list subclasses need no codec:
+    their fields (value, items) are saved. Any other class needs ``encode`` (instance to a saveable value)
     and ``decode`` (that value back to an instance). ``name`` is what the file
     records; it defaults to ``"module.QualName"`` and must be the same in the
     process that loads the file. Returns ``cls``, so it can be a decorator.
 
+    Dataclasses are rebuilt as pickle rebuilds them: each field set as saved,
+    without running ``__init__`` or ``__post_init__``. So a dataclass with
+    ``InitVar`` fields (not stored on the object) is refused here, and saving
+    one whose instance holds attributes that are not fields raises.
+
+    A dict or list subclass (an ``OrderedDict`` subclass keeps its order) is
+    saved as its items and rebuilt as ``cls(items)``; saving one raises unless
+    that gives back an equal value with equal attributes (else pass
+    ``encode=`` and ``decode=``).
+
     Subclasses: a value whose own class is not registered uses the registration
-    of its nearest registered base class (in method resolution order), and
-    loads as what that registration's ``decode`` builds. A subclass of a
-    registered dataclass or NamedTuple that adds fields must be registered
-    itself (its extra fields would otherwise be lost): saving one raises.
+    of its nearest registered base class (in method resolution order) when that
+    registration has a codec of its own (``encode=``/``decode=``, or a built-in
+    codec), and loads as what its ``decode`` builds. A subclass of a class
+    registered without a codec (dataclass, NamedTuple, Enum, dict or list
+    subclass) must be registered itself: saving one raises, naming both classes,
+    since it would load as the base class.
 
     Registering a class or a name that is already registered raises
     :class:`~tensorcanon.UsageError` unless ``replace=True``; registering the
@@ -177,9 +244,11 @@ def register(
             encode, decode = _namedtuple_codec(cls)
         elif issubclass(cls, enum.Enum):
             encode, decode = _enum_codec(cls)
+        elif issubclass(cls, (dict, list)):
+            encode, decode = _mapping_codec(cls)
         else:
             raise UsageError(
-                f"{cls.__qualname__} is not a dataclass, NamedTuple or Enum: "
+                f"{cls.__qualname__} is not a dataclass, NamedTuple, Enum, or dict or list subclass: "
                 "pass encode= and decode= to register()"
             )
     old_cls, old_name = _BY_TYPE.get(cls), _BY_NAME.get(name)
@@ -233,10 +302,12 @@ def by_type(cls: type) -> Registration | None:
     if cls not in _BY_MRO:
         _BY_MRO[cls] = next((_BY_TYPE[base] for base in cls.__mro__[1:] if base in _BY_TYPE), None)
     reg = _BY_MRO[cls]
-    if reg is not None and reg.automatic and _fields_of(cls) != _fields_of(reg.cls):
+    if reg is not None and reg.automatic:
+        adds = ("adds fields to" if _fields_of(cls) != _fields_of(reg.cls) else "is a subclass of")
         raise UnsupportedTypeError(
-            f"{cls.__module__}.{cls.__qualname__} adds fields to the registered {reg.cls.__qualname__}, "
-            f"which would be lost: call tensorcanon.register({cls.__qualname__}) too")
+            f"{cls.__module__}.{cls.__qualname__} {adds} the registered {reg.cls.__module__}."
+            f"{reg.cls.__qualname__}, and would load as {reg.cls.__qualname__}: call "
+            f"tensorcanon.register({cls.__qualname__}) too, to save it as itself (docs/FORMAT.md §6.6)")
     return reg
 
 

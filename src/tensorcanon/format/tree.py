@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import enum
 import functools
 import itertools
 import math
@@ -32,7 +33,7 @@ import msgpack
 from . import codecs, container, devices, dtypes, optional, paths, registry, tensorbytes, walk
 from .errors import FormatError, LimitError, UnsupportedTypeError, UsageError
 from .names import tensor_names  # the name rule lives in names.py (layout imports it from here too)
-from .ordering import KEY_TYPES, MAX_SAME_HASH, NO_KEY, UnorderableKey, crowded, sort_key, sorted_keys
+from .ordering import KEY_TYPES, MAX_SAME_HASH, NO_KEY, Unbuilt, UnorderableKey, crowded, sort_key, sorted_keys
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,7 +56,7 @@ def tag_of(node: Any) -> str | None:
     return node[0] if type(node) in ARRAYS and node and type(node[0]) is str else None
 
 
-_FIRST_ITEM = {"dict": 1, "odict": 2}
+_FIRST_ITEM = {"dict": 1, "odict": 2, "counter": 1, "defaultdict": 2}  # (stdkinds.py: the last two)
 
 
 def first_item(tag: str) -> int:
@@ -171,9 +172,13 @@ class Encoder:
         try:
             return sorted_keys(keys)
         except UnorderableKey as e:
+            t = type(e.key)
+            shown = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+            enum_hint = (f" (an Enum member is a key once its class is registered: tensorcanon.register("
+                         f"{t.__qualname__}))" if isinstance(e.key, enum.Enum) else "")
             raise self.unsupported(
-                f"a key or set member of type {type(e.key).__qualname__} has no canonical order; "
-                f"keys and set members must be {KEY_TYPES}"
+                f"a key or set member of type {shown} has no canonical order; "
+                f"keys and set members must be {KEY_TYPES}{enum_hint}"
             ) from None
         except UnicodeEncodeError:  # (a ValueError too) sort_key encodes each str key as UTF-8
             raise self.unsupported(
@@ -219,6 +224,22 @@ class Encoder:
             self._not_crowded(c.children, c.tag)  # (str keys, the common case, are not counted)
         mapping = c.mapping
         for k in c.children:
+            out.append(self.encode(k, depth))
+            path.append(k)
+            out.append(self.encode(mapping[k], depth))
+            path.pop()
+        return out
+
+    def encode_mapping(self, mapping: Mapping[Any, Any], tag: str, out: list, depth: int) -> list:
+        """Append the keys of ``mapping`` in canonical order (docs/FORMAT.md §6.3), each followed by
+        its value, to ``out`` (a node being built with ``tag``, a mapping tag of ``first_item``),
+        as a dict's are written: keys without a canonical order, and too many sharing a hash, are
+        refused. For the node kinds of other modules (format/stdkinds.py)."""
+        keys = self._ordered(mapping.keys())
+        if keys and (type(keys[0]) is not str or type(keys[-1]) is not str):
+            self._not_crowded(keys, tag)
+        path = self._path
+        for k in keys:
             out.append(self.encode(k, depth))
             path.append(k)
             out.append(self.encode(mapping[k], depth))
@@ -326,14 +347,40 @@ class Encoder:
             return ["tensor", idx]
         row = dtypes.BY_NUMPY.get(v.dtype.newbyteorder("<")) if v.dtype.fields is None else None
         if row is None:
+            if v.dtype.kind in _STRING_KINDS:
+                return self.enc_string_array(v, depth)
+            remedy = (": convert it, arr.tolist() (a list of its values) or arr.astype(str) (a fixed-width "
+                      "str array) if its values are strs" if v.dtype.hasobject else "")
             raise self.unsupported(
                 f"numpy arrays of dtype {v.dtype} are not supported (only bool, int, uint, "
-                "float16/32/64 and complex64/128)"
+                f"float16/32/64, complex64/128 and fixed-width str and bytes, U and S){remedy}"
             )
         return self._add_tensor(
             v, tensorbytes.alias_key(v, "ndarray"), kind="ndarray", dtype=row, shape=tuple(v.shape),
             device="cpu", requires_grad=False,
         )
+
+    def enc_string_array(self, v: np.ndarray, depth: int) -> list:
+        """A numpy array of dtype U or S (docs/FORMAT.md §6.11): its width, shape and elements."""
+        kind = v.dtype.kind
+        width = v.dtype.itemsize // _CHAR_SIZE[kind]
+        problem = container.size_problem(v.shape, v.dtype.itemsize)
+        if problem is not None:
+            raise self.unsupported(f"the array {problem}")
+        if kind == "U" and v.size:  # numpy holds any 32-bit code, and makes broken strs past U+10FFFF
+            codes = np.ascontiguousarray(v.astype(v.dtype.newbyteorder("="))).reshape(-1).view(np.uint32)
+            if int(codes.max()) > 0x10FFFF:
+                raise self.unsupported("a numpy str array holds a code point above U+10FFFF, which is not Unicode")
+        out: list[Any] = ["np.strings", kind, width, v.ndim, *v.shape]
+        for item in v.reshape(-1).tolist():  # (numpy strips each element's trailing NULs)
+            out.append(self.encode(item, depth))
+        return out
+
+    def enc_numpy_str(self, v: np.str_, depth: int) -> list:
+        return ["np.str", self.encode(str.__add__(v, ""), depth)]  # (str(v) drops trailing NULs; v holds them)
+
+    def enc_numpy_bytes(self, v: np.bytes_, depth: int) -> list:
+        return ["np.bytes", bytes(v)]
 
     def _fallback(self, v: Any, depth: int) -> list:
         t = type(v)
@@ -361,9 +408,14 @@ class Encoder:
             src.name = name
 
 
+_STRING_KINDS = ("U", "S")  # numpy dtype kinds of the np.strings tag, and their bytes per character
+_CHAR_SIZE = {"U": 4, "S": 1}
+_MAX_STRING_NDIM = 32  # numpy 1.x's NPY_MAXDIMS
 _TEXT = (str, bytes)  # key types whose hash is random per process: never counted as crowding
-_KIND = {"dict": "dict", "odict": "OrderedDict", "set": "set", "frozenset": "frozenset"}
-_KEYS = {"dict": "keys", "odict": "keys", "set": "members", "frozenset": "members"}
+_KIND = {"dict": "dict", "odict": "OrderedDict", "set": "set", "frozenset": "frozenset", "counter": "Counter",
+         "defaultdict": "defaultdict"}
+_KEYS = {"dict": "keys", "odict": "keys", "set": "members", "frozenset": "members", "counter": "keys",
+         "defaultdict": "keys"}
 
 def unsaveable_message(v: Any) -> str:
     """Why ``v`` (of a type nothing encodes) cannot be saved, and what to save instead."""
@@ -384,8 +436,8 @@ def unsaveable_message(v: Any) -> str:
                 "obj.state_dict() instead and restore it with load_state_dict() after loading")
     opt_in = codecs.hint(v)
     if opt_in is not None:
-        return (f"cannot save a {name}: paths, dates and times and argparse namespaces are saved by "
-                f"built-in codecs that are off by default; call {opt_in} (or "
+        return (f"cannot save a {name}: paths, dates and times are saved by built-in codecs that are off "
+                f"by default (argparse namespaces once unregistered); call {opt_in} (or "
                 "tensorcanon.register_builtin_codecs() for all of them) before saving and loading")
     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                       functools.partial, types.ModuleType, type)):
@@ -396,11 +448,14 @@ def unsaveable_message(v: Any) -> str:
                 "save the name or settings that select it (e.g. a str) and look it up when loading")
     return (
         f"cannot save a value of type {name}: tensorcanon saves None, bool, int, float, complex, "
-        "str, bytes, list, tuple, dict, OrderedDict, set, frozenset, tensors, numpy arrays and "
-        f"scalars, torch.Size/dtype/device; to save {t.__qualname__}, call "
-        f"tensorcanon.register({t.__qualname__}) first (dataclasses, NamedTuples and Enums need "
-        "nothing more; other classes pass encode= and decode=)"
+        "str, bytes, list, tuple, dict, OrderedDict, set, frozenset, Counter, defaultdict, deque, "
+        f"tensors, numpy arrays and scalars, torch.Size/dtype/device; to save {t.__qualname__}, call "
+        f"tensorcanon.register({t.__qualname__}) first ({_REGISTER_HOW})"
     )
+
+
+_REGISTER_HOW = ("dataclasses, NamedTuples, Enums and dict or list subclasses need nothing more; other classes "
+                 "pass encode= and decode=")
 
 
 def _qualname(v: Any) -> str:
@@ -527,7 +582,15 @@ class Decoder:
         return out
 
     def _key(self, node: Any, depth: int) -> tuple[Any, tuple]:
-        k = self.decode(node, depth)
+        visit = self.visit
+        if visit is None:
+            k = self.decode(node, depth)
+        else:  # a key's parts (a tuple key's items) are not values of the tree: not visited
+            self.visit = None
+            try:
+                k = self.decode(node, depth)
+            finally:
+                self.visit = visit
         if k is None and not self.build_objects and tag_of(node) in _TORCH_VALUES:  # refused as when built
             raise self.error(f"a key or set member of type {_TORCH_VALUES[node[0]]} is not allowed")
         try:
@@ -612,6 +675,26 @@ class Decoder:
                     raise self.error(f"OrderedDict key {paths.show(k)} repeats")
         return (len(node) - start) // 2
 
+    def decode_mapping(self, node: Sequence[Any], depth: int, out: Any, what: str) -> Any:
+        """Decode the keys and values of ``node`` (a mapping tag of ``first_item``) into ``out``, a
+        dict or dict subclass, with every check of a ``dict`` node (docs/FORMAT.md §6.3): canonical
+        order, no repeats, the hash bound, no keys Python merges (``what`` names the container in
+        that error). For the node kinds of other modules (format/stdkinds.py)."""
+        return self._no_merged_keys(out, self._fill(node, first_item(node[0]), depth, True, out), what)
+
+    def decode_items(self, node: Sequence[Any], start: int, depth: int) -> list:
+        """The values of ``node[start:]``, decoded as a list's items (paths 0, 1, ...)."""
+        out = []
+        path = self._path
+        visit = self.visit
+        for i in range(start, len(node)):
+            path.append(i - start)
+            if visit is not None:
+                visit(tuple(path), node[i])
+            out.append(self.decode(node[i], depth))
+            path.pop()
+        return out
+
     def dec_list(self, node: Sequence[Any], depth: int) -> list:
         return self._items(node, depth)
 
@@ -663,12 +746,12 @@ class Decoder:
             return None
         return torch.Size(dims)
 
-    def dec_dtype(self, node: Sequence[Any], depth: int) -> torch.dtype | None:
+    def dec_dtype(self, node: Sequence[Any], depth: int) -> torch.dtype | Unbuilt:
         (name,) = self._args(node, 1)
         if type(name) is not str or name not in dtypes.DTYPE_VALUE_NAMES:
             raise self.error(f"unknown torch dtype {paths.show(name)} (docs/FORMAT.md §4.4 lists the names)")
         if not self.build_objects:  # structural check only (verify): any torch, or none, accepts the name
-            return None
+            return Unbuilt("dtype", name)  # (None, but a key: sorts where the dtype would)
         d = dtypes.TORCH_DTYPES_BY_NAME.get(name)
         if d is None:
             raise self.error(f"the file holds torch.{name}, which this torch ({torch.__version__}) lacks; "
@@ -695,6 +778,46 @@ class Decoder:
         if row.name == "bool" and data not in (b"\x00", b"\x01"):
             raise self.error("numpy bool scalar holds a byte other than 0 or 1")
         return value.astype(row.numpy.newbyteorder("="))[()]
+
+    def dec_numpy_str(self, node: Sequence[Any], depth: int) -> Any:
+        (text,) = self._args(node, 1)
+        if type(text) is not str:
+            raise self.error("'np.str' takes a str")
+        return np.str_(text)
+
+    def dec_numpy_bytes(self, node: Sequence[Any], depth: int) -> Any:
+        (data,) = self._args(node, 1)
+        if type(data) is not bytes:
+            raise self.error("'np.bytes' takes a bin")
+        return np.bytes_(data)
+
+    def dec_string_array(self, node: Sequence[Any], depth: int) -> Any:
+        if len(node) < 4:
+            raise self.error("'np.strings' needs its kind, width and number of dimensions")
+        kind, width, ndim = node[1], node[2], node[3]
+        if type(kind) is not str or kind not in _STRING_KINDS:
+            raise self.error(f"'np.strings' kind is 'U' or 'S', not {paths.show(kind)}")
+        if type(width) is not int or not 1 <= width * _CHAR_SIZE[kind] < 2**31:
+            raise self.error(f"'np.strings' width {paths.show(width)} is not an int in [1, 2^31) bytes")
+        if type(ndim) is not int or not 0 <= ndim <= _MAX_STRING_NDIM or len(node) < 4 + ndim:
+            raise self.error(f"'np.strings' takes 0 to {_MAX_STRING_NDIM} dimensions, not {paths.show(ndim)}")
+        shape = tuple(node[4:4 + ndim])
+        if not all(type(d) is int and 0 <= d for d in shape):
+            raise self.error("'np.strings' dimensions are non-negative ints")
+        problem = container.size_problem(shape, width * _CHAR_SIZE[kind])
+        if problem is not None:
+            raise self.error(f"'np.strings' {problem}")
+        items = node[4 + ndim:]
+        if len(items) != math.prod(shape):
+            raise self.error(f"'np.strings' of shape {list(shape)} holds {len(items)} elements")
+        want, nul = (str, "\x00") if kind == "U" else (bytes, b"\x00")
+        for item in items:
+            if type(item) is not want or len(item) > width or item.endswith(nul):  # type: ignore[arg-type]
+                raise self.error(f"an element of an 'np.strings' array of kind {kind} is a {want.__name__} of at "
+                                 f"most {width} characters that does not end with a NUL")
+        if not self.build_objects:
+            return None
+        return np.array(list(items), dtype=f"{kind}{width}").reshape(shape)
 
     def dec_tensor(self, node: Sequence[Any], depth: int) -> Any:
         (idx,) = self._args(node, 1)
@@ -741,11 +864,11 @@ class Decoder:
         reg = registry.by_name(name)
         where = self.path()
         if not self.build_objects:  # verify: the structure, and a state the format specifies
-            self.decode(state, depth)
+            decoded = self.decode(state, depth)
             rebuild = registry.specified(name)
             if rebuild is not None:  # the check load runs (below), on the state as far as it is plain
                 _rebuilt(name, where, rebuild, self.plain(state))
-            return None
+            return Unbuilt("obj", name, decoded)  # a stand-in that sorts as a key would
         if reg is None:
             enable = codecs.NAMES.get(name)
             how = (f"call tensorcanon.codecs.{enable}() (or tensorcanon.register_builtin_codecs()) "
@@ -1001,6 +1124,9 @@ register_kind("size", Decoder.dec_size, {LazyType("torch", "Size"): Encoder.enc_
 register_kind("dtype", Decoder.dec_dtype, {LazyType("torch", "dtype"): Encoder.enc_dtype})
 register_kind("device", Decoder.dec_device, {LazyType("torch", "device"): Encoder.enc_device})
 register_kind("np.scalar", Decoder.dec_numpy_scalar)  # every numpy.generic: Encoder._fallback
+register_kind("np.str", Decoder.dec_numpy_str, {LazyType("numpy", "str_"): Encoder.enc_numpy_str})
+register_kind("np.bytes", Decoder.dec_numpy_bytes, {LazyType("numpy", "bytes_"): Encoder.enc_numpy_bytes})
+register_kind("np.strings", Decoder.dec_string_array)  # numpy arrays of dtype U and S: Encoder.enc_ndarray
 register_kind("tensor", Decoder.dec_tensor, {
     LazyType("torch", "Tensor"): Encoder.enc_tensor,
     LazyType("torch", "nn.Parameter"): Encoder.enc_tensor,

@@ -18,6 +18,7 @@ a checkpoint then carries digests (``tensorcanon verify``); the rest is JSON:
         config.json, tokenizer files, ...     as save_pretrained writes them (JSON)
         trainer_state.json                    as the Trainer writes it (JSON)
         training_args.json                    TrainingArguments.to_json_string(), not a pickle
+        training_args.safetensors             the TrainingArguments (register_training_arguments)
         optimizer.safetensors                 optimizer state_dict
         scheduler.safetensors                 LR scheduler state_dict
         scaler.safetensors                    GradScaler state_dict (mixed precision only)
@@ -53,6 +54,8 @@ checkpoint files and raise here.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import os
 import sys
@@ -63,7 +66,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from .. import api
-from ..format.errors import FormatError, MissingFileError, UsageError
+from ..format import registry
+from ..format.errors import FormatError, MissingFileError, UnsupportedTypeError, UsageError
+from ..format.registry import register as api_register
 from ..training.data import ResumableSampler
 from ..training.determinism import DeterminismSettings
 from ..training.rng import RngState
@@ -75,13 +80,74 @@ with framework_import("transformers", "transformers", "accelerate", "safetensors
     from transformers import Trainer
     from transformers.trainer_utils import has_length
 
-__all__ = ["CanonicalTrainer"]
+__all__ = ["CanonicalTrainer", "register_training_arguments", "load_training_arguments"]
 
 OPTIMIZER = "optimizer.safetensors"
 SCHEDULER = "scheduler.safetensors"
 SCALER = "scaler.safetensors"
 TRAINING_ARGS = "training_args.json"
+TRAINING_ARGS_FILE = "training_args.safetensors"
 _PICKLED_ARGS = "training_args.bin"
+
+
+def _plain(value: Any) -> Any:
+    """A TrainingArguments field's value as its constructor accepts it: an Enum member as its value,
+    a dataclass (``AcceleratorConfig``) as the dict of its fields; others as they are."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
+
+
+def register_training_arguments(cls: type | None = None) -> None:
+    """Save ``TrainingArguments`` (or the subclass ``cls``, such as ``Seq2SeqTrainingArguments``)
+    without pickle: as the dict of its ``__init__`` fields, Enum members by their values, the
+    ``*_token`` fields (credentials) left out; it loads as ``cls(**fields)``, so ``__post_init__``
+    derives the rest (devices, the distributed state) in the loading process, as for arguments
+    built from a command line. Recorded as ``["obj", "transformers.<class name>", ...]``; call it in
+    the saving and the loading process. Values of other classes (a subclass not registered) are
+    refused. :class:`CanonicalTrainer` calls it for its ``args``' class. Loading runs the
+    constructor's checks on the file's values, as on a command line's (it reads a DeepSpeed or
+    FSDP config file that ``deepspeed`` or ``fsdp_config`` names).
+
+    Example::
+
+        register_training_arguments()
+        tensorcanon.save({"args": trainer.args, "step": 10}, "state.safetensors")
+        args = tensorcanon.load("state.safetensors")["args"]     # a TrainingArguments
+    """
+    from transformers import TrainingArguments
+
+    cls = TrainingArguments if cls is None else cls
+    if not (isinstance(cls, type) and issubclass(cls, TrainingArguments)):
+        raise UsageError(f"register_training_arguments() takes TrainingArguments or a subclass, not {cls!r}")
+    names = [f.name for f in dataclasses.fields(cls) if f.init and not f.name.endswith("_token")]
+
+    def encode(args: Any) -> dict:
+        if type(args) is not cls:
+            raise UnsupportedTypeError(
+                f"{type(args).__qualname__} is not {cls.__qualname__}: call "
+                f"register_training_arguments({type(args).__qualname__}) to save it as itself")
+        return {name: _plain(getattr(args, name)) for name in names}
+
+    def decode(state: Any) -> Any:
+        if type(state) is not dict or not set(state) <= set(names):
+            raise ValueError(f"a {cls.__qualname__} is stored as a dict of its __init__ fields")
+        return cls(**state)
+
+    existing = registry.by_type(cls)
+    if existing is not None and existing.cls is cls and existing.name == f"transformers.{cls.__name__}":
+        return  # already registered (its state does not depend on the registration's functions)
+    api_register(cls, name=f"transformers.{cls.__name__}", encode=encode, decode=decode, replace=True)
+
+
+def load_training_arguments(checkpoint: str) -> Any:
+    """The ``TrainingArguments`` a :class:`CanonicalTrainer` checkpoint holds (its
+    ``training_args.safetensors``), for the class registered with :func:`register_training_arguments`
+    (TrainingArguments itself is registered here)."""
+    register_training_arguments()
+    return api.load(os.path.join(checkpoint, TRAINING_ARGS_FILE))["args"]
 
 
 def _is_hf_dataset(dataset: Any) -> bool:
@@ -278,6 +344,8 @@ class CanonicalTrainer(Trainer):
                 os.remove(pickled)  # the Trainer pickles its TrainingArguments here; keep JSON instead
             with open(os.path.join(out, TRAINING_ARGS), "w", encoding="utf-8") as f:
                 f.write(self.args.to_json_string())
+            register_training_arguments(type(self.args))
+            api.save({"args": self.args}, os.path.join(out, TRAINING_ARGS_FILE))
             _make_weights_canonical(out)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:

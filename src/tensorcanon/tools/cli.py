@@ -272,7 +272,9 @@ def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
 # --------------------------------------------------------------------------- inspect
 
 _CONTAINERS = {"dict": "dict", "odict": "OrderedDict", "list": "list", "tuple": "tuple",
-               "set": "set", "frozenset": "frozenset"}
+               "set": "set", "frozenset": "frozenset", "counter": "Counter", "defaultdict": "defaultdict",
+               "deque": "deque"}
+_MAPPINGS = ("dict", "odict", "counter", "defaultdict")
 
 
 def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Limits = DEFAULT) -> list[dict]:
@@ -294,9 +296,12 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Li
             else:
                 first_path[node[1]] = where
         elif tag in _CONTAINERS:
-            n = (len(node) - tree.first_item(tag)) // 2 if tag in ("dict", "odict") else len(node) - 1
-            unit = "key" if tag in ("dict", "odict") else "item"
+            first = tree.first_item(tag) if tag in _MAPPINGS else 2 if tag == "deque" else 1
+            n = (len(node) - first) // 2 if tag in _MAPPINGS else len(node) - first
+            unit = "key" if tag in _MAPPINGS else "item"
             row.update(type=_CONTAINERS[tag], value=f"{n} {unit}{'s' if n != 1 else ''}")
+        elif tag == "np.strings":  # (a checked node: kind, width, ndim, the dimensions)
+            row.update(type="ndarray", value=f"{node[1]}{node[2]} array of shape {list(node[4:4 + node[3]])}")
         elif tag == "obj":
             row.update(type="object", value=node[1])
         elif tag in _TORCH_VALUES:  # shown as torch prints it, without torch

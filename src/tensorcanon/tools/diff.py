@@ -32,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import math
@@ -516,7 +517,9 @@ def _short(v: Any, limit: int = 60) -> str:
 
 def _is_tensorlike(v: Any) -> bool:
     numpy, th = optional.imported("numpy"), optional.imported()  # (no value is one unless its module is imported)
-    return (numpy is not None and isinstance(v, numpy.ndarray)) or (th is not None and isinstance(v, th.Tensor))
+    if numpy is not None and isinstance(v, numpy.ndarray):
+        return v.dtype.kind not in "US"  # a str or bytes array is a value (FORMAT.md §6.11), not a tensor
+    return th is not None and isinstance(v, th.Tensor)
 
 
 # --------------------------------------------------------------------------- comparing
@@ -595,6 +598,8 @@ def _container(v: Any) -> walk.Container | None:
     c = walk.container(v, _lenient_order)
     if c is None and isinstance(v, dict):
         c = walk.container(dict(v), _lenient_order)
+    if c is None and type(v) is collections.deque:  # items as a list's (FORMAT.md §6.10.3)
+        c = walk.Container("deque", list(v))
     return c
 
 
@@ -702,7 +707,7 @@ def tensor_stats(a: torch.Tensor, b: torch.Tensor, atol: float = 0.0, rtol: floa
     )
 
 
-_SEQUENCES = ("list", "tuple")
+_SEQUENCES = ("list", "tuple", "deque")
 # Differences that say how values are held, not what they are: ignored with tensors_only.
 _STRUCTURE_KINDS = frozenset({"type", "order", "metadata", "alias"})
 
@@ -765,6 +770,8 @@ class _Differ:
         if ca is not None and cb is not None and ca.tag in _SEQUENCES and cb.tag in _SEQUENCES:
             if ca.tag != cb.tag:
                 self.add(trail, "type", ca.tag, cb.tag)
+            elif ca.tag == "deque" and a.maxlen != b.maxlen:
+                self.add(trail, "value", f"maxlen={a.maxlen}", f"maxlen={b.maxlen}")
             for i, (x, y) in enumerate(zip(ca.items, cb.items, strict=False)):  # lengths: below
                 self.compare(x, y, trail + (i,), depth + 1)
             if len(ca.items) != len(cb.items):
@@ -810,6 +817,8 @@ class _Differ:
             return self.tolerant and a.dtype.kind in "iufc" and self.close(complex(a), complex(b))
         if isinstance(a, (torch.dtype, torch.device, str, bytes, bool)) or a is None:
             return a == b
+        if isinstance(a, np.ndarray):  # a str or bytes array (tensors are compared as tensors)
+            return a.dtype == b.dtype and a.shape == b.shape and a.tolist() == b.tolist()
         try:
             eq = a == b
         except Exception:  # noqa: BLE001 - a user type's __eq__ may raise anything; repr decides then
