@@ -29,17 +29,15 @@ import dataclasses
 import os
 import re
 import threading
-import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
 from ..format.errors import FileAccessError, MissingFileError, TensorCanonError, UsageError
+from ..format.redact import redact as _redact
 
 __all__ = ["Location", "Store", "ObjectReader", "Upload", "is_url", "resolve", "redact", "open_store"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*(://|::)")
-#: Query parameters that carry credentials (presigned URLs, SAS tokens): hidden wherever a URL is shown.
-_SECRET_QUERY = re.compile(r"sig|signature|token|secret|credential|password|passwd|key|auth", re.IGNORECASE)
 EXTRA_HINT = "install the extra: pip install 'tensorcanon[s3]' for s3:// (fsspec and s3fs), 'tensorcanon[fsspec]' " \
              "for other fsspec protocols (with that protocol's fsspec package)"
 
@@ -57,29 +55,10 @@ def local_path(url: str) -> str | None:
 
 
 def redact(url: str) -> str:
-    """``url`` as it may be shown: a password in it becomes ``***``, and so do signature or token
-    parameters of its query (a presigned URL's). Any other text is returned unchanged."""
-    if not is_url(url):
-        return url
-    parts = []
-    for piece in url.split("::"):
-        try:
-            u = urllib.parse.urlsplit(piece)
-        except ValueError:
-            parts.append(piece.split("?", 1)[0])
-            continue
-        netloc = u.netloc
-        if "@" in netloc:
-            user, host = netloc.rsplit("@", 1)
-            netloc = f"{user.split(':', 1)[0]}:***@{host}" if ":" in user else netloc
-        query = "&".join(
-            f"{k}=***" if _SECRET_QUERY.search(k) else (f"{k}={v}" if v else k)
-            for k, v in urllib.parse.parse_qsl(u.query, keep_blank_values=True))
-        if netloc == u.netloc and query == u.query:
-            parts.append(piece)  # unchanged (urlunsplit would also drop the "//" of "memory:///a")
-        else:
-            parts.append(urllib.parse.urlunsplit((u.scheme, netloc, u.path, query, u.fragment)))
-    return "::".join(parts)
+    """``url`` (or any text) as it may be shown: a password in a URL becomes ``***``, and so do
+    signature or token parameters of its query (a presigned URL's), even where the URL cannot be
+    parsed. The one rule, format/redact.py, which every error message of the library goes through."""
+    return _redact(url)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -216,7 +195,8 @@ class Store:
             return FileAccessError(
                 f"cannot {doing} {url!r}: the object was replaced while it was being read (its ETag or "
                 "version changed between two ranged reads); read it again", filename=url)
-        reason = self.scrub(str(e).strip().splitlines()[0] if str(e).strip() else "")[:300]
+        # (hidden before it is cut short: a cut could leave half a password that no rule recognizes)
+        reason = self.scrub(redact(str(e).strip().splitlines()[0] if str(e).strip() else ""))[:300]
         reason = f"{type(e).__name__}: {reason}" if reason else type(e).__name__
         if isinstance(e, FileNotFoundError):
             what = "bucket or folder" if doing == "write" else "object"
