@@ -183,6 +183,12 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
         from .sharded import verify as verify_checkpoint  # a sharded checkpoint (tensorcanon.dcp)
 
         return verify_checkpoint(f, expect=expect, limits=limits)
+    if isinstance(f, storage.Location):  # the one decision; a URL naming an object and a checkpoint is refused
+        if storage.names_checkpoint(f):
+            from .sharded import verify as verify_checkpoint
+
+            return verify_checkpoint(f.url, expect=expect, limits=limits, storage_options=f.options)
+        f = f.but(is_object=True)
     with reader.open_file(f, limits) as cf:
         result = cf.verify()
     if expect is not None and result != expect:
