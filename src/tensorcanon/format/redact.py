@@ -28,10 +28,11 @@ __all__ = ["redact", "has_secret"]
 
 HIDDEN = "***"
 
-# scheme://, then the userinfo: everything up to the last "@" of the URL (a URL ends at whitespace
-# or a quote in a message), so that a password holding an "@" is hidden whole; when the URL's path
-# holds an "@" too, more than the password is hidden, never less.
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<info>[^\s'\"<>]*)@")
+# A URL in a message: a run of characters up to whitespace or a quote; its scheme. Each run is
+# looked at once (linear in the text, whatever it holds: messages quote a file's keys).
+_TOKEN = re.compile(r"[^\s'\"<>]+")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+
 # name=value after a delimiter; the name may be percent-encoded (X%2DAmz%2DSignature).
 _PARAM = re.compile(r"(?P<lead>^|[?&;#\s,('\"])(?P<name>[A-Za-z0-9_.%\-]+)=(?P<value>[^&\s'\"<>#;,)\]]*)")
 _SECRET_NAME = re.compile(
@@ -40,15 +41,23 @@ _SECRET_NAME = re.compile(
 
 
 def _userinfo(m: re.Match[str]) -> str:
-    info = m.group("info")
+    """One run of a message: the userinfo after its first ``scheme://`` hidden, up to the run's
+    last ``@`` (so that a password holding an ``@`` is hidden whole; when the URL's path holds an
+    ``@`` too, more than the password is hidden, never less)."""
+    token = m.group(0)
+    at = token.rfind("@")
+    scheme = _SCHEME.search(token, 0, at) if at > 0 else None
+    if scheme is None:
+        return token
+    info = token[scheme.end():at]
     user, colon, _ = info.partition(":")
     if colon:
         if "/" in user or "[" in user:  # an "@" in a path, after a host[:port] ("https://[::1]:80/a@b")
-            return m.group(0)
-        return f"{m.group('scheme')}{user}:{HIDDEN}@"
-    if "/" in info:  # an "@" in the path (s3://bucket/user@example.com/x), no password before it
-        return m.group(0)
-    return f"{m.group('scheme')}{HIDDEN}@" if info else m.group(0)
+            return token
+        return f"{token[:scheme.end()]}{user}:{HIDDEN}{token[at:]}"
+    if "/" in info or not info:  # an "@" in the path (s3://bucket/user@example.com/x), no password before it
+        return token
+    return f"{token[:scheme.end()]}{HIDDEN}{token[at:]}"
 
 
 def _param(m: re.Match[str]) -> str:
@@ -64,7 +73,7 @@ def redact(text: str) -> str:
     if not isinstance(text, str):
         return text
     if "@" in text and "://" in text:
-        text = _USERINFO.sub(_userinfo, text)
+        text = _TOKEN.sub(_userinfo, text)
     if "=" in text:
         text = _PARAM.sub(_param, text)
     return text
