@@ -147,3 +147,23 @@ def test_a_saved_object_reachable_by_a_url_with_a_password_names_it_hidden():
             if "tc-secret-bucket" in p:
                 fs.rm_file(p)
     assert sys.modules["tensorcanon"] is tc
+
+
+def test_check_of_a_lockfile_holding_a_password_shows_it_hidden(tmp_path):
+    """A lockfile written by hand (or by an older tensorcanon) with a password in a URL line:
+    `check` names the entry on stdout, in text and JSON, with the password hidden."""
+    from tensorcanon import lockfile
+
+    url = "memory://tc-lock-secret/a.safetensors"
+    tc.save({"w": torch.ones(2)}, url)
+    lock = tmp_path / "t.lock"
+    try:
+        lockfile.write_lock(lockfile.make_lock([url], lock), lock)
+        text = lock.read_text().replace(url, f"memory://user:{PASSWORD}@tc-lock-secret/a.safetensors")
+        lock.write_text(text)
+        for argv in (["check", str(lock)], ["check", "--json", str(lock)]):
+            code, out, err = run_cli(*argv)
+            assert code in (1, 2) and "user:***@" in out + err, out + err
+            assert not leaked(out + err), out + err
+    finally:
+        fsspec.filesystem("memory").rm("/tc-lock-secret", recursive=True)
