@@ -283,3 +283,35 @@ def test_a_presigned_urls_signature_never_shows(s3_direct, capsys):
     assert cli.main(["hash", "--json", urls["missing"]]) == 2
     captured = capsys.readouterr()
     assert not [s for s in secrets if s in captured.err + captured.out], captured
+
+
+def test_a_multipart_upload_whose_parts_stall_is_stopped_at_the_deadline(s3_server, monkeypatch):
+    """moto behind the fault-injecting proxy: every part but one is held (never answered), with
+    botocore's own timeouts at their 60 s defaults. The save fails at the deadline, aborts its
+    upload (under the deadline too) and leaves the previous object verifying."""
+    import s3fs
+    from s3_support import BUCKET, NO_RETRIES, options, stall_after_one_part
+
+    from tensorcanon.io import remote
+
+    port, proxy = s3_server
+    proxy.reset()
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 2)
+    monkeypatch.setattr(remote, "PART", 5 << 20)
+    direct = options(port)
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/big.safetensors"
+    old = tc.save({"w": torch.arange(5.0)}, url, storage_options=direct)
+    proxied = options(proxy.port, config_kwargs=NO_RETRIES, tensorcanon_deadline=2)
+    proxy.fault = stall_after_one_part
+    state = {f"layer{i}": torch.full((256, 1024), float(i)) for i in range(12)}  # 12 MiB: 3 parts
+    try:
+        e, took = within(60, lambda: tc.save(state, url, storage_options=proxied))
+    finally:
+        proxy.reset()
+    assert isinstance(e, tc.FileAccessError) and "within the deadline of 2 s" in str(e), repr(e)
+    assert "previous object there, if any, is unchanged" in str(e)
+    assert took < 30  # botocore alone would wait 60 s per held part
+    assert tc.verify(url, storage_options=direct) == old
+    fs = s3fs.S3FileSystem(**direct, skip_instance_cache=True)
+    prefix = url.split(f"{BUCKET}/", 1)[1].split("/", 1)[0]
+    assert fs.call_s3("list_multipart_uploads", Bucket=BUCKET, Prefix=prefix).get("Uploads", []) == []
