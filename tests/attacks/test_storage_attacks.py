@@ -315,3 +315,15 @@ def test_a_multipart_upload_whose_parts_stall_is_stopped_at_the_deadline(s3_serv
     fs = s3fs.S3FileSystem(**direct, skip_instance_cache=True)
     prefix = url.split(f"{BUCKET}/", 1)[1].split("/", 1)[0]
     assert fs.call_s3("list_multipart_uploads", Bucket=BUCKET, Prefix=prefix).get("Uploads", []) == []
+
+
+def test_an_unreachable_http_store_is_not_a_missing_object(lies):
+    """fsspec's http filesystem reports a server it cannot reach as a missing file; tensorcanon says
+    what happened (a FileAccessError, not a MissingFileError), and a real 404 stays 'no such object'."""
+    from support import free_port
+
+    with pytest.raises(tc.FileAccessError, match="could not be reached") as e:
+        tc.load(f"http://user:{'pw-SECRET'}@127.0.0.1:{free_port()}/x.safetensors")
+    assert not isinstance(e.value, tc.MissingFileError) and "pw-SECRET" not in str(e.value)
+    with pytest.raises(tc.MissingFileError, match="no such object"):
+        tc.load(lies.http("nothing.safetensors"))

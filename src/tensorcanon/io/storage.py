@@ -246,6 +246,12 @@ class Store:
         # (hidden before it is cut short: a cut could leave half a password that no rule recognizes)
         reason = self.scrub(redact(str(e).strip().splitlines()[0] if str(e).strip() else ""))[:300]
         reason = f"{type(e).__name__}: {reason}" if reason else type(e).__name__
+        cause = e.__cause__
+        if isinstance(e, FileNotFoundError) and isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError):
+            # fsspec's http says "not found" for a server it could not reach: say what happened
+            reason = self.scrub(redact(str(cause).strip().splitlines()[0] if str(cause).strip() else ""))[:300]
+            return FileAccessError(f"cannot {doing} {url!r}: the store could not be reached ({type(cause).__name__}"
+                                   f"{': ' + reason if reason else ''})", filename=url)
         if isinstance(e, FileNotFoundError):
             what = "bucket or folder" if doing == "write" else "object"
             return MissingFileError(f"cannot {doing} {url!r}: no such {what}", filename=url)
