@@ -11,7 +11,9 @@ or ``http://127.0.0.1:PORT/bucket/name``), with any of these lies:
   ``length=TEXT``: its Content-Length header says TEXT, whatever is sent;
 - ``trickle=B``: every answer to a request for this object (headers and body) is sent at B bytes
   a second;
-- ``stall=True``: requests for it are never answered (until the server stops).
+- ``stall=True``: requests for it are never answered (until the server stops);
+- ``shift=N``: a ranged GET is answered with the right number of bytes, from N bytes further on
+  (``Content-Range`` says so).
 
 Every request is counted (``requests``). A slow answer gives up by itself after ``GIVE_UP_S``
 (or when the server stops), so no test can leave a thread running: the server stops at the end
@@ -109,6 +111,8 @@ class LyingStore:
                 start, end = int(m.group(1)), int(m.group(2)) + 1
                 if start >= len(data):
                     return self.answer(416, {"Content-Length": "0", "Content-Range": f"bytes */{size}"}, lies=lies)
+                start += lies.get("shift", 0)
+                end += lies.get("shift", 0)
                 chunk = data[start:end][:max(0, end - start - lies.get("short", 0))]
                 n = len(chunk) + lies.get("extra", 0)
                 length = lies.get("length", n)  # what Content-Length says (a lie of its own)

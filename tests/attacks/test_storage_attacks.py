@@ -112,11 +112,13 @@ def test_a_sharded_checkpoint_whose_store_claims_too_much(lies, tmp_path):
         assert isinstance(e, tc.FormatError) and "ends before" in str(e), repr(e)
 
 
-@pytest.mark.parametrize("lie", [{"extra": 256 << 20}, {"short": 10}, {"length": "9" * 5000}, {"length": "abc"}])
+@pytest.mark.parametrize("lie", [{"extra": 256 << 20}, {"short": 10}, {"length": "9" * 5000}, {"length": "abc"},
+                                 {"shift": 8}])
 def test_a_range_answered_with_other_than_what_was_asked_is_refused(lies, lie):
     """256 MiB more than asked is refused after reading at most one byte more of it; fewer bytes
     are the object ending early (a FormatError, as locally); a Content-Length of 5,000 digits or
-    not a number is refused without being parsed as one."""
+    not a number is refused without being parsed as one; bytes from elsewhere in the object (their
+    Content-Range says so) are refused before they are read."""
     data = small()
     name = f"range-{uuid.uuid4().hex[:6]}.safetensors"
     url = lies.put(name, data, **lie)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -72,6 +73,22 @@ def wrong_length(url: str, start: int, end: int, got: int | str) -> FileAccessEr
         "otherwise is misbehaving)", filename=url)
 
 
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d{1,20})-(\d{1,20})/")
+
+
+def check_range(url: str, start: int, end: int, content_range: Any) -> None:
+    """An answer's ``Content-Range`` (when it has one) must start where the read asked and not
+    go past its end: bytes from elsewhere in the object are refused before they are read."""
+    if not isinstance(content_range, str):
+        return
+    m = _CONTENT_RANGE.match(content_range.strip())
+    if m is None or int(m.group(1)) != start or int(m.group(2)) > end - 1:
+        raise FileAccessError(
+            f"cannot read {url!r}: the store answered a read of bytes {start} to {end - 1} with the range "
+            f"{content_range[:60]!r}; tensorcanon takes only what it asked for (a store, proxy or cache that "
+            "answers otherwise is misbehaving)", filename=url)
+
+
 async def _at_most(read: Callable[[int], Any], n: int) -> bytes:
     """What ``await read(k)`` gives until it ends, but never more than ``n + 1`` bytes (one more
     than asked: enough to know the answer is too long)."""
@@ -105,6 +122,7 @@ async def s3_range(fs: Any, url: str, bucket: str, key: str, start: int, end: in
         length = resp.get("ContentLength")
         if isinstance(length, int) and length > end - start:  # (fewer: ObjectReader.fetch says what ended)
             raise wrong_length(url, start, end, length)
+        check_range(url, start, end, resp.get("ContentRange"))
         if etag and getattr(fs, "local_expiry_check", False) and resp.get("ETag") != etag:
             raise FileAccessError(f"cannot read {url!r}: the object was replaced while it was being read (its "
                                   "ETag changed between two ranged reads); read it again", filename=url)
@@ -130,6 +148,8 @@ async def http_range(fs: Any, url: str, start: int, end: int, size: int) -> byte
                 f"cannot read {url!r}: the server answered a ranged read with HTTP {r.status}, not 206 (partial "
                 "content): it does not serve byte ranges, which reading a tensorcanon file from it needs; "
                 "download it and read the local file", filename=url)
+        if r.status == 206:
+            check_range(url, start, end, r.headers.get("Content-Range"))
         length = r.headers.get("Content-Length")
         if length is not None:
             text = length.strip()
