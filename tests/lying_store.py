@@ -11,7 +11,8 @@ or ``http://127.0.0.1:PORT/bucket/name``), with any of these lies:
   ``length=TEXT``: its Content-Length header says TEXT, whatever is sent;
 - ``trickle=B``: every answer to a request for this object (headers and body) is sent at B bytes
   a second;
-- ``stall=True``: requests for it are never answered (until the server stops);
+- ``stall=True``: requests for it are never answered (until the server stops); ``stall_ranges=True``:
+  ranged GETs only;
 - ``shift=N``: a ranged GET is answered with the right number of bytes, from N bytes further on
   (``Content-Range`` says so).
 
@@ -108,6 +109,10 @@ class LyingStore:
                 m = re.fullmatch(r"bytes=(\d+)-(\d+)", rng or "")
                 if not m:
                     return self.answer(200, {**common, "Content-Length": str(len(data))}, data, lies)
+                if lies.get("stall_ranges"):  # HEAD answered, ranged reads never
+                    store.stopping.wait(GIVE_UP_S)
+                    self.close_connection = True
+                    return
                 start, end = int(m.group(1)), int(m.group(2)) + 1
                 if start >= len(data):
                     return self.answer(416, {"Content-Length": "0", "Content-Range": f"bytes */{size}"}, lies=lies)

@@ -158,6 +158,18 @@ def test_a_store_that_trickles_or_stalls_is_stopped_at_the_deadline(lies, lie):
         assert took < 10
 
 
+def test_a_clients_own_timeout_is_not_called_the_deadline(lies):
+    """A ranged read stopped by the HTTP client's own timeout (storage_options) says so, rather than
+    naming tensorcanon's deadline, which it did not reach."""
+    import aiohttp
+
+    lies.put("ranges.safetensors", small(), stall_ranges=True)
+    opts = {"tensorcanon_deadline": 30, "client_kwargs": {"timeout": aiohttp.ClientTimeout(sock_read=1)}}
+    e, took = within(BOUND_S, lambda: tc.load(lies.http("ranges.safetensors"), storage_options=opts))
+    assert isinstance(e, tc.FileAccessError) and "client timed out" in str(e), repr(e)
+    assert "deadline" not in str(e) and took < 10
+
+
 def test_the_command_line_takes_the_deadline_from_the_environment(lies, monkeypatch, capsys):
     lies.put("slow.safetensors", small(), stall=True)
     monkeypatch.setenv(fetch.DEADLINE_ENV, "1")

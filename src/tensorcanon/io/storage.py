@@ -30,6 +30,7 @@ import errno
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
@@ -283,10 +284,16 @@ class Store:
         (a :class:`FileAccessError` naming the URL and how to raise it)."""
         from fsspec.asyn import FSTimeoutError, sync  # type: ignore[import-untyped,unused-ignore]
 
+        start = time.monotonic()
         with self.errors(doing, path):
             try:
                 return sync(self.fs.loop, coro, *args, timeout=self.deadline, **kwargs)
             except (FSTimeoutError, TimeoutError):
+                if time.monotonic() - start < self.deadline * 0.9:  # the client's own timeout, not the deadline
+                    url = self.url(path)
+                    raise FileAccessError(f"cannot {doing} {url!r}: the store's client timed out (its own timeout, "
+                                          "set in storage_options) before an answer came", filename=url,
+                                          errno=errno.ETIMEDOUT) from None
                 raise fetch.late(doing, self.url(path), self.deadline, what) from None
 
     def call(self, doing: str, path: str, name: str, *args: Any, **kwargs: Any) -> Any:
