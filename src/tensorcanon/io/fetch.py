@@ -138,6 +138,7 @@ async def http_range(fs: Any, url: str, start: int, end: int, size: int) -> byte
     kwargs = dict(getattr(fs, "kwargs", None) or {})
     headers = dict(kwargs.pop("headers", None) or {})
     headers["Range"] = f"bytes={start}-{end - 1}"
+    headers.setdefault("Accept-Encoding", "identity")  # the object's own bytes: Content-Length counts them
     session = await fs.set_session()
     async with session.get(fs.encode_url(url), headers=headers, **kwargs) as r:
         if r.status == 416:  # the range starts past the end: the object is shorter than it was said to be
