@@ -229,8 +229,10 @@ def test_an_object_that_is_also_a_checkpoint_is_refused_everywhere(s3_direct, tm
 
     direct, _ = s3_direct
     base = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/model"
-    ckpt = tcd.save({"w": torch.arange(100.0)}, base, storage_options=direct)
     tc.save({"w": torch.zeros(3)}, base, storage_options=direct)
+    locked = tmp_path / "before.lock"  # a lockfile made while the URL named only the object
+    lockfile.write_lock(lockfile.make_lock([base], locked, storage_options=direct), locked)
+    ckpt = tcd.save({"w": torch.arange(100.0)}, base, storage_options=direct)
     for call in (lambda: tc.load(base, storage_options=direct), lambda: tc.verify(base, storage_options=direct),
                  lambda: tc.open(base, storage_options=direct), lambda: tc.read_metadata(base, storage_options=direct),
                  lambda: tcd.load_unsharded(base, storage_options=direct),
@@ -250,6 +252,9 @@ def test_an_object_that_is_also_a_checkpoint_is_refused_everywhere(s3_direct, tm
                      ["lock", base, "-o", str(tmp_path / "t.lock")]):
             assert cli.main(argv) == 2, argv
             assert "is ambiguous" in capsys.readouterr().err
+        assert cli.main(["check", str(locked)]) != 0  # (the entry fails; the status for it is the CLI's rule)
+        captured = capsys.readouterr()
+        assert "is ambiguous" in captured.out + captured.err
         assert not (tmp_path / "t.lock").exists()
     finally:
         for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):

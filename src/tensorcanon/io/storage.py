@@ -138,6 +138,8 @@ def names_checkpoint(loc: Location) -> bool:
     folder = path.rstrip("/")
     if "?" in path:  # a query (a presigned URL, s3's ?versionId=) names one object: no prefix under it
         return False
+    with store.errors("look up", path):  # the store as it is now, not as a listing cached in this process saw it
+        store.fs.invalidate_cache(path)
     try:
         if not store.exists(f"{folder}/{INDEX_NAME}"):
             return False
