@@ -148,7 +148,8 @@ def test_a_store_that_trickles_or_stalls_is_stopped_at_the_deadline(lies, lie):
     opts = lies.options(tensorcanon_deadline=1)
     for call in (lambda: tc.load(url, storage_options=opts), lambda: tc.verify(url, storage_options=opts),
                  lambda: tc.open(url, storage_options=opts), lambda: tc.save({"a": 1}, url, storage_options=opts),
-                 lambda: tc.load(http, storage_options={"tensorcanon_deadline": 1})):
+                 lambda: tc.load(http, storage_options={"tensorcanon_deadline": 1}),
+                 lambda: tc.load(f"simplecache::{http}", storage_options={"tensorcanon_deadline": 1})):
         e, took = within(BOUND_S, call)
         assert isinstance(e, tc.FileAccessError), repr(e)
         message = str(e)

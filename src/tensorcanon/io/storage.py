@@ -300,12 +300,48 @@ class Store:
 
     def call(self, doing: str, path: str, name: str, *args: Any, **kwargs: Any) -> Any:
         """The filesystem's method ``name``: its coroutine ``_name`` under the deadline where the
-        filesystem is asynchronous, else the method itself (a local or in-memory one)."""
+        filesystem is asynchronous; the method in a thread waited for until the deadline where it
+        wraps an asynchronous one (``simplecache::s3://…``); else the method itself (a local or
+        in-memory filesystem)."""
         coro = getattr(self.fs, f"_{name}", None) if self.is_async else None
         if coro is not None:
             return self.bounded(doing, path, coro, *args, **kwargs)
+        method = getattr(self.fs, name)
+        if self.wraps_network():
+            return self.waited(doing, path, method, *args, **kwargs)
         with self.errors(doing, path):
-            return getattr(self.fs, name)(*args, **kwargs)
+            return method(*args, **kwargs)
+
+    def wraps_network(self) -> bool:
+        """True for a filesystem that wraps an asynchronous (network) one: a cache chain."""
+        fs, seen = getattr(self.fs, "fs", None), 0
+        while fs is not None and seen < 8:
+            if getattr(fs, "async_impl", False):
+                return True
+            fs, seen = getattr(fs, "fs", None), seen + 1
+        return False
+
+    def waited(self, doing: str, path: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` in a daemon thread, waited for until the deadline. Past it, the
+        call is left to finish (or not) on its own, and a :class:`FileAccessError` says so: a
+        filesystem that cannot be cancelled cannot hold the caller."""
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                out["value"] = method(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                out["error"] = e
+
+        worker = threading.Thread(target=run, name="tensorcanon-store", daemon=True)
+        worker.start()
+        worker.join(self.deadline)
+        if worker.is_alive():
+            raise fetch.late(doing, self.url(path), self.deadline)
+        with self.errors(doing, path):
+            if "error" in out:
+                raise out["error"]
+            return out["value"]
 
     def s3(self, doing: str, path: str, method: str, what: str = "", **kwargs: Any) -> Any:
         """One S3 API call (s3fs's ``_call_s3``, its retries included) under the deadline."""
