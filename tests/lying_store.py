@@ -35,7 +35,8 @@ BUCKET = "lies"
 
 
 class LyingStore:
-    def __init__(self):
+    def __init__(self, host="127.0.0.1"):
+        self.host = host
         self.objects = {}  # name -> (data, lies)
         self.requests = []  # (method, path, Range header)
         self.uploads = []  # PUT paths that were answered
@@ -141,11 +142,12 @@ class LyingStore:
         class Server(http.server.ThreadingHTTPServer):
             daemon_threads = True
             block_on_close = False
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
             def handle_error(self, request, client_address):
                 pass  # a client that gave up (a deadline test) leaves a broken pipe here: expected
 
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = Server((host, 0), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
 
@@ -153,12 +155,16 @@ class LyingStore:
         self.objects[name] = (bytes(data), lies)
         return f"s3://{BUCKET}/{name}"
 
+    @property
+    def netloc(self):
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
     def http(self, name):
-        return f"http://127.0.0.1:{self.port}/{BUCKET}/{name}"
+        return f"http://{self.netloc}/{BUCKET}/{name}"
 
     def options(self, **more):
         """s3fs options reaching this server (no retries by botocore: each lie is seen at once)."""
-        return {"endpoint_url": f"http://127.0.0.1:{self.port}", "key": "testing", "secret": "SECRETlyingKEY",
+        return {"endpoint_url": f"http://{self.netloc}", "key": "testing", "secret": "SECRETlyingKEY",
                 "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}},
                 "skip_instance_cache": True, **more}
 
@@ -175,6 +181,6 @@ class LyingStore:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(10)
-        with socket.socket() as s:  # the port is free again: nothing of the server is left listening
+        with socket.socket(self.server.address_family) as s:  # nothing of the server is left listening
             s.settimeout(1)
-            assert s.connect_ex(("127.0.0.1", self.port)) != 0
+            assert s.connect_ex((self.host, self.port)) != 0

@@ -9,6 +9,7 @@ so no attack can hang the suite. The slow tier (tests/conftest.py: servers).
 """
 
 import os
+import socket
 import threading
 import time
 import tracemalloc
@@ -347,3 +348,34 @@ def test_an_unreachable_http_store_is_not_a_missing_object(lies):
     assert not isinstance(e.value, tc.MissingFileError) and "pw-SECRET" not in str(e.value)
     with pytest.raises(tc.MissingFileError, match="no such object"):
         tc.load(lies.http("nothing.safetensors"))
+
+
+def ipv6_loopback():
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_an_ipv6_host_is_one_url_not_a_chain():
+    """fsspec reads '::' as the joint of a chained URL, so http://[::1]:8000/x was opened as the
+    chain 'http://[' + '1]:8000/x' (every read a 'no such object'). A URL whose every '::' is in
+    brackets is one URL; on a machine with IPv6, the lying store on [::1] is read, lies refused."""
+    from tensorcanon.io import storage
+
+    for url in ("http://[::1]:9/lies/a.safetensors", "http://user:pw@[fe80::1]:9/a.safetensors?sig=x"):
+        _, path = storage.open_store(url)
+        assert path == url
+    _, path = storage.open_store("simplecache::memory://x/a.safetensors")
+    assert path.endswith("x/a.safetensors")  # a real chain is still a chain
+    if not ipv6_loopback():  # (this machine has no IPv6: the parsing above is the rule tested)
+        return
+    with LyingStore("::1") as store:
+        store.put("a.safetensors", small())
+        store.put("claim.safetensors", small(), claim=TB)
+        assert tc.load(store.http("a.safetensors"))["step"] == 3
+        assert tc.load("s3://lies/a.safetensors", storage_options=store.options())["step"] == 3
+        with pytest.raises(tc.FormatError, match="ends before"):
+            tc.load(store.http("claim.safetensors"))

@@ -445,7 +445,7 @@ def open_store(url: str, options: Mapping[str, Any] | None = None) -> tuple[Stor
     probe = Store(_Named(url), options)
     _, fs_options = fetch.deadline_of(options)  # (tensorcanon's own option: not fsspec's)
     try:
-        fs, path = url_to_fs(url, **fs_options)
+        fs, path = _one_fs(url, fs_options) if _bracketed_colons_only(url) else url_to_fs(url, **fs_options)
     except ImportError as e:
         raise UsageError(f"{redact(url)!r} needs a package fsspec could not import ({probe.scrub(str(e))}); "
                          f"{EXTRA_HINT}") from None
@@ -458,6 +458,22 @@ def open_store(url: str, options: Mapping[str, Any] | None = None) -> tuple[Stor
     except Exception as e:  # noqa: BLE001 - a filesystem's constructor may raise anything
         raise probe.error(e, "open", url) from None
     return Store(fs, options, (path, url)), path
+
+
+def _bracketed_colons_only(url: str) -> bool:
+    """True for a URL whose every ``::`` is inside ``[...]`` (an IPv6 host, ``http://[::1]:8000/x``):
+    fsspec would read it as a chain (``::`` joins the URLs of one), so it is opened as one URL."""
+    return "::" in url and "::" not in re.sub(r"\[[^\]/]*\]", "", url)
+
+
+def _one_fs(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
+    """The filesystem of one (not chained) URL and the path in it, as fsspec's url_to_fs makes them."""
+    from fsspec import get_filesystem_class  # type: ignore[import-untyped,unused-ignore]
+
+    cls = get_filesystem_class(url.split("://", 1)[0])
+    kwargs = {**cls._get_kwargs_from_urls(url), **options}
+    fs = cls(**kwargs)
+    return fs, fs._strip_protocol(url)
 
 
 class _Named:
