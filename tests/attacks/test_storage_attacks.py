@@ -28,8 +28,8 @@ from tensorcanon.tools import cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TB = 1 << 40
-BOUND_S = 15.0  # generous: every call below has a deadline of 1 or 2 s (or fails at once)
-SLOW_OK = {"tensorcanon_deadline": 30}  # where memory is traced (tracemalloc slows botocore several times)
+BOUND_S = 30.0  # generous (a loaded machine): the deadline tests use 1 or 2 s, the others fail at once
+SLOW_OK = {"tensorcanon_deadline": 30}  # tests not about deadlines: a loaded machine (or tracemalloc) is slow
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_a_sharded_checkpoint_whose_store_claims_too_much(lies, tmp_path):
     for name in os.listdir(folder):
         claim = {"claim": TB} if name.startswith("rank-") else {}
         lies.put(f"ck/{name}", (folder / name).read_bytes(), **claim)
-    opts = lies.options(tensorcanon_deadline=5)
+    opts = lies.options(**SLOW_OK)
     for call in (lambda: tcd.load_unsharded("s3://lies/ck", storage_options=opts),
                  lambda: tcd.verify("s3://lies/ck", storage_options=opts),
                  lambda: tc.verify("s3://lies/ck/", storage_options=opts)):
@@ -157,7 +157,7 @@ def test_a_store_that_trickles_or_stalls_is_stopped_at_the_deadline(lies, lie):
         assert "within the deadline of 1 s" in message and "tensorcanon_deadline" in message
         assert fetch.DEADLINE_ENV in message and ("s3://lies/slow" in message or "127.0.0.1" in message)
         assert "SECRETlyingKEY" not in message
-        assert took < 10
+        assert took < 20
 
 
 def test_a_clients_own_timeout_is_not_called_the_deadline(lies):
@@ -169,7 +169,7 @@ def test_a_clients_own_timeout_is_not_called_the_deadline(lies):
     opts = {"tensorcanon_deadline": 30, "client_kwargs": {"timeout": aiohttp.ClientTimeout(sock_read=1)}}
     e, took = within(BOUND_S, lambda: tc.load(lies.http("ranges.safetensors"), storage_options=opts))
     assert isinstance(e, tc.FileAccessError) and "client timed out" in str(e), repr(e)
-    assert "deadline" not in str(e) and took < 10
+    assert "deadline" not in str(e) and took < 20
 
 
 def test_the_command_line_takes_the_deadline_from_the_environment(lies, monkeypatch, capsys):
@@ -177,7 +177,7 @@ def test_the_command_line_takes_the_deadline_from_the_environment(lies, monkeypa
     monkeypatch.setenv(fetch.DEADLINE_ENV, "1")
     for argv in (["verify", lies.http("slow.safetensors")], ["hash", lies.http("slow.safetensors")]):
         e, took = within(BOUND_S, lambda argv=argv: command(argv))
-        assert isinstance(e, SystemExit) and e.code == 2 and took < 10
+        assert isinstance(e, SystemExit) and e.code == 2 and took < 20
     err = capsys.readouterr().err
     assert "within the deadline of 1 s" in err
 
@@ -288,7 +288,7 @@ def test_a_presigned_urls_signature_never_shows(s3_direct, capsys):
         secrets.append("=" + urllib.parse.quote(query.get("X-Amz-Credential") or query["AWSAccessKeyId"], safe=""))
         urls[name] = signed
     assert all(s[:8] in urls["a"] + urls["missing"] + urls["damaged"] for s in secrets)
-    assert tc.verify(urls["a"], storage_options={"tensorcanon_deadline": 10})  # the genuine one reads
+    assert tc.verify(urls["a"], storage_options=SLOW_OK)  # the genuine one reads
     for call, error in ((lambda: tc.load(urls["missing"]), tc.MissingFileError),
                         (lambda: tc.verify(urls["missing"]), tc.MissingFileError),
                         (lambda: tc.verify(urls["damaged"]), tc.IntegrityError),
