@@ -145,7 +145,7 @@ def names_checkpoint(loc: Location) -> bool:
             return False
         if loc.url.endswith("/"):
             return True
-        is_file = bool(store.call("look up", path, "isfile", path))
+        is_file = bool(store.call("look up", path, "isfile", path)) or _memory_file(store.fs, path)
     except FileAccessError as e:
         if isinstance(e, MissingFileError) or e.errno != errno.ETIMEDOUT:
             return False
@@ -159,6 +159,13 @@ def names_checkpoint(loc: Location) -> bool:
             f"end the URL with '/' ({shown.rstrip('/')}/); to read the object, copy it to a key that is not a "
             "checkpoint's prefix (or remove the stale one)")
     return True
+
+
+def _memory_file(fs: Any, path: str) -> bool:
+    """True for an object of fsspec's in-memory filesystem at ``path`` (older fsspec reports a path
+    that is both an object and a folder there as a folder only)."""
+    files = getattr(fs, "store", None) if type(fs).__name__ == "MemoryFileSystem" else None
+    return isinstance(files, dict) and fs._strip_protocol(path) in files
 
 
 # --------------------------------------------------------------------------- errors
