@@ -34,7 +34,8 @@ def pytest_sessionfinish(session, exitstatus):
 _SLOW_FILES = ("tests/integrations/", "tests/dcp/test_spawned.py", "tests/dcp/test_docs_examples.py",
                "tests/dcp/test_bench_smoke.py", "tests/dcp/test_fsdp.py", "tests/test_benchmarks_smoke.py",
                "tests/test_demo.py", "tests/test_processes.py", "tests/test_crash.py", "tests/test_remote_s3.py",
-               "tests/dcp/test_remote_dcp.py", "tests/test_light.py")
+               "tests/dcp/test_remote_dcp.py", "tests/test_light.py",
+               "tests/attacks/test_storage_attacks.py")
 _SLOW_NAMES = ("fresh_process", "across_processes", "in_a_subprocess", "in_fresh_processes")
 
 

@@ -12,7 +12,7 @@ from .format import (
     digest as _digest,
     stdkinds as _stdkinds,  # noqa: F401 - registers the tags of Counter, defaultdict, deque
 )
-from .format.errors import FormatError, IntegrityError, UsageError
+from .format.errors import IntegrityError, UsageError
 from .format.limits import DEFAULT, Limits
 from .io import reader, storage, writer
 
@@ -186,6 +186,12 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
         from .sharded import verify as verify_checkpoint  # a sharded checkpoint (tensorcanon.dcp)
 
         return verify_checkpoint(f, expect=expect, limits=limits)
+    if isinstance(f, storage.Location):  # the one decision; a URL naming an object and a checkpoint is refused
+        if storage.names_checkpoint(f):
+            from .sharded import verify as verify_checkpoint
+
+            return verify_checkpoint(f.url, expect=expect, limits=limits, storage_options=f.options)
+        f = f.but(is_object=True)
     with reader.open_file(f, limits) as cf:
         result = cf.verify()
     if expect is not None and result != expect:

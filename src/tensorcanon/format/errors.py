@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno as _errno
 from typing import Any
 
+from .redact import redact
+
 __all__ = [
     "TensorCanonError",
     "FormatError",
@@ -32,7 +34,15 @@ class TensorCanonError(Exception):
     Every error pickles and unpickles intact (message and attributes), so it can
     cross process boundaries: torch.distributed.checkpoint sends a failing
     rank's exception to the other ranks that way.
+
+    Its message holds no credential: every text argument passes through
+    :func:`tensorcanon.format.redact.redact` when the error is made (and when it is
+    unpickled), so a URL's password or a presigned URL's signature is shown as
+    ``***`` whichever code built the message (docs/SECURITY.md, object storage).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # (kwargs: ImportError's name=, path=)
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args), **kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The default reduction calls cls(*args), which fails for the subclasses whose
@@ -45,9 +55,9 @@ class TensorCanonError(Exception):
 
 def _rebuild(cls: type[TensorCanonError], args: tuple[Any, ...], state: dict[str, Any]) -> TensorCanonError:
     error = cls.__new__(cls)
-    error.args = args
+    error.args = tuple(redact(a) if isinstance(a, str) else a for a in args)
     for name, value in state.items():
-        setattr(error, name, value)
+        setattr(error, name, redact(value) if name == "filename" and isinstance(value, str) else value)
     return error
 
 
@@ -155,7 +165,7 @@ class FileAccessError(TensorCanonError, OSError):
 
     def __init__(self, message: str, *, filename: str | None = None, errno: int | None = None) -> None:
         super().__init__(message)
-        self.filename = filename
+        self.filename = redact(filename) if isinstance(filename, str) else filename
         self.errno = errno
 
     def __str__(self) -> str:

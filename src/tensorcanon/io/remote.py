@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, TypeVar
 
-from ..format.errors import FileAccessError, TensorCanonError, UsageError
+from ..format.errors import FileAccessError, FormatError, TensorCanonError, UsageError
 from . import storage, writer
 
 __all__ = ["RemoteFile", "ObjectWriter", "save", "open_object", "open_binary", "size", "read_bytes"]
@@ -121,11 +121,8 @@ class RemoteFile(io.RawIOBase):
         for lo, top, fut in w:
             if lo >= end:
                 break
-            data = fut.result()
+            data = fut.result()  # (exactly top - lo bytes, or an error: ObjectReader.fetch)
             a, b = max(at, lo), min(end, top)
-            if len(data) < b - lo:  # the object is shorter than when it was opened
-                raise FileAccessError(f"cannot read {self.name!r}: it is shorter than when it was opened (it "
-                                      "was replaced while being read); read it again", filename=self.name)
             out[a - pos : b - pos] = data[a - lo : b - lo]
             at = b
             if at >= end:
@@ -329,6 +326,10 @@ def write_object(store: storage.Store, path: str, fill: Callable[[BinaryIO], _T]
 def open_object(loc: storage.Location) -> tuple[RemoteFile, Any]:
     """The object at ``loc`` for reading: its :class:`RemoteFile` (which the caller closes), and
     the file object to read (the same one, or ``loc.wrap``'s wrapper around it)."""
+    if not loc.is_object and storage.names_checkpoint(loc):  # (both: refused there as ambiguous)
+        raise FormatError(f"{loc.display!r} is a sharded checkpoint (a prefix holding its index), not a file: "
+                          "load it with tensorcanon.dcp.load_unsharded(url, storage_options=...); "
+                          "tensorcanon.verify and the command line read it as it is")
     store, path = storage.open_store(loc.url, loc.options)
     fh = RemoteFile(store.reader(path), sequential=loc.sequential)
     return fh, (loc.wrap(fh, fh.size) if loc.wrap is not None else fh)

@@ -26,20 +26,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import re
 import threading
-import urllib.parse
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
-from ..format.errors import FileAccessError, MissingFileError, TensorCanonError, UsageError
+from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError, UsageError
+from ..format.redact import redact as _redact
+from . import fetch
 
-__all__ = ["Location", "Store", "ObjectReader", "Upload", "is_url", "resolve", "redact", "open_store"]
+__all__ = ["Location", "Store", "ObjectReader", "Upload", "is_url", "resolve", "redact", "open_store",
+           "names_checkpoint"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*(://|::)")
-#: Query parameters that carry credentials (presigned URLs, SAS tokens): hidden wherever a URL is shown.
-_SECRET_QUERY = re.compile(r"sig|signature|token|secret|credential|password|passwd|key|auth", re.IGNORECASE)
 EXTRA_HINT = "pip install s3fs for s3:// (with fsspec: the [s3] extra of tensorcanon), or fsspec and the " \
              "protocol's own fsspec package for other protocols (the [fsspec] extra)"
 
@@ -57,29 +59,10 @@ def local_path(url: str) -> str | None:
 
 
 def redact(url: str) -> str:
-    """``url`` as it may be shown: a password in it becomes ``***``, and so do signature or token
-    parameters of its query (a presigned URL's). Any other text is returned unchanged."""
-    if not is_url(url):
-        return url
-    parts = []
-    for piece in url.split("::"):
-        try:
-            u = urllib.parse.urlsplit(piece)
-        except ValueError:
-            parts.append(piece.split("?", 1)[0])
-            continue
-        netloc = u.netloc
-        if "@" in netloc:
-            user, host = netloc.rsplit("@", 1)
-            netloc = f"{user.split(':', 1)[0]}:***@{host}" if ":" in user else netloc
-        query = "&".join(
-            f"{k}=***" if _SECRET_QUERY.search(k) else (f"{k}={v}" if v else k)
-            for k, v in urllib.parse.parse_qsl(u.query, keep_blank_values=True))
-        if netloc == u.netloc and query == u.query:
-            parts.append(piece)  # unchanged (urlunsplit would also drop the "//" of "memory:///a")
-        else:
-            parts.append(urllib.parse.urlunsplit((u.scheme, netloc, u.path, query, u.fragment)))
-    return "::".join(parts)
+    """``url`` (or any text) as it may be shown: a password in a URL becomes ``***``, and so do
+    signature or token parameters of its query (a presigned URL's), even where the URL cannot be
+    parsed. The one rule, format/redact.py, which every error message of the library goes through."""
+    return _redact(url)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -96,6 +79,9 @@ class Location:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     sequential: bool = True
     wrap: Callable[[Any, int], Any] | None = None
+    #: True once the URL is known to name an object, not a checkpoint (:func:`names_checkpoint`
+    #: said so, or the sharded reader named it from a checkpoint's index): not asked again.
+    is_object: bool = False
 
     @property
     def display(self) -> str:
@@ -132,6 +118,54 @@ def resolve(f: Any, storage_options: Mapping[str, Any] | None = None) -> Any:
         what = repr(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else type(f).__name__
         raise UsageError(f"storage_options apply to URLs (s3://bucket/key, ...), but {what} is not one")
     return f
+
+
+def names_checkpoint(loc: Location) -> bool:
+    """Whether a URL names a sharded checkpoint (a prefix that holds ``index.safetensors``) rather
+    than an object: the one decision that the API (load, verify, open, read_metadata, diff) and the
+    command line (verify, hash, inspect, lock, check) all take from here.
+
+    A URL that names both (``s3://bkt/model`` is an object, and ``s3://bkt/model/index.safetensors``
+    exists) is refused with a :class:`UsageError`: reading either one would make the other's content
+    pass for it (verify one thing, load another). A URL ending in ``/`` names the prefix only, a
+    URL with a query (presigned, ``?versionId=``) the object only. A
+    URL the store cannot look up (no such bucket, no access) is not a checkpoint: reading it as an
+    object then says what is wrong.
+    """
+    from ..format.sharding import INDEX_NAME
+
+    store, path = open_store(loc.url, loc.options)
+    folder = path.rstrip("/")
+    if "?" in path:  # a query (a presigned URL, s3's ?versionId=) names one object: no prefix under it
+        return False
+    with store.errors("look up", path):  # the store as it is now, not as a listing cached in this process saw it
+        store.fs.invalidate_cache(path)
+    try:
+        if not store.exists(f"{folder}/{INDEX_NAME}"):
+            return False
+        if loc.url.endswith("/"):
+            return True
+        is_file = bool(store.call("look up", path, "isfile", path)) or _memory_file(store.fs, path)
+    except FileAccessError as e:
+        if isinstance(e, MissingFileError) or e.errno != errno.ETIMEDOUT:
+            return False
+        raise  # a store past its deadline: not a fact about the URL
+    if is_file:
+        shown = loc.display
+        raise UsageError(
+            f"{shown!r} is ambiguous: it is an object, and also the prefix of a sharded checkpoint (it holds "
+            f"{shown.rstrip('/')}/{INDEX_NAME}). tensorcanon refuses to guess which one is meant, as verifying "
+            f"one and loading the other would pass one's content off as the other's. To read the checkpoint, "
+            f"end the URL with '/' ({shown.rstrip('/')}/); to read the object, copy it to a key that is not a "
+            "checkpoint's prefix (or remove the stale one)")
+    return True
+
+
+def _memory_file(fs: Any, path: str) -> bool:
+    """True for an object of fsspec's in-memory filesystem at ``path`` (older fsspec reports a path
+    that is both an object and a folder there as a folder only)."""
+    files = getattr(fs, "store", None) if type(fs).__name__ == "MemoryFileSystem" else None
+    return isinstance(files, dict) and fs._strip_protocol(path) in files
 
 
 # --------------------------------------------------------------------------- errors
@@ -183,7 +217,9 @@ class Store:
                  origin: tuple[str, str] | None = None) -> None:
         self.fs = fs
         self._origin = origin  # (path, the URL it was named by): shown as the user wrote it
-        self._secrets = _secrets(options or {})
+        #: Seconds one request to the store may take, from sending it to its answer's last byte (fetch.py).
+        self.deadline, options = fetch.deadline_of(options)
+        self._secrets = _secrets(options)
         protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
         self.protocol = str(protocols[0])
         #: True where :meth:`upload` sends parts in any order and in parallel (S3 multipart uploads).
@@ -212,12 +248,20 @@ class Store:
         url = self.url(path)
         if isinstance(e, FileAccessError):
             return e
-        if isinstance(e, _expired_types()):
+        if isinstance(e, _expired_types()) or (isinstance(e, OSError) and e.errno == errno.EINVAL
+                                                and "pre-condition" in str(e)):  # S3's If-Match refused
             return FileAccessError(
                 f"cannot {doing} {url!r}: the object was replaced while it was being read (its ETag or "
                 "version changed between two ranged reads); read it again", filename=url)
-        reason = self.scrub(str(e).strip().splitlines()[0] if str(e).strip() else "")[:300]
+        # (hidden before it is cut short: a cut could leave half a password that no rule recognizes)
+        reason = self.scrub(redact(str(e).strip().splitlines()[0] if str(e).strip() else ""))[:300]
         reason = f"{type(e).__name__}: {reason}" if reason else type(e).__name__
+        cause = e.__cause__
+        if isinstance(e, FileNotFoundError) and isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError):
+            # fsspec's http says "not found" for a server it could not reach: say what happened
+            reason = self.scrub(redact(str(cause).strip().splitlines()[0] if str(cause).strip() else ""))[:300]
+            return FileAccessError(f"cannot {doing} {url!r}: the store could not be reached ({type(cause).__name__}"
+                                   f"{': ' + reason if reason else ''})", filename=url)
         if isinstance(e, FileNotFoundError):
             what = "bucket or folder" if doing == "write" else "object"
             return MissingFileError(f"cannot {doing} {url!r}: no such {what}", filename=url)
@@ -236,40 +280,121 @@ class Store:
         except Exception as e:  # noqa: BLE001 - a store raises anything (botocore, aiohttp, OSError...)
             raise self.error(e, doing, path) from None
 
+    # ------------------------------------------------------------------ requests
+    @property
+    def is_async(self) -> bool:
+        """True for a filesystem whose requests run on an event loop (s3fs, http, gcsfs, adlfs):
+        each one then runs under :attr:`deadline`."""
+        return bool(getattr(self.fs, "async_impl", False)) and getattr(self.fs, "loop", None) is not None
+
+    def bounded(self, doing: str, path: str, coro: Callable[..., Any], *args: Any, what: str = "",
+                **kwargs: Any) -> Any:
+        """``await coro(*args, **kwargs)`` on the filesystem's event loop, stopped at :attr:`deadline`
+        (a :class:`FileAccessError` naming the URL and how to raise it)."""
+        from fsspec.asyn import FSTimeoutError, sync  # type: ignore[import-untyped,unused-ignore]
+
+        start = time.monotonic()
+        with self.errors(doing, path):
+            try:
+                return sync(self.fs.loop, coro, *args, timeout=self.deadline, **kwargs)
+            except (FSTimeoutError, TimeoutError):
+                if time.monotonic() - start < self.deadline * 0.9:  # the client's own timeout, not the deadline
+                    url = self.url(path)
+                    raise FileAccessError(f"cannot {doing} {url!r}: the store's client timed out (its own timeout, "
+                                          "set in storage_options) before an answer came", filename=url,
+                                          errno=errno.ETIMEDOUT) from None
+                raise fetch.late(doing, self.url(path), self.deadline, what) from None
+
+    def call(self, doing: str, path: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        """The filesystem's method ``name``: its coroutine ``_name`` under the deadline where the
+        filesystem is asynchronous; the method in a thread waited for until the deadline where it
+        wraps an asynchronous one (``simplecache::s3://…``); else the method itself (a local or
+        in-memory filesystem)."""
+        coro = getattr(self.fs, f"_{name}", None) if self.is_async else None
+        if coro is not None:
+            return self.bounded(doing, path, coro, *args, **kwargs)
+        method = getattr(self.fs, name)
+        if self.wraps_network():
+            return self.waited(doing, path, method, *args, **kwargs)
+        with self.errors(doing, path):
+            return method(*args, **kwargs)
+
+    def wraps_network(self) -> bool:
+        """True for a filesystem that wraps an asynchronous (network) one: a cache chain."""
+        fs, seen = getattr(self.fs, "fs", None), 0
+        while fs is not None and seen < 8:
+            if getattr(fs, "async_impl", False):
+                return True
+            fs, seen = getattr(fs, "fs", None), seen + 1
+        return False
+
+    def waited(self, doing: str, path: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` in a daemon thread, waited for until the deadline. Past it, the
+        call is left to finish (or not) on its own, and a :class:`FileAccessError` says so: a
+        filesystem that cannot be cancelled cannot hold the caller."""
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                out["value"] = method(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                out["error"] = e
+
+        worker = threading.Thread(target=run, name="tensorcanon-store", daemon=True)
+        worker.start()
+        worker.join(self.deadline)
+        if worker.is_alive():
+            raise fetch.late(doing, self.url(path), self.deadline)
+        with self.errors(doing, path):
+            if "error" in out:
+                raise out["error"]
+            return out["value"]
+
+    def s3(self, doing: str, path: str, method: str, what: str = "", **kwargs: Any) -> Any:
+        """One S3 API call (s3fs's ``_call_s3``, its retries included) under the deadline."""
+        return self.bounded(doing, path, self.fs._call_s3, method, what=what, **kwargs)
+
+    def local(self) -> Any:
+        """The local filesystem under this one (``local://``, or a chain such as
+        ``simplecache::local://``), or None: reads of it go through the regular-file guard."""
+        from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped,unused-ignore]
+
+        fs, seen = self.fs, 0
+        while fs is not None and seen < 8:
+            if isinstance(fs, LocalFileSystem):
+                return fs
+            fs, seen = getattr(fs, "fs", None), seen + 1
+        return None
+
     # ------------------------------------------------------------------ objects
     def info(self, path: str) -> dict[str, Any]:
         """The store's description of the object at ``path`` (``size``, ``type``, often ``ETag``)."""
-        with self.errors("read", path):
-            info = self.fs.info(path)
+        info = self.call("read", path, "info", path)
         if info.get("type") == "directory":
             raise FileAccessError(f"cannot read {self.url(path)!r}: it is a directory (a prefix), not an object",
                                   filename=self.url(path))
         return dict(info)
 
     def size(self, path: str) -> int:
-        return int(self.info(path)["size"])
+        return claimed_size(self.info(path), self.url(path))
 
     def exists(self, path: str) -> bool:
-        with self.errors("look up", path):
-            return bool(self.fs.exists(path))
+        return bool(self.call("look up", path, "exists", path))
 
     def isdir(self, path: str) -> bool:
-        with self.errors("look up", path):
-            return bool(self.fs.isdir(path))
+        return bool(self.call("look up", path, "isdir", path))
 
     def find(self, path: str) -> list[str]:
         """Every object under the prefix ``path``, sorted."""
-        with self.errors("list", path):
-            return sorted(self.fs.find(path))
+        return sorted(self.call("list", path, "find", path))
 
     def glob(self, pattern: str) -> list[str]:
         """The objects a glob pattern matches (``**`` recurses), sorted."""
-        with self.errors("list", pattern):
-            return sorted(p for p in self.fs.glob(pattern) if not self.fs.isdir(p))
+        found = self.call("list", pattern, "glob", pattern, detail=True)
+        return sorted(p for p, info in found.items() if info.get("type") != "directory")
 
     def delete(self, path: str) -> None:
-        with self.errors("delete", path):
-            self.fs.rm_file(path)
+        self.call("delete", path, "rm_file", path)
 
     def reader(self, path: str) -> ObjectReader:
         """Ranged reads of the object at ``path``, pinned to the version seen now where the store can."""
@@ -277,12 +402,12 @@ class Store:
 
     def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
         """Write the whole object at once: it becomes visible complete, or not at all."""
+        if self.multipart:
+            bucket, key, _ = self.fs.split_path(path)
+            self.s3("write", path, "put_object", Bucket=bucket, Key=key, Body=bytes(data))
+        else:
+            self.call("write", path, "pipe_file", path, bytes(data))
         with self.errors("write", path):
-            if self.multipart:
-                bucket, key, _ = self.fs.split_path(path)
-                self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=bytes(data))
-            else:
-                self.fs.pipe_file(path, bytes(data))
             self.fs.invalidate_cache(path)
 
     def upload(self, path: str) -> Upload:
@@ -325,8 +450,9 @@ def open_store(url: str, options: Mapping[str, Any] | None = None) -> tuple[Stor
     except ImportError:
         raise UsageError(f"{redact(url)!r} is a URL: reading or writing it needs fsspec; {EXTRA_HINT}") from None
     probe = Store(_Named(url), options)
+    _, fs_options = fetch.deadline_of(options)  # (tensorcanon's own option: not fsspec's)
     try:
-        fs, path = url_to_fs(url, **dict(options or {}))
+        fs, path = _one_fs(url, fs_options) if _bracketed_colons_only(url) else url_to_fs(url, **fs_options)
     except ImportError as e:
         raise UsageError(f"{redact(url)!r} needs a package fsspec could not import ({probe.scrub(str(e))}); "
                          f"{EXTRA_HINT}") from None
@@ -341,6 +467,22 @@ def open_store(url: str, options: Mapping[str, Any] | None = None) -> tuple[Stor
     return Store(fs, options, (path, url)), path
 
 
+def _bracketed_colons_only(url: str) -> bool:
+    """True for a URL whose every ``::`` is inside ``[...]`` (an IPv6 host, ``http://[::1]:8000/x``):
+    fsspec would read it as a chain (``::`` joins the URLs of one), so it is opened as one URL."""
+    return "::" in url and "::" not in re.sub(r"\[[^\]/]*\]", "", url)
+
+
+def _one_fs(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
+    """The filesystem of one (not chained) URL and the path in it, as fsspec's url_to_fs makes them."""
+    from fsspec import get_filesystem_class  # type: ignore[import-untyped,unused-ignore]
+
+    cls = get_filesystem_class(url.split("://", 1)[0])
+    kwargs = {**cls._get_kwargs_from_urls(url), **options}
+    fs = cls(**kwargs)
+    return fs, fs._strip_protocol(url)
+
+
 class _Named:
     """Stands for a filesystem not made yet, so that its errors can name the URL (open_store)."""
 
@@ -353,63 +495,117 @@ class _Named:
         return self._url
 
 
+#: Sizes a store reports above this many bytes are proven before anything is allocated for them
+#: (ObjectReader): a claim below it can cost at most this much memory that the object does not back.
+PROVE_ABOVE = 1 << 20
+
+
+def claimed_size(info: Mapping[str, Any], url: str) -> int:
+    """The size a store reports for an object, checked to be a byte count (not proven: see ObjectReader)."""
+    size = info.get("size")
+    if isinstance(size, str) and size.strip().isdigit() and len(size.strip()) <= 20:
+        size = int(size)
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size < 1 << 63:
+        raise FileAccessError(f"cannot read {url!r}: the store reports no usable size for it ({size!r:.40}); "
+                              "tensorcanon reads objects whose size the store states", filename=url)
+    return size
+
+
 class ObjectReader:
     """Ranged reads of one object, from one version of it where the store allows.
 
-    ``size`` and ``tag`` (the ETag or version, when the store gives one) are taken
-    when it is made. Reads of an s3 object carry ``If-Match: <ETag>`` (s3fs does
-    this for every file it opens for reading), so a read after the object was
-    replaced fails instead of returning bytes of the new version; other stores
-    read whatever the object holds at the time, and the digests catch a mix.
+    ``size`` and ``tag`` (the ETag or version, when the store gives one) are taken when it
+    is made. The size is the store's claim, as a header's sizes are a file's: before
+    anything is allocated for it, a claim over :data:`PROVE_ABOVE` bytes is proven by
+    reading the object's last byte (a store that says 1 TiB of a 1.4 KB object fails
+    there, a :class:`FormatError` as for the same bytes read locally), and every read's
+    answer must hold exactly the bytes asked: more is a :class:`FileAccessError` (and is
+    not read past one byte more, fetch.py), fewer a :class:`FormatError` (the object ends
+    before the size it was said to have). Reads of an s3 object carry ``If-Match: <ETag>``,
+    so a read after the object was replaced fails instead of returning bytes of the new
+    version; other stores read whatever the object holds at the time, and the digests catch
+    a mix. Every request runs under the store's deadline (:attr:`Store.deadline`). An
+    object of a local filesystem (``local://``) is read from a descriptor that the
+    regular-file guard opened (regular.open_fd): never a FIFO or a device.
     :meth:`fetch` may be called from several threads at once.
     """
 
     def __init__(self, store: Store, path: str) -> None:
-        from fsspec.spec import AbstractBufferedFile  # type: ignore[import-untyped,unused-ignore]
-
         self.store = store
         self.path = path
         self.url = store.url(path)
         self.requested = 0  # bytes asked of the store so far
         self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._read: Callable[[int, int], bytes]
+        local = store.local()
+        if local is not None and local is store.fs:
+            self._open_local(local._strip_protocol(path))
+            return
+        if local is not None:  # a chain over local files (simplecache::local://): the guard first
+            from .regular import open_fd
+
+            os.close(open_fd(local._strip_protocol(path)))
         with store.errors("read", path):
-            # The object as it is now, not as a listing cached in this process saw it (older s3fs
-            # pin reads to a cached ETag: a replaced object then read as "replaced while being read").
+            # The object as it is now, not as a listing cached in this process saw it.
             store.fs.invalidate_cache(path)
-            f = store.fs.open(path, "rb")
-            if isinstance(f, AbstractBufferedFile):  # the backend's own ranged read (pinned for s3)
-                self._file: Any = f
-                self.size = int(f.size)
-                details = getattr(f, "details", None) or {}
-            else:  # a file object shared by every opener (memory://) or a local one: read by range
-                self._file = None
-                with contextlib.suppress(Exception):
-                    f.close()
-                details = store.fs.info(path)
-                self.size = int(details["size"])
-            if details.get("type") == "directory":
-                raise FileAccessError(f"cannot read {self.url!r}: it is a directory (a prefix), not an object",
-                                      filename=self.url)
+        details = store.info(path)
+        self.size = claimed_size(details, self.url)
         self.tag = details.get("ETag") or details.get("VersionId") or details.get("generation")
+        self._read = self._reader(details)
+        if self.size > PROVE_ABOVE:
+            self.fetch(self.size - 1, self.size)  # the claim proven: the store holds its last byte
+
+    def _open_local(self, name: str) -> None:
+        from .regular import open_fd
+
+        self._fd = open_fd(name)
+        self.size = os.fstat(self._fd).st_size
+        self.tag = None
+        fd = self._fd
+        self._read = lambda start, end: os.pread(fd, end - start, start)
+
+    def _reader(self, details: Mapping[str, Any]) -> Callable[[int, int], bytes]:
+        """How bytes ``[start, end)`` are asked of this store: bounded where fetch.py knows it."""
+        store, path = self.store, self.path
+        if store.multipart and hasattr(store.fs, "_call_s3"):  # S3 (s3fs): one version, bounded answers
+            bucket, key, version_id = store.fs.split_path(path)
+            if not version_id and getattr(store.fs, "version_aware", False):
+                version_id = details.get("VersionId")
+            etag = details.get("ETag")
+            return lambda start, end: store.bounded(
+                "read", path, fetch.s3_range, store.fs, self.url, bucket, key, start, end, version_id=version_id,
+                etag=etag, what=f" (bytes {start} to {end - 1})")
+        if store.is_async and hasattr(store.fs, "set_session") and hasattr(store.fs, "encode_url"):  # HTTP(S)
+            return lambda start, end: store.bounded(
+                "read", path, fetch.http_range, store.fs, path, start, end, self.size,
+                what=f" (bytes {start} to {end - 1})")
+        return lambda start, end: bytes(store.call("read", path, "cat_file", path, start=start, end=end))
 
     def fetch(self, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of the object (fewer only if it is shorter than it was)."""
+        """Bytes ``[start, end)`` of the object: exactly those, or an error (see the class docstring)."""
         if end <= start:
             return b""
         with self._lock:
             self.requested += end - start
-        with self.store.errors("read", self.path):
-            if self._file is not None:
-                data = self._file._fetch_range(start, end)
-            else:
-                data = self.store.fs.cat_file(self.path, start=start, end=end)
+        if self._fd is not None:
+            with self.store.errors("read", self.path):
+                data = self._read(start, end)
+        else:
+            data = self._read(start, end)
+        if len(data) > end - start:
+            raise fetch.wrong_length(self.url, start, end, f"more than {end - start}")
+        if len(data) < end - start:
+            raise FormatError(
+                f"{self.url!r} ends before the {self.size} bytes its store reported: a read of bytes {start} "
+                f"to {end - 1} got {len(data)}; the store's size is wrong, or the object was replaced while "
+                "being read (read it again)", offset=start + len(data))
         return bytes(data)
 
     def close(self) -> None:
-        f, self._file = self._file, None
-        if f is not None:
-            with contextlib.suppress(Exception):
-                f.close()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class Upload:
@@ -429,17 +625,15 @@ class Upload:
     def _upload_id(self) -> str:
         with self._lock:
             if self._id is None:
-                with self.store.errors("write", self.path):
-                    out = self.store.fs.call_s3("create_multipart_upload", Bucket=self.bucket, Key=self.key)
+                out = self.store.s3("write", self.path, "create_multipart_upload", Bucket=self.bucket, Key=self.key)
                 self._id = str(out["UploadId"])
             return self._id
 
     def part(self, number: int, data: bytes | bytearray) -> None:
         """Send part ``number`` (1 to 10,000)."""
         upload_id = self._upload_id()
-        with self.store.errors("write", self.path):
-            out = self.store.fs.call_s3("upload_part", Bucket=self.bucket, Key=self.key, UploadId=upload_id,
-                                        PartNumber=number, Body=data)
+        out = self.store.s3("write", self.path, "upload_part", Bucket=self.bucket, Key=self.key, UploadId=upload_id,
+                            PartNumber=number, Body=data, what=f" (part {number}, {len(data)} bytes)")
         with self._lock:
             self._parts[number] = out["ETag"]
 
@@ -447,9 +641,9 @@ class Upload:
         """Make the object visible, made of every part sent, in part-number order."""
         upload_id = self._upload_id()
         parts = [{"PartNumber": n, "ETag": tag} for n, tag in sorted(self._parts.items())]
+        self.store.s3("write", self.path, "complete_multipart_upload", Bucket=self.bucket, Key=self.key,
+                      UploadId=upload_id, MultipartUpload={"Parts": parts})
         with self.store.errors("write", self.path):
-            self.store.fs.call_s3("complete_multipart_upload", Bucket=self.bucket, Key=self.key,
-                                  UploadId=upload_id, MultipartUpload={"Parts": parts})
             self.store.fs.invalidate_cache(self.path)
 
     def abort(self) -> None:
@@ -458,6 +652,6 @@ class Upload:
         with self._lock:
             upload_id, self._id = self._id, None
         if upload_id is not None:
-            with contextlib.suppress(Exception):
-                self.store.fs.call_s3("abort_multipart_upload", Bucket=self.bucket, Key=self.key,
-                                      UploadId=upload_id)
+            with contextlib.suppress(Exception):  # (under the deadline too: a stalled store cannot hold it)
+                self.store.s3("delete", self.path, "abort_multipart_upload", Bucket=self.bucket, Key=self.key,
+                              UploadId=upload_id)

@@ -96,7 +96,7 @@ class RankFile(reader.CheckedFile):
         try:
             if remote:
                 # read ahead in parallel: readers take chunks in file order (dcp.Reader, W=1 verify)
-                src = stack.enter_context(opened(storage.Location(url, options or {}, sequential=True)))
+                src = stack.enter_context(opened(storage.Location(url, options or {}, sequential=True, is_object=True)))
             else:
                 # (its bytes, mapped without torch: hashed in place, copied out or viewed by RankFile.tensor)
                 src = stack.enter_context(opened(path, use_mmap=True, tensors=False))

@@ -238,17 +238,18 @@ def read(folder: Any, limits: Limits = DEFAULT, storage_options: Any = None) -> 
     storage (with ``storage_options``) is read through ranged reads, and refused the same way
     without its index.
     """
+    given = folder.url if isinstance(folder, storage.Location) else folder
     folder, options = where(folder, storage_options)
     path = index_path(folder)
     source: Any = path
     if options is None:
         if not os.path.isfile(path):
             raise missing(folder)
-    else:
-        store, prefix = open_store(folder, options)
-        if not store.exists(join(prefix, INDEX_NAME)):
+    else:  # storage.names_checkpoint: the one decision, which refuses a URL that is also an object
+        named = given if isinstance(given, str) and given.endswith("/") else folder
+        if not storage.names_checkpoint(storage.Location(named, options)):
             raise missing_remote(folder)
-        source = storage.Location(path, options, sequential=False)
+        source = storage.Location(path, options, sequential=False, is_object=True)
     shown = storage.redact(path)
     try:
         root, own_digest, own_algorithm = files.read_index_file(source, limits)

@@ -12,19 +12,17 @@ import os
 from typing import Any
 
 from ..format import paths
-from ..format.errors import TensorCanonError
 from ..format.limits import DEFAULT, Limits
+from ..io import storage
 from . import layout, read
 
 
 def is_checkpoint(path: Any) -> bool:
     """True for a directory that holds an index (complete or damaged: reading it will tell); also
     for a directory URL of object storage (a storage.Location, with its options) that holds one."""
-    if layout.is_remote(path):
-        try:
-            return layout.is_checkpoint(path)
-        except TensorCanonError:  # a URL the store refuses to look up: not a checkpoint it can read
-            return False
+    if layout.is_remote(path):  # storage.names_checkpoint: the one decision (a URL naming both is refused)
+        loc = path if isinstance(path, storage.Location) else storage.Location(str(path))
+        return storage.names_checkpoint(loc)
     return layout.is_checkpoint(path)
 
 

@@ -538,7 +538,7 @@ def cmd_check(args: argparse.Namespace, out: _Out) -> int:
         if failed:
             code = max(code, EXIT_DIFFERENT)
         reports.append({"lockfile": lock, "ok": not failed, "files": [
-            {"path": r.entry.path, "status": r.status, "expected_digest": r.entry.digest,
+            {"path": storage.redact(r.entry.path), "status": r.status, "expected_digest": r.entry.digest,
              "expected_size": r.entry.size, "digest": r.digest, "size": r.size, "message": r.message or None}
             for r in results]})
         pad = "  " if several else ""
@@ -546,7 +546,7 @@ def cmd_check(args: argparse.Namespace, out: _Out) -> int:
             out.line(f"{lock}:")
         for r in results:
             label = r.status.upper() if not r.ok else "ok"
-            out.line(f"{pad}{label:<11} {r.entry.path}" + (f": {r.message}" if r.message else ""))
+            out.line(f"{pad}{label:<11} {storage.redact(r.entry.path)}" + (f": {r.message}" if r.message else ""))
         n = len(results)
         if failed:
             out.line(f"{pad}{len(failed)} of {n} file{'s' if n != 1 else ''} failed")

@@ -1,0 +1,104 @@
+"""Opening a path for reading: only a regular file, never one that could block or never end.
+
+:func:`open_fd` is the one guard every file the library opens by path for reading goes
+through: plain paths (source.py), ``file://`` URLs, and ``local://`` URLs and chains over a
+local filesystem read through fsspec (storage.py). A FIFO, a socket or a device is refused
+with a :class:`~tensorcanon.FileAccessError` that says what it is; a folder is a
+:class:`~tensorcanon.FormatError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import BinaryIO
+
+from ..format import sharding
+from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError
+
+__all__ = ["open_fd", "open_path", "directory_error"]
+
+
+def _os_error(e: OSError, path: str, doing: str) -> FileAccessError:
+    if isinstance(e, FileNotFoundError):
+        return MissingFileError(f"cannot {doing} {path!r}: no such file", filename=path, errno=errno.ENOENT)
+    if isinstance(e, PermissionError):
+        return FileAccessError(f"cannot {doing} {path!r}: permission denied; check the file's permissions",
+                               filename=path, errno=e.errno)
+    return FileAccessError(f"cannot {doing} {path!r}: {e.strerror or e}", filename=path, errno=e.errno)
+
+
+def directory_error(path: str, what: str) -> FormatError:
+    """The error for a directory read as a file; a sharded checkpoint's says how to read it."""
+    hint = ""
+    if os.path.isfile(os.path.join(path, sharding.INDEX_NAME)):
+        hint = ("; it is a sharded checkpoint (tensorcanon.dcp): load it whole with "
+                "tensorcanon.dcp.load_unsharded(path), into a state dict with tensorcanon.dcp.load, or write it "
+                "as one file with tensorcanon consolidate; tensorcanon.verify and the command line read it as it is")
+    return FormatError(f"{path!r} is a directory, not {what}{hint}")
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def _not_regular(path: str, mode: int, doing: str, what: str) -> TensorCanonError:
+    """The error for a path that names no regular file (a directory keeps its own error)."""
+    if stat.S_ISDIR(mode):
+        return directory_error(path, what)
+    kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+    return FileAccessError(
+        f"cannot {doing} {path!r}: it is {kind}, not a regular file; tensorcanon opens only regular files "
+        "by path, as reading anything else could wait forever. To read a stream deliberately, pass an open "
+        "binary file object: tensorcanon.load(open(path, 'rb')) or tensorcanon.load(sys.stdin.buffer)",
+        filename=path)
+
+
+# Opening never waits (a FIFO with no writer would block open() itself), never makes a terminal the
+# controlling one, and the descriptor does not leak into child processes.
+_READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+
+
+def open_fd(path: str | os.PathLike, doing: str = "read", what: str = "a tensorcanon file") -> int:
+    """A read-only descriptor of the *regular* file at ``path`` (a symlink to one is followed).
+
+    Every file the library opens by path goes through here. It is opened without
+    blocking and checked with ``fstat`` before anything is read: a FIFO, a socket
+    or a device (``/dev/zero``, ``/dev/stdin`` when it is a pipe) is refused with a
+    :class:`FileAccessError` that says what it is, as reading one could block
+    forever or never end; a folder is a :class:`FormatError`. The descriptor reads
+    normally (blocking) once returned; the caller closes it.
+    """
+    name = os.fspath(path)
+    try:
+        fd = os.open(name, _READ_FLAGS)
+    except IsADirectoryError:
+        raise directory_error(name, what) from None
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # a socket cannot be opened at all: say what it is
+            try:
+                mode = os.stat(name).st_mode
+            except OSError:
+                mode = stat.S_IFREG
+            if not stat.S_ISREG(mode):
+                raise _not_regular(name, mode, doing, what) from None
+        raise _os_error(e, name, doing) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(name, mode, doing, what)
+        if _READ_FLAGS & getattr(os, "O_NONBLOCK", 0):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_path(path: str | os.PathLike, doing: str = "read", what: str = "a tensorcanon file") -> BinaryIO:
+    """The regular file at ``path``, as ``open(path, "rb", buffering=0)`` gives it, checked by :func:`open_fd`."""
+    name = os.fspath(path)
+    fd = open_fd(name, doing, what)
+    return open(name, "rb", buffering=0, opener=lambda _name, _flags: fd)
