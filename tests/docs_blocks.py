@@ -9,7 +9,9 @@ How a block is checked, by its language (the word after the opening fence):
   fresh interpreter whose working directory is an empty folder of its own.
 - ``bash`` / ``sh`` / ``shell``: run with ``bash -euo pipefail`` in that folder; it must exit 0.
 - ``console``: a shell session: each ``$ `` line is run in that folder and the lines after it, up
-  to the next ``$ ``, are its expected output (stdout and stderr together). A line ``...`` matches
+  to the next ``$ ``, are its expected output (stdout and stderr together). A command's ``$ `` is
+  followed by the command itself, not more blank space, so output lines that start with ``$`` and
+  spaces (the root row ``$      dict`` of ``tensorcanon inspect``) stay output. A line ``...`` matches
   any number of lines, and ``...`` inside a line any text; trailing spaces are ignored.
 - ``yaml`` / ``yml``, ``json``: parsed (PyYAML, json): they are never run.
 - ``text``: not code (a diagram, a file layout, output). A block without a language fails: every
@@ -213,7 +215,7 @@ def console_commands(code: str) -> list[tuple[int, str, list[str]]]:
     """(line offset in the block, command, expected output lines) for each ``$ `` line."""
     out: list[tuple[int, str, list[str]]] = []
     for n, line in enumerate(code.rstrip("\n").split("\n")):
-        if line.startswith("$ "):
+        if re.match(r"\$ \S", line):
             out.append((n, line[2:], []))
         elif out:
             out[-1][2].append(line)

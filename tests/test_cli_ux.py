@@ -136,7 +136,7 @@ def test_the_docs_inspect_example_is_what_inspect_prints(tmp_path, monkeypatch):
     src = os.path.join(INPUTS, "base.safetensors")
     d = tensorcanon.save(tensorcanon.load(src), "base.safetensors", metadata=tensorcanon.read_metadata(src))
     doc = open(os.path.join(ROOT, "docs", "CLI.md"), encoding="utf-8").read()
-    block = re.search(r"```\n\$ tensorcanon inspect base\.safetensors\n(.*?)```", doc, flags=re.S).group(1)
+    block = re.search(r"```console\n\$ tensorcanon inspect base\.safetensors\n(.*?)```", doc, flags=re.S).group(1)
     assert run_cli("inspect", "base.safetensors")[1] == block
     assert f"format version {tensorcanon.FORMAT_VERSION})" in block
     hashes = set(re.findall(r"xxh3-128:([0-9a-f]{32})[ \n]+(?:\d+ )?(?:ckpt/)?base\.safetensors", doc))
