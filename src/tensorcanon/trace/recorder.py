@@ -1,0 +1,384 @@
+"""The recorder: ``tensorcanon.trace(path, level=...)``, a context manager with a ``step`` marker.
+
+It writes one record per tensor a training step touches (layout.py), in execution order:
+
+- ``steps``: at ``step(batch)``, the batch's tensors (phase data) and the random state of torch,
+  numpy, ``random`` and initialized CUDA devices (phase rng); ``loss(value)``; after each optimizer
+  step, every parameter and every optimizer state tensor (phase optimizer).
+- ``modules``: also each module's forward inputs and outputs (forward pre-hooks and hooks on every
+  module of ``model``), by module path and call index, and every parameter's gradient when the
+  optimizer step starts (phase backward).
+- ``ops``: also every ATen operation dispatched while a step runs, forward and backward (a
+  ``TorchDispatchMode``): its tensor inputs before it runs, its outputs after, and its arguments
+  that are not tensors as a text record.
+
+Every tensor is hashed when it is met, on the thread that meets it, and never kept: an in-place
+operation may change it the next moment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import sys
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..format import digest as digests, optional
+from ..format.errors import FormatError, UsageError
+from . import layout
+from .layout import Record
+from .summary import summarize, summarize_text
+from .values import args_text, is_tensor as _is_tensor, leaves as _leaves
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+else:
+    torch = optional.torch_module(globals())
+    np = optional.numpy_module(globals())
+
+def rank_path(path: str, rank: int, world_size: int) -> str:
+    """The trace path of ``rank``: ``{rank}`` in ``path`` replaced, else (several ranks)
+    ``run.trace`` -> ``run.rank1.trace``."""
+    if "{rank}" in path:
+        return path.replace("{rank}", str(rank))
+    if world_size <= 1:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.rank{rank}{ext}"
+
+
+class Recorder:
+    """Records a run's tensors to a trace file; made by :func:`trace` (see it for the arguments)."""
+
+    def __init__(self, path: str | os.PathLike[str], level: str = "steps", *, model: Any = None,
+                 optimizer: Any = None, algorithm: str = digests.DEFAULT, rank: int | None = None,
+                 world_size: int | None = None, resume_at: int | None = None) -> None:
+        if level not in layout.LEVELS:
+            raise UsageError(f"trace level {level!r} is not one of {', '.join(layout.LEVELS)}")
+        if level != "steps" and model is None:
+            raise UsageError(f"trace level {level!r} records the modules of a model: pass model=")
+        self.level = level
+        self.kinds = layout.kinds_of(level)
+        self.algorithm = digests.check(algorithm)
+        world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        if not (world >= 1 and 0 <= self.rank < world):
+            raise UsageError(f"rank {self.rank} is not a rank of world size {world}")
+        self.world_size = world
+        self.path = rank_path(os.fspath(path), self.rank, world)
+        self.model = model
+        self.optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) \
+            else [optimizer]
+        self.resume_at = resume_at
+        self.step_index = -1 if resume_at is None else resume_at - 1
+        self.phase = "forward"
+        self._in_step = False
+        self._calls: dict[tuple[Any, ...], int] = {}
+        self._scope: list[str] = []
+        self._local = threading.local()
+        self._lock = threading.RLock()
+        self._handles: list[Any] = []
+        self._mode: Any = None
+        self._writer: layout.Writer | None = None
+        self._param_names: dict[int, str] = {}
+        self._opt_index: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ opening and closing
+
+    def __enter__(self) -> Recorder:
+        self._open()
+        try:
+            self._install()
+        except BaseException:
+            self._close(clean=False)
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._close(clean=exc_type is None)
+
+    def _open(self) -> None:
+        header = layout.Header(self.level, self.algorithm, self.rank, self.world_size)
+        if self.resume_at is None:
+            fh = open(self.path, "wb", buffering=1 << 20)
+            fh.write(layout.MAGIC)
+            self._writer = layout.Writer(fh)
+            self._writer.frame(__import__("msgpack").packb(header.payload()))
+        else:
+            offset, check, count = self._resume_point(header)
+            fh = open(self.path, "r+b", buffering=1 << 20)
+            fh.truncate(offset)
+            fh.seek(offset)
+            self._writer = layout.Writer(fh, previous=check, count=count)
+        self._writer.fh.flush()
+        self._write_facts()
+
+    def _resume_point(self, header: layout.Header) -> tuple[int, int, int]:
+        """Where the records of steps before ``resume_at`` end in the existing trace: (offset, check
+        of the frame before, records before)."""
+        assert self.resume_at is not None
+        if not os.path.exists(self.path):
+            raise UsageError(f"resume_at={self.resume_at}: there is no trace at {self.path} to continue; "
+                             "resume_at continues the trace of the run that was stopped")
+        with layout.Reader(self.path, strict=False) as r:
+            if (r.header.level, r.header.algorithm) != (header.level, header.algorithm):
+                raise UsageError(f"{self.path} is a {r.header.level} trace with {r.header.algorithm} digests; "
+                                 f"it cannot be continued at level {header.level} with {header.algorithm}")
+            offset, check, count = r.offset, r.tail.check, 0
+            for rec in r:
+                if rec.step >= self.resume_at:
+                    break
+                offset, check, count = r.offset, r.tail.check, count + 1
+        return offset, check, count
+
+    def _write_facts(self) -> None:
+        """The run's facts, kept beside the trace (never compared): ``PATH.run.json``."""
+        from ..training.determinism import DeterminismSettings
+
+        settings = DeterminismSettings.capture()
+        facts = {"pid": os.getpid(), "argv": sys.argv, "python": sys.version.split()[0],
+                 "host": platform.node(), "resume_at": self.resume_at,
+                 "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(settings).items()}}
+        side = self.path + ".run.json"
+        runs: list[Any] = []
+        if self.resume_at is not None and os.path.exists(side):
+            try:
+                with open(side, encoding="utf-8") as f:
+                    old = json.load(f)
+                runs = list(old["runs"]) if isinstance(old, dict) and isinstance(old.get("runs"), list) else []
+            except (OSError, ValueError):
+                runs = []
+        with open(side, "w", encoding="utf-8") as f:
+            json.dump({"trace": os.path.basename(self.path), "runs": [*runs, facts]}, f, indent=1, default=str)
+
+    def _install(self) -> None:
+        if self.model is not None:
+            for name, p in self.model.named_parameters():
+                self._param_names.setdefault(id(p), name)
+        if self.optimizers:
+            for opt in self.optimizers:
+                self._handles.append(opt.register_step_pre_hook(self._before_optimizer))
+                self._handles.append(opt.register_step_post_hook(self._after_optimizer))
+        else:
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+            self._handles.append(register_optimizer_step_pre_hook(self._before_optimizer))
+            self._handles.append(register_optimizer_step_post_hook(self._after_optimizer))
+        if "module" in self.kinds:
+            for path, module in self.model.named_modules():
+                self._handles.append(module.register_forward_pre_hook(self._module_pre(path), with_kwargs=True))
+                self._handles.append(module.register_forward_hook(self._module_post(path), with_kwargs=True))
+        if "op" in self.kinds:
+            from .ops import make_mode
+
+            self._mode = make_mode(self)
+            self._mode.__enter__()
+
+    def _close(self, clean: bool) -> None:
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            mode.__exit__(None, None, None)
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self._writer is not None:
+            w, self._writer = self._writer, None
+            try:
+                if clean:
+                    w.end()
+                else:
+                    w.fh.flush()
+            finally:
+                w.fh.close()
+
+    # ------------------------------------------------------------------ the markers
+
+    def step(self, batch: Any = None) -> None:
+        """Mark the start of a training step, with its batch (recorded, phase data), then the random
+        state (phase rng). Call it once per step, before the forward pass."""
+        if self._writer is None:
+            raise UsageError("trace.step() is called outside its `with tensorcanon.trace(...)` block")
+        with self._busy():
+            self._writer.fh.flush()  # what the steps before wrote is now a valid prefix on disk
+            self.step_index += 1
+            self._calls.clear()
+            self._in_step = True
+            if batch is not None:
+                for path, leaf in self._tensor_leaves(batch, "batch"):
+                    self._put("data", "batch", "", "batch", path, leaf)
+            for name, value in self._rng_states():
+                self._put("rng", "rng", "", name, "state", value)
+            self.phase = "forward"
+
+    def loss(self, value: Any) -> Any:
+        """Record the step's loss (kind loss), and return it."""
+        if self._in_step:
+            with self._busy():
+                self._put(self.phase, "loss", "", "loss", "value", value)
+        return value
+
+    # ------------------------------------------------------------------ recording
+
+    class _Busy:
+        __slots__ = ("local",)
+
+        def __init__(self, local: threading.local) -> None:
+            self.local = local
+
+        def __enter__(self) -> None:
+            self.local.busy = getattr(self.local, "busy", 0) + 1
+
+        def __exit__(self, *exc: object) -> None:
+            self.local.busy -= 1
+
+    def _busy(self) -> Recorder._Busy:
+        """While recording, the recorder's own torch calls are not recorded as ops."""
+        return Recorder._Busy(self._local)
+
+    def busy(self) -> bool:
+        return bool(getattr(self._local, "busy", 0))
+
+    def call_index(self, phase: str, kind: str, scope: str, name: str) -> int:
+        key = (phase, kind, scope, name)
+        with self._lock:
+            n = self._calls.get(key, 0)
+            self._calls[key] = n + 1
+        return n
+
+    def _put(self, phase: str, kind: str, scope: str, name: str, role: str, value: Any,
+             call: int | None = None) -> None:
+        if call is None:
+            call = self.call_index(phase, kind, scope, name)
+        if _is_tensor(value):
+            content = summarize(value, self.algorithm)
+        else:
+            text = value if isinstance(value, str) else args_text(value)
+            content = summarize_text(text[:layout.MAX_TEXT], self.algorithm)
+        self.write(Record(self.step_index, phase, kind, scope, name, call, role, *content))
+
+    def write(self, r: Record) -> None:
+        with self._lock:
+            if self._writer is not None:
+                self._writer.record(r)
+
+    def _tensor_leaves(self, value: Any, root: str) -> Iterator[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        _leaves(value, "", out)
+        for path, leaf in out:
+            if isinstance(leaf, np.ndarray):
+                leaf = torch.from_numpy(np.ascontiguousarray(leaf))
+            yield (f"{root}.{path}" if path else root), leaf
+
+    def _rng_states(self) -> Iterator[tuple[str, Any]]:
+        yield "torch", torch.get_rng_state()
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        extra = np.array([pos, has_gauss], dtype="<i8").view(np.uint8)
+        yield "numpy", torch.from_numpy(np.concatenate([np.asarray(keys, dtype="<u4").view(np.uint8), extra,
+                                                        np.array([gauss], dtype="<f8").view(np.uint8)]))
+        version, internal, gauss_next = random.getstate()
+        yield "random", torch.tensor(list(internal), dtype=torch.int64)
+        yield "random.gauss_next", gauss_next
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for i, s in enumerate(torch.cuda.get_rng_state_all()):
+                yield f"cuda:{i}", s
+
+    # ------------------------------------------------------------------ modules
+
+    def _module_pre(self, path: str) -> Any:
+        def pre(module: Any, args: Any, kwargs: Any) -> None:
+            if not self._in_step or self.busy():
+                return
+            with self._busy():
+                phase = self.phase
+                call = self.call_index(phase, "module", "", path)
+                self._scope.append(path)
+                self._local.stack = [*getattr(self._local, "stack", []), call]
+                for role, leaf in self._tensor_leaves((args, kwargs) if kwargs else args, "in"):
+                    if _is_tensor(leaf):
+                        self._put(phase, "module", "", path, role, leaf, call)
+        return pre
+
+    def _module_post(self, path: str) -> Any:
+        def post(module: Any, args: Any, kwargs: Any, output: Any) -> None:
+            if not self._in_step or self.busy():
+                return
+            stack = getattr(self._local, "stack", [])
+            if not stack or not self._scope:
+                return
+            with self._busy():
+                call = stack[-1]
+                self._local.stack = stack[:-1]
+                self._scope.pop()
+                for role, leaf in self._tensor_leaves(output, "out"):
+                    if _is_tensor(leaf):
+                        self._put(self.phase, "module", "", path, role, leaf, call)
+        return post
+
+    def scope(self) -> str:
+        return self._scope[-1] if self._scope else ""
+
+    # ------------------------------------------------------------------ the optimizer
+
+    def _names(self, opt: Any) -> Iterator[tuple[str, Any]]:
+        index = self._opt_index.setdefault(id(opt), len(self._opt_index))
+        for g, group in enumerate(opt.param_groups):
+            for i, p in enumerate(group["params"]):
+                yield self._param_names.get(id(p), f"optimizer{index}.group{g}.{i}"), p
+
+    def _before_optimizer(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if not self._in_step:
+            return
+        with self._busy():
+            if "grad" in self.kinds:
+                for name, p in self._names(opt):
+                    if p.grad is not None:
+                        self._put("backward", "grad", "", name, "grad", p.grad)
+            self.phase = "optimizer"
+
+    def _after_optimizer(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if not self._in_step:
+            return
+        with self._busy():
+            for name, p in self._names(opt):
+                self._put("optimizer", "param", "", name, "value", p)
+            for name, p in self._names(opt):
+                state = opt.state.get(p)
+                if not state:
+                    continue
+                for key in sorted(state, key=str):
+                    v = state[key]
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        v = torch.tensor(float(v), dtype=torch.float64)
+                    self._put("optimizer", "optim", "", name, str(key), v)
+
+
+def trace(path: str | os.PathLike[str], level: str = "steps", *, model: Any = None, optimizer: Any = None,
+          algorithm: str = digests.DEFAULT, rank: int | None = None, world_size: int | None = None,
+          resume_at: int | None = None) -> Recorder:
+    """Record a training run to the trace file ``path`` (docs/TRACE.md)::
+
+        with tensorcanon.trace("run.trace", level="modules", model=model, optimizer=opt) as tr:
+            for batch in loader:
+                tr.step(batch)
+                ...
+
+    ``level``: ``"steps"``, ``"modules"`` (needs ``model``) or ``"ops"`` (needs ``model``).
+    ``optimizer``: the optimizer (or a list) whose steps are recorded; by default every
+    optimizer's (torch's global optimizer hooks). ``rank``/``world_size``: default ``$RANK`` and
+    ``$WORLD_SIZE``; with several ranks each writes its own file (``{rank}`` in ``path``, or
+    ``run.rank1.trace``). ``resume_at=k`` continues the trace of a stopped run at step k: the
+    records of step k and later are cut off and the new records appended, so the trace of a
+    resumed run compares with an uninterrupted one. The run's facts (determinism settings,
+    versions, host, pid) go to ``PATH.run.json``, never into the compared trace.
+    """
+    optional.load()
+    return Recorder(path, level, model=model, optimizer=optimizer, algorithm=algorithm, rank=rank,
+                    world_size=world_size, resume_at=resume_at)
+
+
+__all__ = ["trace", "Recorder", "FormatError"]
