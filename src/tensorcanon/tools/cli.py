@@ -37,6 +37,7 @@ from ..format.tensorbytes import resolved
 from ..format.tree import Decoder
 from ..io import reader, storage, writer
 from ..io.source import open_path
+from ..trace import command as trace_command
 from . import lockfile
 from .diff import DiffResult, describe, detect_format, diff, load_file
 from .progress import BinaryReader, Progress, ProgressFile
@@ -195,6 +196,8 @@ def _verify_one(given: str, wrap: Callable[[Any, int], Any] | None) -> tuple[str
             from ..sharded import verify as verify_checkpoint  # a sharded checkpoint: every file, every chunk
 
             return "ok", verify_checkpoint(target)
+        if not isinstance(target, storage.Location) and trace_command.is_trace(target):
+            return trace_command.verify_one(target)  # a trace of a training run (docs/TRACE.md)
         fmt = detect_format(target)
         if fmt != "tensorcanon":
             raise FormatError(
@@ -913,6 +916,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="files (or folders) each run writes; none may exist before the first run")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command, after '--'")
     p.set_defaults(func=cmd_repro)
+
+    trace_command.add_parser(sub, common, trace_command.run)  # diverge (docs/TRACE.md)
     return parser
 
 
