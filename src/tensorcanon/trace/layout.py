@@ -271,9 +271,10 @@ class Reader:
         payload = body[:n]
         check = xxhash.xxh3_64_intdigest(payload, seed=self.tail.check)
         if _CHECK.unpack_from(body, n)[0] != check:
-            raise IntegrityError(path=f"trace record {index}", message=f"{self.path}: trace record {index}: its check does not match its bytes "
+            raise IntegrityError(path=f"trace record {index}", message=(
+                                 f"{self.path}: trace record {index}: its check does not match its bytes "
                                  f"(at byte {self.offset}): the file was changed or damaged from here on; "
-                                 f"the {self.tail.records} records before it are intact")
+                                 f"the {self.tail.records} records before it are intact"))
         self.tail.check = check
         self.offset += 4 + n + 8
         self.tail.offset = self.offset
