@@ -72,3 +72,57 @@ def run(args: argparse.Namespace, out: Any) -> int:
         out.line(line)
     out.json(result.to_json())
     return EXIT_SAME if result.same else EXIT_DIFFERENT
+
+
+# --------------------------------------------------------------------------- repro --trace
+
+
+def repro_env(folder: str, run: int, level: str) -> dict[str, str]:
+    """The environment of run ``run`` of ``repro --trace LEVEL``: its trace goes to ``folder``."""
+    import os
+
+    from .recorder import ENV_LEVEL, ENV_PATH
+
+    return {**os.environ, ENV_PATH: os.path.join(folder, f"run{run}.trace"), ENV_LEVEL: level}
+
+
+class _Held:
+    """The CLI's writer, holding back the JSON document so the traces' report joins it."""
+
+    def __init__(self, out: Any) -> None:
+        self.out, self.doc = out, None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.out, name)
+
+    def json(self, obj: Any) -> None:
+        self.doc = obj
+
+
+def repro_with_traces(report: Any, out: Any, folder: str, runs: int) -> int:
+    """``repro --trace``: the artifacts' report (``report(out)``), then the first divergence between
+    run 1's trace and each other run's; exit 1 if either differs."""
+    import os
+
+    held = _Held(out)
+    code = report(held)
+    traces: list[dict[str, Any]] = []
+    first = os.path.join(folder, "run1.trace")
+    for r in range(2, runs + 1):
+        other = os.path.join(folder, f"run{r}.trace")
+        if not (os.path.exists(first) and os.path.exists(other)):
+            out.line(f"traces: run {1 if not os.path.exists(first) else r} wrote no trace: the command must record "
+                     "one with tensorcanon.trace(...) (docs/TRACE.md)")
+            traces.append({"run": r, "error": "no trace written"})
+            code = max(code, EXIT_ERROR)
+            continue
+        result = first_divergence(first, other)
+        out.line(f"traces of run 1 and run {r}:")
+        for line in result.lines():
+            out.line(f"  {line}")
+        traces.append({"run": r, **result.to_json()})
+        if not result.same:
+            code = max(code, EXIT_DIFFERENT)
+    if held.doc is not None or getattr(out, "as_json", False):
+        out.json({**(held.doc or {}), "traces": traces})
+    return code

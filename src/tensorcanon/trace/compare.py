@@ -61,7 +61,7 @@ def distance(a: Record, b: Record) -> float:
 
 def _content(r: Record) -> dict[str, Any]:
     d: dict[str, Any] = {"dtype": r.dtype, "shape": list(r.shape), "digest": r.digest.hex(),
-                         "norm": math.sqrt(r.sumsq) if r.sumsq == r.sumsq else "nan"}
+                         "norm": math.sqrt(r.sumsq)}
     if r.note:
         d["note"] = r.note
     return d
@@ -105,7 +105,7 @@ class Divergence:
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("grid", "grid_records")}
         out["records"], out["complete"] = list(self.records), list(self.complete)
-        return out
+        return _finite(out)
 
     def lines(self) -> list[str]:
         """The report for people."""
@@ -144,6 +144,17 @@ class Divergence:
             lines.append(f"not compared: {'; '.join(self.not_compared)}")
         lines.extend(f"note: {n}" for n in self.notes)
         return lines
+
+
+def _finite(v: Any) -> Any:
+    """``v`` with every float that JSON cannot hold (inf, nan) as its text."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else repr(v)
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
 
 
 def _where(d: dict[str, Any] | None) -> str:

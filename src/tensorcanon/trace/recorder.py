@@ -52,12 +52,19 @@ def rank_path(path: str, rank: int, world_size: int) -> str:
     return f"{stem}.rank{rank}{ext}"
 
 
+ENV_PATH, ENV_LEVEL = "TENSORCANON_TRACE", "TENSORCANON_TRACE_LEVEL"
+"""Environment variables that, when set, replace the path and the level given to :func:`trace`."""
+
+
 class Recorder:
     """Records a run's tensors to a trace file; made by :func:`trace` (see it for the arguments)."""
 
     def __init__(self, path: str | os.PathLike[str], level: str = "steps", *, model: Any = None,
                  optimizer: Any = None, algorithm: str = digests.DEFAULT, rank: int | None = None,
                  world_size: int | None = None, resume_at: int | None = None) -> None:
+        # `tensorcanon repro --trace LEVEL` sends each run's trace to a file of its own, at its level
+        path = os.environ.get(ENV_PATH) or path
+        level = os.environ.get(ENV_LEVEL) or level
         if level not in layout.LEVELS:
             raise UsageError(f"trace level {level!r} is not one of {', '.join(layout.LEVELS)}")
         if level != "steps" and model is None:
