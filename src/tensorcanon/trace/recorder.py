@@ -6,8 +6,8 @@ It writes one record per tensor a training step touches (layout.py), in executio
   numpy, ``random`` and initialized CUDA devices (phase rng); ``loss(value)``; after each optimizer
   step, every parameter and every optimizer state tensor (phase optimizer).
 - ``modules``: also each module's forward inputs and outputs (forward pre-hooks and hooks on every
-  module of ``model``), by module path and call index, and every parameter's gradient when the
-  optimizer step starts (phase backward).
+  module of ``model``), by module path and call index, and every parameter's gradient that the
+  optimizer step used (phase backward, recorded after the step).
 - ``ops``: also every ATen operation dispatched while a step runs, forward and backward (a
   ``TorchDispatchMode``): its tensor inputs before it runs, its outputs after, and its arguments
   that are not tensors as a text record.
@@ -338,6 +338,14 @@ class Recorder:
                 yield self._param_names.get(id(p), f"optimizer{index}.group{g}.{i}"), p
 
     def _before_optimizer(self, opt: Any, args: Any, kwargs: Any) -> None:
+        # With a closure (Lightning's automatic optimization), the forward and backward passes run
+        # inside the optimizer's step: their records keep their own phases.
+        closure = (args and callable(args[0])) or callable((kwargs or {}).get("closure"))
+        if self._in_step and not closure:
+            self.phase = "optimizer"
+
+    def _after_optimizer(self, opt: Any, args: Any, kwargs: Any) -> None:
+        """The gradients the step used (level modules), then every parameter and optimizer state value."""
         if not self._in_step:
             return
         with self._busy():
@@ -345,12 +353,6 @@ class Recorder:
                 for name, p in self._names(opt):
                     if p.grad is not None:
                         self._put("backward", "grad", "", name, "grad", p.grad)
-            self.phase = "optimizer"
-
-    def _after_optimizer(self, opt: Any, args: Any, kwargs: Any) -> None:
-        if not self._in_step:
-            return
-        with self._busy():
             for name, p in self._names(opt):
                 self._put("optimizer", "param", "", name, "value", p)
             for name, p in self._names(opt):
@@ -362,6 +364,7 @@ class Recorder:
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
                         v = torch.tensor(float(v), dtype=torch.float64)
                     self._put("optimizer", "optim", "", name, str(key), v)
+            self.phase = "optimizer"
 
 
 def trace(path: str | os.PathLike[str], level: str = "steps", *, model: Any = None, optimizer: Any = None,
