@@ -108,13 +108,14 @@ def train_step(tr, model, opt, batch) -> torch.Tensor:
     return loss
 
 
-def run(out: str, level: str, steps: int, workers: int = 0, noisy_step: int | None = None) -> None:
+def run(out: str, level: str, steps: int, workers: int = 0, noisy_step: int | None = None,
+        capture: str | None = None) -> None:
     """Train ``steps`` steps; the noise module of layer 3 draws from an unseeded generator at ``noisy_step``."""
     model, opt, loader = setup(workers=workers)
     noise = model.layers[3].noise
     noise.gen = torch.Generator()
     noise.gen.seed()  # unseeded: another seed in every process
-    with tensorcanon.trace(out, level=level, model=model, optimizer=opt) as tr:
+    with tensorcanon.trace(out, level=level, model=model, optimizer=opt, capture=capture) as tr:
         step = 0
         for batch in loader:
             if step == steps:
@@ -135,13 +136,13 @@ class Reduce(nn.Module):
         return (m @ self.w).sum() + x.sum()
 
 
-def reduce(out: str) -> None:
+def reduce(out: str, capture: str | None = None) -> None:
     seed(0)
     g = torch.Generator().manual_seed(3)
     x, m = torch.randn(4_000_000, generator=g), torch.randn(64, 64, generator=g)
     model = Reduce()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with tensorcanon.trace(out, level="ops", model=model, optimizer=opt) as tr:
+    with tensorcanon.trace(out, level="ops", model=model, optimizer=opt, capture=capture) as tr:
         tr.step({"x": x, "m": m})
         tr.loss(model(x, m)).backward()
         opt.step()

@@ -48,8 +48,9 @@ def runs(tmp_path_factory):
             {"job": "run", "out": str(d / f"workers.{who}"), "level": "steps", "steps": 3, "workers": 2},
             {"job": "run", "out": str(d / f"noisy-ops.{who}"), "level": "ops", "steps": 8, "noisy_step": 7},
             {"job": "run", "out": str(d / f"noisy-modules.{who}"), "level": "modules", "steps": 8,
-             "noisy_step": 7},
-            {"job": "reduce", "out": str(d / f"reduce.{who}"), "threads": threads},
+             "noisy_step": 7, "capture": "7|module||layers.3.noise|0"},
+            {"job": "reduce", "out": str(d / f"reduce.{who}"), "threads": threads,
+             "capture": "0|op||aten.sum.default|1"},
         ]
         if who == "p":
             jobs.append({"job": "resume_first", "uninterrupted": str(d / "whole"), "prefix": str(d / "killed"),
@@ -99,6 +100,12 @@ def test_an_unseeded_generator_in_layer_3_at_step_7_in_fresh_processes(runs, cap
     assert cli(["diverge", "--json", str(runs / "noisy-modules.p"), str(runs / "noisy-modules.q")]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["first"]["name"] == "layers.3.noise" and out["verdict"] == EQUAL and out["first"]["step"] == 7
+    # the evidence: both runs saved that call's tensors (capture=), and diverge measures them
+    ev = out["first"]["evidence"]
+    assert ev["in.0"]["differ"] == 0 and ev["out"]["differ"] > 0
+    assert 0 < ev["out"]["max_abs_diff"] <= 1e-3 and ev["out"]["max_ulp"] >= 1 and len(ev["out"]["first_index"]) == 3
+    assert first_divergence(runs / "noisy-ops.p", runs / "noisy-ops.q").capture == \
+        "7|op|layers.3.noise|aten.rand.generator|0"
 
 
 def test_a_thread_count_that_changes_a_reduction_in_fresh_processes(runs):
@@ -118,6 +125,9 @@ def test_a_thread_count_that_changes_a_reduction_in_fresh_processes(runs):
     assert result.matched == len(before)
     assert any(r.name == "aten.mm.default" and r.role == "out" for r in before)
     # the sum of the matmul's 64 x 64 elements, before it, matched: the sum of x (4 million) differs
+    ev = f["evidence"]  # captured in both runs: the same 4 million inputs, a sum a few ULP apart
+    assert ev["in.0"] == {"elements": 4_000_000, "differ": 0}
+    assert ev["out"]["differ"] == 1 and 1 <= ev["out"]["max_ulp"] < 1000 and ev["out"]["first_index"] == []
     assert f["call"] == 1 and f["a"]["shape"] == [] and any(
         r.name == "aten.sum.default" and r.role == "in.0" and r.shape == (4_000_000,) for r in before)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..format.errors import UsageError
-from . import layout
+from . import capture, layout
 from .layout import Record
 
 EQUAL = "inputs equal, output differs"
@@ -99,6 +99,7 @@ class Divergence:
     records: tuple[int, int] = (0, 0)
     complete: tuple[bool, bool] = (True, True)
     notes: list[str] = field(default_factory=list)
+    capture: str = ""
     grid: dict[tuple[int, str], float] = field(default_factory=dict, repr=False)
     grid_records: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict, repr=False)
 
@@ -130,6 +131,9 @@ class Divergence:
             if "evidence" in f:
                 for k, v in f["evidence"].items():
                     lines.append(f"  evidence: {k}: {v}")
+            elif self.capture:
+                lines.append(f"  to see the tensors: rerun both runs with {capture.ENV}='{self.capture}' (or "
+                             "tensorcanon.trace(..., capture=...)), then diverge again")
             before = (f"everything before it matched: {self.matched} records"
                       + (f", up to {_where(self.last_matched)}" if self.last_matched else ""))
             lines.append(before)
@@ -250,6 +254,12 @@ def first_divergence(a: str | os.PathLike[str], b: str | os.PathLike[str], *, to
             result.notes.append(f"A is rank {ha.rank} of {ha.world_size}, B rank {hb.rank} of {hb.world_size}")
         _walk(result, _filtered(iter(ra), None if ha.level == level else kinds),
               _filtered(iter(rb), None if hb.level == level else kinds), tolerance, grid)
+        f = result.first
+        if f is not None and f.get("kind") in ("op", "module") and "a" in f and "b" in f:
+            result.capture = capture.spec_of(f)
+            found = capture.evidence(pa, pb, f)
+            if found is not None:
+                f["evidence"] = found
         result.records = (ra.tail.records, rb.tail.records)
         result.complete = (ra.tail.complete, rb.tail.complete)
         for tail, p in ((ra.tail, pa), (rb.tail, pb)):

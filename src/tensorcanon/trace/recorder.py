@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..format import digest as digests, optional
 from ..format.errors import FormatError, UsageError
-from . import layout
+from . import capture as capture_module, layout
 from .layout import Record
 from .summary import summarize, summarize_text
 from .values import args_text, is_tensor as _is_tensor, leaves as _leaves
@@ -61,7 +61,7 @@ class Recorder:
 
     def __init__(self, path: str | os.PathLike[str], level: str = "steps", *, model: Any = None,
                  optimizer: Any = None, algorithm: str = digests.DEFAULT, rank: int | None = None,
-                 world_size: int | None = None, resume_at: int | None = None) -> None:
+                 world_size: int | None = None, resume_at: int | None = None, capture: str | None = None) -> None:
         # `tensorcanon repro --trace LEVEL` sends each run's trace to a file of its own, at its level
         path = os.environ.get(ENV_PATH) or path
         level = os.environ.get(ENV_LEVEL) or level
@@ -82,6 +82,10 @@ class Recorder:
         self.optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) \
             else [optimizer]
         self.resume_at = resume_at
+        capture = os.environ.get(capture_module.ENV) or capture
+        self.capture = capture_module.parse(capture) if capture else None
+        self._captured: dict[str, Any] = {}
+        self._captured_texts: dict[str, str] = {}
         self.step_index = -1 if resume_at is None else resume_at - 1
         self.phase = "forward"
         self._in_step = False
@@ -186,7 +190,15 @@ class Recorder:
             self._mode = make_mode(self)
             self._mode.__enter__()
 
+    def _save_capture(self) -> None:
+        if self.capture is not None and (self._captured or self._captured_texts):
+            spec = "|".join(map(str, self.capture))
+            capture_module.save(self.path, spec, self._captured, self._captured_texts)
+            self._captured, self._captured_texts = {}, {}
+
     def _close(self, clean: bool) -> None:
+        with self._busy():
+            self._save_capture()
         if self._mode is not None:
             mode, self._mode = self._mode, None
             mode.__exit__(None, None, None)
@@ -212,6 +224,7 @@ class Recorder:
             raise UsageError("trace.step() is called outside its `with tensorcanon.trace(...)` block")
         with self._busy():
             self._writer.fh.flush()  # what the steps before wrote is now a valid prefix on disk
+            self._save_capture()
             self.step_index += 1
             self._calls.clear()
             self._in_step = True
@@ -261,6 +274,11 @@ class Recorder:
              call: int | None = None) -> None:
         if call is None:
             call = self.call_index(phase, kind, scope, name)
+        if self.capture is not None and (self.step_index, kind, scope, name, call) == self.capture:
+            if _is_tensor(value):
+                self._captured[role] = value.detach().to("cpu", copy=True)
+            else:
+                self._captured_texts[role] = value if isinstance(value, str) else args_text(value)
         if _is_tensor(value):
             content = summarize(value, self.algorithm)
         else:
@@ -369,7 +387,7 @@ class Recorder:
 
 def trace(path: str | os.PathLike[str], level: str = "steps", *, model: Any = None, optimizer: Any = None,
           algorithm: str = digests.DEFAULT, rank: int | None = None, world_size: int | None = None,
-          resume_at: int | None = None) -> Recorder:
+          resume_at: int | None = None, capture: str | None = None) -> Recorder:
     """Record a training run to the trace file ``path`` (docs/TRACE.md)::
 
         with tensorcanon.trace("run.trace", level="modules", model=model, optimizer=opt) as tr:
@@ -383,12 +401,14 @@ def trace(path: str | os.PathLike[str], level: str = "steps", *, model: Any = No
     ``$WORLD_SIZE``; with several ranks each writes its own file (``{rank}`` in ``path``, or
     ``run.rank1.trace``). ``resume_at=k`` continues the trace of a stopped run at step k: the
     records of step k and later are cut off and the new records appended, so the trace of a
-    resumed run compares with an uninterrupted one. The run's facts (determinism settings,
+    resumed run compares with an uninterrupted one. ``capture="step|kind|scope|name|call"`` (as
+    ``diverge`` prints it; or ``$TENSORCANON_TRACE_CAPTURE``) also saves that op's or module's
+    inputs and outputs to ``PATH.capture.safetensors`` (trace/capture.py). The run's facts (determinism settings,
     versions, host, pid) go to ``PATH.run.json``, never into the compared trace.
     """
     optional.load()
     return Recorder(path, level, model=model, optimizer=optimizer, algorithm=algorithm, rank=rank,
-                    world_size=world_size, resume_at=resume_at)
+                    world_size=world_size, resume_at=resume_at, capture=capture)
 
 
 __all__ = ["trace", "Recorder", "FormatError"]
