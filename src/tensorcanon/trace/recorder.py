@@ -31,8 +31,12 @@ from ..format import digest as digests, optional
 from ..format.errors import FormatError, UsageError
 from . import capture as capture_module, layout
 from .layout import Record
-from .summary import summarize, summarize_text
+from .summary import detached, summarize, summarize_text
 from .values import args_text, is_tensor as _is_tensor, leaves as _leaves
+from .worker import Worker
+
+OFF_THREAD = 64 << 10
+"""Tensors of this many bytes or more are copied and hashed on the worker thread (worker.py)."""
 
 if TYPE_CHECKING:
     import numpy as np
@@ -61,7 +65,8 @@ class Recorder:
 
     def __init__(self, path: str | os.PathLike[str], level: str = "steps", *, model: Any = None,
                  optimizer: Any = None, algorithm: str = digests.DEFAULT, rank: int | None = None,
-                 world_size: int | None = None, resume_at: int | None = None, capture: str | None = None) -> None:
+                 world_size: int | None = None, resume_at: int | None = None, capture: str | None = None,
+                 off_thread: bool = True) -> None:
         # `tensorcanon repro --trace LEVEL` sends each run's trace to a file of its own, at its level
         path = os.environ.get(ENV_PATH) or path
         level = os.environ.get(ENV_LEVEL) or level
@@ -96,6 +101,8 @@ class Recorder:
         self._handles: list[Any] = []
         self._mode: Any = None
         self._writer: layout.Writer | None = None
+        self._worker: Worker | None = None
+        self.off_thread = off_thread
         self._param_names: dict[int, str] = {}
         self._opt_index: dict[int, int] = {}
 
@@ -128,6 +135,8 @@ class Recorder:
             self._writer = layout.Writer(fh, previous=check, count=count)
         self._writer.fh.flush()
         self._write_facts()
+        if self.off_thread:
+            self._worker = Worker(self._write_now, self._flush_now, self.algorithm)
 
     def _resume_point(self, header: layout.Header) -> tuple[int, int, int]:
         """Where the records of steps before ``resume_at`` end in the existing trace: (offset, check
@@ -205,6 +214,16 @@ class Recorder:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self._worker is not None:
+            worker, self._worker = self._worker, None
+            try:
+                worker.stop()
+            except BaseException:
+                clean = False
+                if self._writer is not None:
+                    self._writer.fh.close()
+                    self._writer = None
+                raise
         if self._writer is not None:
             w, self._writer = self._writer, None
             try:
@@ -223,7 +242,10 @@ class Recorder:
         if self._writer is None:
             raise UsageError("trace.step() is called outside its `with tensorcanon.trace(...)` block")
         with self._busy():
-            self._writer.fh.flush()  # what the steps before wrote is now a valid prefix on disk
+            if self._worker is not None:  # what the steps before wrote becomes a valid prefix on disk
+                self._worker.put_flush()
+            else:
+                self._writer.fh.flush()
             self._save_capture()
             self.step_index += 1
             self._calls.clear()
@@ -280,6 +302,12 @@ class Recorder:
             else:
                 self._captured_texts[role] = value if isinstance(value, str) else args_text(value)
         if _is_tensor(value):
+            worker = self._worker
+            if worker is not None and value.numel() * value.element_size() >= OFF_THREAD:
+                job = detached(value)
+                if job is not None:
+                    worker.put_job((self.step_index, phase, kind, scope, name, call, role), job)
+                    return
             content = summarize(value, self.algorithm)
         else:
             text = value if isinstance(value, str) else args_text(value)
@@ -287,9 +315,20 @@ class Recorder:
         self.write(Record(self.step_index, phase, kind, scope, name, call, role, *content))
 
     def write(self, r: Record) -> None:
+        if self._worker is not None:
+            self._worker.put_record(r)
+        else:
+            self._write_now(r)
+
+    def _write_now(self, r: Record) -> None:
         with self._lock:
             if self._writer is not None:
                 self._writer.record(r)
+
+    def _flush_now(self) -> None:
+        with self._lock:
+            if self._writer is not None:
+                self._writer.fh.flush()
 
     def _tensor_leaves(self, value: Any, root: str) -> Iterator[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
@@ -387,7 +426,7 @@ class Recorder:
 
 def trace(path: str | os.PathLike[str], level: str = "steps", *, model: Any = None, optimizer: Any = None,
           algorithm: str = digests.DEFAULT, rank: int | None = None, world_size: int | None = None,
-          resume_at: int | None = None, capture: str | None = None) -> Recorder:
+          resume_at: int | None = None, capture: str | None = None, off_thread: bool = True) -> Recorder:
     """Record a training run to the trace file ``path`` (docs/TRACE.md)::
 
         with tensorcanon.trace("run.trace", level="modules", model=model, optimizer=opt) as tr:
@@ -403,12 +442,14 @@ def trace(path: str | os.PathLike[str], level: str = "steps", *, model: Any = No
     records of step k and later are cut off and the new records appended, so the trace of a
     resumed run compares with an uninterrupted one. ``capture="step|kind|scope|name|call"`` (as
     ``diverge`` prints it; or ``$TENSORCANON_TRACE_CAPTURE``) also saves that op's or module's
-    inputs and outputs to ``PATH.capture.safetensors`` (trace/capture.py). The run's facts (determinism settings,
+    inputs and outputs to ``PATH.capture.safetensors`` (trace/capture.py). ``off_thread``: tensors
+    of 64 KiB or more are copied and hashed on a worker thread (at most 32 MiB of copies waiting;
+    False hashes everything on the training thread, copying nothing). The run's facts (determinism settings,
     versions, host, pid) go to ``PATH.run.json``, never into the compared trace.
     """
     optional.load()
     return Recorder(path, level, model=model, optimizer=optimizer, algorithm=algorithm, rank=rank,
-                    world_size=world_size, resume_at=resume_at, capture=capture)
+                    world_size=world_size, resume_at=resume_at, capture=capture, off_thread=off_thread)
 
 
 __all__ = ["trace", "Recorder", "FormatError"]
