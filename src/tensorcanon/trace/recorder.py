@@ -66,7 +66,7 @@ class Recorder:
     def __init__(self, path: str | os.PathLike[str], level: str = "steps", *, model: Any = None,
                  optimizer: Any = None, algorithm: str = digests.DEFAULT, rank: int | None = None,
                  world_size: int | None = None, resume_at: int | None = None, capture: str | None = None,
-                 off_thread: bool = True) -> None:
+                 off_thread: bool = False) -> None:
         # `tensorcanon repro --trace LEVEL` sends each run's trace to a file of its own, at its level
         path = os.environ.get(ENV_PATH) or path
         level = os.environ.get(ENV_LEVEL) or level
@@ -426,7 +426,7 @@ class Recorder:
 
 def trace(path: str | os.PathLike[str], level: str = "steps", *, model: Any = None, optimizer: Any = None,
           algorithm: str = digests.DEFAULT, rank: int | None = None, world_size: int | None = None,
-          resume_at: int | None = None, capture: str | None = None, off_thread: bool = True) -> Recorder:
+          resume_at: int | None = None, capture: str | None = None, off_thread: bool = False) -> Recorder:
     """Record a training run to the trace file ``path`` (docs/TRACE.md)::
 
         with tensorcanon.trace("run.trace", level="modules", model=model, optimizer=opt) as tr:
@@ -442,9 +442,10 @@ def trace(path: str | os.PathLike[str], level: str = "steps", *, model: Any = No
     records of step k and later are cut off and the new records appended, so the trace of a
     resumed run compares with an uninterrupted one. ``capture="step|kind|scope|name|call"`` (as
     ``diverge`` prints it; or ``$TENSORCANON_TRACE_CAPTURE``) also saves that op's or module's
-    inputs and outputs to ``PATH.capture.safetensors`` (trace/capture.py). ``off_thread``: tensors
-    of 64 KiB or more are copied and hashed on a worker thread (at most 32 MiB of copies waiting;
-    False hashes everything on the training thread, copying nothing). The run's facts (determinism settings,
+    inputs and outputs to ``PATH.capture.safetensors`` (trace/capture.py). ``off_thread=True``:
+    tensors of 64 KiB or more are copied and hashed on a worker thread (at most 32 MiB of copies
+    waiting), which helps only with a core to spare (benchmarks/RESULTS.md); by default everything
+    is hashed on the training thread, copying nothing. The run's facts (determinism settings,
     versions, host, pid) go to ``PATH.run.json``, never into the compared trace.
     """
     optional.load()

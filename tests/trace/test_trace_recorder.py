@@ -1,0 +1,87 @@
+"""The recorder in-process: hashing off the training thread gives the same bytes, usage errors,
+rank paths, resuming a trace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tensorcanon
+from tensorcanon import UsageError
+from tensorcanon.trace import layout
+from tensorcanon.trace.recorder import rank_path
+
+
+def _train(path, level="ops", steps=2, **kw):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = torch.randn(steps, 64, 256, generator=torch.Generator().manual_seed(1))
+    with tensorcanon.trace(path, level=level, model=model, optimizer=opt, **kw) as tr:
+        for batch in data:
+            tr.step(batch)
+            tr.loss(model(batch).square().mean()).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def test_hashing_off_the_training_thread_writes_the_same_bytes(tmp_path):
+    _train(tmp_path / "inline")
+    _train(tmp_path / "thread", off_thread=True)
+    data = (tmp_path / "inline").read_bytes()
+    assert data == (tmp_path / "thread").read_bytes()
+    big = [r for r in layout.Reader(tmp_path / "inline") if r.dtype == "float32" and 4 * _n(r.shape) >= 64 << 10]
+    assert len(big) > 10  # the worker did hash tensors
+
+
+def _n(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def test_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="level"):
+        tensorcanon.trace(tmp_path / "t", level="layers")
+    with pytest.raises(UsageError, match="model="):
+        tensorcanon.trace(tmp_path / "t", level="modules")
+    with pytest.raises(UsageError, match="step|kind"):
+        tensorcanon.trace(tmp_path / "t", capture="7|weights||x|0")
+    with pytest.raises(UsageError, match="no trace"):
+        with tensorcanon.trace(tmp_path / "missing", resume_at=3):
+            pass
+    tr = tensorcanon.trace(tmp_path / "t")
+    with pytest.raises(UsageError, match="outside"):
+        tr.step(torch.zeros(1))
+
+
+def test_rank_paths():
+    assert rank_path("run.trace", 0, 1) == "run.trace"
+    assert rank_path("run.trace", 1, 2) == "run.rank1.trace"
+    assert rank_path("run.{rank}.trace", 3, 4) == "run.3.trace"
+
+
+def test_resume_at_cuts_the_later_steps_and_continues_the_chain(tmp_path):
+    _train(tmp_path / "whole", level="steps", steps=4)
+    _train(tmp_path / "part", level="steps", steps=4)
+    with layout.Reader(tmp_path / "part") as r:
+        before = [x for x in r if x.step < 2]
+    # a run that resumes at step 2 from what the first two steps left (here: recomputed)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = torch.randn(4, 64, 256, generator=torch.Generator().manual_seed(1))
+    for batch in data[:2]:
+        model(batch).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    with tensorcanon.trace(tmp_path / "part", level="steps", model=model, optimizer=opt, resume_at=2) as tr:
+        for batch in data[2:]:
+            tr.step(batch)
+            tr.loss(model(batch).square().mean()).backward()
+            opt.step()
+            opt.zero_grad()
+    records = list(layout.Reader(tmp_path / "part"))
+    assert records[:len(before)] == before and {x.step for x in records} == {0, 1, 2, 3}
+    assert tensorcanon.first_divergence(tmp_path / "whole", tmp_path / "part").same
