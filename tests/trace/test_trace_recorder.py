@@ -85,3 +85,30 @@ def test_resume_at_cuts_the_later_steps_and_continues_the_chain(tmp_path):
     records = list(layout.Reader(tmp_path / "part"))
     assert records[:len(before)] == before and {x.step for x in records} == {0, 1, 2, 3}
     assert tensorcanon.first_divergence(tmp_path / "whole", tmp_path / "part").same
+
+
+def _loader_run(path):
+    """Level ops, and inside a step a DataLoader whose 2 forked workers run torch ops (collate)
+    while the trace's buffer holds records: the workers must record nothing."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+    with tensorcanon.trace(path, level="ops", model=model, optimizer=opt) as tr:
+        for _ in range(2):
+            tr.step(data[:4])
+            loader = torch.utils.data.DataLoader(data, batch_size=16, num_workers=2,
+                                                 multiprocessing_context="fork")
+            extra = sum(b.sum() for b in loader)  # collated in the workers
+            tr.loss(model(data[:4]).square().mean() + 0 * extra).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def test_forked_dataloader_workers_record_nothing(tmp_path):
+    _loader_run(tmp_path / "a")
+    _loader_run(tmp_path / "b")
+    assert layout.verify(tmp_path / "a")[1] > 0
+    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+    ops = {r.name for r in layout.Reader(tmp_path / "a") if r.kind == "op"}
+    assert "aten.stack.default" not in ops  # the collate's stack ran in a worker, unrecorded

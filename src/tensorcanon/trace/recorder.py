@@ -97,6 +97,8 @@ class Recorder:
         self._calls: dict[tuple[Any, ...], int] = {}
         self._scope: list[str] = []
         self._local = threading.local()
+        self._pid = os.getpid()
+        self._fresh: dict[int, Any] = {}  # ops.py: tensors an empty op made, not written since
         self._lock = threading.RLock()
         self._handles: list[Any] = []
         self._mode: Any = None
@@ -249,6 +251,7 @@ class Recorder:
             self._save_capture()
             self.step_index += 1
             self._calls.clear()
+            self._fresh.clear()
             self._in_step = True
             if batch is not None:
                 for path, leaf in self._tensor_leaves(batch, "batch"):
@@ -283,7 +286,10 @@ class Recorder:
         return Recorder._Busy(self._local)
 
     def busy(self) -> bool:
-        return bool(getattr(self._local, "busy", 0))
+        """True while the recorder records (its own torch calls are not ops), and always in a
+        process forked from the one that traces (a DataLoader worker): a child records nothing and
+        never writes to the parent's trace."""
+        return self._pid != os.getpid() or bool(getattr(self._local, "busy", 0))
 
     def call_index(self, phase: str, kind: str, scope: str, name: str) -> int:
         key = (phase, kind, scope, name)
@@ -395,6 +401,8 @@ class Recorder:
                 yield self._param_names.get(id(p), f"optimizer{index}.group{g}.{i}"), p
 
     def _before_optimizer(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if self.busy():
+            return
         # With a closure (Lightning's automatic optimization), the forward and backward passes run
         # inside the optimizer's step: their records keep their own phases.
         closure = (args and callable(args[0])) or callable((kwargs or {}).get("closure"))
@@ -403,7 +411,7 @@ class Recorder:
 
     def _after_optimizer(self, opt: Any, args: Any, kwargs: Any) -> None:
         """The gradients the step used (level modules), then every parameter and optimizer state value."""
-        if not self._in_step:
+        if not self._in_step or self.busy():
             return
         with self._busy():
             if "grad" in self.kinds:
