@@ -112,3 +112,37 @@ def test_forked_dataloader_workers_record_nothing(tmp_path):
     assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
     ops = {r.name for r in layout.Reader(tmp_path / "a") if r.kind == "op"}
     assert "aten.stack.default" not in ops  # the collate's stack ran in a worker, unrecorded
+
+
+def _resumed(path, restore_optimizer: bool):
+    """Two steps traced, then a 'new process' resuming at step 2 with the parameters restored and
+    the optimizer state restored or not."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    data = torch.randn(4, 3, 8, generator=torch.Generator().manual_seed(1))
+    with tensorcanon.trace(path, model=model, optimizer=opt) as tr:
+        for batch in data[:2]:
+            tr.step(batch)
+            model(batch).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict())
+    model2 = torch.nn.Linear(8, 2)
+    model2.load_state_dict(saved[0])
+    opt2 = torch.optim.Adam(model2.parameters(), lr=1e-2)
+    if restore_optimizer:
+        opt2.load_state_dict(saved[1])
+    with tensorcanon.trace(path, model=model2, optimizer=opt2, resume_at=2) as tr:
+        tr.step(data[2])
+        model2(data[2]).square().mean().backward()
+        opt2.step()
+
+
+def test_resuming_checks_the_state_against_the_trace(tmp_path, recwarn):
+    from tensorcanon.trace.recorder import ResumeWarning
+
+    _resumed(tmp_path / "ok", restore_optimizer=True)
+    assert not [w for w in recwarn if issubclass(w.category, ResumeWarning)]
+    with pytest.warns(ResumeWarning, match=r"resumed at step 2.*optimizer state weight exp_avg is missing"):
+        _resumed(tmp_path / "lost", restore_optimizer=False)

@@ -24,6 +24,7 @@ import platform
 import random
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,11 @@ def rank_path(path: str, rank: int, world_size: int) -> str:
         return path
     stem, ext = os.path.splitext(path)
     return f"{stem}.rank{rank}{ext}"
+
+
+class ResumeWarning(UserWarning):
+    """A run resumed with ``resume_at`` holds other parameters or optimizer state than its trace
+    recorded after the step before."""
 
 
 ENV_PATH, ENV_LEVEL = "TENSORCANON_TRACE", "TENSORCANON_TRACE_LEVEL"
@@ -99,6 +105,7 @@ class Recorder:
         self._local = threading.local()
         self._pid = os.getpid()
         self._fresh: dict[int, Any] = {}  # ops.py: tensors an empty op made, not written since
+        self._expected: dict[tuple[str, str, str], bytes] = {}  # resume check: the state after step resume_at - 1
         self._lock = threading.RLock()
         self._handles: list[Any] = []
         self._mode: Any = None
@@ -156,7 +163,48 @@ class Recorder:
                 if rec.step >= self.resume_at:
                     break
                 offset, check, count = r.offset, r.tail.check, count + 1
+                if rec.step == self.resume_at - 1 and rec.kind in ("param", "optim"):
+                    self._expected[(rec.kind, rec.name, rec.role)] = rec.digest
         return offset, check, count
+
+    def _check_resumed_state(self) -> None:
+        """On the first step after ``resume_at``: the parameters and optimizer state this process
+        holds against those the trace recorded after the step before (a resume check; what differs
+        is said in a :class:`ResumeWarning` and kept in ``PATH.run.json``)."""
+        expected, self._expected = self._expected, {}
+        if not expected:
+            return
+        now: dict[tuple[str, str, str], bytes] = {}
+        opts = self.optimizers
+        for opt in opts:
+            for name, p in self._names(opt):
+                now[("param", name, "value")] = summarize(p, self.algorithm)[2]
+                for key, v in (opt.state.get(p) or {}).items():
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        v = torch.tensor(float(v), dtype=torch.float64)
+                    if _is_tensor(v):
+                        now[("optim", name, str(key))] = summarize(v, self.algorithm)[2]
+        if not opts and self.model is not None:
+            for name, p in self.model.named_parameters():
+                now[("param", name, "value")] = summarize(p, self.algorithm)[2]
+        kinds = {k for k, _, _ in now} | ({"optim"} if opts else set())
+        problems = []
+        for key, digest in sorted(expected.items()):
+            if key[0] not in kinds:
+                continue
+            got = now.get(key)
+            if got is None:
+                problems.append(f"{'optimizer state' if key[0] == 'optim' else 'parameter'} {key[1]} "
+                                f"{key[2]} is missing")
+            elif got != digest:
+                problems.append(f"{'optimizer state' if key[0] == 'optim' else 'parameter'} {key[1]} {key[2]} "
+                                "differs")
+        if problems:
+            assert self.resume_at is not None
+            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+            warnings.warn(f"{self.path}: resumed at step {self.resume_at}, this process's state is not what the "
+                          f"trace recorded after step {self.resume_at - 1}: {shown} (the checkpoint does not hold "
+                          "the run's state, or it was not restored)", ResumeWarning, stacklevel=3)
 
     def _write_facts(self) -> None:
         """The run's facts, kept beside the trace (never compared): ``PATH.run.json``."""
@@ -258,6 +306,8 @@ class Recorder:
                     self._put("data", "batch", "", "batch", path, leaf)
             for name, value in self._rng_states():
                 self._put("rng", "rng", "", name, "state", value)
+            if self._expected:
+                self._check_resumed_state()
             self.phase = "forward"
 
     def loss(self, value: Any) -> Any:
