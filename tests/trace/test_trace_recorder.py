@@ -146,3 +146,28 @@ def test_resuming_checks_the_state_against_the_trace(tmp_path, recwarn):
     assert not [w for w in recwarn if issubclass(w.category, ResumeWarning)]
     with pytest.warns(ResumeWarning, match=r"resumed at step 2.*optimizer state weight exp_avg is missing"):
         _resumed(tmp_path / "lost", restore_optimizer=False)
+
+
+class _Twice(torch.nn.Module):
+    """Uses one tensor, changes it in place, uses it again."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x.exp()
+        a.mul(2)
+        a.add_(1)    # the same object, its version counter bumped
+        return a.mul(2)
+
+
+def test_a_tensor_met_again_is_hashed_again_once_changed_in_place(tmp_path):
+    model = _Twice()
+    x = torch.arange(4096, dtype=torch.float32) / 4096
+    with tensorcanon.trace(tmp_path / "t", level="ops", model=model) as tr:
+        tr.step(x)
+        model(x)
+    muls = [r for r in layout.Reader(tmp_path / "t") if r.name == "aten.mul.Tensor" and r.role == "in.0"]
+    assert len(muls) == 2 and muls[0].digest != muls[1].digest  # exp(x), then exp(x) + 1
+    exp_out = next(r for r in layout.Reader(tmp_path / "t") if r.name == "aten.exp.default" and r.role == "out")
+    assert muls[0].digest == exp_out.digest and muls[0].sumsq == exp_out.sumsq
+    from tensorcanon.trace.summary import summarize
+
+    assert muls[1].digest == summarize((x.exp() + 1), "xxh3-128")[2]

@@ -25,6 +25,7 @@ import random
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +106,7 @@ class Recorder:
         self._local = threading.local()
         self._pid = os.getpid()
         self._fresh: dict[int, Any] = {}  # ops.py: tensors an empty op made, not written since
+        self._seen: dict[int, tuple[Any, int, Any]] = {}  # id -> (weak reference, version, content), this step
         self._expected: dict[tuple[str, str, str], bytes] = {}  # resume check: the state after step resume_at - 1
         self._lock = threading.RLock()
         self._handles: list[Any] = []
@@ -300,6 +302,7 @@ class Recorder:
             self.step_index += 1
             self._calls.clear()
             self._fresh.clear()
+            self._seen.clear()
             self._in_step = True
             if batch is not None:
                 for path, leaf in self._tensor_leaves(batch, "batch"):
@@ -364,11 +367,31 @@ class Recorder:
                 if job is not None:
                     worker.put_job((self.step_index, phase, kind, scope, name, call, role), job)
                     return
-            content = summarize(value, self.algorithm)
+            content = self._summary(value, role.startswith("in"))
         else:
             text = value if isinstance(value, str) else args_text(value)
             content = summarize_text(text[:layout.MAX_TEXT], self.algorithm)
         self.write(Record(self.step_index, phase, kind, scope, name, call, role, *content))
+
+    def _summary(self, t: Any, reuse: bool) -> tuple[str, tuple[int, ...], bytes, float, str]:
+        """The record content of ``t``. Within a step, an input met again unchanged (the same
+        object, the same version counter: an op's output as the next op's input, a weight used by
+        several ops) is not hashed again (``reuse``). Outputs are always hashed: an in-place op's
+        version counter is bumped only after the dispatch mode has seen its output."""
+        try:
+            version = t._version
+        except (RuntimeError, AttributeError):  # inference tensors have no version counter
+            return summarize(t, self.algorithm)
+        seen = self._seen.get(id(t)) if reuse else None
+        if seen is not None and seen[1] == version and seen[0]() is t:
+            return seen[2]
+        content = summarize(t, self.algorithm)
+        if t.numel() >= 1024:
+            try:
+                self._seen[id(t)] = (weakref.ref(t), version, content)
+            except TypeError:
+                pass
+        return content
 
     def write(self, r: Record) -> None:
         if self._worker is not None:
