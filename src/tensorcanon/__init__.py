@@ -32,6 +32,7 @@ from .format.limits import Limits
 from .format.manifest import VERSION as FORMAT_VERSION
 from .format.registry import register, unregister
 from .tools.diff import DiffResult, diff
+from .trace import first_divergence, trace
 from .training.determinism import DeterminismSettings, seed_everything  # (registers DeterminismSettings)
 from .training.rng import RngRestoreError, RngState  # importing rng registers the generator tags
 
@@ -46,6 +47,7 @@ __all__ = [
     "save", "load", "dumps", "loads", "fingerprint", "verify", "read_metadata",
     "open", "LazyFile",
     "diff", "DiffResult",
+    "trace", "first_divergence",
     "register", "unregister", "register_builtin_codecs", "Limits", "FORMAT_VERSION",
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
     "UnsupportedTypeError", "DeviceUnavailableError", "UnsupportedAlgorithmError", "UsageError",

@@ -53,6 +53,7 @@ from ..format.tensorbytes import resolved
 from ..format.tree import Decoder
 from ..io import reader, storage, writer
 from ..io.source import open_path
+from ..trace import command as trace_command
 from . import lockfile, textout, versions
 from .diff import DiffResult, describe, detect_format, diff, load_file, open_lazily
 from .progress import BinaryReader, Progress, ProgressFile
@@ -203,6 +204,8 @@ def _verify_one(given: str, wrap: Callable[[Any, int], Any] | None) -> tuple[str
             from ..sharded import verify as verify_checkpoint  # a sharded checkpoint: every file, every chunk
 
             return "ok", verify_checkpoint(target)
+        if not isinstance(target, storage.Location) and trace_command.is_trace(target):
+            return trace_command.verify_one(target)  # a trace of a training run (docs/TRACE.md)
         fmt = detect_format(target)
         if fmt != "tensorcanon":
             raise FormatError(
@@ -683,16 +686,16 @@ def _first_byte_difference(a: str, b: str) -> str:
             offset += len(x)
 
 
-def _run(cmd: list[str], log: TextIO) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], log: TextIO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd`` in a fresh process, its output going to ``log`` (our stderr), not our stdout."""
     try:
         fd = log.fileno()
     except (AttributeError, OSError, ValueError):  # an in-memory stream (tests): copy the text
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         log.write(proc.stdout.decode("utf-8", "replace"))
         return proc
     log.flush()
-    return subprocess.run(cmd, stdout=fd, stderr=fd)
+    return subprocess.run(cmd, stdout=fd, stderr=fd, env=env)
 
 
 def cmd_repro(args: argparse.Namespace, out: _Out) -> int:
@@ -726,7 +729,7 @@ def cmd_repro(args: argparse.Namespace, out: _Out) -> int:
         for r in range(1, args.runs + 1):
             print(f"{PROG} repro: run {r} of {args.runs}", file=out.stderr, flush=True)
             try:
-                proc = _run(cmd, out.stderr)
+                proc = _run(cmd, out.stderr, trace_command.repro_env(keep, r, args.trace) if args.trace else None)
             except OSError as e:
                 out.error(f"cannot run {cmd[0]!r}: {_message(e)}")
                 return EXIT_ERROR
@@ -756,6 +759,8 @@ def cmd_repro(args: argparse.Namespace, out: _Out) -> int:
                     saved.append(p)
             runs.append(this)
             kept.append(saved)
+        if args.trace:  # each run's trace, and the first divergence between them (docs/TRACE.md)
+            return trace_command.repro_with_traces(lambda o: _report_repro(args, o, runs, kept), out, keep, args.runs)
         return _report_repro(args, out, runs, kept)
 
 
@@ -962,12 +967,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_consolidate)
 
     p = sub.add_parser("repro", parents=[common], help="run a command several times and compare what it writes",
-                       usage=f"{PROG} repro [-h] [--json] [--runs N] --out PATH [PATH ...] -- CMD ...")
+                       usage=f"{PROG} repro [-h] [--json] [--runs N] [--trace LEVEL] --out PATH [PATH ...] -- CMD ...")
     p.add_argument("--runs", type=int, default=2, metavar="N", help="number of runs (default 2)")
     p.add_argument("--out", nargs="+", required=True, metavar="PATH",
                    help="files (or folders) each run writes; none may exist before the first run")
+    p.add_argument("--trace", choices=["steps", "modules", "ops"], metavar="LEVEL", default=None,
+                   help="trace each run at LEVEL (steps, modules, ops: the command records with tensorcanon.trace) "
+                        "and report the first divergence between the runs (docs/TRACE.md)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command, after '--'")
     p.set_defaults(func=cmd_repro)
+
+    trace_command.add_parser(sub, common, trace_command.run)  # diverge (docs/TRACE.md)
     return parser
 
 

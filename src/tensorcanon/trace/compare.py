@@ -1,0 +1,342 @@
+"""The first divergence between two traces (``tensorcanon.first_divergence``, ``tensorcanon diverge``).
+
+Both traces are read as streams, record by record, in lockstep: memory stays bounded whatever
+their length. Records are compared by identity (step, phase, kind, scope, name, call, role) and
+content (dtype, shape, digest; with a tolerance, the relative difference of the L2 norms of float
+records). Traces of different levels are compared on the kinds both recorded. After the first
+divergence the walk goes on, to count what differs later; where the two runs recorded different
+things, it skips to the next step of both.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..format.errors import UsageError
+from . import capture, layout
+from .layout import Record
+
+EQUAL = "inputs equal, output differs"
+INPUTS = "inputs already differ"
+PATHS = "the runs recorded different things"
+ENDS = "one trace ends first"
+
+_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
+                     "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz"})
+GRID_STEPS = 400
+GRID_COLUMNS = 200
+
+_COLUMN = {"batch": "data", "rng": "random state", "loss": "loss", "param": "parameters",
+           "optim": "optimizer state", "grad": "gradients"}
+
+
+def column(r: Record) -> str:
+    """The grid column of a record: its module (an op's module), or what it is."""
+    if r.kind == "module":
+        return r.name or "(model)"
+    if r.kind == "op":
+        return r.scope or ("(backward ops)" if r.phase == "backward" else "(outside modules)")
+    return _COLUMN[r.kind]
+
+
+def distance(a: Record, b: Record) -> float:
+    """0 for equal records; else the relative difference of their L2 norms (inf when the dtype or
+    shape differ, or a float is not finite in one only; a tiny positive number when the norms are
+    equal but the bits are not)."""
+    if a.digest == b.digest and a.dtype == b.dtype and a.shape == b.shape:
+        return 0.0
+    if a.dtype != b.dtype or a.shape != b.shape or a.dtype not in _FLOATS:
+        return math.inf
+    na, nb = math.sqrt(a.sumsq), math.sqrt(b.sumsq)
+    if math.isnan(na) or math.isnan(nb) or math.isinf(na) or math.isinf(nb):
+        return 1e-300 if (math.isnan(na) and math.isnan(nb)) or na == nb else math.inf
+    top = max(na, nb)
+    rel = abs(na - nb) / top if top else 0.0
+    return max(rel, 1e-300)
+
+
+def _content(r: Record) -> dict[str, Any]:
+    d: dict[str, Any] = {"dtype": r.dtype, "shape": list(r.shape), "digest": r.digest.hex(),
+                         "norm": math.sqrt(r.sumsq)}
+    if r.note:
+        d["note"] = r.note
+    return d
+
+
+def identity(r: Record) -> dict[str, Any]:
+    return {"step": r.step, "phase": r.phase, "kind": r.kind, "scope": r.scope, "name": r.name,
+            "call": r.call, "role": r.role}
+
+
+@dataclass
+class Divergence:
+    """What :func:`first_divergence` found. ``same`` is True when every compared record matched
+    and both traces hold the same records; else ``first`` is the first record that differs (its
+    identity, and its content in ``a`` and ``b``), ``verdict`` one of "inputs equal, output
+    differs", "inputs already differ", "the runs recorded different things", "one trace ends
+    first", ``origin`` what the difference is traced back to, ``explanation`` a sentence for people."""
+
+    a: str
+    b: str
+    same: bool = True
+    level: str = "steps"
+    tolerance: float | None = None
+    compared: list[str] = field(default_factory=list)
+    not_compared: list[str] = field(default_factory=list)
+    matched: int = 0
+    last_matched: dict[str, Any] | None = None
+    first: dict[str, Any] | None = None
+    verdict: str = ""
+    origin: str = ""
+    explanation: str = ""
+    later_differing: int = 0
+    later_steps: list[int] = field(default_factory=list)
+    skipped: int = 0
+    records: tuple[int, int] = (0, 0)
+    complete: tuple[bool, bool] = (True, True)
+    notes: list[str] = field(default_factory=list)
+    capture: str = ""
+    grid: dict[tuple[int, str], float] = field(default_factory=dict, repr=False)
+    grid_records: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("grid", "grid_records")}
+        out["records"], out["complete"] = list(self.records), list(self.complete)
+        return _finite(out)
+
+    def lines(self) -> list[str]:
+        """The report for people."""
+        lines = []
+        if self.same:
+            lines.append(f"same: {self.matched} records compared, all equal "
+                         f"({'bitwise' if self.tolerance is None else f'within relative {self.tolerance}'})")
+        else:
+            f = self.first
+            assert f is not None
+            what = f"{f['scope']}/{f['name']}" if f.get("scope") else f.get("name", "")
+            lines.append(f"first divergence: step {f['step']}, phase {f['phase']}, {f['kind']} {what}, "
+                         f"call {f['call']}, role {f['role']}")
+            lines.append(f"verdict: {self.verdict} ({self.origin})")
+            lines.append(f"  {self.explanation}")
+            for side in ("a", "b"):
+                c = f.get(side)
+                if c is not None:
+                    note = f" {c['note']!r}" if "note" in c else ""
+                    lines.append(f"  {side.upper()}: {c['dtype']}{c['shape']} digest {c['digest'][:16]}... "
+                                 f"norm {c['norm']}{note}")
+            if "evidence" in f:
+                for k, v in f["evidence"].items():
+                    lines.append(f"  evidence: {k}: {v}")
+            elif self.capture:
+                lines.append(f"  to see the tensors: rerun both runs with {capture.ENV}='{self.capture}' (or "
+                             "tensorcanon.trace(..., capture=...)), then diverge again")
+            before = (f"everything before it matched: {self.matched} records"
+                      + (f", up to {_where(self.last_matched)}" if self.last_matched else ""))
+            lines.append(before)
+            if self.later_differing:
+                steps = ", ".join(map(str, self.later_steps[:10])) + (" ..." if len(self.later_steps) > 10 else "")
+                lines.append(f"after it: {self.later_differing} more records differ, in steps {steps}")
+            if self.skipped:
+                lines.append(f"not aligned: {self.skipped} records where the runs recorded different things "
+                             "(skipped to the next step of both)")
+        lines.append(f"compared: {', '.join(self.compared)} (level {self.level})")
+        if self.not_compared:
+            lines.append(f"not compared: {'; '.join(self.not_compared)}")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return lines
+
+
+def _finite(v: Any) -> Any:
+    """``v`` with every float that JSON cannot hold (inf, nan) as its text."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else repr(v)
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
+def _where(d: dict[str, Any] | None) -> str:
+    if not d:
+        return ""
+    what = f"{d['scope']}/{d['name']}" if d["scope"] else d["name"]
+    return f"step {d['step']} {d['phase']} {d['kind']} {what} call {d['call']} {d['role']}"
+
+
+def _verdict(r: Record, before_in_group: bool, levels: str) -> tuple[str, str, str]:
+    """(verdict, origin, explanation) for the first record that differs, ``r``; every record before
+    it matched (``before_in_group``: some of the same op's or module's call among them)."""
+    if r.kind == "batch":
+        return INPUTS, "data", (f"the batch of step {r.step} differs ({r.role}) while every record before it "
+                                "matched: the data order or the data itself differs (a sampler or a data "
+                                "random state not restored on resume, augmentation drawing from an unseeded "
+                                "or unrestored generator, workers seeded differently)")
+    if r.kind == "rng":
+        return INPUTS, "random state", (f"the {r.name} random state at the start of step {r.step} differs while "
+                                        "everything before it matched: a random state not restored (on resume) "
+                                        "or seeded differently")
+    if r.kind in ("op", "module") and r.role.startswith("in"):
+        return INPUTS, "an input not recorded before (a parameter, a buffer, state from outside the step)", (
+            f"an input of {r.kind} {r.name} differs although every record before it matched: it was made "
+            "outside what the trace recorded, e.g. parameters or buffers loaded or changed between steps")
+    if r.kind in ("op", "module") and r.role == "args":
+        return INPUTS, "the op's arguments that are not tensors", (
+            f"{r.name} was called with other arguments (not tensors): {r.note!r} in A")
+    if r.kind == "op":
+        return EQUAL, f"op {r.name}", (
+            f"{r.name} gave other bits from equal inputs"
+            f"{' (it has no tensor inputs: a random draw?)' if not before_in_group else ''}: it is not "
+            "deterministic here (a nondeterministic kernel, another thread count, library or machine, or a "
+            "random generator the trace does not record)")
+    if r.kind == "module":
+        return EQUAL, f"module {r.name or '(model)'}", (
+            f"module {r.name or '(model)'} gave another output from equal inputs (its parameters matched after "
+            "the previous optimizer step): something inside it is not deterministic here"
+            + ("; trace at level ops to name the op" if levels != "ops" else ""))
+    if r.kind == "loss":
+        return EQUAL, "the forward pass", ("the loss differs while the batch, the random state and the "
+                                           "parameters matched: the forward pass is not deterministic here; "
+                                           "trace at level modules or ops to name where")
+    if r.kind == "grad":
+        return EQUAL, "the backward pass", ("a gradient differs while the forward pass matched: the backward "
+                                            "pass is not deterministic here"
+                                            + ("; trace at level ops to name the op" if levels != "ops" else ""))
+    what = "parameters" if r.kind == "param" else "optimizer state"
+    return EQUAL, f"the optimizer step ({what})", (
+        f"the {what} after the optimizer step of step {r.step} differ ({r.name} {r.role}) while everything "
+        "recorded before matched: the optimizer's own state before the step differs (not restored on "
+        "resume?) or its update is not deterministic")
+
+
+def _filtered(records: Iterator[Record], kinds: frozenset[str] | None) -> Iterator[Record]:
+    if kinds is None:
+        yield from records
+    else:
+        for r in records:
+            if r.kind in kinds:
+                yield r
+
+
+def first_divergence(a: str | os.PathLike[str], b: str | os.PathLike[str], *, tolerance: float | None = None,
+                     grid: bool = False) -> Divergence:
+    """The first record where traces ``a`` and ``b`` differ, what matched before it and the verdict
+    (:class:`Divergence`). ``tolerance``: compare float records by the relative difference of their
+    L2 norms (a record differs when it exceeds ``tolerance``) instead of bitwise. A trace that stops
+    without its end frame (a crashed run) is compared as far as it goes; a damaged trace raises
+    :class:`~tensorcanon.FormatError` or :class:`~tensorcanon.IntegrityError` naming the file and
+    the record. ``grid``: also keep, per (step, grid column), the largest distance (for
+    ``diverge --html``; at most GRID_STEPS x GRID_COLUMNS cells)."""
+    if tolerance is not None and not (isinstance(tolerance, (int, float)) and tolerance >= 0
+                                      and math.isfinite(tolerance)):
+        raise UsageError(f"tolerance must be a finite number >= 0, not {tolerance!r}")
+    pa, pb = os.fspath(a), os.fspath(b)
+    with layout.Reader(pa, strict=False) as ra, layout.Reader(pb, strict=False) as rb:
+        ha, hb = ra.header, rb.header
+        result = Divergence(pa, pb, tolerance=tolerance)
+        if ha.algorithm != hb.algorithm and tolerance is None:
+            raise UsageError(f"{pa} has {ha.algorithm} digests and {pb} {hb.algorithm}: their digests cannot be "
+                             "compared bitwise; compare with a tolerance, or trace both with one algorithm")
+        level = min(ha.level, hb.level, key=layout.LEVELS.index)
+        result.level = level
+        kinds = layout.kinds_of(level)
+        result.compared = sorted(kinds, key=list(layout.KIND_LEVEL).index)
+        for h, p in ((ha, pa), (hb, pb)):
+            extra = layout.kinds_of(h.level) - kinds
+            if extra:
+                result.not_compared.append(f"the {', '.join(sorted(extra))} records of {p} (level {h.level}; "
+                                           f"the other trace is level {level})")
+        if (ha.rank, ha.world_size) != (hb.rank, hb.world_size):
+            result.notes.append(f"A is rank {ha.rank} of {ha.world_size}, B rank {hb.rank} of {hb.world_size}")
+        _walk(result, _filtered(iter(ra), None if ha.level == level else kinds),
+              _filtered(iter(rb), None if hb.level == level else kinds), tolerance, grid)
+        f = result.first
+        if f is not None and f.get("kind") in ("op", "module") and "a" in f and "b" in f:
+            result.capture = capture.spec_of(f)
+            found = capture.evidence(pa, pb, f)
+            if found is not None:
+                f["evidence"] = found
+        result.records = (ra.tail.records, rb.tail.records)
+        result.complete = (ra.tail.complete, rb.tail.complete)
+        for tail, p in ((ra.tail, pa), (rb.tail, pb)):
+            if not tail.complete and tail.stopped:
+                result.notes.append(f"{p} is incomplete after {tail.records} records: {tail.stopped}")
+    return result
+
+
+def _walk(res: Divergence, ia: Iterator[Record], ib: Iterator[Record], tolerance: float | None,
+          grid: bool) -> None:
+    group: tuple[Any, ...] | None = None
+    in_group = False
+    later_steps: set[int] = set()
+    x, y = next(ia, None), next(ib, None)
+    while x is not None and y is not None:
+        if x.identity != y.identity:
+            if res.same:
+                res.same = False
+                res.first = {**identity(x), "a": _content(x), "b_record": identity(y), "b": _content(y)}
+                res.verdict, res.origin = PATHS, "control flow"
+                res.explanation = (f"A recorded {x.where()} where B recorded {y.where()}: the runs took different "
+                                   "paths (another branch, another number of ops or modules, another batch size)")
+            step = min(x.step, y.step)
+            if grid:
+                _cell(res, x, math.inf)
+            while x is not None and x.step <= step:
+                res.skipped += 1
+                x = next(ia, None)
+            while y is not None and y.step <= step:
+                y = next(ib, None)
+            later_steps.add(step)
+            continue
+        d = 0.0 if (x.digest == y.digest and x.dtype == y.dtype and x.shape == y.shape) else distance(x, y)
+        differs = d > 0.0 if tolerance is None else d > tolerance
+        if grid:
+            _cell(res, x, d)
+        key = x[:6]
+        if key != group:
+            group, in_group = key, False
+        if differs:
+            if res.same:
+                res.same = False
+                res.first = {**identity(x), "a": _content(x), "b": _content(y), "distance": d}
+                res.verdict, res.origin, res.explanation = _verdict(x, in_group, res.level)
+                if grid:
+                    res.grid_records[(x.step, column(x))] = res.first
+            else:
+                res.later_differing += 1
+                if len(later_steps) < 100_000:
+                    later_steps.add(x.step)
+        elif res.same:
+            res.matched += 1
+            res.last_matched = identity(x)
+        in_group = True
+        x, y = next(ia, None), next(ib, None)
+    if x is not None or y is not None:
+        longer, rest, label = ("A", x, ia) if x is not None else ("B", y, ib)
+        assert rest is not None
+        n = 1 + sum(1 for _ in label)
+        if res.same:
+            res.same = False
+            res.first = {**identity(rest), ("a" if longer == "A" else "b"): _content(rest)}
+            res.verdict, res.origin = ENDS, f"{'B' if longer == 'A' else 'A'} stopped"
+            res.explanation = (f"{'B' if longer == 'A' else 'A'} has no more records where {longer} goes on with "
+                               f"{n} more, from {rest.where()}: that run stopped (crashed, was killed, or ran fewer "
+                               "steps); everything both recorded matched")
+        else:
+            res.notes.append(f"{longer} has {n} more records than the other")
+    res.later_steps = sorted(later_steps)
+
+
+def _cell(res: Divergence, r: Record, d: float) -> None:
+    key = (r.step, column(r))
+    old = res.grid.get(key)
+    if old is None:
+        if r.step >= GRID_STEPS or len(res.grid) >= GRID_STEPS * GRID_COLUMNS:
+            return
+        res.grid[key] = d
+    elif d > old:
+        res.grid[key] = d

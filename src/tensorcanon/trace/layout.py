@@ -1,0 +1,327 @@
+"""The trace file's bytes (docs/TRACE.md, "The file"): one place for the writer and every reader.
+
+A trace file is ``MAGIC`` and then frames, each ``u32 length | payload | u64 check``
+(little-endian). The payload is a msgpack array; the check is xxh3-64 of the payload seeded with
+the previous frame's check (0 for the first), so a frame dropped, repeated or moved breaks the
+chain. The first frame is the header, the last one (on a clean close) the end frame; between them
+one frame per record. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO, NamedTuple
+
+import msgpack
+import xxhash
+
+from ..format import digest as digests
+from ..format.dtypes import BY_NAME
+from ..format.errors import FormatError, IntegrityError, UsageError
+from ..io.source import open_fd
+
+MAGIC = b"\x89TCTRC\r\n"
+FORMAT = "tensorcanon-trace"
+VERSION = 1
+MAX_PAYLOAD = 1 << 20
+"""The largest payload a frame may hold, in bytes (a record is ~70 bytes; a long argument note
+is cut to MAX_TEXT characters)."""
+MAX_TEXT = 4096
+MAX_DIMS = 64
+
+TAG_HEADER, TAG_RECORD, TAG_END = 0, 1, 2
+LEVELS = ("steps", "modules", "ops")
+PHASES = ("data", "rng", "forward", "backward", "optimizer")
+KIND_LEVEL = {"batch": "steps", "rng": "steps", "loss": "steps", "param": "steps", "optim": "steps",
+              "module": "modules", "grad": "modules", "op": "ops"}
+"""Every record kind, and the lowest level that records it (a level records its own kinds and
+those of the levels below it)."""
+TEXT_DTYPE = "text"
+"""The dtype of a record that holds a text (an op's arguments that are not tensors), not a tensor."""
+
+_HEAD = struct.Struct("<I")
+_CHECK = struct.Struct("<Q")
+
+
+def kinds_of(level: str) -> frozenset[str]:
+    """The record kinds a trace of ``level`` holds."""
+    upto = LEVELS.index(level)
+    return frozenset(k for k, lv in KIND_LEVEL.items() if LEVELS.index(lv) <= upto)
+
+
+class Record(NamedTuple):
+    """One record: what it is (step .. role) and what it held (dtype .. note)."""
+
+    step: int
+    phase: str
+    kind: str
+    scope: str      # the module a record of an op ran in ("" if none or unknown)
+    name: str       # batch path, generator, module path, op name, parameter name
+    call: int       # how many records of (step, phase, kind, scope, name) came before, per role group
+    role: str       # "in.0", "out", "value", "grad", an optimizer state key ...
+    dtype: str
+    shape: tuple[int, ...]
+    digest: bytes
+    sumsq: float    # float64 sum of squares of the values (of real and imaginary parts)
+    note: str       # "" or the text of a text record
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        return self[:7]
+
+    def where(self) -> str:
+        """The record's identity, for people: ``step 7 forward module layers.3.noise #0 out``."""
+        what = f"{self.scope}/{self.name}" if self.scope else self.name
+        return f"step {self.step} {self.phase} {self.kind} {what} call {self.call} {self.role}"
+
+
+@dataclass(frozen=True)
+class Header:
+    level: str
+    algorithm: str
+    rank: int
+    world_size: int
+
+    def payload(self) -> list[Any]:
+        return [TAG_HEADER, FORMAT, VERSION, self.level, self.algorithm, self.rank, self.world_size]
+
+
+def canonical_float(x: float) -> float:
+    """NaN with one bit pattern (a sum can give either sign), so equal runs write equal bytes."""
+    return math.nan if x != x else x
+
+
+def pack_record(r: Record) -> bytes:
+    return msgpack.packb([TAG_RECORD, *r[:8], list(r.shape), r.digest, canonical_float(r.sumsq), r.note],
+                         use_bin_type=True)
+
+
+class Writer:
+    """Appends frames to a file; ``flush`` makes what was written so far a readable prefix."""
+
+    def __init__(self, fh: BinaryIO, previous: int = 0, count: int = 0) -> None:
+        self.fh = fh
+        self.previous = previous   # the check of the last frame written
+        self.count = count         # records written (the header and end frames are not records)
+
+    def frame(self, payload: bytes) -> None:
+        if len(payload) > MAX_PAYLOAD:
+            raise UsageError(f"a trace record of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+        check = xxhash.xxh3_64_intdigest(payload, seed=self.previous)
+        self.fh.write(_HEAD.pack(len(payload)) + payload + _CHECK.pack(check))
+        self.previous = check
+
+    def record(self, r: Record) -> None:
+        self.frame(pack_record(r))
+        self.count += 1
+
+    def end(self) -> None:
+        self.frame(msgpack.packb([TAG_END, self.count]))
+        self.fh.flush()
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass
+class Tail:
+    """How a read ended: ``complete`` (an end frame that counts the records), or why not."""
+
+    records: int = 0
+    complete: bool = False
+    stopped: str = ""      # "" when complete; else what was found after the last good record
+    offset: int = 0        # the byte offset just past the last good frame
+    check: int = 0         # the check of the last good frame (where an append continues the chain)
+
+
+def _bad(path: str, index: int | str, what: str, offset: int) -> FormatError:
+    return FormatError(f"{path}: trace record {index}: {what}; the file is damaged or not a trace written by "
+                       "tensorcanon (records before it are intact: `tensorcanon verify` checks the file)",
+                       offset=offset)
+
+
+def _int(v: Any, lo: int, hi: int) -> bool:
+    return type(v) is int and lo <= v <= hi
+
+
+def _str(v: Any) -> bool:
+    return type(v) is str and len(v) <= MAX_TEXT
+
+
+def _record(p: Any, algorithm: str) -> Record | str:
+    """The record of a decoded payload, or why it is not one."""
+    if type(p) is not list or len(p) != 13:
+        return "not a record array of 13 items"
+    _, step, phase, kind, scope, name, call, role, dtype, shape, dig, sumsq, note = p
+    if not _int(step, 0, (1 << 63) - 1):
+        return f"step {step!r} is not an integer in [0, 2^63)"
+    if phase not in PHASES:
+        return f"phase {phase!r} is not one of {', '.join(PHASES)}"
+    if kind not in KIND_LEVEL:
+        return f"kind {kind!r} is not one of {', '.join(KIND_LEVEL)}"
+    for label, v in (("scope", scope), ("name", name), ("role", role), ("note", note)):
+        if not _str(v):
+            return f"{label} is not a text of at most {MAX_TEXT} characters"
+    if not _int(call, 0, (1 << 63) - 1):
+        return f"call index {call!r} is not an integer in [0, 2^63)"
+    if dtype != TEXT_DTYPE and dtype not in BY_NAME:
+        return f"dtype {dtype!r} is not a dtype name of docs/FORMAT.md or {TEXT_DTYPE!r}"
+    if type(shape) is not list or len(shape) > MAX_DIMS or not all(_int(d, 0, (1 << 63) - 1) for d in shape):
+        return f"shape {shape!r} is not a list of at most {MAX_DIMS} sizes in [0, 2^63)"
+    if type(dig) is not bytes or len(dig) != digests.size(algorithm):
+        return f"the digest is not {digests.size(algorithm)} bytes of {algorithm}"
+    if type(sumsq) is not float or not (sumsq >= 0 or sumsq != sumsq):
+        return f"sum of squares {sumsq!r} is not a float >= 0, inf or nan"
+    return Record(step, phase, kind, scope, name, call, role, dtype, tuple(shape), dig, sumsq, note)
+
+
+def _header(p: Any) -> Header | str:
+    if type(p) is not list or len(p) != 7 or p[0] != TAG_HEADER or p[1] != FORMAT:
+        return "the first frame is not a tensorcanon-trace header"
+    _, _, version, level, algorithm, rank, world = p
+    if version != VERSION:
+        return f"trace format version {version!r}; this tensorcanon reads version {VERSION} (upgrade it?)"
+    if level not in LEVELS:
+        return f"level {level!r} is not one of {', '.join(LEVELS)}"
+    if algorithm not in digests.ALGORITHMS:
+        return f"digest algorithm {algorithm!r} is not one of {sorted(digests.ALGORITHMS)}"
+    if not _int(world, 1, 1 << 31) or not _int(rank, 0, world - 1):
+        return f"rank {rank!r} of world size {world!r} is not a rank in [0, world size)"
+    return Header(level, algorithm, rank, world)
+
+
+def is_trace(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is a regular file that starts with the trace magic."""
+    try:
+        fd = open_fd(path, "read", "a tensorcanon trace")
+    except (OSError, FormatError):
+        return False
+    try:
+        return os.read(fd, len(MAGIC)) == MAGIC
+    finally:
+        os.close(fd)
+
+
+class Reader:
+    """Streams one trace file's records with bounded memory, checking every frame.
+
+    ``header`` is read on opening. Iterating yields the records in order; afterwards ``tail`` says
+    how the file ended. With ``strict``, a file without its end frame (a run that stopped) is an
+    error at the record where it stops; without, it ends the iteration (``tail.complete`` False,
+    ``tail.stopped`` says why): a crashed run's trace is its valid prefix. A frame whose check
+    fails, or whose payload is not a record, is an error either way (a damaged file).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], strict: bool = True) -> None:
+        self.path = os.fspath(path)
+        self.strict = strict
+        self.tail = Tail()
+        fd = open_fd(self.path, "read", "a tensorcanon trace")  # a regular file: never a FIFO that blocks
+        self.fh: BinaryIO = open(self.path, "rb", buffering=1 << 16, opener=lambda _n, _f: fd)
+        try:
+            magic = self.fh.read(len(MAGIC))
+            if magic != MAGIC:
+                raise FormatError(f"{self.path}: not a tensorcanon trace (it does not start with the trace "
+                                  "magic bytes; docs/TRACE.md)", offset=0)
+            self.offset = len(MAGIC)
+            got = self._frame("header")
+            if got is None:
+                raise FormatError(f"{self.path}: the trace ends before its header ({self.tail.stopped})",
+                                  offset=self.offset)
+            header = _header(_unpack(got, self.path, "header", self.offset))
+            if isinstance(header, str):
+                raise _bad(self.path, "header", header, len(MAGIC))
+            self.header = header
+        except BaseException:
+            self.fh.close()
+            raise
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.fh.close()
+
+    def _frame(self, index: int | str) -> bytes | None:
+        """The next frame's payload after its check, or None at the end of the file or of its
+        complete frames (``tail.stopped`` says which)."""
+        head = self.fh.read(4)
+        if not head:
+            self.tail.stopped = "the file ends without an end frame (the run stopped before closing the trace)"
+            return None
+        (n,) = _HEAD.unpack(head) if len(head) == 4 else (-1,)
+        if n < 0:
+            self.tail.stopped = f"the file ends inside record {index}'s length ({len(head)} of 4 bytes)"
+            return None
+        if n > MAX_PAYLOAD:
+            raise _bad(self.path, index, f"a length of {n} bytes, more than the {MAX_PAYLOAD} a frame may have",
+                       self.offset)
+        body = self.fh.read(n + 8)
+        if len(body) < n + 8:
+            self.tail.stopped = (f"the file ends inside record {index} ({len(body)} of its {n + 8} bytes after "
+                                 "the length)")
+            return None
+        payload = body[:n]
+        check = xxhash.xxh3_64_intdigest(payload, seed=self.tail.check)
+        if _CHECK.unpack_from(body, n)[0] != check:
+            raise IntegrityError(path=f"trace record {index}", message=(
+                                 f"{self.path}: trace record {index}: its check does not match its bytes "
+                                 f"(at byte {self.offset}): the file was changed or damaged from here on; "
+                                 f"the {self.tail.records} records before it are intact"))
+        self.tail.check = check
+        self.offset += 4 + n + 8
+        self.tail.offset = self.offset
+        return payload
+
+    def __iter__(self) -> Iterator[Record]:
+        algorithm, path, tail = self.header.algorithm, self.path, self.tail
+        while True:
+            index = tail.records
+            start = self.offset
+            payload = self._frame(index)
+            if payload is None:
+                if self.strict:
+                    raise FormatError(f"{path}: incomplete trace: {tail.stopped}; its {index} records are "
+                                      "intact (a crashed run's trace: `tensorcanon diverge` compares that prefix)",
+                                      offset=self.offset)
+                return
+            p = _unpack(payload, path, index, start)
+            if type(p) is list and p and p[0] == TAG_END:
+                if len(p) != 2 or p[1] != index:
+                    raise _bad(path, index, f"an end frame counting {p[1:]!r} records, not {index}", start)
+                if self.fh.read(1):
+                    raise _bad(path, index + 1, "bytes after the end frame", self.offset)
+                tail.complete, tail.stopped = True, ""
+                return
+            if type(p) is not list or not p or p[0] != TAG_RECORD:
+                raise _bad(path, index, "a frame that is neither a record nor the end frame", start)
+            r = _record(p, algorithm)
+            if isinstance(r, str):
+                raise _bad(path, index, r, start)
+            tail.records += 1
+            yield r
+
+
+def _unpack(payload: bytes, path: str, index: int | str, offset: int) -> Any:
+    try:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=MAX_PAYLOAD,
+                               max_str_len=MAX_PAYLOAD, max_array_len=MAX_DIMS + 16, max_map_len=0,
+                               max_ext_len=0)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, TypeError) as e:
+        raise _bad(path, index, f"its payload is not valid msgpack ({e})", offset) from None
+
+
+def verify(path: str | os.PathLike[str]) -> tuple[Header, int]:
+    """Check every frame of a trace file; ``(header, records)`` when it is complete and intact,
+    else :class:`FormatError` / :class:`IntegrityError` naming the file and the record."""
+    with Reader(path, strict=True) as r:
+        for _ in r:
+            pass
+        return r.header, r.tail.records

@@ -1,0 +1,110 @@
+"""A tensor's record content: its dtype name, shape, digest and float64 sum of squares.
+
+The digest is the format's tensor digest (format/digest.py: dtype name, shape and the canonical
+bytes of format/tensorbytes.py), so equal values give equal digests on any device or machine.
+The sum of squares is summed in a fixed order (chunks of ``CHUNK`` elements, each by numpy's
+pairwise sum, the chunks in order), so equal bytes also give equal sums, whatever the thread count.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..format import digest as digests, optional
+from ..format.dtypes import BY_NAME
+from ..format.tensorbytes import host_bytes, unsaveable
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+else:
+    torch = optional.torch_module(globals())
+    np = optional.numpy_module(globals())
+
+CHUNK = 1 << 16
+_FLOAT_VIEW = {"complex64": "<f4", "complex128": "<f8"}
+
+
+def sum_of_squares(data: memoryview, dtype_name: str, t: Any = None, floats: Any = None) -> float:
+    """The float64 sum of the squares of the values in ``data`` (of a tensor of ``dtype_name``;
+    ``t`` the tensor itself, converted by torch for the dtypes numpy lacks, or ``floats`` that
+    conversion already made)."""
+    row = BY_NAME[dtype_name]
+    if row.numpy is not None:
+        a = np.frombuffer(data, dtype=_FLOAT_VIEW.get(dtype_name, row.numpy))
+    elif floats is not None:
+        a = floats
+    elif t is not None and dtype_name in _TORCH_CONVERTED:
+        u = t.detach()
+        u = torch.view_as_real(u.to(torch.complex64)) if dtype_name == "complex32" else u.to(torch.float32)
+        a = u.cpu().contiguous().reshape(-1).numpy()
+    else:  # sub-byte and exotic types: the sum of squares of the bytes, a summary all the same
+        a = np.frombuffer(data, dtype=np.uint8)
+    total = 0.0
+    for i in range(0, a.size, CHUNK):
+        c = a[i:i + CHUNK].astype(np.float64)
+        c *= c
+        total += float(np.add.reduce(c))
+    return total
+
+
+def detached(t: Any) -> tuple[str, tuple[int, ...], bytes, Any] | None:
+    """What hashing ``t`` needs, copied so that ``t`` may change at once: ``(dtype name, shape, its
+    canonical bytes, the values of a dtype numpy lacks as float32 or None)``; None for a tensor
+    :func:`summarize` hashes as a note."""
+    if unsaveable(t) is not None:
+        return None
+    row = _BY_TORCH.get(t.dtype)
+    if row is None:
+        from ..format.dtypes import BY_TORCH
+
+        _BY_TORCH.update(BY_TORCH)
+        row = BY_TORCH[t.dtype]
+    data = bytes(host_bytes(t, "tensor"))
+    floats = None
+    if row.numpy is None and row.name in _TORCH_CONVERTED:
+        u = t.detach()
+        u = torch.view_as_real(u.to(torch.complex64)) if row.name == "complex32" else u.to(torch.float32)
+        floats = u.cpu().contiguous().reshape(-1).numpy().copy()
+    return row.name, tuple(t.shape), data, floats
+
+
+def finish(dtype_name: str, shape: tuple[int, ...], data: bytes, floats: Any,
+           algorithm: str) -> tuple[str, tuple[int, ...], bytes, float, str]:
+    """The record content of :func:`detached`'s copy (on any thread: numpy and xxhash release the GIL)."""
+    h = digests.tensor_hasher(dtype_name, shape, algorithm)
+    h.update(data)
+    view = memoryview(data)
+    return dtype_name, shape, h.digest(), sum_of_squares(view, dtype_name, None, floats), ""
+
+
+_TORCH_CONVERTED = ("bfloat16", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "complex32")
+
+
+def summarize(t: Any, algorithm: str) -> tuple[str, tuple[int, ...], bytes, float, str]:
+    """``(dtype name, shape, digest, sum of squares, note)`` of tensor ``t``. A tensor whose bytes
+    cannot be read (a meta or sparse tensor, a subclass) gets an empty digest text record and a
+    note saying why."""
+    why = unsaveable(t)
+    if why is not None:
+        note = f"not hashed: {type(t).__name__} {t.dtype} {list(t.shape)}"[:200]
+        return "text", (), digests.constructor(algorithm)(note.encode()).digest(), 0.0, note
+    row = _BY_TORCH.get(t.dtype)
+    if row is None:
+        from ..format.dtypes import BY_TORCH
+
+        _BY_TORCH.update(BY_TORCH)
+        row = BY_TORCH[t.dtype]
+    shape = tuple(t.shape)
+    data = host_bytes(t, "tensor")
+    h = digests.tensor_hasher(row.name, shape, algorithm)
+    h.update(data)
+    return row.name, shape, h.digest(), sum_of_squares(data, row.name, t), ""
+
+
+_BY_TORCH: dict[Any, Any] = {}
+
+
+def summarize_text(text: str, algorithm: str) -> tuple[str, tuple[int, ...], bytes, float, str]:
+    """A text record's content: the digest of its UTF-8 bytes, and the text itself."""
+    return "text", (), digests.constructor(algorithm)(text.encode("utf-8")).digest(), 0.0, text

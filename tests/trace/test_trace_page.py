@@ -1,0 +1,62 @@
+"""``tensorcanon diverge --html``: one self-contained page, rendered in a real headless browser
+(Debian's chromium, which .ci/run installs), whose marked cell is the first divergence."""
+
+from __future__ import annotations
+
+import html.parser
+import re
+import shutil
+import subprocess
+
+from test_trace_file import D1, rec, write
+
+from tensorcanon.tools.cli import main as cli
+
+
+def _traces(tmp_path):
+    a, b = tmp_path / "a.trace", tmp_path / "b.trace"
+    records = [rec(s, name=n, call=0) for s in range(5) for n in ("aten.mm.default", "aten.add.Tensor")]
+    records += [rec(s, kind="module", name=m) for s in range(5) for m in ("blocks.0", "blocks.1")]
+    records.sort(key=lambda r: r.step)
+    write(a, records)
+    changed = [r._replace(digest=D1, sumsq=2.0) if (r.step, r.name) in ((2, "blocks.1"), (3, "blocks.0"),
+                                                                         (4, "aten.mm.default")) else r
+               for r in records]
+    write(b, changed)
+    return a, b
+
+
+class _Refs(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.refs += [v for k, v in attrs if k in ("src", "href") and v]
+
+
+def test_the_page_is_self_contained_and_marks_the_first_divergence_in_a_browser(tmp_path):
+    a, b = _traces(tmp_path)
+    page = tmp_path / "page.html"
+    assert cli(["diverge", "--html", str(page), str(a), str(b)]) == 1
+    text = page.read_text(encoding="utf-8")
+    refs = _Refs()
+    refs.feed(text)
+    assert refs.refs == [] and "@import" not in text and "url(" not in text  # nothing fetched
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "the page test needs Debian's chromium (.ci/run installs it: apt-get install -y chromium)"
+    profile = tmp_path / "profile"
+    dom = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--no-first-run", "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
+         "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120).stdout
+    body = re.search(r"<body([^>]*)>", dom)
+    assert body, dom[:2000]
+    attrs = dict(re.findall(r'data-([\w-]+)="([^"]*)"', body.group(1)))
+    # the page's script ran in the browser, found the marked cell, and it is the first divergence
+    assert attrs.get("first") == "2|blocks.1", attrs
+    assert attrs.get("earliest-differing") == "2|blocks.1", attrs
+    assert int(attrs["first-index"]) >= 0
+    # the details beside the grid name the record
+    assert "first divergence: step 2" in dom and "blocks.1" in dom
