@@ -254,7 +254,7 @@ def test_an_object_that_is_also_a_checkpoint_is_refused_everywhere(s3_direct, tm
                      ["lock", base, "-o", str(tmp_path / "t.lock")]):
             assert cli.main(argv) == 2, argv
             assert "is ambiguous" in capsys.readouterr().err
-        assert cli.main(["check", "--allow", f"s3://{BUCKET}/", str(locked)]) != 0  # (the entry fails: the CLI's status)
+        assert cli.main(["check", "--allow", f"s3://{BUCKET}/", str(locked)]) != 0  # (the entry fails)
         captured = capsys.readouterr()
         assert "is ambiguous" in captured.out + captured.err
         assert not (tmp_path / "t.lock").exists()
