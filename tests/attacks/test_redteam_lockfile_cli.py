@@ -401,3 +401,30 @@ def test_diverge_html_into_a_missing_folder_is_a_clean_error(tmp_path):
     b = trace(tmp_path, "b.trace", header(), rec(digest=bytes(16)), end(1))
     code, out, err = run_cli("diverge", "--html", str(tmp_path / "no" / "x.html"), a, b)
     _assert_clean(code, out, err)
+
+
+# -- confinement of what a line's file leads to -------------------------------------------------
+
+@pytest.mark.parametrize("which", ["rank", "index"])
+def test_a_sharded_directory_line_cannot_read_files_outside_through_symlinks(tmp_path, which):
+    """A line naming a sharded checkpoint directory inside the folder, whose rank file (or index)
+    is a symlink to a file outside it: `check` would read outside the lockfile's folder, which the
+    confinement rule forbids ("its real path (symlinks followed) included")."""
+    import torch
+
+    import tensorcanon.dcp as dcp
+
+    folder = tmp_path / "repo"
+    outside = tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    ck = folder / "ckpt"
+    dcp.save({"w": torch.arange(6.0)}, str(ck))
+    code, out, err = run_cli("lock", "-o", str(folder / "t.lock"), str(ck))
+    assert code == 0, err
+    victim = next(p for p in ck.iterdir() if (p.name == "index.safetensors") == (which == "index"))
+    moved = outside / victim.name
+    victim.rename(moved)
+    victim.symlink_to(moved)
+    code, out, err = run_cli("check", str(folder / "t.lock"))
+    assert code != 0, f"check read {moved} outside the lockfile's folder through a symlink: {out}"

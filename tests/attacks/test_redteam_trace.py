@@ -352,3 +352,55 @@ def test_a_million_records_stream_in_bounded_memory(tmp_path):
     assert same == "False"
     # the two traces are ~70 MB each; streaming must not hold them: allow 64 MiB of growth
     assert int(grew_kib) < 64 * 1024, f"memory grew by {int(grew_kib) // 1024} MiB"
+
+
+# -- more ways to make the report say "same" -----------------------------------------------------
+
+def test_tolerance_still_compares_dtype_and_shape(tmp_path):
+    """TRACE.md: records are compared by dtype, shape and digest; --tolerance replaces only the
+    digest comparison of float records by their norms."""
+    a = trace(tmp_path, "a.trace", header(), rec(dtype="float32", shape=(2, 4), sumsq=4.0), end(1))
+    b = trace(tmp_path, "b.trace", header(), rec(dtype="float64", shape=(8,), digest=D16B, sumsq=4.0),
+              end(1))
+    d = tensorcanon.first_divergence(a, b, tolerance=0.1)
+    assert not d.same, "records of different dtype and shape passed the tolerance"
+
+
+def test_tolerance_never_applies_to_integer_records(tmp_path):
+    a = trace(tmp_path, "a.trace", header(), rec(dtype="int64", sumsq=4.0), end(1))
+    b = trace(tmp_path, "b.trace", header(), rec(dtype="int64", digest=D16B, sumsq=4.0), end(1))
+    assert not tensorcanon.first_divergence(a, b, tolerance=0.5).same
+
+
+def test_a_trace_without_its_end_frame_is_not_the_same_as_a_complete_one(tmp_path):
+    a = trace(tmp_path, "a.trace", header(), rec(), rec(step=1), end(2))
+    b = trace(tmp_path, "b.trace", header(), rec())
+    d = tensorcanon.first_divergence(a, b)
+    assert not d.same
+
+
+def test_an_empty_trace_is_not_the_same_as_a_full_one(tmp_path):
+    a = trace(tmp_path, "a.trace", header(), rec(), rec(step=1), end(2))
+    b = trace(tmp_path, "b.trace", header(), end(0))
+    assert not tensorcanon.first_divergence(a, b).same
+
+
+def test_a_header_level_cannot_hide_records_that_differ(tmp_path):
+    """Both traces hold module records and they differ; A's header claims level "steps", so the
+    kinds compared are those of "steps" and the module records are dropped: the report says the
+    runs are the same. A reader must refuse a record of a kind its level does not record."""
+    m = dict(phase="forward", kind="module", scope="0", name="Linear", role="out")
+    a = trace(tmp_path, "a.trace", header(level="steps"), rec(), rec(**m), end(2))
+    b = trace(tmp_path, "b.trace", header(level="modules"), rec(), rec(**m, digest=D16B), end(2))
+    try:
+        d = tensorcanon.first_divergence(a, b)
+    except TensorCanonError:
+        return
+    assert not d.same, "records that differ were hidden by a header's level"
+
+
+def test_traces_of_different_algorithms_with_equal_bytes_are_not_same(tmp_path):
+    """A sha256 trace and an xxh3-128 trace cannot hold equal digests of the same bytes."""
+    a = trace(tmp_path, "a.trace", header(algorithm="sha256"), rec(digest=b"\1" * 32), end(1))
+    b = trace(tmp_path, "b.trace", header(algorithm="sha256"), rec(digest=b"\1" * 16 + b"\2" * 16), end(1))
+    assert not tensorcanon.first_divergence(a, b).same
