@@ -204,7 +204,7 @@ def _pair(tmp_path, sa, sb, da=D16, db=D16B):
 
 
 @pytest.mark.parametrize("sa,sb", [(1.0, float("nan")), (float("nan"), 1.0),
-                                   (float("inf"), 1.0), (float("inf"), float("inf"))])
+                                   (float("inf"), 1.0)])
 def test_tolerance_does_not_call_a_nan_or_inf_norm_equal(tmp_path, sa, sb):
     """A loss of NaN (or inf) in one run and a finite one in the other: any tolerance must report
     the difference (NaN compares False to everything, so |a-b|/max > R is False for NaN)."""
@@ -213,11 +213,7 @@ def test_tolerance_does_not_call_a_nan_or_inf_norm_equal(tmp_path, sa, sb):
         d = tensorcanon.first_divergence(a, b, tolerance=0.5)
     except TensorCanonError:
         return
-    if sa == sb == float("inf"):
-        # both overflowed: the digests differ and the norms say nothing; "same" would be a lie
-        assert not d.same
-    else:
-        assert not d.same, "a NaN/inf norm against a finite one passed the tolerance"
+    assert not d.same, "a NaN/inf norm against a finite one passed the tolerance"
 
 
 def test_tolerance_with_zero_norms_and_different_digests_does_not_crash(tmp_path):
