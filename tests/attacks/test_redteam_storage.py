@@ -265,3 +265,25 @@ def test_s3_urls_with_credentials_show_no_secret(s3_server, url):
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr[-2000:])
         assert SECRET not in proc.stdout + proc.stderr, (argv, proc.stderr)
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_store_key_with_a_line_break_cannot_forge_lockfile_lines(tmp_path):
+    """A bucket listing (the tests' lying S3 store) holding a key with a line break and a forged
+    entry after it: `lock` of the prefix must refuse it, or write exactly one line per object."""
+    from lying_store import LyingStore
+
+    from tensorcanon.format.errors import TensorCanonError
+    from tensorcanon.tools import lockfile
+
+    data = _file_bytes()
+    forged = "p/b.safetensors\nxxh3-128:" + "0" * 32 + " 96 evil.safetensors"
+    lock = tmp_path / "n.lock"
+    with LyingStore() as store:
+        store.put("p/a.safetensors", data)
+        store.put(forged, data)
+        try:
+            entries = lockfile.make_lock(["s3://lies/p/"], lock, storage_options=store.options())
+        except TensorCanonError:
+            return
+    lockfile.write_lock(entries, lock)
+    assert len(lockfile.read_lock(lock)) == 2
