@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import subclasses
 from .errors import UnsupportedTypeError, UsageError
 
 __all__ = ["register", "unregister"]
@@ -142,7 +143,9 @@ def register(
     """Allow instances of ``cls`` (and of its subclasses) to be saved and loaded.
 
     Dataclasses, NamedTuples and Enums need no codec: their fields (or value)
-    are saved. Any other class needs ``encode`` (instance to a saveable value)
+    are saved; nor do tensor subclasses that implement ``__tensor_flatten__`` and
+    ``__tensor_unflatten__`` (their inner tensors, flatten context, size and
+    stride are saved: docs/FORMAT.md §6.10.5). Any other class needs ``encode`` (instance to a saveable value)
     and ``decode`` (that value back to an instance). ``name`` is what the file
     records; it defaults to ``"module.QualName"`` and must be the same in the
     process that loads the file. Returns ``cls``, so it can be a decorator.
@@ -177,6 +180,8 @@ def register(
             encode, decode = _namedtuple_codec(cls)
         elif issubclass(cls, enum.Enum):
             encode, decode = _enum_codec(cls)
+        elif subclasses.implements_flatten(cls):  # a tensor subclass (docs/FORMAT.md §6.10.5)
+            encode, decode = subclasses.codec(cls)
         else:
             raise UsageError(
                 f"{cls.__qualname__} is not a dataclass, NamedTuple or Enum: "
