@@ -405,3 +405,43 @@ def test_uninitialized_parameters_advise_a_forward_pass_which_works():
     other = torch.nn.LazyLinear(2)
     other.initialize_parameters(torch.ones(1, 3))  # the other advice
     assert round_trip(other.state_dict())["weight"].shape == (2, 3)
+
+
+# ------------------------------------------------------------------ tensorcanon.dcp
+
+
+def test_dcp_saves_the_kinds_and_load_unsharded_gives_them_back(tmp_path):
+    import tensorcanon.dcp as tcd
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    t = torch.ones(2)
+    t.foo = "bar"
+    state = {"s": coo(), "m": torch.empty(3, device="meta"), "t": t,
+             "j": torch.nested.nested_tensor([torch.ones(1, 2), torch.ones(2, 2)], layout=torch.jagged)}
+    digest = tcd.save(state, tmp_path / "a")
+    assert digest == tc.fingerprint(state)  # the logical digest is the unsharded state's
+    assert_same(state, tcd.load_unsharded(tmp_path / "a"))
+    x = TwoTensor(torch.ones(1), torch.zeros(1))
+    with pytest.raises(UnsupportedTypeError, match=r"tensorcanon.register\(TwoTensor\)"):
+        tcd.save({"x": x}, tmp_path / "b")
+    tc.register(TwoTensor)
+    try:
+        tcd.save({"x": x}, tmp_path / "c")
+        assert type(tcd.load_unsharded(tmp_path / "c")["x"]) is TwoTensor
+    finally:
+        tc.unregister(TwoTensor)
+
+
+def test_async_staging_copies_the_kinds_and_keeps_attributes():
+    from tensorcanon.dcp.staging import staged_copy
+
+    t = torch.ones(2)
+    t.foo = [1]
+    s = torch.eye(2).to_sparse()
+    j = torch.nested.nested_tensor([torch.ones(1, 2)], layout=torch.jagged)
+    j.note = 3
+    out = staged_copy({"t": t, "t2": t, "s": s, "j": j, "m": torch.empty(2, device="meta")})
+    assert out["t"].foo == [1] and out["t"] is out["t2"] and out["t"] is not t
+    assert out["j"] is not j and out["j"].note == 3 and out["m"].is_meta
+    s._values().add_(5)  # a change after staging does not reach the staged copy
+    assert torch.equal(out["s"].to_dense(), torch.eye(2))

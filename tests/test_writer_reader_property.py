@@ -392,7 +392,7 @@ def tensor_kinds(draw: st.DrawFn) -> Made:
         t = torch.empty(tuple(draw(st.lists(st.integers(0, 5), max_size=3))), dtype=dtype, device="meta")
     elif what == "attrs":
         t = torch.nn.Parameter(dense.clone(), requires_grad=grad) if grad else dense.clone()
-        for name in draw(st.lists(st.sampled_from(["foo", "_bar", "é", "names"]), max_size=3, unique=True)):
+        for name in draw(st.lists(st.sampled_from(["foo", "_bar", "é", "labels"]), max_size=3, unique=True)):
             setattr(t, name, draw(st.one_of(key_leaves, st.just([1, "a"]), st.just(print), st.just(torch.ones(1)))))
     else:
         t = draw(st.sampled_from([

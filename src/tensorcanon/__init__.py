@@ -14,6 +14,7 @@ Example::
 from typing import TYPE_CHECKING, Any
 
 from .api import dumps, fingerprint, load, loads, read_metadata, save, verify
+from .format import tensorkinds as _tensorkinds  # noqa: F401 - registers the tensor tags of FORMAT.md §6.10
 from .format.codecs import register_all as register_builtin_codecs
 from .format.errors import (
     DeviceUnavailableError,
@@ -31,7 +32,6 @@ from .format.errors import (
 from .format.limits import Limits
 from .format.manifest import VERSION as FORMAT_VERSION
 from .format.registry import register, unregister
-from .format import tensorkinds as _tensorkinds  # noqa: F401 - registers the tensor tags of FORMAT.md §6.10
 from .tools.diff import DiffResult, diff
 from .training.determinism import DeterminismSettings, seed_everything  # (registers DeterminismSettings)
 from .training.rng import RngRestoreError, RngState  # importing rng registers the generator tags

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import dtypes, optional, tensorbytes, tree
+from .subclasses import implements_flatten
 
 if TYPE_CHECKING:
     import torch
@@ -163,19 +164,65 @@ def _parts(enc: tree.Encoder, names: Sequence[Any], parts: Sequence[Any], depth:
     return out
 
 
+def sparse_parts(v: Any) -> list:
+    """The parts a sparse tensor is written as (§6.10.1), in order: a COO tensor's of its coalesced
+    copy (canonical: the same value gives the same bytes; ``v`` itself is left as it is)."""
+    t = v.detach()
+    if t.layout is torch.sparse_coo:
+        if not t.is_coalesced():
+            t = t.coalesce()
+        parts = [t._indices(), t._values()]
+    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = [t.crow_indices(), t.col_indices(), t.values()]
+    else:
+        parts = [t.ccol_indices(), t.row_indices(), t.values()]
+    return [p.detach() for p in parts]
+
+
+def is_jagged(v: Any) -> bool:
+    """Whether ``v`` is a jagged nested tensor (a subclass of torch.Tensor that §6.10.2 holds)."""
+    return bool(getattr(v, "is_nested", False)) and type(v).__name__ == "NestedTensor"
+
+
+def attributes(v: Any) -> dict:
+    """The attributes a program set on tensor ``v`` (§6.10.4): its ``__dict__``, less a jagged nested
+    tensor's own state; none for other subclasses (a registered one saves what it flattens to)."""
+    if type(v) in (torch.Tensor, torch.nn.Parameter):
+        return v.__dict__
+    if is_jagged(v):
+        own = jagged_state()
+        return {k: a for k, a in v.__dict__.items() if k not in own}
+    return {}
+
+
+def parts(v: Any) -> tuple[str, list[tuple[Any, Any]]] | None:
+    """``(what v is, [(path step, part), ...])`` for a tensor the plain ``tensor`` node does not hold as
+    it is, its parts as a writer writes them; None for a plain dense tensor. For tools (diff) that
+    compare such tensors part by part; a subclass that flattens gives its inner tensors."""
+    cls = type(v)
+    if cls not in (torch.Tensor, torch.nn.Parameter) and not is_jagged(v):
+        if callable(getattr(cls, "__tensor_flatten__", None)):
+            names, _ = v.__tensor_flatten__()
+            return cls.__qualname__, [(n, getattr(v, n)) for n in names]
+        return cls.__qualname__, []
+    if v.is_quantized:
+        return "quantized", []
+    if v.is_meta:
+        return "meta", []
+    if v.is_nested:
+        t = v.detach()
+        return f"nested {str(t.layout).removeprefix('torch.')}", list(enumerate(p.detach() for p in t.unbind()))
+    layout = _layout_name(v.layout)
+    if layout is not None:
+        return f"sparse {layout}", list(zip(LAYOUTS[layout], sparse_parts(v), strict=True))
+    return None
+
+
 def _enc_sparse(enc: tree.Encoder, v: Any, depth: int) -> list:
     layout = _layout_name(v.layout)
     assert layout is not None
     t = v.detach()
-    if layout == "coo":
-        if not t.is_coalesced():
-            t = t.coalesce()  # canonical: the same value gives the same bytes (a copy; v is unchanged)
-        parts = [t._indices(), t._values()]
-    elif layout in ("csr", "bsr"):
-        parts = [t.crow_indices(), t.col_indices(), t.values()]
-    else:
-        parts = [t.ccol_indices(), t.row_indices(), t.values()]
-    parts = [p.detach() for p in parts]
+    parts = sparse_parts(v)
     size = list(t.shape)
     problem = sparse_problem(layout, size, parts)
     if problem is None and layout != "coo":
@@ -245,7 +292,7 @@ def _refusal(v: Any) -> str:
     if cls not in (torch.Tensor, torch.nn.Parameter):
         if "FakeTensor" in cls.__name__ or cls.__name__ in ("ShardedTensor", "DTensor"):
             return tensorbytes.unsaveable(v) or f"tensor subclass {name} is not supported"
-        if callable(getattr(cls, "__tensor_flatten__", None)) and callable(getattr(cls, "__tensor_unflatten__", None)):
+        if implements_flatten(cls):
             return (f"tensor subclass {name} is not registered: it implements __tensor_flatten__/"
                     f"__tensor_unflatten__, so call tensorcanon.register({cls.__qualname__}) before saving and "
                     "loading (tensorcanon never imports a class named in a file)")
@@ -275,7 +322,7 @@ def encode_special(enc: tree.Encoder, v: Any, depth: int) -> list:
     seen = memo.get(id(v))
     if seen is not None:
         return seen[1]
-    attrs = v.__dict__ if type(v) in (torch.Tensor, torch.nn.Parameter) else {}
+    attrs = attributes(v)
     if type(v) in (torch.Tensor, torch.nn.Parameter) and not v.is_quantized:
         if v.is_meta and v.layout is torch.strided:
             inner = _enc_meta(enc, v, depth)
@@ -287,9 +334,7 @@ def encode_special(enc: tree.Encoder, v: Any, depth: int) -> list:
             return _enc_attrs(enc, v, enc.plain_tensor(v, merge=False), attrs, depth)
         else:
             raise enc.unsupported(_refusal(v))
-    elif getattr(v, "is_nested", False) and type(v).__name__ == "NestedTensor":
-        own = jagged_state()
-        attrs = {k: a for k, a in v.__dict__.items() if k not in own}
+    elif is_jagged(v):
         inner = _enc_nested(enc, v, depth)
     else:
         raise enc.unsupported(_refusal(v))
@@ -341,6 +386,8 @@ def _components(dec: tree.Decoder, names: Sequence[Any], nodes: Sequence[Any], d
         if tree.tag_of(node) != "tensor":
             raise dec.error(f"the component {tree.paths.show(name)} must be a 'tensor' node")
         with dec.at(name):
+            if dec.visit is not None:  # (the parts are values of the tree's walk: tree.nodes, inspect)
+                dec.visit(dec.current_path(), node)
             out.append(dec.decode(node, depth))
     return out
 
@@ -469,6 +516,23 @@ def _dec_attrs(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
         return None
     value.__dict__.update(attrs)
     return value
+
+
+TAGS = ("sparse", "nested", "meta")
+
+
+def row_of(node: Sequence[Any], table: Sequence[Any]) -> dict:
+    """What ``inspect`` shows for a checked ``sparse``, ``nested`` or ``meta`` node (without torch): its
+    type, and its dtype and shape as the value (its parts, which hold the bytes, are rows of their
+    own); ``table`` gives the parts' rows (their ``dtype.name``)."""
+    tag = node[0]
+    if tag == "sparse":
+        return {"type": f"sparse_{node[1]} {node[3]}",
+                "value": f"{table[node[-1][1]].dtype.name}{list(node[2][1:])}"}
+    if tag == "meta":
+        return {"type": f"meta {node[3]}", "value": f"{node[1]}{list(node[2][1:])}, no data"}
+    return {"type": f"nested {node[1]} tensor",
+            "value": f"{node[2]}, {len(node) - 4} elements" if node[1] == "strided" else node[2]}
 
 
 # --------------------------------------------------------------------------- registration

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO, TypeVar
 
 from .. import __version__
-from ..format import devices, digest, manifest, paths, tree
+from ..format import devices, digest, manifest, paths, tensorkinds, tree
 from ..format.errors import FileAccessError, FormatError, IntegrityError, MissingDependencyError, TensorCanonError
 from ..format.limits import DEFAULT, Limits
 from ..format.tensorbytes import resolved
@@ -276,6 +276,10 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Li
         row: dict[str, Any] = {"path": where, "type": None, "dtype": None, "shape": None, "device": None,
                "bytes": None, "digest": None, "value": None, "same_as": None}
         tag = tree.tag_of(node)
+        with_attributes = tag == "tensor.attrs"  # a tensor with attributes set on it (FORMAT.md §6.10.4)
+        if with_attributes:
+            node = node[1]
+            tag = tree.tag_of(node)
         if tag == "tensor":
             info = table[node[1]]
             row.update(type=info.kind, dtype=info.dtype.name, shape=list(info.shape), device=info.device,
@@ -290,11 +294,15 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Li
             row.update(type=_CONTAINERS[tag], value=f"{n} {unit}{'s' if n != 1 else ''}")
         elif tag == "obj":
             row.update(type="object", value=node[1])
+        elif tag in tensorkinds.TAGS:  # sparse, nested and meta tensors, attributes (FORMAT.md §6.10)
+            row.update(tensorkinds.row_of(node, table))
         elif tag in _TORCH_VALUES:  # shown as torch prints it, without torch
             row.update(type=_TORCH_VALUES[tag], value=_clip(_torch_value_text(node)))
         else:
             value = values.decode(node)
             row.update(type=describe(value).split(" ", 1)[0], value=_short_repr(value))
+        if with_attributes:
+            row["type"] = f"{row['type']} with attributes"
         rows.append(row)
     return rows
 
