@@ -411,8 +411,9 @@ def test_uninitialized_parameters_advise_a_forward_pass_which_works():
 
 
 def test_dcp_saves_the_kinds_and_load_unsharded_gives_them_back(tmp_path):
-    import tensorcanon.dcp as tcd
     from torch.testing._internal.two_tensor import TwoTensor
+
+    import tensorcanon.dcp as tcd
 
     t = torch.ones(2)
     t.foo = "bar"
