@@ -250,6 +250,8 @@ def test_open_lists_the_parts_and_every_read_path_accepts_the_kinds(tmp_path):
         assert sorted(f.keys()) == sorted(['$["s"]["indices"]', '$["s"]["values"]', '$["j"]["values"]',
                                            '$["j"]["offsets"]'])
         assert torch.equal(f['$["s"]["values"]'], s.coalesce().values())
+        with pytest.raises(KeyError, match=r"stored as its parts.*tensorcanon.load"):
+            f['$["s"]']
     assert_same(value["s"], tc.load(path, mmap=True)["s"])
 
 
@@ -392,6 +394,23 @@ def test_each_refusal_says_a_fix_that_works(value, words, fix):
     for w in words:
         assert w in str(info.value), (w, str(info.value))
     fix(t)
+
+
+def test_a_dtensor_advises_full_tensor_which_works():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from helpers import Shard, distribute_tensor
+    from threaded import run_ranks
+
+    def rank(r):
+        d = distribute_tensor(torch.arange(4.0), init_device_mesh("cpu", (2,)), [Shard(0)])
+        with pytest.raises(UnsupportedTypeError, match=r"t\.full_tensor\(\)") as info:
+            tc.dumps({"t": d})
+        assert "as_subclass" not in str(info.value)
+        return round_trip(d.full_tensor())
+
+    for full in run_ranks(2, rank):
+        assert torch.equal(full, torch.arange(4.0))
 
 
 def test_uninitialized_parameters_advise_a_forward_pass_which_works():

@@ -149,9 +149,10 @@ def unsaveable(t: torch.Tensor) -> str | None:
         if type(t).__name__ == "ShardedTensor":
             return (f"{name} (torch's deprecated sharded tensor) is not supported; save DTensors with "
                     "tensorcanon.dcp, or the full tensor")
-        hint = "t.full_tensor() for a DTensor, " if type(t).__name__ == "DTensor" else ""
-        return (f"tensor subclass {name} is not supported; save a plain tensor ({hint}"
-                "t.as_subclass(torch.Tensor)), or use tensorcanon.dcp for distributed tensors")
+        if type(t).__name__ == "DTensor":
+            return (f"a {name} cannot be saved whole by one process: save t.full_tensor() (the whole "
+                    "tensor, a plain tensor), or save DTensors with tensorcanon.dcp")
+        return f"tensor subclass {name} is not supported"  # (format/tensorkinds.py says what to do)
     if getattr(t, "is_nested", False):
         return ("nested tensors are not supported; save t.unbind() (a list of tensors) or "
                 "t.to_padded_tensor(0) with the lengths")
