@@ -180,6 +180,16 @@ def test_meta_tensors_have_no_bytes_and_come_back_on_meta():
     assert back["m"].requires_grad and type(back["p"]) is torch.nn.Parameter and back["p"].is_meta
 
 
+def test_a_meta_or_sparse_size_no_tensor_can_have_is_rejected():
+    meta = tc.dumps(torch.empty(2, dtype=torch.float32, device="meta"))
+    bad = h.with_manifest(meta, lambda m: m["root"].__setitem__(2, ["size", 2**62, 2]))
+    for load in (tc.loads, tc.verify):
+        with pytest.raises(FormatError, match="2\\^63"):
+            load(bad)
+    _rejected(_as_sparse({"indices": torch.tensor([[0, 1]]), "values": torch.ones(2)}, "coo", [2**62, 2**62]),
+              "2\\^63")
+
+
 def test_meta_with_grad_on_an_int_dtype_is_rejected():
     data = tc.dumps(torch.empty(2, dtype=torch.int64, device="meta"))
 

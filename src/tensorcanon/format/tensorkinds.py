@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import dtypes, optional, tensorbytes, tree
+from . import container, dtypes, optional, tensorbytes, tree
 from .subclasses import implements_flatten
 
 if TYPE_CHECKING:
@@ -365,9 +365,12 @@ def _frozen(node: Any) -> Any:
     return tuple(_frozen(x) for x in node) if type(node) in tree.ARRAYS else node
 
 
-def _size(dec: tree.Decoder, node: Any, depth: int) -> tuple[int, ...]:
+def _size(dec: tree.Decoder, node: Any, depth: int, itemsize: int = 1) -> tuple[int, ...]:
     if tree.tag_of(node) != "size" or not all(type(d) is int and 0 <= d < 2**63 for d in node[1:]):
         raise dec.error("the size of a sparse or meta tensor must be a 'size' node of non-negative ints")
+    problem = container.size_problem(node[1:], itemsize)
+    if problem is not None:
+        raise dec.error(f"a sparse or meta tensor {problem}")
     with dec.at("size"):
         dec.decode(node, depth)
     return tuple(node[1:])
@@ -439,7 +442,7 @@ def _dec_meta(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
     row = dtypes.BY_NAME.get(name) if type(name) is str else None
     if row is None:
         raise dec.error(f"unknown dtype {tree.paths.show(name)} (docs/FORMAT.md §4.1)")
-    size = _size(dec, node[2], depth)
+    size = _size(dec, node[2], depth, row.itemsize)
     _flags(dec, node[3], node[4])
     if not dec.build_objects:
         return None
@@ -447,7 +450,11 @@ def _dec_meta(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
         raise dec.error(f"the file holds a meta tensor of dtype {name}, which this torch ({torch.__version__}) "
                         "lacks; load it with a newer torch")
     _grad_ok(dec, row.torch, node[4])
-    return _finish(torch.empty(size, dtype=row.torch, device="meta"), node[3], node[4])
+    try:
+        value = torch.empty(size, dtype=row.torch, device="meta")
+    except RuntimeError as e:
+        raise dec.error(f"torch cannot make this meta tensor: {e}") from None
+    return _finish(value, node[3], node[4])
 
 
 def _dec_nested(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
