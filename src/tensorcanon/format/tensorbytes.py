@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 else:
     torch = optional.torch_module(globals())
     np = optional.numpy_module(globals())
+
+_referents = gc.get_referents
 
 if sys.byteorder != "little":  # pragma: no cover - no such host in CI
     raise ImportError("tensorcanon supports little-endian hosts only")
@@ -164,6 +167,16 @@ def unsaveable(t: torch.Tensor) -> str | None:
         return ("meta tensors hold no data and cannot be saved; materialize them first "
                 "(e.g. module.to_empty(device='cpu') and initialize)")
     return None
+
+
+def has_attributes(t: Any) -> bool:
+    """Whether attributes were set on tensor ``t`` (``t.foo = 1``: a non-empty ``__dict__``), found
+    without making its ``__dict__``: reading ``t.__dict__`` creates an empty dict on every tensor that
+    has none, 20,000 more objects for the garbage collector to walk in a save of 20,000 tensors."""
+    for ref in _referents(t):  # (a tensor's referents: its type, and its __dict__ once it has one)
+        if type(ref) is dict and ref:
+            return True
+    return False
 
 
 # numpy < 2 allows 32 dimensions, numpy 2 allows 64 (as many as the format's default max_ndim).

@@ -295,7 +295,7 @@ class Encoder:
         idx = self._by_id.get(id(v))
         if idx is not None:
             return ["tensor", idx]
-        if tensorbytes.unsaveable(v) is not None or v.__dict__:  # another layout, nested, meta, attributes
+        if tensorbytes.unsaveable(v) is not None or tensorbytes.has_attributes(v):  # another layout, nested, meta
             return _TENSOR_HOOK[0](self, v, depth)
         return self.plain_tensor(v)
 
