@@ -423,6 +423,28 @@ def test_a_dtensor_advises_full_tensor_which_works():
         assert torch.equal(full, torch.arange(4.0))
 
 
+def test_attributes_on_a_dtensor_are_refused_by_dcp_not_dropped(tmp_path):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import tensorcanon.dcp as tcd
+
+    from helpers import Shard, distribute_tensor
+    from threaded import run_ranks
+
+    folder = str(tmp_path / "ckpt")
+
+    def rank(r):
+        d = distribute_tensor(torch.arange(4.0), init_device_mesh("cpu", (2,)), [Shard(0)])
+        d.foo = 1
+        with pytest.raises(UnsupportedTypeError, match="'foo'.*next to it"):
+            tcd.save({"w": d}, folder)
+        del d.foo  # the advice: save the value next to it
+        return tcd.save({"w": d, "foo": 1}, folder)
+
+    run_ranks(2, rank)
+    assert tcd.load_unsharded(folder)["foo"] == 1
+
+
 def test_uninitialized_parameters_advise_a_forward_pass_which_works():
     lazy, sd = _uninitialized()
     with pytest.raises(UnsupportedTypeError, match="forward pass") as info:

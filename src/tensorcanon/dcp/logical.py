@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..format import digest, dtypes, paths, registry, tensorkinds
+from ..format import digest, dtypes, paths, registry, tensorbytes, tensorkinds
 from ..format.errors import TensorCanonError, UnsupportedTypeError
 from ..format.limits import DEFAULT, Limits
 from ..format.tree import Encoder
@@ -67,6 +67,12 @@ class LogicalEncoder(Encoder):
         return super().encode(value, depth)
 
     def _dtensor(self, v: DTensor) -> list:
+        extra = sorted(k for k in vars(v) if k != "_is_param") if tensorbytes.has_attributes(v) else []
+        if extra:  # never dropped silently (FORMAT.md §6.10.4 holds a plain tensor's); _is_param: Parameter's mark
+            names = ", ".join(map(repr, extra[:5]))
+            raise self.unsupported(
+                f"attributes are set on this DTensor ({names}), which tensorcanon.dcp does not save: save "
+                "their values next to it in the state dict (or delete them) before saving")
         for p in v.placements:
             if type(p) not in _SUPPORTED_PLACEMENTS:
                 raise self.unsupported(

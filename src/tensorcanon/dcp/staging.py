@@ -86,7 +86,7 @@ def staged_copy(state: Any) -> Any:
                 out = torch.nn.Parameter(out, requires_grad=v.requires_grad)
             elif v.requires_grad:
                 out.requires_grad_(True)
-            attrs = tensorkinds.attributes(v)
+            attrs = tensorkinds.attributes(v) if tensorbytes.has_attributes(v) else None
             if attrs:  # attributes set on the tensor are saved too (FORMAT.md §6.10.4)
                 out.__dict__.update({k: walk(x) for k, x in attrs.items()})
         memo[id(v)] = out

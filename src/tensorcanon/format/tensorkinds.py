@@ -181,7 +181,8 @@ def sparse_parts(v: Any) -> list:
 
 def is_jagged(v: Any) -> bool:
     """Whether ``v`` is a jagged nested tensor (a subclass of torch.Tensor that §6.10.2 holds)."""
-    return bool(getattr(v, "is_nested", False)) and type(v).__name__ == "NestedTensor"
+    # (the type first: some subclasses, ShardedTensor, raise on any attribute access)
+    return type(v).__name__ == "NestedTensor" and bool(getattr(v, "is_nested", False))
 
 
 def attributes(v: Any) -> dict:
