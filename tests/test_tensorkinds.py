@@ -367,6 +367,11 @@ def _requantize(saved, q):
     assert torch.equal(again.int_repr(), q.int_repr()) and again.qscheme() == q.qscheme()
 
 
+def _same_bytes(t, back):
+    same = {1: torch.uint8, 2: torch.int16}[t.dtype.itemsize]
+    assert back.dtype == t.dtype and torch.equal(back.view(same), t.view(same))
+
+
 def _same_elements(nested, back):
     assert [tuple(x.shape) for x in nested.unbind()] == [tuple(x.shape) for x in back]
     assert all(torch.equal(a, b) for a, b in zip(nested.unbind(), back, strict=True))
@@ -383,6 +388,13 @@ ADVICE = [
     ("jagged transposed", lambda: torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)],
                                                              layout=torch.jagged).transpose(1, 2),
      ["list(t.unbind())"], lambda t: _same_elements(t, round_trip(list(t.unbind())))),
+    ("sparse meta", lambda: torch.empty(2, 3, layout=torch.sparse_coo, device="meta"),
+     ["torch.empty(t.shape, dtype=t.dtype, device='meta')"],
+     lambda t: round_trip(torch.empty(t.shape, dtype=t.dtype, device="meta"))),
+    ("bits8 tensor", lambda: torch.arange(3, dtype=torch.uint8).view(torch.bits8), ["t.view(torch.uint8)"],
+     lambda t: _same_bytes(t, round_trip(t.view(torch.uint8)).view(torch.bits8))),
+    ("bits16 tensor", lambda: torch.arange(3, dtype=torch.int16).view(torch.bits16), ["t.view(torch.int16)"],
+     lambda t: _same_bytes(t, round_trip(t.view(torch.int16)).view(torch.bits16))),
     ("nested parameter", lambda: torch.nn.Parameter(torch.nested.nested_tensor([torch.ones(2)])),
      ["p.detach()"], lambda p: round_trip(p.detach())),
     ("quantized per tensor", lambda: _quantized(False), ["t.dequantize()", "torch.quantize_per_tensor"],

@@ -169,6 +169,18 @@ def unsaveable(t: torch.Tensor) -> str | None:
     return None
 
 
+def dtype_refusal(dtype: Any) -> str:
+    """Why a tensor of ``dtype`` (one the format lacks, §4.1) is refused, with advice that works: the
+    ``bits`` dtypes cannot be converted (``t.to`` raises) but can be viewed as the int of their size."""
+    why = f"tensors of dtype {dtype} are not supported (docs/FORMAT.md §4.1 lists the dtypes that are)"
+    same = same_size_int().get(dtype.itemsize)
+    if str(dtype).startswith("torch.bits") and same is not None:
+        name = str(same).removeprefix("torch.")
+        return (f"{why}; save its bytes as t.view(torch.{name}) and view them back after loading "
+                f"(t.view({dtype}))")
+    return f"{why}; convert it, e.g. t.to(torch.float32)"
+
+
 def has_attributes(t: Any) -> bool:
     """Whether attributes were set on tensor ``t`` (``t.foo = 1``: a non-empty ``__dict__``), found
     without making its ``__dict__``: reading ``t.__dict__`` creates an empty dict on every tensor that

@@ -151,8 +151,7 @@ def _kind(v: Any) -> str:
 def _dtype_name(enc: tree.Encoder, v: Any) -> str:
     row = dtypes.BY_TORCH.get(v.dtype)
     if row is None:
-        raise enc.unsupported(f"tensors of dtype {v.dtype} are not supported (docs/FORMAT.md §4.1 lists the "
-                              "dtypes that are); convert it, e.g. t.to(torch.float32)")
+        raise enc.unsupported(tensorbytes.dtype_refusal(v.dtype))
     return row.name
 
 

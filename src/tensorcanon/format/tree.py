@@ -304,9 +304,7 @@ class Encoder:
         with ``merge`` false, it never shares a row with another view of its memory (§6.5)."""
         row = dtypes.BY_TORCH.get(v.dtype)
         if row is None:
-            raise self.unsupported(
-                f"tensors of dtype {v.dtype} are not supported (docs/FORMAT.md §4.1 lists the dtypes "
-                "that are); convert it, e.g. t.to(torch.float32)")
+            raise self.unsupported(tensorbytes.dtype_refusal(v.dtype))
         kind = "parameter" if type(v) is torch.nn.Parameter else "tensor"
         device = "cpu"
         if not v.is_cpu:
