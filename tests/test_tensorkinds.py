@@ -91,6 +91,15 @@ def test_coo_is_saved_coalesced_and_equal_values_have_equal_bytes():
     assert not s.is_coalesced()  # the value given is left as it was
 
 
+def test_zero_dimensional_sparse_tensors_round_trip():
+    s = torch.tensor(1.5).to_sparse()  # no sparse dimension, one value
+    assert s.sparse_dim() == 0
+    back = round_trip(s)
+    assert back.layout is torch.sparse_coo and back.shape == () and torch.equal(back.to_dense(), torch.tensor(1.5))
+    two = torch.sparse_coo_tensor(torch.zeros(0, 2, dtype=torch.int64), torch.tensor([1.0, 2.0]), ())
+    assert torch.equal(round_trip(two).to_dense(), torch.tensor(3.0))  # coalesced: summed
+
+
 @pytest.mark.parametrize("layout", ["csr", "csc", "bsr", "bsc"])
 def test_compressed_layouts_round_trip(layout):
     dense = torch.arange(16.0).reshape(4, 4) * (torch.arange(16).reshape(4, 4) % 3 == 0)

@@ -86,7 +86,7 @@ def sparse_problem(layout: str, size: Sequence[int], parts: Sequence[Any]) -> st
         if indices.dtype is not torch.int64 or indices.dim() != 2:
             return "COO indices must be a 2-d int64 tensor (sparse dims, nnz)"
         sparse_dim, nnz = indices.shape
-        if not 0 < sparse_dim <= len(size) or values.dim() < 1 or values.shape[0] != nnz \
+        if not 0 <= sparse_dim <= len(size) or values.dim() < 1 or values.shape[0] != nnz \
                 or tuple(values.shape[1:]) != tuple(size[sparse_dim:]):
             return (f"COO indices of shape {tuple(indices.shape)} and values of shape {tuple(values.shape)} "
                     f"do not fit the size {tuple(size)}")
