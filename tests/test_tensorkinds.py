@@ -568,3 +568,36 @@ def test_mutated_trees_of_the_kinds_are_refused_cleanly_or_load_canonically():
         assert tc.dumps(back) == mutated
         assert tc.verify(mutated)
     assert accepted  # some edits give valid files (a value swapped for another): the round trip ran
+
+
+# ------------------------------------------------------------------ diff and inspect
+
+
+def test_diff_compares_the_kinds_part_by_part_and_attributes_by_name():
+    t = torch.ones(2)
+    t.foo = 1
+    a = {"s": coo(), "m": torch.empty(2, device="meta"), "t": t,
+         "j": torch.nested.nested_tensor([torch.ones(1, 2), torch.ones(2, 2)], layout=torch.jagged)}
+    assert tc.diff(a, tc.loads(tc.dumps(a))).identical
+    u = torch.ones(2)
+    u.foo = 2
+    b = dict(a, s=coo() * 2, t=u, m=torch.empty(3, device="meta"))
+    found = {(d.path, d.kind) for d in tc.diff(a, b)}
+    assert found == {('$["s"]["values"]', "values"), ('$["t"]["foo"]', "value"), ('$["m"]', "shape")}
+    assert {d.kind for d in tc.diff({"x": coo()}, {"x": coo().to_dense()})} == {"type"}
+
+
+def test_inspect_lists_the_kinds_and_their_parts(tmp_path, capsys):
+    import json
+
+    from tensorcanon.tools import cli
+
+    t = torch.ones(2)
+    t.foo = 1
+    path = tmp_path / "k.safetensors"
+    tc.save({"s": coo(), "m": torch.empty(2, device="meta"), "t": t}, path)
+    assert cli.main(["inspect", "--json", str(path)]) == 0
+    rows = {r["path"]: r for r in json.loads(capsys.readouterr().out)["entries"]}
+    assert rows['$["s"]']["type"] == "sparse_coo tensor" and rows['$["s"]["values"]']["dtype"] == "float32"
+    assert rows['$["m"]']["value"] == "float32[2], no data" and rows['$["t"]']["type"] == "tensor with attributes"
+    assert rows['$["t"]["foo"]']["value"] == "1"
