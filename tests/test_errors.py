@@ -48,7 +48,7 @@ def cycle():
 @pytest.mark.parametrize("value, where, words", [
     ({"model": {"x": Opaque()}}, '$["model"]["x"]', ["Opaque", "register"]),
     ({"q": torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)}, '$["q"]', ["quantized"]),
-    ({"s": [sparse()]}, '$["s"][0]["note"]', ["function", "builtins.print"]),  # an attribute (§6.10)
+    ({"s": [sparse()]}, '$["s"][0]["note"]', ["function", "builtins.print"]),  # an attribute (§6.12)
     ({"p": torch.nn.Parameter(torch.nested.nested_tensor([torch.ones(1)]))}, '$["p"]', ["nested", "p.detach()"]),
     ({"u": torch.nn.parameter.UninitializedParameter()}, '$["u"]', ["UninitializedParameter", "forward"]),
     ({"t": _with_attribute(print)}, '$["t"]["hook"]', ["function", "builtins.print"]),

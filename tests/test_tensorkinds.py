@@ -1,5 +1,5 @@
 """Sparse, nested and meta tensors, attributes set on tensors, tensor subclasses (docs/FORMAT.md
-§6.10), and the advice of every tensor refusal, applied as written.
+§6.12), and the advice of every tensor refusal, applied as written.
 
 Hostile files are crafted from valid ones: the parts of a tensor are saved as a dict (or list) at
 the tensor's path, then that node is rewritten into a ``sparse``/``nested`` node, so the table, the
@@ -36,7 +36,7 @@ def coo():
     return torch.sparse_coo_tensor(torch.tensor([[0, 0, 1], [1, 1, 0]]), torch.tensor([1.0, 2.0, 3.0]), (2, 3))
 
 
-# ------------------------------------------------------------------ attributes (§6.10.4)
+# ------------------------------------------------------------------ attributes (§6.12.4)
 
 
 def test_attributes_set_on_a_tensor_or_parameter_come_back():
@@ -78,7 +78,7 @@ def test_a_later_use_carrying_attributes_is_rejected():
         tc.loads(h.with_manifest(data, edit))
 
 
-# ------------------------------------------------------------------ sparse (§6.10.1)
+# ------------------------------------------------------------------ sparse (§6.12.1)
 
 
 def test_coo_is_saved_coalesced_and_equal_values_have_equal_bytes():
@@ -176,7 +176,7 @@ def test_a_sparse_node_structure_is_checked_without_building():
         tc.verify(h.with_manifest(bad, edit))
 
 
-# ------------------------------------------------------------------ meta (§6.10.3)
+# ------------------------------------------------------------------ meta (§6.12.3)
 
 
 def test_meta_tensors_have_no_bytes_and_come_back_on_meta():
@@ -207,7 +207,7 @@ def test_meta_with_grad_on_an_int_dtype_is_rejected():
     _rejected(h.with_manifest(data, edit), "requires_grad")
 
 
-# ------------------------------------------------------------------ nested (§6.10.2)
+# ------------------------------------------------------------------ nested (§6.12.2)
 
 
 def test_strided_and_jagged_nested_tensors_round_trip():
@@ -274,7 +274,7 @@ def test_open_lists_the_parts_and_every_read_path_accepts_the_kinds(tmp_path):
     assert_same(value["s"], tc.load(path, mmap=True)["s"])
 
 
-# ------------------------------------------------------------------ subclasses (§6.10.5)
+# ------------------------------------------------------------------ subclasses (§6.12.5)
 
 
 class Scaled(torch.Tensor):

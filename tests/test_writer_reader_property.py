@@ -174,7 +174,7 @@ def assert_equal(a: typing.Any, b: typing.Any, path: str = "$") -> None:
         assert tensor_content(a) == tensor_content(b), f"{path}: tensor bytes differ"
         if a.layout is torch.strided and not a.is_nested and not a.is_meta:
             assert tensorbytes.memory_format(a) == tensorbytes.memory_format(b), f"{path}: memory format"
-        assert_equal(user_attrs(a), user_attrs(b), f"{path}.__dict__")  # attributes set on it (§6.10.4)
+        assert_equal(user_attrs(a), user_attrs(b), f"{path}.__dict__")  # attributes set on it (§6.12.4)
     elif isinstance(a, np.ndarray):
         assert a.dtype.newbyteorder("=") == b.dtype and a.shape == b.shape, path
         logical = np.ascontiguousarray(a)
@@ -358,7 +358,7 @@ def tensors(draw: st.DrawFn) -> Made:
 
 @st.composite
 def tensor_kinds(draw: st.DrawFn) -> Made:
-    """docs/FORMAT.md §6.10: sparse tensors of every layout (COO uncoalesced, hybrid, empty), nested
+    """docs/FORMAT.md §6.12: sparse tensors of every layout (COO uncoalesced, hybrid, empty), nested
     tensors (strided, jagged), meta tensors, tensors and Parameters
     with attributes set on them (some of values the format refuses), and kinds refused with advice."""
     what = draw(st.sampled_from(["coo", "csr", "csc", "bsr", "bsc", "strided", "jagged", "meta", "attrs",
@@ -440,7 +440,7 @@ def test_tensors_and_arrays(value):
 def test_tensor_kinds(value):
     value = unwrap(value)
     check(value)
-    check([value, value])  # the same object twice: one object at load (§6.10)
+    check([value, value])  # the same object twice: one object at load (§6.12)
 
 
 # ------------------------------------------------------------------ built-in codecs

@@ -263,7 +263,7 @@ NEW_INVALID.update({
 })
 
 def _tensor_kind_node(parts: dict, node: list) -> bytes:
-    """A file whose root is ``node`` (a §6.10 node over tensors 0, 1, ...), its parts saved as an
+    """A file whose root is ``node`` (a §6.12 node over tensors 0, 1, ...), its parts saved as an
     OrderedDict in their order: the paths, names, table and digests a writer gives them."""
     data = tensorcanon.dumps(collections.OrderedDict(parts))
     return h.with_manifest(data, lambda m: m.__setitem__("root", node))
@@ -283,29 +283,29 @@ def _attrs_on_later_use() -> bytes:
 
 NEW_INVALID.update({
     "sparse_coo_index_out_of_range": (
-        lambda: _coo([0, 5], 2), "6.10.1", "sparse-coo-reader", "FormatError", "out of range",
+        lambda: _coo([0, 5], 2), "6.12.1", "sparse-coo-reader", "FormatError", "out of range",
         "a COO sparse tensor of size (2,) with the index 5", "building"),
     "sparse_coo_uncoalesced": (
-        lambda: _coo([1, 0], 2), "6.10.1", "sparse-coo-reader", "FormatError", "coalesced",
+        lambda: _coo([1, 0], 2), "6.12.1", "sparse-coo-reader", "FormatError", "coalesced",
         "a COO sparse tensor whose indices are not sorted", "building"),
     "sparse_csr_crow_decreasing": (
         lambda: _tensor_kind_node(
             {"crow_indices": torch.tensor([0, 2, 1]), "col_indices": torch.tensor([0, 1]), "values": torch.ones(2)},
             ["sparse", "csr", ["size", 2, 2], "tensor", False, ["tensor", 0], ["tensor", 1], ["tensor", 2]]),
-        "6.10.1", "sparse-compressed-reader", "FormatError", "invariant",
+        "6.12.1", "sparse-compressed-reader", "FormatError", "invariant",
         "a CSR sparse tensor whose compressed indices decrease", "building"),
     "nested_jagged_offsets_decreasing": (
         lambda: _tensor_kind_node({"values": torch.ones(5, 2), "offsets": torch.tensor([0, 3, 2, 5])},
                                   ["nested", "jagged", "float32", False, ["tensor", 0], ["tensor", 1]]),
-        "6.10.2", "nested-jagged-reader", "FormatError", "decrease",
+        "6.12.2", "nested-jagged-reader", "FormatError", "decrease",
         "a jagged nested tensor whose offsets decrease", "building"),
     "tensor_attrs_on_later_use": (
-        _attrs_on_later_use, "6.10.4", "tensor-attrs-first-use", "FormatError", "first use",
+        _attrs_on_later_use, "6.12.4", "tensor-attrs-first-use", "FormatError", "first use",
         "attributes carried by the second use of a tensor", "always"),
     "meta_int_requires_grad": (
         lambda: h.with_manifest(tensorcanon.dumps(torch.empty(2, dtype=torch.int64, device="meta")),
                                 lambda m: m["root"].__setitem__(4, True)),
-        "6.10", "tensor-kinds-grad-dtype", "FormatError", "requires_grad",
+        "6.12", "tensor-kinds-grad-dtype", "FormatError", "requires_grad",
         "an int64 meta tensor with requires_grad", "building"),
 })
 
@@ -316,7 +316,7 @@ NEW_VALID: dict[str, tuple] = {
     "mps_generator": (lambda: _generator_state("mps"), "a torch generator on device text mps, §6.7"),
     "mps0_generator": (lambda: _generator_state("mps:0"), "a torch generator on device text mps:0, §6.7"),
     "sparse_coo_from_parts": (lambda: _coo([0, 1], 2),
-                              "a COO sparse tensor crafted from its parts as a writer writes them, §6.10.1"),
+                              "a COO sparse tensor crafted from its parts as a writer writes them, §6.12.1"),
     "bare_bit_generator": (lambda: tensorcanon.dumps(np.random.SFC64(np.random.SeedSequence(np.uint64(9)))),
                            "a bare SFC64 bit generator (rng.bitgen as a value on its own), whose "
                            "SeedSequence was given a numpy int, §6.7"),

@@ -175,7 +175,7 @@ def test_staged_copy_stages_what_a_tensor_reads_and_copies_sparse_and_meta_tenso
     x.zero_()
     assert torch.equal(staged["conj"], torch.tensor([1 - 2j, 3 + 1j]))
     assert torch.equal(staged["neg"], -torch.arange(4.0))
-    # sparse and meta tensors are saved (FORMAT.md §6.10): staged as copies of their own
+    # sparse and meta tensors are saved (FORMAT.md §6.12): staged as copies of their own
     assert staged["sparse"] is not sparse and staged["meta"].is_meta and staged["meta"] is not state["meta"]
     expected = tensorcanon.dumps({"sparse": torch.eye(2).to_sparse()})
     sparse._values().zero_()

@@ -186,7 +186,7 @@ def renamed(data: bytes, old: str, new: str) -> bytes:
 # ----------------------------------------------------------------- the contract
 
 def _parts(t: torch.Tensor) -> list:
-    """A sparse or nested tensor's components, compared by ``same`` (docs/FORMAT.md §6.10)."""
+    """A sparse or nested tensor's components, compared by ``same`` (docs/FORMAT.md §6.12)."""
     t = t.detach()
     if t.is_meta:
         return []

@@ -28,7 +28,7 @@ def canonical_bytes(t: torch.Tensor) -> bytes:
 
 def special_parts(t: torch.Tensor):
     """What a sparse, nested or meta tensor holds, as ``(layout, [(dtype, shape, bytes) of each component])``
-    (docs/FORMAT.md §6.10; COO compared coalesced); None for a dense tensor, which canonical_bytes reads."""
+    (docs/FORMAT.md §6.12; COO compared coalesced); None for a dense tensor, which canonical_bytes reads."""
     t = t.detach()
     if t.is_meta:
         return ("meta", [])
@@ -67,7 +67,7 @@ def view_key(v):
         if not v.size:
             return ("id", id(v))
         return ("nd", v.__array_interface__["data"][0], v.shape, v.strides, v.dtype.str)
-    if special_parts(v) is not None or user_attrs(v):  # (docs/FORMAT.md §6.10: one object per saved object)
+    if special_parts(v) is not None or user_attrs(v):  # (docs/FORMAT.md §6.12: one object per saved object)
         return ("id", id(v))
     if not v.numel():
         return ("id", id(v))

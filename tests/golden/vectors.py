@@ -305,7 +305,7 @@ def generators():
 
 
 def tensor_kinds():
-    """docs/FORMAT.md §6.10: sparse tensors of every layout (COO given uncoalesced, hybrid COO, a
+    """docs/FORMAT.md §6.12: sparse tensors of every layout (COO given uncoalesced, hybrid COO, a
     sparse Parameter), one sparse tensor used twice, nested tensors (strided and jagged), meta
     tensors, and attributes set on a tensor, a Parameter and a sparse tensor."""
     import warnings

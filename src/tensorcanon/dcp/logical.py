@@ -49,7 +49,7 @@ class LogicalEncoder(Encoder):
             return self._dtensor(value)
         if isinstance(value, torch.Tensor) and t is not torch.Tensor and t is not torch.nn.Parameter \
                 and registry.by_type(t) is None and not tensorkinds.is_jagged(value):
-            raise self.unsupported(subclass_refusal(t))  # (registered subclasses, jagged tensors: FORMAT.md §6.10)
+            raise self.unsupported(subclass_refusal(t))  # (registered subclasses, jagged tensors: FORMAT.md §6.12)
         if t is PerRank:
             raise self.unsupported(
                 "a PerRank value must be the value of a dict key (per-rank state is kept out of the "
@@ -68,7 +68,7 @@ class LogicalEncoder(Encoder):
 
     def _dtensor(self, v: DTensor) -> list:
         extra = sorted(k for k in vars(v) if k != "_is_param") if tensorbytes.has_attributes(v) else []
-        if extra:  # never dropped silently (FORMAT.md §6.10.4 holds a plain tensor's); _is_param: Parameter's mark
+        if extra:  # never dropped silently (FORMAT.md §6.12.4 holds a plain tensor's); _is_param: Parameter's mark
             names = ", ".join(map(repr, extra[:5]))
             raise self.unsupported(
                 f"attributes are set on this DTensor ({names}), which tensorcanon.dcp does not save: save "

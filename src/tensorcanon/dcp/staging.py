@@ -55,7 +55,7 @@ def staged_copy(state: Any) -> Any:
             out = DTensor.from_local(memory(v._local_tensor), v.device_mesh, v.placements, run_check=False,
                                      shape=v.shape, stride=v.stride())
         elif t is torch.Tensor or t is torch.nn.Parameter:
-            if tensorbytes.unsaveable(v) is not None:  # sparse, nested, meta (FORMAT.md §6.10): a copy of their own
+            if tensorbytes.unsaveable(v) is not None:  # sparse, nested, meta (FORMAT.md §6.12): a copy of their own
                 out = _own_copy(v)
                 memo[id(v)] = out
                 return out
@@ -87,7 +87,7 @@ def staged_copy(state: Any) -> Any:
             elif v.requires_grad:
                 out.requires_grad_(True)
             attrs = tensorkinds.attributes(v) if tensorbytes.has_attributes(v) else None
-            if attrs:  # attributes set on the tensor are saved too (FORMAT.md §6.10.4)
+            if attrs:  # attributes set on the tensor are saved too (FORMAT.md §6.12.4)
                 out.__dict__.update({k: walk(x) for k, x in attrs.items()})
         memo[id(v)] = out
         return out

@@ -145,7 +145,7 @@ def register(
     Dataclasses, NamedTuples and Enums need no codec: their fields (or value)
     are saved; nor do tensor subclasses that implement ``__tensor_flatten__`` and
     ``__tensor_unflatten__`` (their inner tensors, flatten context, size and
-    stride are saved: docs/FORMAT.md §6.10.5). Any other class needs ``encode`` (instance to a saveable value)
+    stride are saved: docs/FORMAT.md §6.12.5). Any other class needs ``encode`` (instance to a saveable value)
     and ``decode`` (that value back to an instance). ``name`` is what the file
     records; it defaults to ``"module.QualName"`` and must be the same in the
     process that loads the file. Returns ``cls``, so it can be a decorator.
@@ -180,7 +180,7 @@ def register(
             encode, decode = _namedtuple_codec(cls)
         elif issubclass(cls, enum.Enum):
             encode, decode = _enum_codec(cls)
-        elif subclasses.implements_flatten(cls):  # a tensor subclass (docs/FORMAT.md §6.10.5)
+        elif subclasses.implements_flatten(cls):  # a tensor subclass (docs/FORMAT.md §6.12.5)
             encode, decode = subclasses.codec(cls)
         else:
             raise UsageError(

@@ -1,6 +1,6 @@
 """Tensor subclasses that implement PyTorch's ``__tensor_flatten__``/``__tensor_unflatten__``
 protocol (torchao's quantized weights, torch's wrapper subclasses such as ``TwoTensor``), saved
-as registered types (docs/FORMAT.md §6.10.5).
+as registered types (docs/FORMAT.md §6.12.5).
 
 ``tensorcanon.register(MySubclass)`` gives such a class this codec: its state is a ``dict`` of
 the inner tensors (by the attribute names ``__tensor_flatten__`` gives), the flatten context

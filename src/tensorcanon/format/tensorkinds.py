@@ -1,5 +1,5 @@
 """Tensors that are more than one block of bytes: sparse, nested and meta tensors, and attributes
-set on a tensor. docs/FORMAT.md §6.10 is the normative description.
+set on a tensor. docs/FORMAT.md §6.12 is the normative description.
 
 Each is a node kind of the object tree (format/tree.py, :func:`tree.register_kind`) whose parts
 are ordinary table tensors, named by their path below the tensor (``$["w"]["values"]``) and
@@ -76,7 +76,7 @@ def _ints_ok(t: Any) -> bool:
 
 def sparse_problem(layout: str, size: Sequence[int], parts: Sequence[Any]) -> str | None:
     """What keeps ``parts`` (CPU or device tensors) from being a canonical sparse tensor of
-    ``layout`` and ``size`` (docs/FORMAT.md §6.10.1), or None. Checked before torch builds one."""
+    ``layout`` and ``size`` (docs/FORMAT.md §6.12.1), or None. Checked before torch builds one."""
     if any(type(p) is not torch.Tensor or p.layout is not torch.strided or p.requires_grad for p in parts):
         return "its components must be plain dense tensors (kind 'tensor') without requires_grad"
     if any(d < 0 for d in size):
@@ -125,7 +125,7 @@ def _build_sparse(layout: str, size: Sequence[int], parts: Sequence[Any]) -> Any
 
 def jagged_problem(values: Any, offsets: Any) -> str | None:
     """What keeps ``values`` and ``offsets`` from being a canonical jagged nested tensor
-    (docs/FORMAT.md §6.10.2), or None. Checked before torch builds one."""
+    (docs/FORMAT.md §6.12.2), or None. Checked before torch builds one."""
     for p in (values, offsets):
         if type(p) is not torch.Tensor or p.layout is not torch.strided or p.requires_grad:
             return "its components must be plain dense tensors (kind 'tensor') without requires_grad"
@@ -164,7 +164,7 @@ def _parts(enc: tree.Encoder, names: Sequence[Any], parts: Sequence[Any], depth:
 
 
 def sparse_parts(v: Any) -> list:
-    """The parts a sparse tensor is written as (§6.10.1), in order: a COO tensor's of its coalesced
+    """The parts a sparse tensor is written as (§6.12.1), in order: a COO tensor's of its coalesced
     copy (canonical: the same value gives the same bytes; ``v`` itself is left as it is)."""
     t = v.detach()
     if t.layout is torch.sparse_coo:
@@ -179,13 +179,13 @@ def sparse_parts(v: Any) -> list:
 
 
 def is_jagged(v: Any) -> bool:
-    """Whether ``v`` is a jagged nested tensor (a subclass of torch.Tensor that §6.10.2 holds)."""
+    """Whether ``v`` is a jagged nested tensor (a subclass of torch.Tensor that §6.12.2 holds)."""
     # (the type first: some subclasses, ShardedTensor, raise on any attribute access)
     return type(v).__name__ == "NestedTensor" and bool(getattr(v, "is_nested", False))
 
 
 def attributes(v: Any) -> dict:
-    """The attributes a program set on tensor ``v`` (§6.10.4): its ``__dict__``, less a jagged nested
+    """The attributes a program set on tensor ``v`` (§6.12.4): its ``__dict__``, less a jagged nested
     tensor's own state; none for other subclasses (a registered one saves what it flattens to)."""
     if type(v) in (torch.Tensor, torch.nn.Parameter):
         return v.__dict__

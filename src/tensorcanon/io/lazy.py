@@ -178,7 +178,7 @@ class LazyFile(Mapping):
             if key in self._by_name:
                 return self._by_name[key]
             below = [p for p in self._path_index() if p.startswith(key + "[")]
-            if below:  # a sparse, nested or registered tensor (FORMAT.md §6.10), or a container
+            if below:  # a sparse, nested or registered tensor (FORMAT.md §6.12), or a container
                 raise KeyError(
                     f"{key!r} in {self.path!r} is not one stored tensor: the tensors below it are "
                     f"{', '.join(below[:4])}{', ...' if len(below) > 4 else ''} (a sparse, nested or registered "

@@ -276,7 +276,7 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Li
         row: dict[str, Any] = {"path": where, "type": None, "dtype": None, "shape": None, "device": None,
                "bytes": None, "digest": None, "value": None, "same_as": None}
         tag = tree.tag_of(node)
-        with_attributes = tag == "tensor.attrs"  # a tensor with attributes set on it (FORMAT.md §6.10.4)
+        with_attributes = tag == "tensor.attrs"  # a tensor with attributes set on it (FORMAT.md §6.12.4)
         if with_attributes:
             node = node[1]
             tag = tree.tag_of(node)
@@ -294,7 +294,7 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Li
             row.update(type=_CONTAINERS[tag], value=f"{n} {unit}{'s' if n != 1 else ''}")
         elif tag == "obj":
             row.update(type="object", value=node[1])
-        elif tag in tensorkinds.TAGS:  # sparse, nested and meta tensors, attributes (FORMAT.md §6.10)
+        elif tag in tensorkinds.TAGS:  # sparse, nested and meta tensors, attributes (FORMAT.md §6.12)
             row.update(tensorkinds.row_of(node, table))
         elif tag in _TORCH_VALUES:  # shown as torch prints it, without torch
             row.update(type=_TORCH_VALUES[tag], value=_clip(_torch_value_text(node)))

@@ -480,7 +480,7 @@ def _alias_key(v: Any) -> Any:
     """What makes two tensors one stored tensor: the writer's own rule (tensorbytes.alias_key)."""
     if isinstance(v, np.ndarray):
         key = tensorbytes.alias_key(v, "ndarray")
-    elif _special(v) is not None or tensorkinds.attributes(v):  # one object per saved object (§6.10)
+    elif _special(v) is not None or tensorkinds.attributes(v):  # one object per saved object (§6.12)
         key = None
     else:
         key = tensorbytes.alias_key(v, "parameter" if type(v) is torch.nn.Parameter else "tensor")
@@ -737,7 +737,7 @@ class _Differ:
                 self.add(trail, "metadata", "_metadata " + _short(ca.metadata), "_metadata " + _short(cb.metadata))
 
     def parts(self, a: Any, b: Any, special_a: tuple | None, special_b: tuple | None, trail: tuple) -> None:
-        """Sparse, nested, meta and subclass tensors (§6.10): what each is, then part by part."""
+        """Sparse, nested, meta and subclass tensors (§6.12): what each is, then part by part."""
         what_a = "dense" if special_a is None else special_a[0]
         what_b = "dense" if special_b is None else special_b[0]
         if what_a != what_b or special_a is None or special_b is None:
@@ -768,7 +768,7 @@ class _Differ:
             self.add(trail, "type", _tensor_kind(a), _tensor_kind(b))
         if not isinstance(a, np.ndarray) and not isinstance(b, np.ndarray):
             attrs_a, attrs_b = tensorkinds.attributes(a), tensorkinds.attributes(b)
-            if attrs_a or attrs_b:  # attributes set on the tensors (§6.10.4), by their names
+            if attrs_a or attrs_b:  # attributes set on the tensors (§6.12.4), by their names
                 self.compare(dict(attrs_a), dict(attrs_b), trail, 1)
         special_a, special_b = _special(a), _special(b)
         if special_a is not None or special_b is not None:
