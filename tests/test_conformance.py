@@ -433,9 +433,9 @@ def test_metadata_with_tensor_nodes_is_rejected():
 
 
 def _spec_tags() -> set[str]:
-    """The tags of the first table under §6.2 and under §6.7 (each a table whose first column is "Tag")."""
+    """The tags of the first table under §6.2, §6.7 and §6.12 (each a table whose first column is "Tag")."""
     tags = set()
-    for heading in ("### 6.2 Tagged nodes", "### 6.7 Random state values"):
+    for heading in ("### 6.2 Tagged nodes", "### 6.7 Random state values", "### 6.12 Tensors made of several"):
         part = FORMAT.split(heading, 1)[1]
         table = part[part.index("| Tag |"):].split("\n\n", 1)[0]
         tags |= set(re.findall(r"^\| `([a-z.]+)` \|", table, flags=re.M))

@@ -37,6 +37,11 @@ ROWS = {
     "Lazy conjugate / negative views": "test_lazy_views",
     "`requires_grad`": "test_requires_grad",
     "`nn.Parameter`": "test_parameters",
+    "Sparse tensors": "test_sparse_tensors",
+    "Nested tensors": "test_nested_tensors",
+    "Meta tensors": "test_meta_tensors",
+    "Attributes on tensors": "test_attributes_on_tensors",
+    "Tensor subclasses": "test_tensor_subclasses",
     "Devices": "test_devices",
     "Dtypes": "test_dtypes",
     "numpy": "test_numpy",
@@ -236,3 +241,52 @@ def test_default_device_and_tensor_modes():
 def test_efficient_zero_tensors():
     back = tensorcanon.loads(tensorcanon.dumps({"z": torch._efficientzerotensor(2, 3)}))
     assert torch.equal(back["z"], torch.zeros(2, 3)) and not back["z"]._is_zerotensor()
+def test_sparse_tensors():
+    s = torch.sparse_coo_tensor(torch.tensor([[0, 0, 2]]), torch.tensor([1.0, 2.0, 3.0]), (4,))
+    p = torch.nn.Parameter(torch.eye(3).to_sparse_csr(), requires_grad=False)
+    back = tensorcanon.loads(tensorcanon.dumps({"s": s, "again": s, "p": p}))
+    assert back["s"].is_coalesced() and back["s"] is back["again"]
+    assert torch.equal(back["s"].to_dense(), torch.tensor([3.0, 0.0, 3.0, 0.0]))
+    assert not _torch_round_trip(s).is_coalesced()  # torch keeps it as it was
+    assert type(back["p"]) is torch.nn.Parameter and back["p"].layout is torch.sparse_csr
+    assert torch.equal(back["p"].to_dense(), torch.eye(3)) and not back["p"].requires_grad
+
+
+def test_nested_tensors():
+    parts = [torch.ones(1, 2), torch.arange(4.0).reshape(2, 2)]
+    for layout in (torch.strided, torch.jagged):
+        back = tensorcanon.loads(tensorcanon.dumps(torch.nested.nested_tensor(parts, layout=layout)))
+        assert back.is_nested and back.layout is layout
+        assert all(torch.equal(a, b) for a, b in zip(back.unbind(), parts, strict=True))
+
+
+def test_meta_tensors():
+    m = torch.empty(2, 3, device="meta", dtype=torch.float16, requires_grad=True)
+    back = tensorcanon.loads(tensorcanon.dumps({"a": m, "b": m}), map_location="cpu")
+    assert back["a"].is_meta and back["a"].shape == (2, 3) and back["a"].dtype is torch.float16
+    assert back["a"].requires_grad and back["a"] is not back["b"] and back["b"].is_meta
+    assert _torch_round_trip(m).is_meta
+
+
+def test_attributes_on_tensors():
+    t = torch.ones(2)
+    t.foo = {"step": 1}
+    p = torch.nn.Parameter(torch.ones(1))
+    p.tag = "x"
+    back = tensorcanon.loads(tensorcanon.dumps({"t": t, "p": p}))
+    assert back["t"].foo == {"step": 1} and back["p"].tag == "x" and type(back["p"]) is torch.nn.Parameter
+    assert _torch_round_trip(t).foo == {"step": 1}  # torch keeps them too
+
+
+def test_tensor_subclasses():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    x = TwoTensor(torch.ones(2), torch.zeros(2))
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match="register"):
+        tensorcanon.dumps(x)
+    tensorcanon.register(TwoTensor)
+    try:
+        back = tensorcanon.loads(tensorcanon.dumps(x))
+        assert type(back) is TwoTensor and torch.equal(back.a, x.a) and torch.equal(back.b, x.b)
+    finally:
+        tensorcanon.unregister(TwoTensor)

@@ -48,7 +48,7 @@ from tensorcanon.training import rng
 ROOT = pathlib.Path(__file__).parent
 
 import hostile_lib
-from compare import canonical_bytes
+from compare import tensor_content, user_attrs
 
 SCALE = float(os.environ.get("TENSORCANON_PROPERTY_SCALE", "1"))
 
@@ -181,9 +181,13 @@ def assert_equal(a: typing.Any, b: typing.Any, path: str = "$") -> None:
         return
     assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
     if isinstance(a, torch.Tensor):
-        assert (a.dtype, a.shape, a.requires_grad, a.device) == (b.dtype, b.shape, b.requires_grad, b.device), path
-        assert canonical_bytes(a) == canonical_bytes(b), f"{path}: tensor bytes differ"
-        assert tensorbytes.memory_format(a) == tensorbytes.memory_format(b), f"{path}: memory format"
+        assert (a.dtype, a.requires_grad, a.device) == (b.dtype, b.requires_grad, b.device), path
+        assert a.is_nested or a.shape == b.shape, path  # (a strided nested tensor has no shape)
+        assert (a.layout, a.is_nested) == (b.layout, b.is_nested), f"{path}: layout"
+        assert tensor_content(a) == tensor_content(b), f"{path}: tensor bytes differ"
+        if a.layout is torch.strided and not a.is_nested and not a.is_meta:
+            assert tensorbytes.memory_format(a) == tensorbytes.memory_format(b), f"{path}: memory format"
+        assert_equal(user_attrs(a), user_attrs(b), f"{path}.__dict__")  # attributes set on it (§6.12.4)
     elif isinstance(a, np.ndarray):
         assert a.dtype.newbyteorder("=") == b.dtype and a.shape == b.shape, path
         logical = np.ascontiguousarray(a)
@@ -386,6 +390,59 @@ def tensors(draw: st.DrawFn) -> Made:
                    f"kind={kind}, {raw.hex()})")
 
 
+@st.composite
+def tensor_kinds(draw: st.DrawFn) -> Made:
+    """docs/FORMAT.md §6.12: sparse tensors of every layout (COO uncoalesced, hybrid, empty), nested
+    tensors (strided, jagged), meta tensors, tensors and Parameters
+    with attributes set on them (some of values the format refuses), and kinds refused with advice."""
+    what = draw(st.sampled_from(["coo", "csr", "csc", "bsr", "bsc", "strided", "jagged", "meta", "attrs",
+                                 "refused"]))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.int16, torch.bool, torch.complex64,
+                                  torch.bfloat16]))
+    grad = draw(st.booleans()) and (dtype.is_floating_point or dtype.is_complex)
+    rows, cols = draw(st.integers(0, 4)), draw(st.integers(0, 4))
+    vals = st.integers(-3, 3)
+    dense = torch.tensor(draw(st.lists(vals, min_size=rows * cols, max_size=rows * cols)),
+                         dtype=torch.int64).reshape(rows, cols).to(dtype)
+    if what == "coo":
+        nnz = draw(st.integers(0, 5)) if rows and cols else 0
+        idx = [[draw(st.integers(0, n - 1)) for _ in range(nnz)] for n in (rows, cols)]
+        hybrid = draw(st.integers(0, 2))
+        values = torch.tensor(draw(st.lists(vals, min_size=nnz * hybrid or nnz, max_size=nnz * hybrid or nnz)),
+                              dtype=torch.int64).reshape((nnz, hybrid) if hybrid else (nnz,)).to(dtype)
+        size = (rows, cols, hybrid) if hybrid else (rows, cols)
+        t = torch.sparse_coo_tensor(torch.tensor(idx, dtype=torch.int64).reshape(2, nnz), values, size)
+    elif what in ("csr", "csc"):
+        t = dense.to_sparse_csr() if what == "csr" else dense.to_sparse_csc()
+    elif what in ("bsr", "bsc"):
+        t = torch.cat([dense, dense]).repeat(1, 2)
+        t = t.to_sparse_bsr((2, 2)) if what == "bsr" else t.to_sparse_bsc((2, 2))
+    elif what in ("strided", "jagged"):
+        lengths = draw(st.lists(st.integers(0 if what == "strided" else 1, 3), min_size=1, max_size=3))
+        parts = [torch.arange(n * 2, dtype=torch.int64).reshape(n, 2).to(dtype) for n in lengths]
+        layout = torch.strided if what == "strided" else torch.jagged
+        t = torch.nested.nested_tensor(parts, layout=layout)
+    elif what == "meta":
+        t = torch.empty(tuple(draw(st.lists(st.integers(0, 5), max_size=3))), dtype=dtype, device="meta")
+    elif what == "attrs":
+        t = torch.nn.Parameter(dense.clone(), requires_grad=grad) if grad else dense.clone()
+        for name in draw(st.lists(st.sampled_from(["foo", "_bar", "é", "labels"]), max_size=3, unique=True)):
+            setattr(t, name, draw(st.one_of(key_leaves, st.just([1, "a"]), st.just(print), st.just(torch.ones(1)))))
+    else:
+        t = draw(st.sampled_from([
+            torch.quantize_per_tensor(torch.ones(2), 0.5, 1, torch.quint8),
+            torch.nn.parameter.UninitializedParameter(),
+            torch.nn.Parameter(torch.nested.nested_tensor([torch.ones(1)])),
+            torch.nested.narrow(torch.ones(2, 3), 1, torch.tensor([0, 1]), torch.tensor([1, 2]), layout=torch.jagged),
+        ]))
+        return Made(t, f"refused {type(t).__name__}")
+    if grad and what not in ("attrs", "meta") or (grad and what == "meta"):
+        t = t.requires_grad_()
+    if draw(st.booleans()) and what not in ("attrs", "strided", "jagged") and not t.requires_grad:
+        t.note = draw(st.sampled_from(["x", 1, None]))  # an attribute on a sparse or meta tensor too
+    return Made(t, f"{what}({dtype}, {rows}x{cols}, grad={grad})")
+
+
 NP_DTYPES = ["?", "u1", "i1", "<u2", ">u2", "<i4", ">i8", "<f2", ">f4", "<f8", "<c8", ">c16", "<u8",
              "O", "<U2", "V3", "<M8[s]", "g", "i1,i1"]
 
@@ -410,6 +467,14 @@ def arrays(draw: st.DrawFn) -> Made:
 @given(st.recursive(st.one_of(tensors(), arrays()), lambda c: st.lists(c, max_size=3), max_leaves=4))
 def test_tensors_and_arrays(value):
     check(unwrap(value))
+
+
+@budget(150)
+@given(st.recursive(tensor_kinds(), lambda c: st.lists(c, max_size=3), max_leaves=3))
+def test_tensor_kinds(value):
+    value = unwrap(value)
+    check(value)
+    check([value, value])  # the same object twice: one object at load (§6.12)
 
 
 # ------------------------------------------------------------------ built-in codecs

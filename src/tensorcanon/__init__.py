@@ -14,6 +14,7 @@ Example::
 from typing import TYPE_CHECKING, Any
 
 from .api import dumps, fingerprint, load, loads, read_metadata, save, verify
+from .format import tensorkinds as _tensorkinds  # noqa: F401 - registers the tensor tags of FORMAT.md §6.12
 from .format.codecs import register_all as register_builtin_codecs
 from .format.errors import (
     DeviceUnavailableError,

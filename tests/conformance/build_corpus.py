@@ -303,6 +303,54 @@ NEW_INVALID.update({
         "always"),
 })
 
+
+def _tensor_kind_node(parts: dict, node: list) -> bytes:
+    """A file whose root is ``node`` (a §6.12 node over tensors 0, 1, ...), its parts saved as an
+    OrderedDict in their order: the paths, names, table and digests a writer gives them."""
+    data = tensorcanon.dumps(collections.OrderedDict(parts))
+    return h.with_manifest(data, lambda m: m.__setitem__("root", node))
+
+
+def _coo(indices: list, size: int) -> bytes:
+    return _tensor_kind_node({"indices": torch.tensor([indices]), "values": torch.ones(len(indices))},
+                             ["sparse", "coo", ["size", size], "tensor", False, ["tensor", 0], ["tensor", 1]])
+
+
+def _attrs_on_later_use() -> bytes:
+    t = torch.ones(1)
+    t.a = 1
+    data = tensorcanon.dumps([t, t])
+    return h.with_manifest(data, lambda m: m["root"].__setitem__(2, ["tensor.attrs", ["tensor", 0], ["dict", "a", 1]]))
+
+
+NEW_INVALID.update({
+    "sparse_coo_index_out_of_range": (
+        lambda: _coo([0, 5], 2), "6.12.1", "sparse-coo-reader", "FormatError", "out of range",
+        "a COO sparse tensor of size (2,) with the index 5", "building"),
+    "sparse_coo_uncoalesced": (
+        lambda: _coo([1, 0], 2), "6.12.1", "sparse-coo-reader", "FormatError", "coalesced",
+        "a COO sparse tensor whose indices are not sorted", "building"),
+    "sparse_csr_crow_decreasing": (
+        lambda: _tensor_kind_node(
+            {"crow_indices": torch.tensor([0, 2, 1]), "col_indices": torch.tensor([0, 1]), "values": torch.ones(2)},
+            ["sparse", "csr", ["size", 2, 2], "tensor", False, ["tensor", 0], ["tensor", 1], ["tensor", 2]]),
+        "6.12.1", "sparse-compressed-reader", "FormatError", "invariant",
+        "a CSR sparse tensor whose compressed indices decrease", "building"),
+    "nested_jagged_offsets_decreasing": (
+        lambda: _tensor_kind_node({"values": torch.ones(5, 2), "offsets": torch.tensor([0, 3, 2, 5])},
+                                  ["nested", "jagged", "float32", False, ["tensor", 0], ["tensor", 1]]),
+        "6.12.2", "nested-jagged-reader", "FormatError", "decrease",
+        "a jagged nested tensor whose offsets decrease", "building"),
+    "tensor_attrs_on_later_use": (
+        _attrs_on_later_use, "6.12.4", "tensor-attrs-first-use", "FormatError", "first use",
+        "attributes carried by the second use of a tensor", "always"),
+    "meta_int_requires_grad": (
+        lambda: h.with_manifest(tensorcanon.dumps(torch.empty(2, dtype=torch.int64, device="meta")),
+                                lambda m: m["root"].__setitem__(4, True)),
+        "6.12", "tensor-kinds-grad-dtype", "FormatError", "requires_grad",
+        "an int64 meta tensor with requires_grad", "building"),
+})
+
 # name -> (builder, what it shows): valid files for rules settled in issue 20
 NEW_VALID: dict[str, tuple] = {
     "np_str_trailing_nuls": (lambda: tensorcanon.dumps({"v": [np.str_("a\x00"), np.bytes_(b"\x00")]}),
@@ -311,6 +359,8 @@ NEW_VALID: dict[str, tuple] = {
                                "an RngState whose CUDA Philox offset is -4 (2^64 - 4 as torch counts), §6.7.1"),
     "mps_generator": (lambda: _generator_state("mps"), "a torch generator on device text mps, §6.7"),
     "mps0_generator": (lambda: _generator_state("mps:0"), "a torch generator on device text mps:0, §6.7"),
+    "sparse_coo_from_parts": (lambda: _coo([0, 1], 2),
+                              "a COO sparse tensor crafted from its parts as a writer writes them, §6.12.1"),
     "bare_bit_generator": (lambda: tensorcanon.dumps(np.random.SFC64(np.random.SeedSequence(np.uint64(9)))),
                            "a bare SFC64 bit generator (rng.bitgen as a value on its own), whose "
                            "SeedSequence was given a numpy int, §6.7"),

@@ -161,7 +161,7 @@ def test_staged_copy_keeps_everything_a_save_records():
     assert torch.equal(m["whole"], torch.arange(12.0)) and m["w"].abs().sum() > 0 and staged["n"] == [1, {2}]
 
 
-def test_staged_copy_stages_what_a_tensor_reads_and_leaves_unsaveable_ones_to_the_save():
+def test_staged_copy_stages_what_a_tensor_reads_and_copies_sparse_and_meta_tensors():
     from tensorcanon.dcp.staging import staged_copy
 
     z = torch.tensor([1 + 2j, 3 - 1j])
@@ -175,9 +175,11 @@ def test_staged_copy_stages_what_a_tensor_reads_and_leaves_unsaveable_ones_to_th
     x.zero_()
     assert torch.equal(staged["conj"], torch.tensor([1 - 2j, 3 + 1j]))
     assert torch.equal(staged["neg"], -torch.arange(4.0))
-    assert staged["sparse"] is sparse and staged["meta"] is state["meta"]
-    with pytest.raises(tensorcanon.UnsupportedTypeError, match="sparse"):  # refused as save refuses it
-        tensorcanon.dumps({"sparse": staged["sparse"]})
+    # sparse and meta tensors are saved (FORMAT.md §6.12): staged as copies of their own
+    assert staged["sparse"] is not sparse and staged["meta"].is_meta and staged["meta"] is not state["meta"]
+    expected = tensorcanon.dumps({"sparse": torch.eye(2).to_sparse()})
+    sparse._values().zero_()
+    assert tensorcanon.dumps({"sparse": staged["sparse"]}) == expected
     assert tensorcanon.dumps({"c": staged["conj"], "n": staged["neg"]}) == \
         tensorcanon.dumps({"c": torch.tensor([1 - 2j, 3 + 1j]), "n": -torch.arange(4.0)})
 

@@ -185,10 +185,30 @@ def renamed(data: bytes, old: str, new: str) -> bytes:
 
 # ----------------------------------------------------------------- the contract
 
+def _parts(t: torch.Tensor) -> list:
+    """A sparse or nested tensor's components, compared by ``same`` (docs/FORMAT.md §6.12)."""
+    t = t.detach()
+    if t.is_meta:
+        return []
+    if t.is_nested:
+        return [(p.dtype, p.shape, bytes(p.contiguous().reshape(-1).view(torch.uint8).numpy())) for p in t.unbind()]
+    if t.layout is torch.sparse_coo:
+        t = t.coalesce()
+        parts = [t._indices(), t._values()]
+    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = [t.crow_indices(), t.col_indices(), t.values()]
+    else:
+        parts = [t.ccol_indices(), t.row_indices(), t.values()]
+    return [(p.dtype, p.shape, bytes(p.contiguous().reshape(-1).view(torch.uint8).numpy())) for p in parts]
+
+
 def same(a, b) -> bool:
     """Deep equality that compares tensors and arrays by dtype, shape and bytes."""
     if type(a) is not type(b):
         return False
+    if isinstance(a, torch.Tensor) and (a.layout is not torch.strided or a.is_nested or a.is_meta):
+        return (a.layout == b.layout and a.is_nested == b.is_nested and a.is_meta == b.is_meta
+                and a.dtype == b.dtype and (a.is_nested or a.shape == b.shape) and _parts(a) == _parts(b))
     if isinstance(a, torch.Tensor):
         def raw(t: torch.Tensor) -> bytes:
             same = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.dtype.itemsize)

@@ -26,12 +26,49 @@ def canonical_bytes(t: torch.Tensor) -> bytes:
     return flat.view(torch.uint8).numpy().tobytes()
 
 
+def special_parts(t: torch.Tensor):
+    """What a sparse, nested or meta tensor holds, as ``(layout, [(dtype, shape, bytes) of each component])``
+    (docs/FORMAT.md §6.12; COO compared coalesced); None for a dense tensor, which canonical_bytes reads."""
+    t = t.detach()
+    if t.is_meta:
+        return ("meta", [])
+    if t.is_nested:
+        parts = list(t.unbind())
+    elif t.layout is torch.sparse_coo:
+        c = t.coalesce()
+        parts = [c._indices(), c._values()]
+    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = [t.crow_indices(), t.col_indices(), t.values()]
+    elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = [t.ccol_indices(), t.row_indices(), t.values()]
+    else:
+        return None
+    return (str(t.layout), [(p.dtype, tuple(p.shape), canonical_bytes(p)) for p in parts])
+
+
+def user_attrs(t: torch.Tensor) -> dict:
+    """The attributes a program set on ``t`` (its ``__dict__``, less a jagged tensor's own state)."""
+    from tensorcanon.format import tensorkinds
+
+    own = tensorkinds.jagged_state() if t.is_nested and type(t) is not torch.Tensor else ()
+    return {k: v for k, v in vars(t).items() if k not in own}
+
+
+def tensor_content(t: torch.Tensor):
+    """Everything a saved tensor's value is made of: its layout's parts (or its bytes) and the
+    attributes set on it (their values compared by the caller)."""
+    special = special_parts(t)
+    return special if special is not None else canonical_bytes(t)
+
+
 def view_key(v):
     """What makes two tensors "the same view of the same storage" (written once, loaded as one)."""
     if isinstance(v, np.ndarray):
         if not v.size:
             return ("id", id(v))
         return ("nd", v.__array_interface__["data"][0], v.shape, v.strides, v.dtype.str)
+    if special_parts(v) is not None or user_attrs(v):  # (docs/FORMAT.md §6.12: one object per saved object)
+        return ("id", id(v))
     if not v.numel():
         return ("id", id(v))
     return (v.untyped_storage().data_ptr(), str(v.device), v.storage_offset(), tuple(v.shape), v.stride(),
@@ -68,9 +105,14 @@ def assert_same(a, b, path="$", aliases=None):
         rev = aliases.setdefault(("rev", id(b)), key)
         assert rev == key, f"{path}: two distinct tensors came back as one object"
     if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape), path
+        assert a.dtype == b.dtype and (a.is_nested or tuple(a.shape) == tuple(b.shape)), path
         assert a.device == b.device and a.requires_grad == b.requires_grad, path
-        assert canonical_bytes(a) == canonical_bytes(b), f"{path}: tensor bytes differ"
+        assert a.layout == b.layout and a.is_nested == b.is_nested, f"{path}: layout differs"
+        assert tensor_content(a) == tensor_content(b), f"{path}: tensor bytes differ"
+        attrs_a, attrs_b = user_attrs(a), user_attrs(b)
+        assert sorted(attrs_a) == sorted(attrs_b), f"{path}: attributes differ"
+        for k in attrs_a:
+            assert_same(attrs_a[k], attrs_b[k], f"{path}.{k}", aliases)
     elif isinstance(a, np.ndarray):
         assert a.dtype.newbyteorder("=") == b.dtype and a.shape == b.shape, path
         assert np.ascontiguousarray(a).astype(b.dtype).tobytes() == b.tobytes(), path

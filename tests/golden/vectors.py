@@ -369,6 +369,38 @@ def generators():
     return out
 
 
+def tensor_kinds():
+    """docs/FORMAT.md §6.12: sparse tensors of every layout (COO given uncoalesced, hybrid COO, a
+    sparse Parameter), one sparse tensor used twice, nested tensors (strided and jagged), meta
+    tensors, and attributes set on a tensor, a Parameter and a sparse tensor."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*(Sparse|nested tensors|prototype).*")
+    dense = torch.tensor([[0.0, 1.5, 0.0, 0.0], [2.0, 0.0, 0.0, -3.0], [0.0, 0.0, 0.0, 0.0], [4.0, 0.0, 5.0, 0.0]])
+    coo = torch.sparse_coo_tensor(torch.tensor([[1, 0, 1], [0, 2, 0]]), torch.tensor([1, 2, 3], dtype=torch.int16),
+                                  (2, 3))  # (1, 0) twice: saved coalesced
+    hybrid = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.arange(6.0).reshape(2, 3), (4, 3))
+    csr = dense.to_sparse_csr()
+    tagged = torch.arange(3, dtype=torch.int32)
+    tagged.role = "ids"
+    tagged.scale = 0.5
+    param = torch.nn.Parameter(torch.ones(2))
+    param.frozen_at = 7
+    noted = dense.to_sparse_csc()
+    noted.note = ("csc", 1)
+    return {
+        "coo": coo, "hybrid": hybrid.requires_grad_(), "csr": csr, "csr_again": csr, "csc_noted": noted,
+        "bsr": dense.to_sparse_bsr((2, 2)), "bsc": dense.to_sparse_bsc((2, 2)),
+        "sparse_param": torch.nn.Parameter(dense.to_sparse(), requires_grad=False),
+        "nested": torch.nested.nested_tensor([torch.arange(6.0).reshape(2, 3), torch.zeros(0, 3)]),
+        "jagged": torch.nested.nested_tensor([torch.ones(1, 2), torch.arange(6.0).reshape(3, 2)],
+                                             layout=torch.jagged),
+        "meta": torch.empty(2, 5, dtype=torch.bfloat16, device="meta"),
+        "meta_param": torch.nn.Parameter(torch.empty(3, device="meta")),
+        "tagged": [tagged, tagged], "param": param,
+    }
+
+
 #: name -> (build object, metadata or None)
 VECTORS = {
     "scalars": (scalars, None),
@@ -399,6 +431,7 @@ VECTORS = {
     "random_state": (random_state, None),
     "empty_dict": (dict, None),
     "generators": (generators, None),
+    "tensor_kinds": (tensor_kinds, None),
 }
 
 

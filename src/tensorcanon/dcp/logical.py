@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..format import digest, dtypes, paths
+from ..format import digest, dtypes, paths, registry, tensorbytes, tensorkinds
 from ..format.errors import TensorCanonError, UnsupportedTypeError
 from ..format.limits import DEFAULT, Limits
 from ..format.tree import Encoder
@@ -47,8 +47,9 @@ class LogicalEncoder(Encoder):
         t = type(value)
         if isinstance(value, DTensor):
             return self._dtensor(value)
-        if isinstance(value, torch.Tensor) and t is not torch.Tensor and t is not torch.nn.Parameter:
-            raise self.unsupported(subclass_refusal(t))
+        if isinstance(value, torch.Tensor) and t is not torch.Tensor and t is not torch.nn.Parameter \
+                and registry.by_type(t) is None and not tensorkinds.is_jagged(value):
+            raise self.unsupported(subclass_refusal(t))  # (registered subclasses, jagged tensors: FORMAT.md §6.12)
         if t is PerRank:
             raise self.unsupported(
                 "a PerRank value must be the value of a dict key (per-rank state is kept out of the "
@@ -66,6 +67,12 @@ class LogicalEncoder(Encoder):
         return super().encode(value, depth)
 
     def _dtensor(self, v: DTensor) -> list:
+        extra = sorted(k for k in vars(v) if k != "_is_param") if tensorbytes.has_attributes(v) else []
+        if extra:  # never dropped silently (FORMAT.md §6.12.4 holds a plain tensor's); _is_param: Parameter's mark
+            names = ", ".join(map(repr, extra[:5]))
+            raise self.unsupported(
+                f"attributes are set on this DTensor ({names}), which tensorcanon.dcp does not save: save "
+                "their values next to it in the state dict (or delete them) before saving")
         for p in v.placements:
             if type(p) not in _SUPPORTED_PLACEMENTS:
                 raise self.unsupported(
@@ -104,8 +111,11 @@ def subclass_refusal(t: type) -> str:
         return f"fake tensors ({name}) hold no data and cannot be saved"
     hooks = (" (tensorcanon.dcp does not call DCP's __create_write_items__ hooks, which it defines)"
              if hasattr(t, "__create_write_items__") else "")
+    if tensorkinds.implements_flatten(t):
+        return (f"tensor subclass {name} is not registered: it implements __tensor_flatten__, so call "
+                f"tensorcanon.register({t.__qualname__}) before saving and loading")
     return (f"tensor subclass {name} is not supported by tensorcanon.dcp{hooks}; save it as a DTensor "
-            "(torch.distributed.tensor) or as a plain tensor (t.as_subclass(torch.Tensor))")
+            "(torch.distributed.tensor), or save the plain tensors it holds")
 
 
 @dataclass

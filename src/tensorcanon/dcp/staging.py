@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..format import tensorbytes
+from ..format import tensorbytes, tensorkinds
 from ..format.walk import METADATA
 from ._compat import DTensor
 from .perrank import PerRank
@@ -55,8 +55,10 @@ def staged_copy(state: Any) -> Any:
             out = DTensor.from_local(memory(v._local_tensor), v.device_mesh, v.placements, run_check=False,
                                      shape=v.shape, stride=v.stride())
         elif t is torch.Tensor or t is torch.nn.Parameter:
-            if tensorbytes.unsaveable(v) is not None:
-                out = v  # meta, sparse, quantized...: saving refuses it (or plans it) as without staging
+            if tensorbytes.unsaveable(v) is not None:  # sparse, nested, meta (FORMAT.md §6.12): a copy of their own
+                out = _own_copy(v)
+                memo[id(v)] = out
+                return out
             elif v.is_conj() or v.is_neg() or v._is_zerotensor():
                 # its storage holds other values than it reads (an efficient zero tensor has none):
                 # stage what it reads (alias_key never lets such a tensor share a stored tensor's storage)
@@ -64,7 +66,9 @@ def staged_copy(state: Any) -> Any:
             else:
                 out = memory(v)
         elif isinstance(v, torch.Tensor):
-            out = v  # another tensor subclass: saving refuses it, with the same words as without staging
+            # a jagged nested tensor is copied; another subclass: saving refuses it (or a registered
+            # codec writes it), with the same words as without staging
+            out = _own_copy(v) if tensorkinds.is_jagged(v) else v
         elif t is dict or t is collections.OrderedDict:
             out = t((k, walk(x)) for k, x in v.items())
             if hasattr(v, METADATA):
@@ -82,10 +86,22 @@ def staged_copy(state: Any) -> Any:
                 out = torch.nn.Parameter(out, requires_grad=v.requires_grad)
             elif v.requires_grad:
                 out.requires_grad_(True)
+            attrs = tensorkinds.attributes(v) if tensorbytes.has_attributes(v) else None
+            if attrs:  # attributes set on the tensor are saved too (FORMAT.md §6.12.4)
+                out.__dict__.update({k: walk(x) for k, x in attrs.items()})
         memo[id(v)] = out
         return out
 
     return walk(state)
+
+
+def _own_copy(v: torch.Tensor) -> torch.Tensor:
+    """A sparse, nested or meta tensor's own copy (its parts' memory and its attributes); a tensor
+    torch cannot copy (a quantized one, which saving refuses) as it is."""
+    try:
+        return copy.deepcopy(v)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return v
 
 
 __all__ = ["staged_copy"]

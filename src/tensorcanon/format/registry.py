@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import subclasses
 from .errors import UnsupportedTypeError, UsageError
 
 __all__ = ["register", "unregister"]
@@ -197,7 +198,10 @@ def register(
     """Allow instances of ``cls`` to be saved and loaded (and of its subclasses, with a codec).
 
     Dataclasses, NamedTuples, Enums and dict or list subclasses need no codec:
-    their fields (value, items) are saved. Any other class needs ``encode`` (instance to a saveable value)
+    their fields (value, items) are saved; nor do tensor subclasses that implement
+    ``__tensor_flatten__`` and ``__tensor_unflatten__`` (their inner tensors, flatten
+    context, size and stride are saved: docs/FORMAT.md §6.12.5). Any other class needs
+    ``encode`` (instance to a saveable value)
     and ``decode`` (that value back to an instance). ``name`` is what the file
     records; it defaults to ``"module.QualName"`` and must be the same in the
     process that loads the file. Returns ``cls``, so it can be a decorator.
@@ -246,6 +250,8 @@ def register(
             encode, decode = _enum_codec(cls)
         elif issubclass(cls, (dict, list)):
             encode, decode = _mapping_codec(cls)
+        elif subclasses.implements_flatten(cls):  # a tensor subclass (docs/FORMAT.md §6.12.5)
+            encode, decode = subclasses.codec(cls)
         else:
             raise UsageError(
                 f"{cls.__qualname__} is not a dataclass, NamedTuple, Enum, or dict or list subclass: "

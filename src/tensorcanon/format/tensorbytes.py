@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 else:
     torch = optional.torch_module(globals())
     np = optional.numpy_module(globals())
+
+_referents = gc.get_referents
 
 if sys.byteorder != "little":  # pragma: no cover - no such host in CI
     raise ImportError("tensorcanon supports little-endian hosts only")
@@ -153,9 +156,10 @@ def unsaveable(t: torch.Tensor) -> str | None:
         if type(t).__name__ == "ShardedTensor":
             return (f"{name} (torch's deprecated sharded tensor) is not supported; save DTensors with "
                     "tensorcanon.dcp, or the full tensor")
-        hint = "t.full_tensor() for a DTensor, " if type(t).__name__ == "DTensor" else ""
-        return (f"tensor subclass {name} is not supported; save a plain tensor ({hint}"
-                "t.as_subclass(torch.Tensor)), or use tensorcanon.dcp for distributed tensors")
+        if type(t).__name__ == "DTensor":
+            return (f"a {name} cannot be saved whole by one process: save t.full_tensor() (the whole "
+                    "tensor, a plain tensor), or save DTensors with tensorcanon.dcp")
+        return f"tensor subclass {name} is not supported"  # (format/tensorkinds.py says what to do)
     if getattr(t, "is_nested", False):
         return ("nested tensors are not supported; save t.unbind() (a list of tensors) or "
                 "t.to_padded_tensor(0) with the lengths")
@@ -167,6 +171,28 @@ def unsaveable(t: torch.Tensor) -> str | None:
         return ("meta tensors hold no data and cannot be saved; materialize them first "
                 "(e.g. module.to_empty(device='cpu') and initialize)")
     return None
+
+
+def dtype_refusal(dtype: Any) -> str:
+    """Why a tensor of ``dtype`` (one the format lacks, §4.1) is refused, with advice that works: the
+    ``bits`` dtypes cannot be converted (``t.to`` raises) but can be viewed as the int of their size."""
+    why = f"tensors of dtype {dtype} are not supported (docs/FORMAT.md §4.1 lists the dtypes that are)"
+    same = same_size_int().get(dtype.itemsize)
+    if str(dtype).startswith("torch.bits") and same is not None:
+        name = str(same).removeprefix("torch.")
+        return (f"{why}; save its bytes as t.view(torch.{name}) and view them back after loading "
+                f"(t.view({dtype}))")
+    return f"{why}; convert it, e.g. t.to(torch.float32)"
+
+
+def has_attributes(t: Any) -> bool:
+    """Whether attributes were set on tensor ``t`` (``t.foo = 1``: a non-empty ``__dict__``), found
+    without making its ``__dict__``: reading ``t.__dict__`` creates an empty dict on every tensor that
+    has none, 20,000 more objects for the garbage collector to walk in a save of 20,000 tensors."""
+    for ref in _referents(t):  # (a tensor's referents: its type, and its __dict__ once it has one)
+        if type(ref) is dict and ref:
+            return True
+    return False
 
 
 # numpy < 2 allows 32 dimensions, numpy 2 allows 64 (as many as the format's default max_ndim).

@@ -316,14 +316,16 @@ class Encoder:
         idx = self._by_id.get(id(v))
         if idx is not None:
             return ["tensor", idx]
-        refusal = tensorbytes.unsaveable(v)
-        if refusal is not None:
-            raise self.unsupported(refusal)
+        if tensorbytes.unsaveable(v) is not None or tensorbytes.has_attributes(v):  # another layout, nested, meta
+            return _TENSOR_HOOK[0](self, v, depth)
+        return self.plain_tensor(v)
+
+    def plain_tensor(self, v: torch.Tensor, merge: bool = True) -> list:
+        """The ``["tensor", i]`` node of a dense tensor or Parameter that the table holds as it is;
+        with ``merge`` false, it never shares a row with another view of its memory (§6.5)."""
         row = dtypes.BY_TORCH.get(v.dtype)
         if row is None:
-            raise self.unsupported(
-                f"tensors of dtype {v.dtype} are not supported (docs/FORMAT.md §4.1 lists the dtypes "
-                "that are); convert it, e.g. t.to(torch.float32)")
+            raise self.unsupported(tensorbytes.dtype_refusal(v.dtype))
         kind = "parameter" if type(v) is torch.nn.Parameter else "tensor"
         device = "cpu"
         if not v.is_cpu:
@@ -332,7 +334,7 @@ class Encoder:
             if problem is not None:
                 raise self.unsupported(f"{problem}; move the tensor to the CPU (t.cpu()) to save it")
         return self._add_tensor(
-            v, tensorbytes.alias_key(v, kind), kind=kind, dtype=row, shape=tuple(v.shape),
+            v, tensorbytes.alias_key(v, kind) if merge else None, kind=kind, dtype=row, shape=tuple(v.shape),
             device=device, requires_grad=v.requires_grad, memory_format=tensorbytes.memory_format(v),
         )
 
@@ -395,6 +397,9 @@ class Encoder:
             return ["obj", reg.name, self.encode(state, depth)]
         if issubclass(t, np.generic):  # not isinstance: that reads v.__class__, which may raise
             return self.enc_numpy_scalar(v, depth)
+        th = optional.imported()
+        if th is not None and issubclass(t, th.Tensor):  # an unregistered subclass: nested, or refused
+            return _TENSOR_HOOK[0](self, v, depth)
         try:
             message = unsaveable_message(v)
         except Exception as e:  # noqa: BLE001 - an object that raises when touched (a proxy, a ShardedTensor)
@@ -982,6 +987,20 @@ class NodeKind:
     def origin(self) -> str:
         """The module that registered the kind (its decoder's module)."""
         return str(getattr(self.decode, "__module__", None) or "an unknown module")
+
+
+def _no_tensor_hook(enc: Encoder, v: Any, depth: int) -> list:
+    raise enc.unsupported(tensorbytes.unsaveable(v) or unsaveable_message(v))
+
+
+_TENSOR_HOOK: list[EncodeFn] = [_no_tensor_hook]
+
+
+def set_tensor_hook(encode: EncodeFn) -> None:
+    """Set the encoder of every tensor that the ``tensor`` node does not hold as it is (another
+    layout, nested, meta, attributes set on it, an unregistered subclass): format/tensorkinds.py,
+    which returns its node or refuses it."""
+    _TENSOR_HOOK[0] = encode
 
 
 # The tables, written by register_kind and _loaded only (under _lock). Encoder.encode and

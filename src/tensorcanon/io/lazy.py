@@ -177,6 +177,12 @@ class LazyFile(Mapping):
                 return found[key]
             if key in self._by_name:
                 return self._by_name[key]
+            below = [p for p in self._path_index() if p.startswith(key + "[")]
+            if below:  # a sparse, nested or registered tensor (FORMAT.md §6.12), or a container
+                raise KeyError(
+                    f"{key!r} in {self.path!r} is not one stored tensor: the tensors below it are "
+                    f"{', '.join(below[:4])}{', ...' if len(below) > 4 else ''} (a sparse, nested or registered "
+                    "subclass tensor is stored as its parts); read those, or tensorcanon.load the file")
         raise KeyError(f"{key!r} is neither a tensor path (see .keys()) nor a stored tensor name in {self.path!r}")
 
     def __getitem__(self, key: str) -> Any:

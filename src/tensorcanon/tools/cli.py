@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO, TypeVar
 
-from ..format import devices, digest, manifest, paths, tree
+from ..format import devices, digest, manifest, paths, tensorkinds, tree
 from ..format.errors import FileAccessError, FormatError, IntegrityError, MissingDependencyError, TensorCanonError
 from ..format.limits import DEFAULT, Limits
 from ..format.tensorbytes import resolved
@@ -290,6 +290,10 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Li
         row: dict[str, Any] = {"path": where, "type": None, "dtype": None, "shape": None, "device": None,
                "bytes": None, "digest": None, "value": None, "same_as": None}
         tag = tree.tag_of(node)
+        with_attributes = tag == "tensor.attrs"  # a tensor with attributes set on it (FORMAT.md §6.12.4)
+        if with_attributes:
+            node = node[1]
+            tag = tree.tag_of(node)
         if tag == "tensor":
             info = table[node[1]]
             row.update(type=info.kind, dtype=info.dtype.name, shape=list(info.shape), device=info.device,
@@ -307,11 +311,15 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Li
             row.update(type="ndarray", value=f"{node[1]}{node[2]} array of shape {list(node[4:4 + node[3]])}")
         elif tag == "obj":
             row.update(type="object", value=node[1])
+        elif tag in tensorkinds.TAGS:  # sparse, nested and meta tensors, attributes (FORMAT.md §6.12)
+            row.update(tensorkinds.row_of(node, table))
         elif tag in _TORCH_VALUES:  # shown as torch prints it, without torch
             row.update(type=_TORCH_VALUES[tag], value=_clip(_torch_value_text(node)))
         else:
             value = values.decode(node)
             row.update(type=describe(value).split(" ", 1)[0], value=_short_repr(value))
+        if with_attributes:
+            row["type"] = f"{row['type']} with attributes"
         rows.append(row)
     return rows
 

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..format import dtypes, optional, paths, registry, tensorbytes, tree, walk
+from ..format import dtypes, optional, paths, registry, tensorbytes, tensorkinds, tree, walk
 from ..format.errors import FormatError, LimitError, UnsupportedTypeError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.ordering import UnorderableKey, sorted_keys
@@ -489,10 +489,19 @@ def _dtype_name(v: Any) -> str:
     return str(v.dtype).removeprefix("torch.")
 
 
+def _special(v: Any) -> tuple[str, list] | None:
+    """What a sparse, nested, meta or subclass tensor is, and its parts (format/tensorkinds.py)."""
+    return None if isinstance(v, np.ndarray) else tensorkinds.parts(v)
+
+
 def describe(v: Any) -> str:
     """A short description of a value: ``tensor float32[4, 3]``, ``dict (2 keys)``, ``int 3``."""
     if _is_tensorlike(v):
-        return f"{_tensor_kind(v)} {_dtype_name(v)}{list(v.shape)}"
+        special = _special(v)
+        if special is not None and special[0].startswith("nested strided"):  # (it has no single shape)
+            return f"{special[0]} {_tensor_kind(v)} {_dtype_name(v)} ({len(special[1])} elements)"
+        what = "" if special is None else f"{special[0]} "
+        return f"{what}{_tensor_kind(v)} {_dtype_name(v)}{list(v.shape)}"
     t = type(v)
     if isinstance(v, dict):
         return f"{t.__name__} ({len(v)} key{'s' if len(v) != 1 else ''})"
@@ -569,7 +578,7 @@ def _alias_key(v: Any) -> Any:
     """What makes two tensors one stored tensor: the writer's own rule (tensorbytes.alias_key)."""
     if isinstance(v, np.ndarray):
         key = tensorbytes.alias_key(v, "ndarray")
-    elif v.is_meta:
+    elif _special(v) is not None or tensorkinds.attributes(v):  # one object per saved object (§6.12)
         key = None
     else:
         key = tensorbytes.alias_key(v, "parameter" if type(v) is torch.nn.Parameter else "tensor")
@@ -858,6 +867,26 @@ class _Differ:
             elif ca.metadata is not None or cb.metadata is not None:
                 self.add(trail, "metadata", "_metadata " + _short(ca.metadata), "_metadata " + _short(cb.metadata))
 
+    def parts(self, a: Any, b: Any, special_a: tuple | None, special_b: tuple | None, trail: tuple) -> None:
+        """Sparse, nested, meta and subclass tensors (§6.12): what each is, then part by part."""
+        what_a = "dense" if special_a is None else special_a[0]
+        what_b = "dense" if special_b is None else special_b[0]
+        if what_a != what_b or special_a is None or special_b is None:
+            self.add(trail, "type", f"{what_a} tensor", f"{what_b} tensor")
+            return
+        if _dtype_name(a) != _dtype_name(b):
+            self.add(trail, "dtype", _dtype_name(a), _dtype_name(b))
+            return
+        if not what_a.startswith("nested") and tuple(a.shape) != tuple(b.shape):  # (nested: by element)
+            self.add(trail, "shape", str(list(a.shape)), str(list(b.shape)))
+            return
+        if bool(a.requires_grad) != bool(b.requires_grad):
+            self.add(trail, "requires_grad", str(bool(a.requires_grad)), str(bool(b.requires_grad)))
+        for (step, x), (_, y) in zip(special_a[1], special_b[1], strict=False):
+            self.compare(x, y, trail + (step,), 1)
+        if len(special_a[1]) != len(special_b[1]):
+            self.add(trail, "length", f"{len(special_a[1])} elements", f"{len(special_b[1])} elements")
+
     def tensors(self, a: Any, b: Any, trail: tuple) -> None:
         where = paths.join(trail)
         first_a = self.seen_a.setdefault(_alias_key(a), where)
@@ -868,6 +897,14 @@ class _Differ:
                      f"same tensor as {first_b}" if first_b != where else "a separate tensor")
         if _tensor_kind(a) != _tensor_kind(b):
             self.add(trail, "type", _tensor_kind(a), _tensor_kind(b))
+        if not isinstance(a, np.ndarray) and not isinstance(b, np.ndarray):
+            attrs_a, attrs_b = tensorkinds.attributes(a), tensorkinds.attributes(b)
+            if attrs_a or attrs_b:  # attributes set on the tensors (§6.12.4), by their names
+                self.compare(dict(attrs_a), dict(attrs_b), trail, 1)
+        special_a, special_b = _special(a), _special(b)
+        if special_a is not None or special_b is not None:
+            self.parts(a, b, special_a, special_b, trail)
+            return
         if _dtype_name(a) != _dtype_name(b):
             self.add(trail, "dtype", _dtype_name(a), _dtype_name(b))
             return

@@ -1,0 +1,64 @@
+"""Tensor subclasses that implement PyTorch's ``__tensor_flatten__``/``__tensor_unflatten__``
+protocol (torchao's quantized weights, torch's wrapper subclasses such as ``TwoTensor``), saved
+as registered types (docs/FORMAT.md §6.12.5).
+
+``tensorcanon.register(MySubclass)`` gives such a class this codec: its state is a ``dict`` of
+the inner tensors (by the attribute names ``__tensor_flatten__`` gives), the flatten context
+(any value the format holds, refused at save otherwise, naming its path), the outer size and
+stride and ``requires_grad``. Loading calls ``MySubclass.__tensor_unflatten__`` of the class the
+loading program registered under the recorded name: nothing is imported from a name in a file.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import optional
+from .errors import UnsupportedTypeError
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = optional.torch_module(globals())
+
+STATE_KEYS = ("ctx", "inner", "requires_grad", "size", "stride")
+
+
+def implements_flatten(cls: type) -> bool:
+    """Whether ``cls`` implements the flatten protocol (looked up on the class, importing nothing)."""
+    return callable(getattr(cls, "__tensor_flatten__", None)) and callable(getattr(cls, "__tensor_unflatten__", None))
+
+
+def codec(cls: Any) -> tuple[Any, Any]:
+    """``(encode, decode)`` for a tensor subclass that implements the flatten protocol."""
+
+    def encode(value: Any) -> dict:
+        if type(value) is not cls:
+            raise UnsupportedTypeError(
+                f"{type(value).__qualname__} is a subclass of the registered {cls.__qualname__}: register it too")
+        names, ctx = value.__tensor_flatten__()
+        if not all(type(n) is str for n in names):
+            raise UnsupportedTypeError(f"{cls.__qualname__}.__tensor_flatten__ gave attribute names that are not str")
+        inner = {n: getattr(value, n) for n in names}
+        return {"ctx": ctx, "inner": inner, "requires_grad": bool(value.requires_grad),
+                "size": torch.Size(value.shape), "stride": list(value.stride())}
+
+    def decode(state: Any) -> Any:
+        if type(state) is not dict or tuple(sorted(state)) != STATE_KEYS:
+            raise ValueError(f"the state of a tensor subclass is a dict with the keys {', '.join(STATE_KEYS)}")
+        inner, size, stride, grad = state["inner"], state["size"], state["stride"], state["requires_grad"]
+        if type(inner) is not dict or not all(type(k) is str and isinstance(t, torch.Tensor) for k, t in inner.items()):
+            raise ValueError("'inner' must map attribute names (str) to tensors")
+        if type(size) is not torch.Size or any(d < 0 for d in size):
+            raise ValueError("'size' must be a torch.Size of non-negative dimensions")
+        if type(stride) is not list or len(stride) != len(size) or not all(type(s) is int for s in stride):
+            raise ValueError("'stride' must be a list of ints, one per dimension")
+        if type(grad) is not bool:
+            raise ValueError("'requires_grad' must be a bool")
+        value = cls.__tensor_unflatten__(inner, state["ctx"], size, tuple(stride))
+        if type(value) is not cls or tuple(value.shape) != tuple(size):
+            raise ValueError(f"{cls.__qualname__}.__tensor_unflatten__ did not rebuild a {cls.__qualname__} "
+                             f"of size {tuple(size)}")
+        return value.requires_grad_(True) if grad else value
+
+    return encode, decode

@@ -1,0 +1,551 @@
+"""Tensors that are more than one block of bytes: sparse, nested and meta tensors, and attributes
+set on a tensor. docs/FORMAT.md §6.12 is the normative description.
+
+Each is a node kind of the object tree (format/tree.py, :func:`tree.register_kind`) whose parts
+are ordinary table tensors, named by their path below the tensor (``$["w"]["values"]``) and
+hashed like every tensor:
+
+===============  ===============================================================================
+tag              node
+===============  ===============================================================================
+``sparse``       ``["sparse", layout, size, kind, requires_grad, component...]``: COO (coalesced:
+                 ``indices``, ``values``), CSR/BSR (``crow_indices``, ``col_indices``, ``values``),
+                 CSC/BSC (``ccol_indices``, ``row_indices``, ``values``)
+``nested``       ``["nested", "strided", dtype, requires_grad, component...]`` (one per element)
+                 or ``["nested", "jagged", dtype, requires_grad, values, offsets]``
+``meta``         ``["meta", dtype, size, kind, requires_grad]``: no bytes at all
+``tensor.attrs`` ``["tensor.attrs", tensor node, dict node]``: the tensor's ``__dict__``
+===============  ===============================================================================
+
+Every check a reader makes on the parts (index ranges, monotone offsets, counts) is made by
+:func:`sparse_problem` and :func:`jagged_problem`, before torch builds anything, on the writer's
+side as on the reader's: the writer refuses exactly what a reader rejects.
+
+Tensors the format does not hold are refused here with advice that works (tests/test_tensorkinds.py
+applies each piece of advice and round-trips the result).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import container, dtypes, optional, tensorbytes, tree
+from .subclasses import implements_flatten
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = optional.torch_module(globals())
+
+# layout name -> (component names, compressed?)
+LAYOUTS: dict[str, tuple[str, ...]] = {
+    "coo": ("indices", "values"),
+    "csr": ("crow_indices", "col_indices", "values"),
+    "csc": ("ccol_indices", "row_indices", "values"),
+    "bsr": ("crow_indices", "col_indices", "values"),
+    "bsc": ("ccol_indices", "row_indices", "values"),
+}
+KINDS = ("tensor", "parameter")
+_MEMO = "_tensorkinds_memo"  # attribute of an Encoder / Decoder: composite nodes by id / by content
+
+
+def _layout_name(layout: Any) -> str | None:
+    name = str(layout).removeprefix("torch.sparse_")
+    return name if name in LAYOUTS else None
+
+
+def _torch_layout(name: str) -> Any:
+    return getattr(torch, f"sparse_{name}")
+
+
+def _memo(obj: Any) -> dict:
+    memo = getattr(obj, _MEMO, None)
+    if memo is None:
+        memo = {}
+        setattr(obj, _MEMO, memo)
+    return memo
+
+
+# --------------------------------------------------------------------------- the checks (one place)
+
+
+def _ints_ok(t: Any) -> bool:
+    return t.dtype in (torch.int32, torch.int64)
+
+
+def sparse_problem(layout: str, size: Sequence[int], parts: Sequence[Any]) -> str | None:
+    """What keeps ``parts`` (CPU or device tensors) from being a canonical sparse tensor of
+    ``layout`` and ``size`` (docs/FORMAT.md §6.12.1), or None. Checked before torch builds one."""
+    if any(type(p) is not torch.Tensor or p.layout is not torch.strided or p.requires_grad for p in parts):
+        return "its components must be plain dense tensors (kind 'tensor') without requires_grad"
+    if any(d < 0 for d in size):
+        return "its size has a negative dimension"
+    if layout == "coo":
+        indices, values = parts
+        if indices.dtype is not torch.int64 or indices.dim() != 2:
+            return "COO indices must be a 2-d int64 tensor (sparse dims, nnz)"
+        sparse_dim, nnz = indices.shape
+        if not 0 <= sparse_dim <= len(size) or values.dim() < 1 or values.shape[0] != nnz \
+                or tuple(values.shape[1:]) != tuple(size[sparse_dim:]):
+            return (f"COO indices of shape {tuple(indices.shape)} and values of shape {tuple(values.shape)} "
+                    f"do not fit the size {tuple(size)}")
+        if nnz:
+            idx = indices.cpu()
+            for d in range(sparse_dim):
+                row = idx[d]
+                if int(row.min()) < 0 or int(row.max()) >= size[d]:
+                    return f"a COO index of sparse dimension {d} is out of range [0, {size[d]})"
+            if nnz > 1:  # coalesced: the index columns strictly increase in lexicographic order
+                a, b = idx[:, :-1], idx[:, 1:]
+                less = torch.zeros(nnz - 1, dtype=torch.bool)
+                equal = torch.ones(nnz - 1, dtype=torch.bool)
+                for d in range(sparse_dim):
+                    less |= equal & (a[d] < b[d])
+                    equal &= a[d] == b[d]
+                if not bool(less.all()):
+                    return "COO indices are not coalesced (sorted, each index once)"
+        return None
+    compressed, plain, values = parts
+    if not (_ints_ok(compressed) and compressed.dtype is plain.dtype):
+        return "compressed and plain indices must both be int32 or both int64"
+    return None  # the rest: torch's own invariant check, made at build time (_build_sparse)
+
+
+def _build_sparse(layout: str, size: Sequence[int], parts: Sequence[Any]) -> Any:
+    """The sparse tensor of checked ``parts``; RuntimeError/ValueError/TypeError from torch's
+    invariant check (``check_invariants=True``) if they are not valid."""
+    if layout == "coo":
+        indices, values = parts
+        return torch.sparse_coo_tensor(indices, values, tuple(size), is_coalesced=True, check_invariants=True)
+    compressed, plain, values = parts
+    return torch.sparse_compressed_tensor(compressed, plain, values, tuple(size), layout=_torch_layout(layout),
+                                          check_invariants=True)
+
+
+def jagged_problem(values: Any, offsets: Any) -> str | None:
+    """What keeps ``values`` and ``offsets`` from being a canonical jagged nested tensor
+    (docs/FORMAT.md §6.12.2), or None. Checked before torch builds one."""
+    for p in (values, offsets):
+        if type(p) is not torch.Tensor or p.layout is not torch.strided or p.requires_grad:
+            return "its components must be plain dense tensors (kind 'tensor') without requires_grad"
+    if offsets.dtype is not torch.int64 or offsets.dim() != 1 or offsets.shape[0] < 2:
+        return "jagged offsets must be a 1-d int64 tensor of at least 2 entries"
+    if values.dim() < 1:
+        return "jagged values must have at least one dimension"
+    off = offsets.cpu()
+    if int(off[0]) != 0 or int(off[-1]) != values.shape[0]:
+        return f"jagged offsets must start at 0 and end at the number of value rows ({values.shape[0]})"
+    if bool((off[1:] < off[:-1]).any()):
+        return "jagged offsets must not decrease"
+    return None
+
+
+# --------------------------------------------------------------------------- encode
+
+
+def _kind(v: Any) -> str:
+    return "parameter" if isinstance(v, torch.nn.Parameter) else "tensor"
+
+
+def _dtype_name(enc: tree.Encoder, v: Any) -> str:
+    row = dtypes.BY_TORCH.get(v.dtype)
+    if row is None:
+        raise enc.unsupported(tensorbytes.dtype_refusal(v.dtype))
+    return row.name
+
+
+def _parts(enc: tree.Encoder, names: Sequence[Any], parts: Sequence[Any], depth: int) -> list:
+    out = []
+    for name, part in zip(names, parts, strict=True):
+        with enc.at(name):
+            out.append(enc.encode(part, depth))
+    return out
+
+
+def sparse_parts(v: Any) -> list:
+    """The parts a sparse tensor is written as (§6.12.1), in order: a COO tensor's of its coalesced
+    copy (canonical: the same value gives the same bytes; ``v`` itself is left as it is)."""
+    t = v.detach()
+    if t.layout is torch.sparse_coo:
+        if not t.is_coalesced():
+            t = t.coalesce()
+        parts = [t._indices(), t._values()]
+    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = [t.crow_indices(), t.col_indices(), t.values()]
+    else:
+        parts = [t.ccol_indices(), t.row_indices(), t.values()]
+    return [p.detach() for p in parts]
+
+
+def is_jagged(v: Any) -> bool:
+    """Whether ``v`` is a jagged nested tensor (a subclass of torch.Tensor that §6.12.2 holds)."""
+    # (the type first: some subclasses, ShardedTensor, raise on any attribute access)
+    return type(v).__name__ == "NestedTensor" and bool(getattr(v, "is_nested", False))
+
+
+def attributes(v: Any) -> dict:
+    """The attributes a program set on tensor ``v`` (§6.12.4): its ``__dict__``, less a jagged nested
+    tensor's own state; none for other subclasses (a registered one saves what it flattens to)."""
+    if type(v) in (torch.Tensor, torch.nn.Parameter):
+        return v.__dict__
+    if is_jagged(v):
+        own = jagged_state()
+        return {k: a for k, a in v.__dict__.items() if k not in own}
+    return {}
+
+
+def parts(v: Any) -> tuple[str, list[tuple[Any, Any]]] | None:
+    """``(what v is, [(path step, part), ...])`` for a tensor the plain ``tensor`` node does not hold as
+    it is, its parts as a writer writes them; None for a plain dense tensor. For tools (diff) that
+    compare such tensors part by part; a subclass that flattens gives its inner tensors."""
+    cls = type(v)
+    if cls not in (torch.Tensor, torch.nn.Parameter) and not is_jagged(v):
+        if callable(getattr(cls, "__tensor_flatten__", None)):
+            names, _ = v.__tensor_flatten__()
+            return cls.__qualname__, [(n, getattr(v, n)) for n in names]
+        return cls.__qualname__, []
+    if v.is_quantized:
+        return "quantized", []
+    if v.is_meta:
+        return "meta", []
+    if v.is_nested:
+        t = v.detach()
+        return f"nested {str(t.layout).removeprefix('torch.')}", list(enumerate(p.detach() for p in t.unbind()))
+    layout = _layout_name(v.layout)
+    if layout is not None:
+        return f"sparse {layout}", list(zip(LAYOUTS[layout], sparse_parts(v), strict=True))
+    return None
+
+
+def _enc_sparse(enc: tree.Encoder, v: Any, depth: int) -> list:
+    layout = _layout_name(v.layout)
+    assert layout is not None
+    t = v.detach()
+    parts = sparse_parts(v)
+    size = list(t.shape)
+    problem = sparse_problem(layout, size, parts)
+    if problem is None and layout != "coo":
+        try:
+            _build_sparse(layout, size, parts)
+        except (RuntimeError, ValueError, TypeError) as e:
+            problem = f"torch's invariant check refuses it: {e}"
+    if problem is not None:
+        raise enc.unsupported(f"this {v.layout} tensor cannot be saved: {problem}")
+    with enc.at("size"):
+        size_node = enc.encode(torch.Size(size), depth)
+    return ["sparse", layout, size_node, _kind(v), bool(v.requires_grad),
+            *_parts(enc, LAYOUTS[layout], parts, depth)]
+
+
+def _enc_meta(enc: tree.Encoder, v: Any, depth: int) -> list:
+    with enc.at("size"):
+        size_node = enc.encode(torch.Size(v.shape), depth)
+    return ["meta", _dtype_name(enc, v), size_node, _kind(v), bool(v.requires_grad)]
+
+
+def _enc_nested(enc: tree.Encoder, v: Any, depth: int) -> list:
+    if isinstance(v, torch.nn.Parameter):
+        raise enc.unsupported("a nested tensor wrapped in nn.Parameter cannot be saved: save p.detach() (the "
+                              "nested tensor) and wrap it again after loading")
+    name = _dtype_name(enc, v)
+    t = v.detach()
+    if t.layout is torch.strided:
+        parts = [p.detach() for p in t.unbind()]
+        return ["nested", "strided", name, bool(v.requires_grad), *_parts(enc, range(len(parts)), parts, depth)]
+    if t.layout is not torch.jagged:
+        raise enc.unsupported(f"nested tensors of layout {t.layout} are not supported; save list(t.unbind())")
+    if getattr(v, "_ragged_idx", 1) != 1 or getattr(t, "_ragged_idx", 1) != 1:
+        raise enc.unsupported("a jagged nested tensor whose ragged dimension is not dimension 1 (a transposed "
+                              "one) cannot be saved: save list(t.unbind()) and rebuild it after loading")
+    if getattr(v, "_lengths", None) is not None or t._lengths is not None:
+        raise enc.unsupported("a non-contiguous jagged nested tensor (one with lengths, such as a "
+                              "torch.nested.narrow) cannot be saved: save "
+                              "torch.nested.nested_tensor(list(t.unbind()), layout=torch.jagged)")
+    values, offsets = t.values().detach(), t.offsets().detach()
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first != 0 or last != values.shape[0]:  # a view of part of the values: save only that part
+        values, offsets = values[first:last], offsets - first
+    problem = jagged_problem(values, offsets)
+    if problem is not None:
+        raise enc.unsupported(f"this jagged nested tensor cannot be saved: {problem}")
+    return ["nested", "jagged", name, bool(v.requires_grad), *_parts(enc, ("values", "offsets"),
+                                                                      (values, offsets), depth)]
+
+
+def _enc_attrs(enc: tree.Encoder, v: Any, inner: list, attrs: dict, depth: int) -> list:
+    odd = next((k for k in attrs if type(k) is not str), None)
+    if odd is not None:
+        raise enc.unsupported(f"the tensor's __dict__ holds the key {tree.paths.show(odd)}, not an attribute "
+                              "name (a str); remove it before saving")
+    return ["tensor.attrs", inner, enc.encode(dict(attrs), depth)]
+
+
+def _refusal(v: Any) -> str:
+    """Why ``v``, a tensor of a kind no node holds, is refused, with advice that works."""
+    cls = type(v)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if issubclass(cls, (torch.nn.parameter.UninitializedParameter, torch.nn.parameter.UninitializedBuffer)):
+        return (f"{name} holds no data yet (a lazy module's parameter or buffer before its first forward "
+                "pass): run one forward pass with a sample input (or call "
+                "module.initialize_parameters(sample_input)) before saving")
+    if cls not in (torch.Tensor, torch.nn.Parameter):
+        if "FakeTensor" in cls.__name__ or cls.__name__ in ("ShardedTensor", "DTensor"):
+            return tensorbytes.unsaveable(v) or f"tensor subclass {name} is not supported"
+        if implements_flatten(cls):
+            return (f"tensor subclass {name} is not registered: it implements __tensor_flatten__/"
+                    f"__tensor_unflatten__, so call tensorcanon.register({cls.__qualname__}) before saving and "
+                    "loading (tensorcanon never imports a class named in a file)")
+        dispatch = getattr(cls.__torch_dispatch__, "__func__", None)
+        if dispatch is getattr(torch.Tensor.__torch_dispatch__, "__func__", None):
+            return (f"tensor subclass {name} is not supported: save t.as_subclass(torch.Tensor) (its data as a "
+                    f"plain tensor), or register {cls.__qualname__} with encode= and decode=")
+        return (f"tensor subclass {name} is not supported: it overrides __torch_dispatch__ without "
+                f"__tensor_flatten__; register {cls.__qualname__} with encode= and decode= that give its data "
+                "as plain tensors")
+    if v.is_quantized:
+        return ("torch.ao quantized tensors are not supported (torch deprecates them): save t.dequantize() with "
+                "t.q_scale() and t.q_zero_point() (per channel: t.q_per_channel_scales(), "
+                "t.q_per_channel_zero_points(), t.q_per_channel_axis()) and t.dtype, and quantize again after "
+                "loading (torch.quantize_per_tensor / torch.quantize_per_channel give back the same int_repr())")
+    if v.is_meta:
+        return (f"meta tensors of layout {v.layout} are not supported: save "
+                "torch.empty(t.shape, dtype=t.dtype, device='meta') (a strided meta tensor)")
+    return tensorbytes.unsaveable(v) or f"a tensor of layout {v.layout} is not supported"
+
+
+def encode_special(enc: tree.Encoder, v: Any, depth: int) -> list:
+    """tree's hook for every tensor the plain ``tensor`` node does not hold as it is: a tensor of
+    another layout, a nested or meta tensor, one with attributes set on it, an unregistered tensor
+    subclass. The node, or raises ``enc.unsupported`` with advice that works."""
+    memo = _memo(enc)
+    seen = memo.get(id(v))
+    if seen is not None:
+        return seen[1]
+    attrs = attributes(v)
+    if type(v) in (torch.Tensor, torch.nn.Parameter) and not v.is_quantized:
+        if v.is_meta and v.layout is torch.strided:
+            inner = _enc_meta(enc, v, depth)
+        elif getattr(v, "is_nested", False):
+            inner = _enc_nested(enc, v, depth)
+        elif _layout_name(v.layout) is not None and not v.is_meta:
+            inner = _enc_sparse(enc, v, depth)
+        elif v.layout is torch.strided and not v.is_meta and attrs:
+            return _enc_attrs(enc, v, enc.plain_tensor(v, merge=False), attrs, depth)
+        else:
+            raise enc.unsupported(_refusal(v))
+    elif is_jagged(v):
+        inner = _enc_nested(enc, v, depth)
+    else:
+        raise enc.unsupported(_refusal(v))
+    node = _enc_attrs(enc, v, inner, attrs, depth) if attrs else inner
+    memo[id(v)] = (v, node)  # (v kept alive: its id() stays its own until the encoder is done)
+    return node
+
+
+_JAGGED_STATE: list[frozenset] = []
+
+
+def jagged_state() -> frozenset:
+    """The names a jagged nested tensor keeps in its ``__dict__`` itself (values, offsets, caches):
+    not attributes a program set, so not saved as such."""
+    if not _JAGGED_STATE:
+        t = torch.nested.nested_tensor_from_jagged(torch.zeros(2, 1), torch.tensor([0, 1, 2]))
+        t.unbind()
+        names = set(t.__dict__)
+        _JAGGED_STATE.append(frozenset(names | {"_values", "_offsets", "_lengths", "_ragged_idx",
+                                                "_metadata_cache", "_size", "_strides"}))
+    return _JAGGED_STATE[0]
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def _frozen(node: Any) -> Any:
+    return tuple(_frozen(x) for x in node) if type(node) in tree.ARRAYS else node
+
+
+def _size(dec: tree.Decoder, node: Any, depth: int, itemsize: int = 1) -> tuple[int, ...]:
+    if tree.tag_of(node) != "size" or not all(type(d) is int and 0 <= d < 2**63 for d in node[1:]):
+        raise dec.error("the size of a sparse or meta tensor must be a 'size' node of non-negative ints")
+    problem = container.size_problem(node[1:], itemsize)
+    if problem is not None:
+        raise dec.error(f"a sparse or meta tensor {problem}")
+    with dec.at("size"):
+        dec.decode(node, depth)
+    return tuple(node[1:])
+
+
+def _flags(dec: tree.Decoder, kind: Any, requires_grad: Any) -> None:
+    if kind not in KINDS or type(kind) is not str:
+        raise dec.error(f"the kind must be one of {KINDS}, not {tree.paths.show(kind)}")
+    if type(requires_grad) is not bool:
+        raise dec.error("requires_grad must be a bool")
+
+
+def _components(dec: tree.Decoder, names: Sequence[Any], nodes: Sequence[Any], depth: int) -> list:
+    out = []
+    for name, node in zip(names, nodes, strict=True):
+        if tree.tag_of(node) != "tensor":
+            raise dec.error(f"the component {tree.paths.show(name)} must be a 'tensor' node")
+        with dec.at(name):
+            if dec.visit is not None:  # (the parts are values of the tree's walk: tree.nodes, inspect)
+                dec.visit(dec.current_path(), node)
+            out.append(dec.decode(node, depth))
+    return out
+
+
+def _grad_ok(dec: tree.Decoder, dtype: Any, requires_grad: bool) -> None:
+    if requires_grad and not (dtype.is_floating_point or dtype.is_complex):
+        raise dec.error(f"requires_grad is true for a tensor of dtype {dtype}, which torch does not allow "
+                        "(docs/FORMAT.md §4.5)")
+
+
+def _finish(value: Any, kind: str, requires_grad: bool) -> Any:
+    if kind == "parameter":
+        return torch.nn.Parameter(value, requires_grad=requires_grad)
+    return value.requires_grad_(requires_grad) if requires_grad else value
+
+
+def _dec_sparse(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
+    if len(node) < 2 or node[1] not in LAYOUTS or type(node[1]) is not str:
+        raise dec.error(f"'sparse' needs a layout, one of {sorted(LAYOUTS)}")
+    layout = node[1]
+    names = LAYOUTS[layout]
+    if len(node) != 5 + len(names):
+        raise dec.error(f"a {layout} 'sparse' node takes {4 + len(names)} values, found {len(node) - 1}")
+    size = _size(dec, node[2], depth)
+    _flags(dec, node[3], node[4])
+    parts = _components(dec, names, node[5:], depth)
+    if not dec.build_objects:
+        return None
+    key = _frozen(node)
+    memo = _memo(dec)
+    if key in memo:
+        return memo[key]
+    problem = sparse_problem(layout, size, parts)
+    if problem is not None:
+        raise dec.error(f"a {layout} sparse tensor: {problem}")
+    _grad_ok(dec, parts[-1].dtype, node[4])
+    try:
+        value = _build_sparse(layout, size, parts)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise dec.error(f"a {layout} sparse tensor: torch's invariant check refuses it: {e}") from None
+    value = memo[key] = _finish(value, node[3], node[4])
+    return value
+
+
+def _dec_meta(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
+    if len(node) != 5:
+        raise dec.error(f"'meta' takes 4 values, found {len(node) - 1}")
+    name = node[1]
+    row = dtypes.BY_NAME.get(name) if type(name) is str else None
+    if row is None:
+        raise dec.error(f"unknown dtype {tree.paths.show(name)} (docs/FORMAT.md §4.1)")
+    size = _size(dec, node[2], depth, row.itemsize)
+    _flags(dec, node[3], node[4])
+    if not dec.build_objects:
+        return None
+    if row.torch is None:
+        raise dec.error(f"the file holds a meta tensor of dtype {name}, which this torch ({torch.__version__}) "
+                        "lacks; load it with a newer torch")
+    _grad_ok(dec, row.torch, node[4])
+    try:
+        value = torch.empty(size, dtype=row.torch, device="meta")
+    except RuntimeError as e:
+        raise dec.error(f"torch cannot make this meta tensor: {e}") from None
+    return _finish(value, node[3], node[4])
+
+
+def _dec_nested(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
+    if len(node) < 4 or node[1] not in ("strided", "jagged") or type(node[1]) is not str:
+        raise dec.error("'nested' needs a layout, 'strided' or 'jagged'")
+    layout, name, requires_grad = node[1], node[2], node[3]
+    row = dtypes.BY_NAME.get(name) if type(name) is str else None
+    if row is None:
+        raise dec.error(f"unknown dtype {tree.paths.show(name)} (docs/FORMAT.md §4.1)")
+    _flags(dec, "tensor", requires_grad)
+    if layout == "jagged":
+        if len(node) != 6:
+            raise dec.error(f"a jagged 'nested' node takes 5 values, found {len(node) - 1}")
+        parts = _components(dec, ("values", "offsets"), node[4:], depth)
+    else:
+        parts = _components(dec, range(len(node) - 4), node[4:], depth)
+    if not dec.build_objects:
+        return None
+    key = _frozen(node)
+    memo = _memo(dec)
+    if key in memo:
+        return memo[key]
+    if row.torch is None or any(p.dtype is not row.torch for p in (parts[:1] if layout == "jagged" else parts)):
+        raise dec.error(f"a nested tensor of dtype {name} holds components of another dtype")
+    _grad_ok(dec, row.torch, requires_grad)
+    try:
+        if layout == "jagged":
+            problem = jagged_problem(*parts)
+            if problem is not None:
+                raise dec.error(f"a jagged nested tensor: {problem}")
+            value = torch.nested.nested_tensor_from_jagged(*parts)
+        else:
+            if any(type(p) is not torch.Tensor or p.requires_grad for p in parts) \
+                    or len({p.dim() for p in parts}) > 1:
+                raise dec.error("the components of a strided nested tensor must be plain tensors of one "
+                                "number of dimensions")
+            value = torch.nested.nested_tensor(parts, dtype=row.torch,
+                                               device=parts[0].device if parts else None)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise dec.error(f"torch refuses the {layout} nested tensor: {e}") from None
+    value = memo[key] = _finish(value, "tensor", requires_grad)
+    return value
+
+
+_INNER = ("tensor", "sparse", "nested", "meta")
+
+
+def _dec_attrs(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
+    if len(node) != 3:
+        raise dec.error(f"'tensor.attrs' takes 2 values, found {len(node) - 1}")
+    inner, attrs_node = node[1], node[2]
+    tag = tree.tag_of(inner)
+    if tag not in _INNER:
+        raise dec.error(f"'tensor.attrs' holds a tensor node ({', '.join(_INNER)}), not {tree.paths.show(tag)}")
+    if tag == "tensor" and (len(inner) != 2 or type(inner[1]) is not int or not 0 <= inner[1] < len(dec.used)
+                            or dec.used[inner[1]]):
+        raise dec.error("'tensor.attrs' must hold the first use of its tensor (later uses are plain 'tensor' "
+                        "nodes)")
+    if tree.tag_of(attrs_node) != "dict" or len(attrs_node) < 3:
+        raise dec.error("the attributes of a tensor must be a non-empty 'dict' node")
+    value = dec.decode(inner, depth)
+    attrs = dec.decode(attrs_node, depth)
+    if not all(type(k) is str for k in attrs_node[1::2]):
+        raise dec.error("the attribute names of a tensor must be str")
+    if not dec.build_objects:
+        return None
+    value.__dict__.update(attrs)
+    return value
+
+
+TAGS = ("sparse", "nested", "meta")
+
+
+def row_of(node: Sequence[Any], table: Sequence[Any]) -> dict:
+    """What ``inspect`` shows for a checked ``sparse``, ``nested`` or ``meta`` node (without torch): its
+    type, and its dtype and shape as the value (its parts, which hold the bytes, are rows of their
+    own); ``table`` gives the parts' rows (their ``dtype.name``)."""
+    tag = node[0]
+    if tag == "sparse":
+        return {"type": f"sparse_{node[1]} {node[3]}",
+                "value": f"{table[node[-1][1]].dtype.name}{list(node[2][1:])}"}
+    if tag == "meta":
+        return {"type": f"meta {node[3]}", "value": f"{node[1]}{list(node[2][1:])}, no data"}
+    return {"type": f"nested {node[1]} tensor",
+            "value": f"{node[2]}, {len(node) - 4} elements" if node[1] == "strided" else node[2]}
+
+
+# --------------------------------------------------------------------------- registration
+
+tree.register_kind("sparse", _dec_sparse)
+tree.register_kind("nested", _dec_nested)
+tree.register_kind("meta", _dec_meta)
+tree.register_kind("tensor.attrs", _dec_attrs)
+tree.set_tensor_hook(encode_special)
