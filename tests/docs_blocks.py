@@ -1,7 +1,7 @@
 """The code blocks of README.md and docs/*.md, and the marks that say how each one is checked.
 
 Read with a CommonMark parser (markdown-it-py), so a block is exactly what a reader sees as one.
-tests/test_docs_examples.py checks every page; tests/docs_runner.py runs one page's examples.
+tests/test_docs_pages.py checks every page; tests/docs_runner.py runs one page's examples.
 
 How a block is checked, by its language (the word after the opening fence):
 

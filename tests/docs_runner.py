@@ -1,6 +1,6 @@
 """Run one page's examples in order, like a notebook: ``python docs_runner.py PAGE WORKDIR``.
 
-tests/test_docs_examples.py starts it, one fresh interpreter per page; docs_blocks.py says how
+tests/test_docs_pages.py starts it, one fresh interpreter per page; docs_blocks.py says how
 each block is run and how the marks work. Prints one line per block; at the first failure it
 prints ``FAILED PAGE:LINE: ...`` with the traceback or the differing output and exits 1 (later
 blocks build on earlier ones, so they are not run).
