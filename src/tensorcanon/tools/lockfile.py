@@ -646,7 +646,7 @@ def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
         entry, where = item
         try:
             if storage.is_url(where):
-                return _check_url(entry, version, wrap, limits, storage_options)
+                return _check_url(entry, version, wrap, limits, _no_redirects(where, storage_options))
             return _check_local(entry, where, version, wrap, limits)
         except Exception as e:  # noqa: BLE001 - one file's surprise must not stop the others' check
             return CheckResult(entry, "unreadable", None, None, f"{type(e).__name__}: {e}")
@@ -679,6 +679,14 @@ def _compared(entry: LockEntry, found: str, size: int | None) -> CheckResult:
     if size != entry.size:
         problems.append(f"size {size}, expected {entry.size}")
     return CheckResult(entry, "mismatch" if problems else "ok", found, size, "; ".join(problems))
+
+
+def _no_redirects(url: str, storage_options: Any) -> Any:
+    """The options to read a URL line with: an HTTP(S) server's redirect is refused (unreadable,
+    naming where it pointed), not followed: it could lead to a host the scope does not allow."""
+    if url.split("://", 1)[0].lower() not in ("http", "https"):
+        return storage_options
+    return {**dict(storage_options or {}), storage.REDIRECTS_OPTION: False}
 
 
 def _check_url(entry: LockEntry, version: int, wrap: Wrap | None, limits: Limits,
