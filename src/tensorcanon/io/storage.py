@@ -38,8 +38,8 @@ from ..format.errors import FileAccessError, FormatError, MissingFileError, Tens
 from ..format.redact import redact as _redact
 from . import fetch
 
-__all__ = ["Location", "Store", "ObjectReader", "Upload", "is_url", "resolve", "redact", "open_store", "REDIRECTS_OPTION",
-           "names_checkpoint"]
+__all__ = ["Location", "Store", "ObjectReader", "Upload", "is_url", "resolve", "redact", "open_store",
+           "names_checkpoint", "REDIRECTS_OPTION"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*(://|::)")
 EXTRA_HINT = "pip install s3fs for s3:// (with fsspec: the [s3] extra of tensorcanon), or fsspec and the " \
