@@ -97,7 +97,8 @@ def test_every_atomic_writer_shares_one_path(tmp_path):
     from tensorcanon import lockfile
 
     target = tmp_path / "tensors.lock"
-    target.write_bytes(b"previous")
+    previous = b"tensorcanon-lock 1\n"  # (a lockfile: write_lock replaces only a lockfile)
+    target.write_bytes(previous)
 
     def failing(f, tmp):
         f.write(b"half")
@@ -105,9 +106,9 @@ def test_every_atomic_writer_shares_one_path(tmp_path):
 
     with pytest.raises(OSError, match="disk full"):
         writer.replace_atomically(target, failing)
-    assert target.read_bytes() == b"previous"
+    assert target.read_bytes() == previous
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tensors.lock"]
 
     lockfile.write_lock([], target)
-    assert target.read_bytes() != b"previous"
+    assert target.read_bytes() != previous
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tensors.lock"]

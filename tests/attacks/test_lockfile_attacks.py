@@ -186,3 +186,44 @@ def test_lock_treats_local_urls_as_the_paths_they_are(tree):
 def test_a_file_that_is_not_a_lockfile_is_not_quoted(tree):
     code, out, err = run_cli("check", str(tree / "secret.txt"))
     assert code == 2 and "not a tensorcanon lockfile" in err and "TOP-SECRET" not in err + out, err
+
+
+def test_lock_refuses_a_checkpoint_whose_rank_file_leads_out(tmp_path):
+    """The scope judges every file a checkpoint line's digest reads, in `lock` as in `check`."""
+    import torch
+
+    import tensorcanon.dcp as dcp
+
+    repo, outside = tmp_path / "repo", tmp_path / "outside"
+    repo.mkdir()
+    outside.mkdir()
+    dcp.save({"w": torch.arange(6.0)}, str(repo / "ckpt"))
+    rank = next(p for p in (repo / "ckpt").iterdir() if p.name != "index.safetensors")
+    rank.rename(outside / rank.name)
+    rank.symlink_to(outside / rank.name)
+    with pytest.raises(tensorcanon.FormatError, match=f"{rank.name}.*leads out"):
+        lockfile.make_lock([str(repo / "ckpt")], str(repo / "t.lock"))
+    entries = lockfile.make_lock([str(repo / "ckpt")], str(repo / "t.lock"), allow=[str(outside)])
+    assert [e.path for e in entries] == ["ckpt"]
+
+
+def test_lock_output_must_be_a_lockfile_or_new(tree):
+    ok = tree / "locks" / "ok.safetensors"
+    before = ok.read_bytes()
+    for argv in (["-o", str(ok), str(ok)],                                # onto the file it locks
+                 ["-o", str(ok), str(tree / "locks")],                     # onto a tensor file
+                 ["-o", str(tree / "locks" / "t.lock"), str(tree / "locks" / "t.lock")]):  # nothing
+        (tree / "locks" / "t.lock").write_text("tensorcanon-lock 2\n")
+        code, _, err = run_cli("lock", *argv)
+        assert code == 2 and "Traceback" not in err, (argv, err)
+    assert ok.read_bytes() == before
+    code, _, err = run_cli("lock", "-o", str(tree / "locks" / "t.lock"), str(ok))  # a lockfile: replaced
+    assert code == 0, err
+    assert lockfile.check_lock(str(tree / "locks" / "t.lock"))[0].ok
+
+
+def test_follow_redirects_option_must_be_a_bool():
+    from tensorcanon.io import storage
+
+    with pytest.raises(tensorcanon.UsageError, match="True or False"):
+        storage.open_store("memory://x/a", {storage.REDIRECTS_OPTION: "no"})

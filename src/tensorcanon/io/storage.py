@@ -39,7 +39,7 @@ from ..format.redact import redact as _redact
 from . import fetch
 
 __all__ = ["Location", "Store", "ObjectReader", "Upload", "is_url", "resolve", "redact", "open_store",
-           "names_checkpoint"]
+           "names_checkpoint", "REDIRECTS_OPTION"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*(://|::)")
 EXTRA_HINT = "pip install s3fs for s3:// (with fsspec: the [s3] extra of tensorcanon), or fsspec and the " \
@@ -248,6 +248,8 @@ class Store:
         url = self.url(path)
         if isinstance(e, FileAccessError):
             return e
+        if isinstance(e.__cause__, FileAccessError):  # fsspec's http wraps what a request raised
+            return e.__cause__
         if isinstance(e, _expired_types()) or (isinstance(e, OSError) and e.errno == errno.EINVAL
                                                 and "pre-condition" in str(e)):  # S3's If-Match refused
             return FileAccessError(
@@ -449,8 +451,13 @@ def open_store(url: str, options: Mapping[str, Any] | None = None) -> tuple[Stor
         from fsspec.core import url_to_fs  # type: ignore[import-untyped,unused-ignore]
     except ImportError:
         raise UsageError(f"{redact(url)!r} is a URL: reading or writing it needs fsspec; {EXTRA_HINT}") from None
+    follow, options = _redirects_of(options)
     probe = Store(_Named(url), options)
     _, fs_options = fetch.deadline_of(options)  # (tensorcanon's own option: not fsspec's)
+    if not follow and url.split("://", 1)[0].lower() in ("http", "https"):
+        client = dict(fs_options.get("client_kwargs") or {})
+        client["trace_configs"] = [*client.get("trace_configs", ()), _no_redirects()]
+        fs_options = {**fs_options, "client_kwargs": client}
     try:
         fs, path = _one_fs(url, fs_options) if _bracketed_colons_only(url) else url_to_fs(url, **fs_options)
     except ImportError as e:
@@ -465,6 +472,46 @@ def open_store(url: str, options: Mapping[str, Any] | None = None) -> tuple[Stor
     except Exception as e:  # noqa: BLE001 - a filesystem's constructor may raise anything
         raise probe.error(e, "open", url) from None
     return Store(fs, options, (path, url)), path
+
+
+#: The storage option that, set to False, makes an HTTP(S) store refuse redirects instead of
+#: following them (lockfile checks set it: an allowed host must not send a read to another host).
+REDIRECTS_OPTION = "tensorcanon_follow_redirects"
+
+
+def _redirects_of(options: Mapping[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
+    """``(follow redirects?, the options without REDIRECTS_OPTION)``."""
+    if not options or REDIRECTS_OPTION not in options:
+        return True, dict(options) if options is not None else None
+    rest = dict(options)
+    follow = rest.pop(REDIRECTS_OPTION)
+    if not isinstance(follow, bool):
+        raise UsageError(f"storage_options[{REDIRECTS_OPTION!r}] must be True or False, not {follow!r}")
+    return follow, rest
+
+
+_NO_REDIRECTS: list[Any] = []
+
+
+def _no_redirects() -> Any:
+    """An aiohttp trace config that stops a request at its first redirect, before the next request
+    is sent, with a :class:`FileAccessError` naming where it pointed (one instance: fsspec caches
+    filesystems by their options)."""
+    if not _NO_REDIRECTS:
+        import aiohttp  # type: ignore[import-not-found,unused-ignore]
+
+        async def refuse(session: Any, ctx: Any, params: Any) -> None:
+            url, to = redact(str(params.url)), redact(str(params.response.headers.get("Location", "")))
+            raise FileAccessError(
+                f"cannot read {url!r}: the server answered HTTP {params.response.status}, a redirect to "
+                f"{to[:200]!r}, which is not followed here (a lockfile's --allow/allow= names the hosts and "
+                "prefixes that may be read: lock the URL it points to, if that is the one meant)", filename=url)
+
+        config = aiohttp.TraceConfig()
+        config.on_request_redirect.append(refuse)
+        config.freeze()
+        _NO_REDIRECTS.append(config)
+    return _NO_REDIRECTS[0]
 
 
 def _bracketed_colons_only(url: str) -> bool:

@@ -37,6 +37,13 @@ def content_digest(path: Any, *, verify: bool = True, limits: Limits = DEFAULT) 
     return read.logical_digest(path, limits=limits)
 
 
+def files(path: str | os.PathLike, limits: Limits = DEFAULT) -> list[str]:
+    """The local files a checkpoint directory's digest reads: its index (read here only after the
+    caller has judged it), then every rank file the index names."""
+    index = layout.read(os.fspath(path), limits)
+    return [os.path.join(os.fspath(path), layout.INDEX_NAME)] + [index.file_path(r) for r in range(index.world_size)]
+
+
 def consolidated_size(path: Any, limits: Limits = DEFAULT) -> int:
     """The size in bytes of the file ``consolidate`` writes: the checkpoint's size as one file,
     the same for every world size (lockfiles record it)."""

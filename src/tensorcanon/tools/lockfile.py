@@ -50,6 +50,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import errno as _errno
 import os
 import re
@@ -85,13 +86,15 @@ SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".npz", ".npy")
 TIMEOUT = 3600.0
 #: The largest lockfile read (bytes): a lockfile is text, about 100 bytes a line.
 MAX_LOCKFILE_BYTES = 64 << 20
+#: The most lines (files) one lockfile may list: checking it holds one result per line in memory.
+MAX_LOCKFILE_LINES = 1_000_000
 
 Wrap = Callable[[Any, int], Any]
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LockEntry:
     """One line of a lockfile."""
 
@@ -103,7 +106,7 @@ class LockEntry:
         return f"{self.digest} {self.size} {self.path}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CheckResult:
     """How one locked file compares.
 
@@ -239,10 +242,11 @@ def _url_local_path(url: str) -> str | None:
     return None
 
 
-def target(line_path: str, scope: Scope, where: str = "lockfile") -> str:
+def target(line_path: str, scope: Scope, where: str = "lockfile", limits: Limits = DEFAULT) -> str:
     """The file (a local path) or object (a URL) a lockfile line names, or :class:`FormatError`
     when the line names something outside ``scope`` (see the module docstring). This is the one
-    place that decides what a lockfile line may name."""
+    place that decides what a lockfile line may name; for a sharded checkpoint directory, that
+    is every file its digest reads (the index, and each rank file the index names)."""
     def refuse(why: str) -> FormatError:
         return FormatError(f"{where}: the line for {storage.redact(line_path)!r} {why}; {scope.hint()}")
 
@@ -263,6 +267,20 @@ def target(line_path: str, scope: Scope, where: str = "lockfile") -> str:
     if not scope.local(path):
         raise refuse("names a file outside the lockfile's folder (an absolute path, '..' or a symlink "
                      "leading out of it)")
+    if os.path.isdir(path):  # a sharded checkpoint: its index and rank files are read, so judged too
+        from ..sharded import layout, tools
+
+        if not scope.local(os.path.join(path, layout.INDEX_NAME)):
+            raise refuse(f"is a checkpoint directory whose {layout.INDEX_NAME} is a symlink leading out of "
+                         "the lockfile's folder")
+        try:
+            names = tools.files(path, limits)
+        except (TensorCanonError, OSError):  # no index or a damaged one: reading it says what is wrong
+            return path
+        outside = [os.path.basename(n) for n in names if not scope.local(n)]
+        if outside:
+            raise refuse(f"is a checkpoint directory whose file {outside[0]!r} leads out of the lockfile's "
+                         "folder (a symlink)")
     return path
 
 
@@ -423,6 +441,9 @@ def collect(patterns: Iterable[str], exclude: str | None = None, storage_options
             if not matches:
                 raise MissingFileError(f"folder {pattern!r} holds no {'/'.join(SUFFIXES)} files", filename=pattern)
         elif os.path.exists(pattern):  # a file, or a FIFO or device that make_lock refuses by name
+            if skip is not None and os.path.abspath(pattern) == skip:
+                raise UsageError(f"{pattern!r} is both a file to lock and the lockfile to write: writing the "
+                                 "lockfile would replace it; choose another output (-o LOCKFILE)")
             matches = [pattern]
         else:
             raise MissingFileError(f"{pattern!r} does not exist", filename=pattern)
@@ -527,12 +548,15 @@ def make_lock(patterns: Iterable[str], lock_path: str | os.PathLike, *, wrap: Wr
     def late_listing(_: None) -> list[str]:
         raise _timed_out("listing the files to lock", timeout)
 
+    _refuse_replacing(lock_path)
     paths = _run_bounded(listed, [None], 1, timeout, late_listing)[0]
+    if not paths:
+        raise UsageError(f"nothing to lock: the paths given name no file but the lockfile {lock_path!r} itself")
     named = []
     for path in paths:
         rel = _relative(path, base)
         if not storage.is_url(path) or _url_local_path(path) is not None:  # a local file, however named
-            target(rel, scope, where=f"cannot lock {path}")
+            target(rel, scope, where=f"cannot lock {path}", limits=limits)
         named.append((path, rel))
 
     def one(item: tuple[str, str]) -> LockEntry:
@@ -558,9 +582,27 @@ def format_lock(entries: Iterable[LockEntry]) -> str:
     return "".join(line + "\n" for line in [HEADER, *(e.line() for e in ordered)])
 
 
+def _refuse_replacing(lock_path: str) -> None:
+    """A :class:`UsageError` when ``lock_path`` exists and is not a lockfile (a tensor file named
+    as the output by mistake is not replaced)."""
+    if not os.path.lexists(lock_path):
+        return
+    head = b""
+    if os.path.isfile(lock_path):
+        from ..io.source import open_path
+
+        with contextlib.suppress(TensorCanonError, OSError), open_path(lock_path, what="a lockfile") as fh:
+            head = fh.read(len("tensorcanon-lock "))
+    if head != b"tensorcanon-lock ":
+        raise UsageError(f"{lock_path!r} exists and is not a lockfile: it is not replaced by one; "
+                         "choose another output (-o LOCKFILE) or remove it first")
+
+
 def write_lock(entries: Iterable[LockEntry], lock_path: str | os.PathLike) -> None:
-    """Write the lockfile atomically (a temp file beside it, then a rename)."""
+    """Write the lockfile atomically (a temp file beside it, then a rename). An existing file at
+    ``lock_path`` is replaced only when it is a lockfile (else :class:`UsageError`)."""
     lock_path = os.fspath(lock_path)
+    _refuse_replacing(lock_path)
     text = format_lock(entries).encode("utf-8")
     writer.replace_atomically(lock_path, lambda f, tmp: f.write(text))
 
@@ -574,6 +616,9 @@ def _parse(text: str, where: str) -> tuple[int, list[LockEntry]]:
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
+    if len(lines) > MAX_LOCKFILE_LINES + 1:
+        raise FormatError(f"{where}: {len(lines) - 1} lines of files, more than the {MAX_LOCKFILE_LINES} one "
+                          "lockfile may list; split it into several lockfiles")
     lines = [line[:-1] if line.endswith("\r") else line for line in lines]
     headers = {f"tensorcanon-lock {v}": v for v in FORMAT_OF}
     if not lines or lines[0] not in headers:
@@ -635,26 +680,40 @@ def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
     the GIL): the results are the same, in the same order. A file not checked within ``timeout``
     seconds of the start is ``unreadable`` ("not finished within the timeout"); a file that
     cannot be read, whatever the reason, is ``unreadable`` while the others are still checked."""
+    start = time.monotonic()  # (the one deadline: reading, judging and checking the lines)
+    if not (timeout > 0):
+        raise UsageError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     lock_path = os.fspath(lock_path)
     base = os.path.dirname(os.path.abspath(lock_path))
     scope = Scope(base, allow)
     version, entries = _read(lock_path)
-    targets = [(entry, target(entry.path, scope, where=f"{lock_path}, line {n}"))
-               for n, entry in enumerate(entries, start=2)]
+    late_message = str(_timed_out("checking it", timeout))  # (built once: a million late lines share it)
 
-    def check(item: tuple[LockEntry, str]) -> CheckResult:
+    def judged(item: tuple[int, LockEntry]) -> str | None:  # every line judged before any file is read
+        n, entry = item
+        return target(entry.path, scope, where=f"{lock_path}, line {n}", limits=limits)
+
+    def left() -> float:
+        return max(timeout - (time.monotonic() - start), 1e-3)
+
+    wheres = _run_bounded(judged, list(enumerate(entries, start=2)), 1, left(), lambda _: None)
+    targets = list(zip(entries, wheres, strict=True))
+
+    def check(item: tuple[LockEntry, str | None]) -> CheckResult:
         entry, where = item
+        if where is None:  # not judged within the timeout: not read either
+            return CheckResult(entry, "unreadable", None, None, late_message)
         try:
             if storage.is_url(where):
-                return _check_url(entry, version, wrap, limits, storage_options)
+                return _check_url(entry, version, wrap, limits, _no_redirects(where, storage_options))
             return _check_local(entry, where, version, wrap, limits)
         except Exception as e:  # noqa: BLE001 - one file's surprise must not stop the others' check
             return CheckResult(entry, "unreadable", None, None, f"{type(e).__name__}: {e}")
 
-    def late(item: tuple[LockEntry, str]) -> CheckResult:
-        return CheckResult(item[0], "unreadable", None, None, str(_timed_out("checking it", timeout)))
+    def late(item: tuple[LockEntry, str | None]) -> CheckResult:
+        return CheckResult(item[0], "unreadable", None, None, late_message)
 
-    return _run_bounded(check, targets, max(1, workers), timeout, late)
+    return _run_bounded(check, targets, max(1, workers), left(), late)
 
 
 def _check_local(entry: LockEntry, path: str, version: int, wrap: Wrap | None, limits: Limits) -> CheckResult:
@@ -679,6 +738,14 @@ def _compared(entry: LockEntry, found: str, size: int | None) -> CheckResult:
     if size != entry.size:
         problems.append(f"size {size}, expected {entry.size}")
     return CheckResult(entry, "mismatch" if problems else "ok", found, size, "; ".join(problems))
+
+
+def _no_redirects(url: str, storage_options: Any) -> Any:
+    """The options to read a URL line with: an HTTP(S) server's redirect is refused (unreadable,
+    naming where it pointed), not followed: it could lead to a host the scope does not allow."""
+    if url.split("://", 1)[0].lower() not in ("http", "https"):
+        return storage_options
+    return {**dict(storage_options or {}), storage.REDIRECTS_OPTION: False}
 
 
 def _check_url(entry: LockEntry, version: int, wrap: Wrap | None, limits: Limits,
