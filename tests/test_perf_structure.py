@@ -6,6 +6,7 @@
 - contiguous CPU tensors are hashed and written straight from their own memory.
 """
 
+import gc
 import io
 import subprocess
 import sys
@@ -311,3 +312,48 @@ def test_a_plan_hashes_with_the_algorithm_it_holds_now():
     assert p.hasher(src).digest() == digest.tensor_hasher("float32", (3,), "xxh3-128").digest()
     p.algorithm = "sha256"
     assert p.hasher(src).digest() == digest.tensor_hasher("float32", (3,), "sha256").digest()
+
+
+# ----------------------------------------------------------------- Python calls per element
+# The speed of saving Python-heavy objects (benchmarks/python_objects.py) and of loading many small
+# tensors comes from how few Python-level calls each element costs. Counted, not timed: the
+# difference between N and 2N elements is the cost of N elements, whatever the fixed overhead.
+
+
+def _python_calls(fn) -> int:
+    """How many Python functions (frames) ``fn()`` enters; calls of C functions are not counted."""
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    old = sys.getprofile()
+    collecting = gc.isenabled()
+    gc.disable()  # (the collector's callbacks, and finalizers it runs, are Python calls too)
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(old)
+        if collecting:
+            gc.enable()
+    return calls
+
+
+def _per_element(make, run, n: int = 500) -> float:
+    """Python calls per element of ``run(make(n))``, to within 0.05 (a stray call of another
+    thread, or of a hook, counts too: a few in 500 elements are not a regression)."""
+    a, b = make(n), make(2 * n)
+    return round((_python_calls(lambda: run(b)) - _python_calls(lambda: run(a))) / n, 1)
+
+
+def test_loading_small_tensors_costs_a_bounded_number_of_python_calls_per_tensor():
+    """Loading many small tensors (benchmarks/compare.py's 'load small tensors'): each costs its
+    table row's checks, its tree node's, its hash; no more (7, and a fraction per run of them: at
+    c9b3b59 14, at 7c8aba2 16, with the DType.torch descriptor and the copy helper in the loop)."""
+    def saved(n):
+        return tensorcanon.dumps({f"s{i:05d}": torch.ones(4) for i in range(n)})
+    per = _per_element(saved, tensorcanon.loads)
+    assert per <= 7.2, per

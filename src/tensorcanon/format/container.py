@@ -13,6 +13,7 @@ number before it is used.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import struct
@@ -85,11 +86,8 @@ def in_data_order(rows: Iterable[_R], name: Callable[[_R], str], itemsize: Calla
 def packed(sizes: Iterable[int]) -> tuple[list[int], int]:
     """Where each of the tensors of ``sizes`` (bytes, in data order) starts in the data section
     (each where the one before ends, the first at 0: §2.5, no padding), and the section's size."""
-    starts = []
-    position = 0
-    for n in sizes:
-        starts.append(position)
-        position += n
+    starts = list(itertools.accumulate(sizes, initial=0))  # (in C: no Python step per tensor)
+    position = starts.pop()
     return starts, position
 
 

@@ -492,7 +492,8 @@ class Decoder:
             return self._ext(node)
         if t is not tuple and t is not list:  # (see ARRAYS)
             raise self.error(f"unexpected {t.__name__} node")
-        self.check_depth(depth)
+        if depth >= self.max_depth:  # (check_depth's test, inline: one call fewer per node)
+            self.check_depth(depth)
         if not node or type(node[0]) is not str:
             raise self.error("a tagged array must start with a str tag")
         dec = _DECODERS.get(node[0])
@@ -697,7 +698,7 @@ class Decoder:
         return value.astype(row.numpy.newbyteorder("="))[()]
 
     def dec_tensor(self, node: Sequence[Any], depth: int) -> Any:
-        (idx,) = self._args(node, 1)
+        idx = node[1] if len(node) == 2 else self._args(node, 1)[0]  # (_args raises; inline when valid)
         if type(idx) is not int or not 0 <= idx < len(self.tensors):
             raise self.error(f"tensor index {paths.show(idx)} is out of range")
         if not self.used[idx]:
