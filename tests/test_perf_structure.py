@@ -349,6 +349,47 @@ def _per_element(make, run, n: int = 500) -> float:
     return round((_python_calls(lambda: run(b)) - _python_calls(lambda: run(a))) / n, 1)
 
 
+def _encode(obj):
+    from tensorcanon.format.tree import Encoder
+
+    return Encoder(256).encode(obj)
+
+
+def test_encoding_leaves_in_bulk_costs_no_python_call_per_leaf():
+    assert _per_element(lambda n: list(range(n)), _encode) == 0  # token ids
+    assert _per_element(lambda n: [i / 7 for i in range(n)], _encode) == 0
+    assert _per_element(lambda n: [f"w{i}\u0120" for i in range(n)], _encode) == 0
+    assert _per_element(lambda n: {f"w{i}": i for i in range(n)}, _encode) == 0  # a vocabulary
+    assert _per_element(lambda n: tuple(range(n)), _encode) == 0
+
+
+def test_encoding_records_costs_one_python_call_per_record():
+    """A list of dicts with the same str keys (a Trainer's log history): one call per dict (its
+    encoder: its key order remembered, its leaves written inline), none per value."""
+    def records(n):
+        return [{"loss": 0.5, "grad_norm": 1.5, "learning_rate": 1e-4, "epoch": i / 10, "step": i}
+                for i in range(n)]
+    assert _per_element(records, _encode) == 1
+    assert _per_element(lambda n: [[1, 2.0, "x"] for _ in range(n)], _encode) == 1
+    # every other value still goes through encode(): a nested tensor is found, and named by its path
+    from tensorcanon.format.tree import Encoder
+
+    enc = Encoder(256)
+    enc.encode([{"a": 1.0, "t": torch.zeros(1)}, ({"u": [torch.ones(1)]},)])
+    assert [s.path for s in enc.tensors] == [(0, "t"), (1, 0, "u", 0)]
+
+
+def test_the_checks_the_bulk_path_skips_still_apply():
+    """Leaves checked in bulk: a big int is still written as one (not refused), a lone surrogate
+    still refused, naming its path, as the value-by-value path does."""
+    big = [0] * 20 + [2**64]
+    assert tensorcanon.loads(tensorcanon.dumps(big)) == big
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match=r"\$\[20\]"):
+        tensorcanon.dumps(["a"] * 20 + ["\ud800"])
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match=r'\$\["k"\]'):
+        tensorcanon.dumps({f"w{i}": i for i in range(20)} | {"k": "\ud800"})
+
+
 def test_loading_small_tensors_costs_a_bounded_number_of_python_calls_per_tensor():
     """Loading many small tensors (benchmarks/compare.py's 'load small tensors'): each costs its
     table row's checks, its tree node's, its hash; no more (7, and a fraction per run of them: at

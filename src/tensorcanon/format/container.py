@@ -135,7 +135,6 @@ def assemble(members: dict[str, str], metadata: dict[str, str] | None) -> bytes:
     return b"".join([struct.pack("<Q", len(text) + pad), text, b" " * pad])
 
 
-_CONTROL = bytes(range(0x20))
 
 
 def metadata_text(metadata: dict[str, str]) -> str:
@@ -150,8 +149,9 @@ def metadata_text(metadata: dict[str, str]) -> str:
     items = []
     for k in sorted(metadata):
         v = metadata[k]
+        # (printable ASCII has no control character: json.dumps would escape those)
         if type(k) is str and type(v) is str and k.isascii() and v.isascii() and '"' not in v \
-                and "\\" not in v and len(v.encode("ascii").translate(None, _CONTROL)) == len(v) \
+                and "\\" not in v and v.isprintable() \
                 and '"' not in k and "\\" not in k and k.isprintable():
             items.append(f'"{k}":"{v}"')
         else:
