@@ -398,3 +398,14 @@ def test_loading_small_tensors_costs_a_bounded_number_of_python_calls_per_tensor
         return tensorcanon.dumps({f"s{i:05d}": torch.ones(4) for i in range(n)})
     per = _per_element(saved, tensorcanon.loads)
     assert per <= 7.2, per
+
+
+def test_the_small_tensor_run_makes_cpu_tensors_whatever_the_default_device():
+    """The run's inline copy gives torch.empty its device: under ``with torch.device("meta")`` a
+    tensor made on the default device would have no memory to copy into."""
+    data = tensorcanon.dumps({"a": torch.arange(3.0), "b": torch.arange(4), "p": torch.nn.Parameter(torch.ones(2))})
+    with torch.device("meta"):
+        out = tensorcanon.loads(data)
+    assert {k: v.device.type for k, v in out.items()} == {"a": "cpu", "b": "cpu", "p": "cpu"}
+    assert torch.equal(out["a"], torch.arange(3.0)) and torch.equal(out["b"], torch.arange(4))
+    assert type(out["p"]) is torch.nn.Parameter and out["p"].requires_grad

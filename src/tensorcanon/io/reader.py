@@ -235,6 +235,7 @@ class RowReader:
         # dtype from a plain dict): _simple admitted only the tensors it copies
         empty, memmove, pos = torch.empty, tensorbytes.memmove, 0
         torch_dtype = dtypes.TORCH_DTYPES_BY_NAME
+        host = torch.device("cpu")  # (given: not the default device, which may be another)
         new = hashers.new if hashers is not None else None
         last: tuple = (None, None)  # (dtype name, shape) of the prefix below: rows of one shape share both
         prefix = b""
@@ -253,7 +254,8 @@ class RowReader:
                 h.update(view[pos : pos + m])
                 if h.digest() != info.digest:
                     raise self.integrity_error(info, h.digest())
-            value = empty(*shape, dtype=torch_dtype[name]) if shape else empty((), dtype=torch_dtype[name])
+            value = empty(*shape, dtype=torch_dtype[name], device=host) if shape \
+                else empty((), dtype=torch_dtype[name], device=host)
             memmove(value.data_ptr(), addr + pos, m)
             if info.kind == "parameter":
                 value = torch.nn.Parameter(value, requires_grad=info.requires_grad)
