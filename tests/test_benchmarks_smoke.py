@@ -51,3 +51,21 @@ def test_rounds_rotate_and_ratios_pair_rounds(monkeypatch):
     pooled = bench_run.Timings.pooled([fake.to_json(), other.to_json(), other.to_json()])
     assert pooled.rounds["x"] == [1.0, 2.0, 10.0, 3.0, 3.0] and pooled.disturbed == {"x": 2, "y": 1}
     assert pooled.ratio("x", "y") == 1.25  # per round: 0.5, 0.5, 1.25, 3, 3
+
+
+def test_python_objects_benchmark_runs_and_reports_every_workload(tmp_path):
+    out = tmp_path / "python_objects.md"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "python_objects.py"), "--quick", "--runs", "1",
+         "--out", str(out), "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text = out.read_text()
+    for workload in ("log history", "token ids", "vocabulary"):
+        for op in ("tensorcanon.dumps", "tensorcanon.save(file object)", "tensorcanon.loads",
+                   "torch.save(BytesIO)", "torch.load(weights_only=True)", "pickle.dumps", "pickle.loads"):
+            assert f"| {workload} (" in text and f"| {op} |" in text, (workload, op)
+    assert "| log history (1,000 entries) | size ≤ 1.2× torch.save's |" in text
+    assert "| vocabulary (5,000 entries) | tensorcanon.loads ≤ 1.0× torch.load(weights_only=True) |" in text
+    assert [p.name for p in tmp_path.iterdir()] == ["python_objects.md"], "the benchmark must clean up its files"

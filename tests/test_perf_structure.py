@@ -6,6 +6,7 @@
 - contiguous CPU tensors are hashed and written straight from their own memory.
 """
 
+import gc
 import io
 import subprocess
 import sys
@@ -311,3 +312,100 @@ def test_a_plan_hashes_with_the_algorithm_it_holds_now():
     assert p.hasher(src).digest() == digest.tensor_hasher("float32", (3,), "xxh3-128").digest()
     p.algorithm = "sha256"
     assert p.hasher(src).digest() == digest.tensor_hasher("float32", (3,), "sha256").digest()
+
+
+# ----------------------------------------------------------------- Python calls per element
+# The speed of saving Python-heavy objects (benchmarks/python_objects.py) and of loading many small
+# tensors comes from how few Python-level calls each element costs. Counted, not timed: the
+# difference between N and 2N elements is the cost of N elements, whatever the fixed overhead.
+
+
+def _python_calls(fn) -> int:
+    """How many Python functions (frames) ``fn()`` enters; calls of C functions are not counted."""
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    old = sys.getprofile()
+    collecting = gc.isenabled()
+    gc.disable()  # (the collector's callbacks, and finalizers it runs, are Python calls too)
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(old)
+        if collecting:
+            gc.enable()
+    return calls
+
+
+def _per_element(make, run, n: int = 500) -> float:
+    """Python calls per element of ``run(make(n))``, to within 0.05 (a stray call of another
+    thread, or of a hook, counts too: a few in 500 elements are not a regression)."""
+    a, b = make(n), make(2 * n)
+    return round((_python_calls(lambda: run(b)) - _python_calls(lambda: run(a))) / n, 1)
+
+
+def _encode(obj):
+    from tensorcanon.format.tree import Encoder
+
+    return Encoder(256).encode(obj)
+
+
+def test_encoding_leaves_in_bulk_costs_no_python_call_per_leaf():
+    assert _per_element(lambda n: list(range(n)), _encode) == 0  # token ids
+    assert _per_element(lambda n: [i / 7 for i in range(n)], _encode) == 0
+    assert _per_element(lambda n: [f"w{i}\u0120" for i in range(n)], _encode) == 0
+    assert _per_element(lambda n: {f"w{i}": i for i in range(n)}, _encode) == 0  # a vocabulary
+    assert _per_element(lambda n: tuple(range(n)), _encode) == 0
+
+
+def test_encoding_records_costs_one_python_call_per_record():
+    """A list of dicts with the same str keys (a Trainer's log history): one call per dict (its
+    encoder: its key order remembered, its leaves written inline), none per value."""
+    def records(n):
+        return [{"loss": 0.5, "grad_norm": 1.5, "learning_rate": 1e-4, "epoch": i / 10, "step": i}
+                for i in range(n)]
+    assert _per_element(records, _encode) == 1
+    assert _per_element(lambda n: [[1, 2.0, "x"] for _ in range(n)], _encode) == 1
+    # every other value still goes through encode(): a nested tensor is found, and named by its path
+    from tensorcanon.format.tree import Encoder
+
+    enc = Encoder(256)
+    enc.encode([{"a": 1.0, "t": torch.zeros(1)}, ({"u": [torch.ones(1)]},)])
+    assert [s.path for s in enc.tensors] == [(0, "t"), (1, 0, "u", 0)]
+
+
+def test_the_checks_the_bulk_path_skips_still_apply():
+    """Leaves checked in bulk: a big int is still written as one (not refused), a lone surrogate
+    still refused, naming its path, as the value-by-value path does."""
+    big = [0] * 20 + [2**64]
+    assert tensorcanon.loads(tensorcanon.dumps(big)) == big
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match=r"\$\[20\]"):
+        tensorcanon.dumps(["a"] * 20 + ["\ud800"])
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match=r'\$\["k"\]'):
+        tensorcanon.dumps({f"w{i}": i for i in range(20)} | {"k": "\ud800"})
+
+
+def test_loading_small_tensors_costs_a_bounded_number_of_python_calls_per_tensor():
+    """Loading many small tensors (benchmarks/compare.py's 'load small tensors'): each costs its
+    table row's checks, its tree node's, its hash; no more (7, and a fraction per run of them: at
+    c9b3b59 14, at 7c8aba2 16, with the DType.torch descriptor and the copy helper in the loop)."""
+    def saved(n):
+        return tensorcanon.dumps({f"s{i:05d}": torch.ones(4) for i in range(n)})
+    per = _per_element(saved, tensorcanon.loads)
+    assert per <= 7.2, per
+
+
+def test_the_small_tensor_run_makes_cpu_tensors_whatever_the_default_device():
+    """The run's inline copy gives torch.empty its device: under ``with torch.device("meta")`` a
+    tensor made on the default device would have no memory to copy into."""
+    data = tensorcanon.dumps({"a": torch.arange(3.0), "b": torch.arange(4), "p": torch.nn.Parameter(torch.ones(2))})
+    with torch.device("meta"):
+        out = tensorcanon.loads(data)
+    assert {k: v.device.type for k, v in out.items()} == {"a": "cpu", "b": "cpu", "p": "cpu"}
+    assert torch.equal(out["a"], torch.arange(3.0)) and torch.equal(out["b"], torch.arange(4))
+    assert type(out["p"]) is torch.nn.Parameter and out["p"].requires_grad

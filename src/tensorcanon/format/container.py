@@ -13,6 +13,7 @@ number before it is used.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import struct
@@ -85,11 +86,8 @@ def in_data_order(rows: Iterable[_R], name: Callable[[_R], str], itemsize: Calla
 def packed(sizes: Iterable[int]) -> tuple[list[int], int]:
     """Where each of the tensors of ``sizes`` (bytes, in data order) starts in the data section
     (each where the one before ends, the first at 0: §2.5, no padding), and the section's size."""
-    starts = []
-    position = 0
-    for n in sizes:
-        starts.append(position)
-        position += n
+    starts = list(itertools.accumulate(sizes, initial=0))  # (in C: no Python step per tensor)
+    position = starts.pop()
     return starts, position
 
 
@@ -137,7 +135,6 @@ def assemble(members: dict[str, str], metadata: dict[str, str] | None) -> bytes:
     return b"".join([struct.pack("<Q", len(text) + pad), text, b" " * pad])
 
 
-_CONTROL = bytes(range(0x20))
 
 
 def metadata_text(metadata: dict[str, str]) -> str:
@@ -152,8 +149,9 @@ def metadata_text(metadata: dict[str, str]) -> str:
     items = []
     for k in sorted(metadata):
         v = metadata[k]
+        # (printable ASCII has no control character: json.dumps would escape those)
         if type(k) is str and type(v) is str and k.isascii() and v.isascii() and '"' not in v \
-                and "\\" not in v and len(v.encode("ascii").translate(None, _CONTROL)) == len(v) \
+                and "\\" not in v and v.isprintable() \
                 and '"' not in k and "\\" not in k and k.isprintable():
             items.append(f'"{k}":"{v}"')
         else:

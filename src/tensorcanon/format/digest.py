@@ -107,6 +107,11 @@ class Hashers:
         self._counts: dict[int, int] = {}  # hash of a key -> how many keys of that hash are cached
 
     def __call__(self, dtype_name: str, shape: tuple[int, ...]) -> Hasher:
+        return self._new(self.prefix(dtype_name, shape))
+
+    def prefix(self, dtype_name: str, shape: tuple[int, ...]) -> bytes:
+        """The bytes a tensor's hasher is fed first (:func:`tensor_prefix`); ``self.new(prefix)`` is
+        then ``self(dtype_name, shape)`` (a loop over many tensors of one shape asks once)."""
         key = (dtype_name, shape)
         prefix = self._prefixes.get(key)
         if prefix is None:
@@ -116,7 +121,12 @@ class Hashers:
             if n < MAX_SAME_HASH:
                 self._counts[h] = n + 1
                 self._prefixes[key] = prefix
-        return self._new(prefix)
+        return prefix
+
+    @property
+    def new(self) -> Callable[[bytes], Hasher]:
+        """A hasher fed ``prefix`` (see :meth:`prefix`)."""
+        return self._new
 
 
 def manifest_digest(manifest: bytes, algorithm: str = DEFAULT) -> bytes:

@@ -559,12 +559,16 @@ def canonical_header(infos: Sequence[TensorInfo], metadata: dict[str, str] | Non
     size = 0
     enc = container.encode_str
     header_shape = dtypes.header_shape
+    last_dt = last_shape = None  # (the row before's: runs of rows share both, and skip the dict)
+    text: str | None = ""
     for info in infos:
-        dt = info.dtype
-        key = (dt.name, id(info.shape))
-        text = per_shape.get(key)
-        if text is None:
-            text = per_shape[key] = f'"dtype":"{dt.st}","shape":[{",".join(map(str, header_shape(dt, info.shape)))}]}}'
+        dt, shape = info.dtype, info.shape
+        if shape is not last_shape or dt is not last_dt:
+            key = (dt.name, id(shape))
+            text = per_shape.get(key)
+            if text is None:
+                text = per_shape[key] = f'"dtype":"{dt.st}","shape":[{",".join(map(str, header_shape(dt, shape)))}]}}'
+            last_dt, last_shape = dt, shape
         begin, end = info.begin, info.end
         # container.entry_text, inline: one f-string per row
         members[info.name] = f'{enc(info.name)}:{{"data_offsets":[{begin},{end}],{text}'
@@ -689,8 +693,7 @@ def _row(i: int, row: Any, algorithm: str, size: int, shapes: dict) -> _Building
     tensors leaves fewer objects for the garbage collector to track.
     """
     if type(row) is dict and list(row) == _ENTRY_KEYS:
-        name, dt, shape = row["name"], row["dtype"], row["shape"]
-        kind, rg, dg = row["kind"], row["requires_grad"], row["digest"]
+        dg, dt, kind, name, rg, shape = row.values()  # (in _ENTRY_KEYS' order, just checked)
         dtype = _BY_NAME.get(dt) if type(dt) is str else None
         if (type(name) is str and dtype is not None and type(shape) is tuple and type(kind) is str
                 and type(rg) is bool and (not rg or dtype.differentiable)

@@ -235,13 +235,16 @@ def tensor_names(first_paths: list[tuple[Any, ...]], version: int = 2) -> list[s
     last: dict[str, int] = {}  # base name -> the suffix its last search ended at (0: the base itself)
     out = []
     for path in first_paths:
-        base = base_name(path, version)
-        n = last.get(base)
-        if n is None:
-            name, n = base, 0
+        if len(path) == 1 and type(path[0]) is str and path[0]:  # base_name, inline: a flat dict's key
+            base = path[0]
         else:
-            n += 1
-            name = f"{base}~{n}"
+            base = base_name(path, version)
+        if base not in used:  # (then no search for it has run: a name searched for was taken)
+            used.add(base)
+            out.append(base)
+            continue
+        n = last.get(base, 0) + 1
+        name = f"{base}~{n}"
         while name in used:
             n += 1
             name = f"{base}~{n}"

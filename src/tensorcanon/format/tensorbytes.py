@@ -48,6 +48,14 @@ def numpy_viewable() -> frozenset[torch.dtype]:
 
 
 @functools.cache
+def numpy_viewable_names() -> frozenset[str]:
+    """The canonical names of :func:`numpy_viewable`'s dtypes: a table row's ``dtype.name`` is
+    checked against it without looking its torch dtype up (a descriptor call: loading many small
+    tensors checks every one)."""
+    return frozenset(str(t).removeprefix("torch.") for t in numpy_viewable())
+
+
+@functools.cache
 def _channels_last() -> dict[int, tuple[str, Any]]:
     return {4: ("channels_last", torch.channels_last), 5: ("channels_last_3d", torch.channels_last_3d)}
 
@@ -323,30 +331,12 @@ def finish(buffer: Any, dtype: DType, shape: tuple[int, ...], kind: str, name: s
 
 # ----------------------------------------------------------------- fast reading of CPU tensors
 
-_memmove = ctypes.memmove
+memmove = ctypes.memmove
 
 
 def address(buffer: Any) -> int:
     """The address of a contiguous buffer's first byte (bytes, bytearray, memoryview, ndarray, mmap)."""
     return np.frombuffer(buffer, dtype=np.uint8).ctypes.data if len(memoryview(buffer)) else 0
-
-
-def copied(dtype: DType, shape: tuple[int, ...], kind: str, src: int, nbytes: int) -> torch.Tensor | None:
-    """A fresh CPU tensor of ``dtype`` and ``shape`` holding the ``nbytes`` at address ``src``;
-    None where the general path is needed (arrays, bool, dtypes numpy cannot view, zero size).
-
-    ``src`` must hold ``nbytes`` readable bytes, and ``nbytes`` must be the
-    tensor's size: the reader computes both from a checked header. One
-    ``torch.empty`` and one ``memmove``: the cost of loading a small tensor.
-    """
-    if kind == "ndarray" or not nbytes:
-        return None
-    t = dtype.torch
-    if t not in numpy_viewable():
-        return None
-    value = host_empty(shape, t)
-    _memmove(value.data_ptr(), src, nbytes)
-    return value
 
 
 def viewed(mapped: torch.Tensor, dtype: DType, shape: tuple[int, ...], kind: str) -> Any:

@@ -116,6 +116,12 @@ class Encoder:
         self._by_view: dict[tuple, int] = {}
         self._keep: list = []  # every object whose id() is in _by_id stays alive until we finish
         self._path: list = []
+        self._key_orders: dict[tuple, tuple] = {}  # (_str_keys) a small dict's keys -> in canonical order
+        # The containers whose encoder enc_sequence and enc_dict call for a child directly, without
+        # encode(): what encode() would call, when a subclass (tensorcanon.dcp's) does not replace
+        # encode() to look at every value first.
+        self._nested: dict[type, EncodeFn] = (
+            {t: _ENCODERS[t] for t in _DIRECT} if type(self).encode is Encoder.encode else {})
 
     # -- helpers
     def path(self) -> str:
@@ -199,8 +205,69 @@ class Encoder:
                 "number to rebuild, so the format does not allow it (docs/FORMAT.md §6.3); use str keys, or "
                 "save a list of (key, value) pairs")
 
+    def enc_sequence(self, v: list | tuple, depth: int) -> list:
+        """A list or tuple: ``[tag, item, ...]``. Leaves are written here as :meth:`encode` writes
+        them (a long run of them checked in bulk, in C); every other item goes through
+        :meth:`encode`, under its index."""
+        out: list[Any] = ["list" if type(v) is list else "tuple"]
+        if len(v) >= _BULK and _as_they_are(v, set(map(type, v))):
+            out.extend(v)
+            return out
+        append, path = out.append, self._path
+        nested = self._nested if depth < self.max_depth else None  # (else encode raises, naming the path)
+        for i, item in enumerate(v):
+            t = type(item)
+            if t in _PLAIN or (t is str and item.isascii()) or (t is int and INT_MIN <= item <= INT_MAX):
+                append(item)
+            else:
+                path.append(i)
+                enc = nested.get(t) if nested is not None else None
+                append(enc(self, item, depth + 1) if enc is not None else self.encode(item, depth))
+                path.pop()
+        return out
+
+    def enc_dict(self, v: dict, depth: int) -> list:
+        """A dict: ``["dict", k1, v1, ...]`` in canonical key order. A dict whose keys are all
+        valid str (the common case) is sorted as it is (code point order is the canonical order of
+        such strs: ordering.py) and its leaf values written here, in bulk when there are many; any
+        other dict goes through :meth:`enc_container`."""
+        keys: Sequence[str] | None
+        if len(v) <= _SMALL_DICT:  # _str_keys, inline: the key order of a small dict is remembered
+            seen = tuple(v)
+            keys = self._key_orders.get(seen)
+            if keys is None or not set(map(type, seen)) <= _STRS:  # (a str subclass equals its str)
+                keys = _str_keys(v, self._key_orders)
+        else:
+            keys = _str_keys(v, self._key_orders)
+        if keys is None:
+            return self.enc_container(v, depth)
+        if len(keys) >= _BULK:
+            values = list(map(v.__getitem__, keys))
+            if _as_they_are(values, set(map(type, values))):
+                out: list[Any] = [None] * (2 * len(keys) + 1)
+                out[0] = "dict"
+                out[1::2] = keys
+                out[2::2] = values
+                return out
+        out = ["dict"]
+        append, path = out.append, self._path
+        nested = self._nested if depth < self.max_depth else None  # (else encode raises, naming the path)
+        for k in keys:
+            item = v[k]
+            append(k)
+            t = type(item)
+            if t in _PLAIN or (t is str and item.isascii()) or (t is int and INT_MIN <= item <= INT_MAX):
+                append(item)
+            else:
+                path.append(k)
+                enc = nested.get(t) if nested is not None else None
+                append(enc(self, item, depth + 1) if enc is not None else self.encode(item, depth))
+                path.pop()
+        return out
+
     def enc_container(self, v: Any, depth: int) -> list:
-        """list, tuple, dict, OrderedDict, set, frozenset: children in the order walk.container gives."""
+        """list, tuple, dict, OrderedDict, set, frozenset: children in the order walk.container gives
+        (the general path: :meth:`enc_sequence` and :meth:`enc_dict` take the common cases first)."""
         c = walk.container(v, self._ordered)
         assert c is not None  # the container kinds send only the container types here
         path = self._path
@@ -417,6 +484,65 @@ _STRING_KINDS = ("U", "S")  # numpy dtype kinds of the np.strings tag, and their
 _CHAR_SIZE = {"U": 4, "S": 1}
 _MAX_STRING_NDIM = 32  # numpy 1.x's NPY_MAXDIMS
 _TEXT = (str, bytes)  # key types whose hash is random per process: never counted as crowding
+_PLAIN = frozenset({float, bool, type(None), bytes})  # leaves written as they are, with no check
+_LEAF_TYPES = _PLAIN | {str, int}
+_INTS = frozenset({int, bool})
+_STRS = frozenset({str})
+_BULK = 16  # from this many items, a container's leaves are checked in bulk (a few C calls)
+_ORDERS_KEPT = 1024  # small dicts' key orders remembered per Encoder (the same keys recur: records)
+_SMALL_DICT = 32  # at most this many keys: the dict's key order is remembered
+_DIRECT = (list, tuple, dict)  # (Encoder._nested) children encoded without a call to encode()
+
+
+def _valid_text(text: str) -> bool:
+    """Whether ``text`` is valid UTF-8 when encoded (holds no lone surrogate): :meth:`Encoder.encode`'s
+    rule for a str, checked on many strs joined."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _as_they_are(values: Sequence[Any], types: set) -> bool:
+    """Whether every one of ``values`` (of the types ``types``) is a leaf that :meth:`Encoder.encode`
+    returns as it is: of a leaf type, every str valid UTF-8, every int within 64 bits (else a big
+    int). A few C-level passes instead of a Python step per value; False sends the caller to the
+    per-value path, which writes big ints and names the invalid str by its path."""
+    if not types <= _LEAF_TYPES:
+        return False
+    if str in types and not _valid_text("".join(values if types <= _STRS else [x for x in values if type(x) is str])):
+        return False
+    if int in types:
+        ints = values if types <= _INTS else [x for x in values if type(x) is int]
+        if min(ints) < INT_MIN or max(ints) > INT_MAX:
+            return False
+    return True
+
+
+def _str_keys(d: dict, orders: dict[tuple, tuple]) -> Sequence[str] | None:
+    """``d``'s keys in canonical order when every one is a str (exactly) that is valid UTF-8; None
+    otherwise (other keys go through ordering.sorted_keys). The order of a small dict's keys is
+    remembered in ``orders`` by their insertion order: a list of records (log entries) has the same
+    keys in each."""
+    if len(d) > _SMALL_DICT:
+        if not set(map(type, d)) <= _STRS or not _valid_text("".join(d)):
+            return None
+        return sorted(d)  # (code point order is the canonical order of valid strs: ordering.py)
+    seen = tuple(d)
+    known = orders.get(seen)
+    if known is not None and set(map(type, seen)) <= _STRS:  # (a str subclass equals the str it holds)
+        return known
+    if not set(map(type, seen)) <= _STRS or not _valid_text("".join(seen)):
+        return None
+    known = tuple(sorted(seen))
+    if len(orders) < _ORDERS_KEPT:
+        orders[seen] = known
+    return known
+
+
 _KIND = {"dict": "dict", "odict": "OrderedDict", "set": "set", "frozenset": "frozenset", "counter": "Counter",
          "defaultdict": "defaultdict"}
 _KEYS = {"dict": "keys", "odict": "keys", "set": "members", "frozenset": "members", "counter": "keys",
@@ -552,7 +678,8 @@ class Decoder:
             return self._ext(node)
         if t is not tuple and t is not list:  # (see ARRAYS)
             raise self.error(f"unexpected {t.__name__} node")
-        self.check_depth(depth)
+        if depth >= self.max_depth:  # (check_depth's test, inline: one call fewer per node)
+            self.check_depth(depth)
         if not node or type(node[0]) is not str:
             raise self.error("a tagged array must start with a str tag")
         dec = _DECODERS.get(node[0])
@@ -825,7 +952,7 @@ class Decoder:
         return np.array(list(items), dtype=f"{kind}{width}").reshape(shape)
 
     def dec_tensor(self, node: Sequence[Any], depth: int) -> Any:
-        (idx,) = self._args(node, 1)
+        idx = node[1] if len(node) == 2 else self._args(node, 1)[0]  # (_args raises; inline when valid)
         if type(idx) is not int or not 0 <= idx < len(self.tensors):
             raise self.error(f"tensor index {paths.show(idx)} is out of range")
         if not self.used[idx]:
@@ -1132,9 +1259,9 @@ def kind_of(cls: type) -> NodeKind | None:
 for _name in optional.NAMES:
     optional.on_load(_loaded, _name)
 
-register_kind("list", Decoder.dec_list, {list: Encoder.enc_container})
-register_kind("tuple", Decoder.dec_tuple, {tuple: Encoder.enc_container})
-register_kind("dict", Decoder.dec_dict, {dict: Encoder.enc_container})
+register_kind("list", Decoder.dec_list, {list: Encoder.enc_sequence})
+register_kind("tuple", Decoder.dec_tuple, {tuple: Encoder.enc_sequence})
+register_kind("dict", Decoder.dec_dict, {dict: Encoder.enc_dict})
 register_kind("odict", Decoder.dec_odict, {_OrderedDict: Encoder.enc_container})
 register_kind("set", Decoder.dec_set, {set: Encoder.enc_container})
 register_kind("frozenset", Decoder.dec_frozenset, {frozenset: Encoder.enc_container})

@@ -91,6 +91,8 @@ def check_device(device: torch.device, recorded: str, map_location: Any, where: 
 
 def check_all(rows: list[TensorInfo], map_location: Any, where: Callable[[int], str]) -> None:
     """Check every row's target device before any data is read (``rows`` have kind, device, index)."""
+    if map_location is None:  # (stays_on_cpu, for every row at once: the common case)
+        rows = [row for row in rows if row.device != "cpu" and row.kind != "ndarray"]
     for row in rows:
         if stays_on_cpu(row.kind, row.device, map_location):
             continue

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import operator
 import os
 import stat
 import threading
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from ..format import container, digest, fastparse, manifest, optional, paths, tensorbytes, tree
+from ..format import container, digest, dtypes, fastparse, manifest, optional, paths, tensorbytes, tree
 from ..format.errors import FormatError, IntegrityError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.manifest import TensorInfo
@@ -43,6 +44,7 @@ else:
 
 _CHUNK = 16 << 20       # verify's reusable buffer; bounded reads from streams of unknown size
 _HASH_CHUNK = 1 << 20   # read-then-hash piece: small enough to stay in L2
+_viewable_names = tensorbytes.numpy_viewable_names
 _SMALL = 64 << 10       # tensors up to this size are read in runs (one read for many), then copied
 _RUN = 1 << 20          # bytes per run of small tensors
 _BIG_PIECE = 16 << 20   # hash a tensor in memory in pieces of this size (each call releases the GIL)
@@ -52,8 +54,7 @@ _MAPPED_PIECE = 4 << 20  # hash a mapped tensor in pieces of this size, saying h
 _POPULATE = 2 << 20      # map pages of a file in runs of this size (for another thread that hashes them)
 
 
-def _begin(info: TensorInfo) -> int:
-    return info.begin
+_begin = operator.attrgetter("begin")  # (a sort key in C: no Python call per row)
 
 
 class RowReader:
@@ -196,7 +197,7 @@ class RowReader:
         """True for a small tensor read in a run: it stays on the CPU (its recorded device is in
         ``cpu``, see :meth:`_cpu_bound`) and is built by one copy."""
         return (0 < info.end - info.begin <= _SMALL and info.kind != "ndarray" and info.device in cpu
-                and info.dtype.torch in tensorbytes.numpy_viewable()
+                and info.dtype.name in _viewable_names()
                 and info.memory_format is None)
 
     def _cpu_bound(self, map_location: Any, devices: Iterable[str]) -> set[str]:
@@ -230,20 +231,33 @@ class RowReader:
         start = self.src.pos
         got = self.src.fill(view[:total])
         hashers = self._hashers if verify else None
-        copied, pos = tensorbytes.copied, 0
+        # tensorbytes.copied, inline (one torch.empty and one memmove per tensor, with the torch
+        # dtype from a plain dict): _simple admitted only the tensors it copies
+        empty, memmove, pos = torch.empty, tensorbytes.memmove, 0
+        torch_dtype = dtypes.TORCH_DTYPES_BY_NAME
+        host = torch.device("cpu")  # (given: not the default device, which may be another)
+        tensorbytes.host_empty(0, torch.uint8)  # once per run: refuses a mode that makes no real tensors
+        new = hashers.new if hashers is not None else None
+        last: tuple = (None, None)  # (dtype name, shape) of the prefix below: rows of one shape share both
+        prefix = b""
         for k in range(i, j):
             info = rows[k]
             m = info.end - info.begin
             if pos + m > got:
                 raise FormatError(f"file ends inside the data of tensor {info.name!r}: {pos + m - got} "
                                   "bytes missing", offset=start + got)
-            if hashers is not None:  # _check_bytes, inline: the hot loop of loading many small tensors
-                h = hashers(info.dtype.name, info.shape)
+            name, shape = info.dtype.name, info.shape
+            if new is not None:  # _check_bytes, inline: the hot loop of loading many small tensors
+                if name is not last[0] or shape is not last[1]:
+                    assert hashers is not None
+                    prefix, last = hashers.prefix(name, shape), (name, shape)
+                h = new(prefix)
                 h.update(view[pos : pos + m])
                 if h.digest() != info.digest:
                     raise self.integrity_error(info, h.digest())
-            value = copied(info.dtype, info.shape, info.kind, addr + pos, m)
-            assert value is not None  # _simple admits only tensors it copies
+            value = empty(*shape, dtype=torch_dtype[name], device=host) if shape \
+                else empty((), dtype=torch_dtype[name], device=host)
+            memmove(value.data_ptr(), addr + pos, m)
             if info.kind == "parameter":
                 value = torch.nn.Parameter(value, requires_grad=info.requires_grad)
             elif info.requires_grad:

@@ -406,7 +406,10 @@ def write(p: Plan, f: BinaryIO) -> str:
     except (AttributeError, OSError):
         pass
     out = _Staging(f)
-    if seekable:
+    if not p.ordered:  # no tensor data, so no digest to wait for: the header is final, written once
+        header, raw = p.header()
+        _write_all(f, header)
+    elif seekable:
         start = f.tell()
         reserved = len(p.header()[0])
         preallocate.reserve(f, start, reserved + p.data_size)
