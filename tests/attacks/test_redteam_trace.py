@@ -304,7 +304,7 @@ def test_diverge_pipe_closed_is_quiet(tmp_path):
     assert b"Traceback" not in proc.stderr and b"Broken pipe" not in proc.stderr, proc.stderr
 
 
-# -- millions of records: bounded memory and time --------------------------------------------------
+# -- many records: bounded memory ------------------------------------------------------------------
 
 def _many(path, n, flip_last=False):
     seed = 0
@@ -329,8 +329,11 @@ def _many(path, n, flip_last=False):
             seed = c
 
 
-def test_a_million_records_stream_in_bounded_memory(tmp_path):
-    n = 1_000_000
+def test_many_records_stream_in_bounded_memory(tmp_path):
+    """200,000 records a trace (~16 MB each; a million took a minute under load and proved no more):
+    the memory bound is below the size of either trace, so holding one file's bytes or its records
+    (hundreds of bytes each as Python objects) fails it."""
+    n = 200_000
     a, b = tmp_path / "a.trace", tmp_path / "b.trace"
     _many(a, n)
     _many(b, n, flip_last=True)
@@ -342,12 +345,13 @@ def test_a_million_records_stream_in_bounded_memory(tmp_path):
         print(d.same, grew)
     """)
     proc = subprocess.run([sys.executable, "-c", script, str(a), str(b)], capture_output=True,
-                          timeout=300)
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     same, grew_kib = proc.stdout.decode().split()[-2:]
     assert same == "False"
-    # the two traces are ~70 MB each; streaming must not hold them: allow 64 MiB of growth
-    assert int(grew_kib) < 64 * 1024, f"memory grew by {int(grew_kib) // 1024} MiB"
+    assert os.path.getsize(a) > 15 * 1024 * 1024  # the bound below means something
+    # streaming must hold neither trace: allow 8 MiB of growth, half of one trace's bytes
+    assert int(grew_kib) < 8 * 1024, f"memory grew by {int(grew_kib) // 1024} MiB"
 
 
 # -- more ways to make the report say "same" -----------------------------------------------------
