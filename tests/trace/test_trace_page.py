@@ -60,3 +60,32 @@ def test_the_page_is_self_contained_and_marks_the_first_divergence_in_a_browser(
     assert int(attrs["first-index"]) >= 0
     # the details beside the grid name the record
     assert "first divergence: step 2" in dom and "blocks.1" in dom
+
+
+def test_the_page_is_never_written_onto_a_trace_being_compared(tmp_path, capsys):
+    """OUT that is A or B by name, by symlink or by hard link: exit 2 before anything is written,
+    the trace unchanged (docs/TRACE.md "Comparing")."""
+    import os
+
+    a, b = _traces(tmp_path)
+    before = a.read_bytes()
+    (tmp_path / "link").symlink_to(a)
+    os.link(b, tmp_path / "hard")
+    for out, trace in ((a, a), (tmp_path / "link", a), (tmp_path / "hard", b)):
+        assert cli(["diverge", "--html", str(out), str(a), str(b)]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot write the page to {out}: it is the trace {trace} being compared" in err
+        assert "Traceback" not in err
+    assert a.read_bytes() == before and (tmp_path / "hard").read_bytes() == b.read_bytes()
+
+
+def test_the_page_is_written_whole_or_not_at_all(tmp_path, capsys):
+    """A missing folder is an error naming it; an existing page is replaced whole, no temp file left."""
+    a, b = _traces(tmp_path)
+    assert cli(["diverge", "--html", str(tmp_path / "no" / "page.html"), str(a), str(b)]) == 2
+    assert f"the folder {str(tmp_path / 'no')!r} does not exist" in capsys.readouterr().err
+    page = tmp_path / "page.html"
+    page.write_text("old")
+    assert cli(["diverge", "--html", str(page), str(a), str(b)]) == 1
+    assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.trace", "b.trace", "page.html"]

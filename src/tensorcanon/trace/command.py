@@ -10,7 +10,7 @@ import argparse
 import math
 from typing import Any
 
-from ..format.errors import FormatError, IntegrityError, TensorCanonError
+from ..format.errors import FormatError, IntegrityError, TensorCanonError, UsageError
 from . import layout
 from .compare import first_divergence
 
@@ -61,8 +61,28 @@ def add_parser(sub: Any, common: argparse.ArgumentParser, func: Any) -> argparse
     return p
 
 
+def _refuse_output_onto_input(out_path: str, inputs: tuple[str, ...]) -> None:
+    """A UsageError when ``out_path`` is the same file (device and inode) as one of ``inputs``."""
+    import os
+
+    try:
+        st = os.stat(out_path)
+    except OSError:
+        return  # nothing there yet (or unreachable: the write says why)
+    for path in inputs:
+        try:
+            other = os.stat(path)
+        except OSError:
+            continue
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            raise UsageError(f"cannot write the page to {out_path}: it is the trace {path} being compared, "
+                             "which writing it would destroy; give --html another file")
+
+
 def run(args: argparse.Namespace, out: Any) -> int:
     """``tensorcanon diverge``: exit 0 same, 1 different, 2 error (``out`` is the CLI's writer)."""
+    if args.html is not None:
+        _refuse_output_onto_input(args.html, (args.a, args.b))
     result = first_divergence(args.a, args.b, tolerance=args.tolerance, grid=args.html is not None)
     if args.html is not None:
         from .page import write_page

@@ -47,6 +47,12 @@ _HEAD = struct.Struct("<I")
 _CHECK = struct.Struct("<Q")
 
 
+def text_digest(note: str, algorithm: str) -> bytes:
+    """A text record's digest: the digest of its note's UTF-8 bytes (the writer's and every
+    reader's rule, docs/TRACE.md "Records")."""
+    return digests.constructor(algorithm)(note.encode("utf-8")).digest()
+
+
 def kinds_of(level: str) -> frozenset[str]:
     """The record kinds a trace of ``level`` holds."""
     upto = LEVELS.index(level)
@@ -152,8 +158,8 @@ def _str(v: Any) -> bool:
     return type(v) is str and len(v) <= MAX_TEXT
 
 
-def _record(p: Any, algorithm: str) -> Record | str:
-    """The record of a decoded payload, or why it is not one."""
+def _record(p: Any, header: Header) -> Record | str:
+    """The record of a decoded payload of a trace with ``header``, or why it is not one."""
     if type(p) is not list or len(p) != 13:
         return "not a record array of 13 items"
     _, step, phase, kind, scope, name, call, role, dtype, shape, dig, sumsq, note = p
@@ -163,6 +169,9 @@ def _record(p: Any, algorithm: str) -> Record | str:
         return f"phase {phase!r} is not one of {', '.join(PHASES)}"
     if kind not in KIND_LEVEL:
         return f"kind {kind!r} is not one of {', '.join(KIND_LEVEL)}"
+    if LEVELS.index(KIND_LEVEL[kind]) > LEVELS.index(header.level):
+        return (f"a record of kind {kind!r} in a trace of level {header.level!r} (a {kind!r} record is "
+                f"recorded from level {KIND_LEVEL[kind]!r} on)")
     for label, v in (("scope", scope), ("name", name), ("role", role), ("note", note)):
         if not _str(v):
             return f"{label} is not a text of at most {MAX_TEXT} characters"
@@ -172,10 +181,16 @@ def _record(p: Any, algorithm: str) -> Record | str:
         return f"dtype {dtype!r} is not a dtype name of docs/FORMAT.md or {TEXT_DTYPE!r}"
     if type(shape) is not list or len(shape) > MAX_DIMS or not all(_int(d, 0, (1 << 63) - 1) for d in shape):
         return f"shape {shape!r} is not a list of at most {MAX_DIMS} sizes in [0, 2^63)"
+    algorithm = header.algorithm
     if type(dig) is not bytes or len(dig) != digests.size(algorithm):
         return f"the digest is not {digests.size(algorithm)} bytes of {algorithm}"
     if type(sumsq) is not float or not (sumsq >= 0 or sumsq != sumsq):
         return f"sum of squares {sumsq!r} is not a float >= 0, inf or nan"
+    if dtype == TEXT_DTYPE:
+        if shape != [] or sumsq != 0.0:
+            return f"a text record with shape {shape!r} and sum of squares {sumsq!r}, not [] and 0.0"
+        if dig != text_digest(note, algorithm):
+            return "a text record whose digest is not the digest of its note's UTF-8 bytes"
     return Record(step, phase, kind, scope, name, call, role, dtype, tuple(shape), dig, sumsq, note)
 
 
@@ -281,7 +296,7 @@ class Reader:
         return payload
 
     def __iter__(self) -> Iterator[Record]:
-        algorithm, path, tail = self.header.algorithm, self.path, self.tail
+        header, path, tail = self.header, self.path, self.tail
         while True:
             index = tail.records
             start = self.offset
@@ -302,7 +317,7 @@ class Reader:
                 return
             if type(p) is not list or not p or p[0] != TAG_RECORD:
                 raise _bad(path, index, "a frame that is neither a record nor the end frame", start)
-            r = _record(p, algorithm)
+            r = _record(p, header)
             if isinstance(r, str):
                 raise _bad(path, index, r, start)
             tail.records += 1

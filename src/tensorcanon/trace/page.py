@@ -14,6 +14,7 @@ import json
 import math
 import os
 
+from ..io.writer import replace_atomically
 from .compare import Divergence, column
 
 _SCRIPT = """
@@ -107,5 +108,7 @@ def column_of(first: dict) -> str:
 
 
 def write_page(result: Divergence, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render(result))
+    """Write the page to ``path`` all at once (io/writer.replace_atomically): a failure leaves
+    whatever was at ``path`` untouched, and a missing folder is a MissingFileError naming it."""
+    data = render(result).encode("utf-8")
+    replace_atomically(path, lambda f, _tmp: f.write(data))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..format import digest as digests, optional
 from ..format.dtypes import BY_NAME
 from ..format.tensorbytes import host_bytes, unsaveable
+from .layout import TEXT_DTYPE, text_digest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -88,7 +89,7 @@ def summarize(t: Any, algorithm: str) -> tuple[str, tuple[int, ...], bytes, floa
     why = unsaveable(t)
     if why is not None:
         note = f"not hashed: {type(t).__name__} {t.dtype} {list(t.shape)}"[:200]
-        return "text", (), digests.constructor(algorithm)(note.encode()).digest(), 0.0, note
+        return summarize_text(note, algorithm)
     row = _BY_TORCH.get(t.dtype)
     if row is None:
         from ..format.dtypes import BY_TORCH
@@ -106,5 +107,5 @@ _BY_TORCH: dict[Any, Any] = {}
 
 
 def summarize_text(text: str, algorithm: str) -> tuple[str, tuple[int, ...], bytes, float, str]:
-    """A text record's content: the digest of its UTF-8 bytes, and the text itself."""
-    return "text", (), digests.constructor(algorithm)(text.encode("utf-8")).digest(), 0.0, text
+    """A text record's content: the digest of its UTF-8 bytes (layout.text_digest), and the text itself."""
+    return TEXT_DTYPE, (), text_digest(text, algorithm), 0.0, text
