@@ -1,6 +1,6 @@
 """The ``tensorcanon`` command line (also ``python -m tensorcanon``).
 
-Commands: hash, verify, inspect, diff, lock, check, convert, consolidate, repro.
+Commands: hash, verify, inspect, diff, lock, check, convert, consolidate, repro, diverge.
 Every command that reads a file also accepts a sharded checkpoint directory
 (tensorcanon.dcp), which it treats as its logical content. Output is
 for people by default and JSON with ``--json``. Exit codes, for CI:
@@ -22,7 +22,8 @@ Commands (``tensorcanon COMMAND --help`` lists each one's arguments)::
     check LOCKFILE... [--allow FOLDER_OR_URL] [--timeout S]
     convert IN OUT [--to FORMAT] [--algorithm ALG] [--force]
     consolidate DIR OUT                     a sharded checkpoint as one file
-    repro [--runs N] --out PATH... -- CMD...
+    repro [--runs N] [--trace LEVEL] --out PATH... -- CMD...
+    diverge A B [--json] [--tolerance R] [--html OUT]  the first record where two traces differ
 
 A lockfile's lines may name files inside its own folder only; ``--allow`` adds folders and URL
 prefixes (``s3://bucket/ckpt``). This docstring is installed with the package

@@ -38,6 +38,7 @@ import io
 import math
 import os
 import struct
+import weakref
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -447,8 +448,17 @@ def _placeholder(info: Any) -> Any:
         return None
     t = torch.empty(info.shape, dtype=dtype, device="meta")
     if info.kind == "parameter":
-        return torch.nn.Parameter(t, requires_grad=info.requires_grad)
-    return t.requires_grad_(True) if info.requires_grad else t
+        t = torch.nn.Parameter(t, requires_grad=info.requires_grad)
+    elif info.requires_grad:
+        t.requires_grad_(True)
+    _PLACEHOLDERS[id(t)] = t
+    return t
+
+
+# The tensors open_lazily made to stand for a stored dense tensor (on "meta", with no data): compared
+# as the dense tensors they stand for, never as meta tensors (FORMAT.md §6.12.3) of their own.
+_PLACEHOLDERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> tensor (a WeakSet would
+# compare tensors with ==)
 
 
 def _load_foreign(data: Any, fmt: str, path: str) -> Loaded:
@@ -491,7 +501,9 @@ def _dtype_name(v: Any) -> str:
 
 def _special(v: Any) -> tuple[str, list] | None:
     """What a sparse, nested, meta or subclass tensor is, and its parts (format/tensorkinds.py)."""
-    return None if isinstance(v, np.ndarray) else tensorkinds.parts(v)
+    if isinstance(v, np.ndarray) or _PLACEHOLDERS.get(id(v)) is v:
+        return None
+    return tensorkinds.parts(v)
 
 
 def describe(v: Any) -> str:
