@@ -47,6 +47,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture
+def cli_inputs(tmp_path, monkeypatch):
+    """A copy of tests/cli/inputs (the command line's committed input files) as the working folder, with
+    COLUMNS unset (the command line's output at its default width)."""
+    import shutil
+
+    folder = tmp_path / "inputs"
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "cli", "inputs"), folder)
+    monkeypatch.chdir(folder)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """One moto S3 server on 127.0.0.1 for the session, and a fault-injecting proxy in front of it:

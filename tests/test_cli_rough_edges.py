@@ -29,12 +29,8 @@ SHARDED = os.path.join(HERE, "golden", "sharded", "two_ranks")
 
 
 @pytest.fixture
-def inputs(tmp_path, monkeypatch):
-    folder = tmp_path / "inputs"
-    shutil.copytree(INPUTS, folder)
-    monkeypatch.chdir(folder)
-    monkeypatch.delenv("COLUMNS", raising=False)
-    return folder
+def inputs(cli_inputs):
+    return cli_inputs
 
 
 @pytest.mark.parametrize("argv", [["inspect", "base.safetensors"], ["hash", "base.safetensors", "plain.safetensors"],

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 
 import pytest
 import torch
@@ -27,12 +26,8 @@ SHARDED = os.path.join(HERE, "golden", "sharded", "two_ranks")
 
 
 @pytest.fixture
-def inputs(tmp_path, monkeypatch):
-    folder = tmp_path / "inputs"
-    shutil.copytree(INPUTS, folder)
-    monkeypatch.chdir(folder)
-    monkeypatch.delenv("COLUMNS", raising=False)
-    return folder
+def inputs(cli_inputs):
+    return cli_inputs
 
 
 @pytest.mark.parametrize("out", ["w.pt", "w.PTH", "pytorch_model.bin", "w.npz", "w.npy"])
