@@ -9,6 +9,7 @@ names and every digest stay valid and only the rule under test is broken.
 from __future__ import annotations
 
 import collections
+import io
 import warnings
 
 import pytest
@@ -131,10 +132,29 @@ def _as_sparse(parts: dict, layout: str, size: list) -> bytes:
     return h.with_manifest(data, edit)
 
 
+class _Stream(io.RawIOBase):
+    """A file that can only be read forward (a pipe): verify keeps the bytes it checks as they pass."""
+
+    def __init__(self, data: bytes):
+        self._f = io.BytesIO(data)
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        return self._f.readinto(b)
+
+
 def _rejected(data: bytes, match: str):
+    """Load rejects ``data`` naming the path, and so does verify, which builds nothing (a file that
+    verifies loads, docs/FORMAT.md §6.12), from bytes and from a stream, with the same message."""
     with pytest.raises(FormatError, match=match) as info:
         tc.loads(data)
     assert "at $" in str(info.value)
+    for source in (data, _Stream(data)):
+        with pytest.raises(FormatError) as verified:
+            tc.verify(source)
+        assert str(verified.value) == str(info.value)
     return info.value
 
 
@@ -158,11 +178,21 @@ def test_coo_shapes_that_do_not_fit_are_rejected():
 
 def test_csr_with_decreasing_or_short_compressed_indices_is_rejected():
     parts = {"crow_indices": torch.tensor([0, 2, 1]), "col_indices": torch.tensor([0, 1]), "values": torch.ones(2)}
-    _rejected(_as_sparse(parts, "csr", [2, 2]), "invariant")
+    _rejected(_as_sparse(parts, "csr", [2, 2]), "end at the number of specified elements")
     parts["crow_indices"] = torch.tensor([0, 1, 2])
     assert tc.loads(_as_sparse(parts, "csr", [2, 2])).layout is torch.sparse_csr
     parts["col_indices"] = torch.tensor([0, 7])
-    _rejected(_as_sparse(parts, "csr", [2, 2]), "invariant")
+    _rejected(_as_sparse(parts, "csr", [2, 2]), "out of range")
+    parts["crow_indices"], parts["col_indices"] = torch.tensor([0, 2, 2]), torch.tensor([1, 1])
+    _rejected(_as_sparse(parts, "csr", [2, 2]), "strictly increase within each compressed row")
+    parts["crow_indices"], parts["col_indices"] = torch.tensor([1, 2, 2]), torch.tensor([0, 1])
+    _rejected(_as_sparse(parts, "csr", [2, 2]), "must start at 0 and end")
+    parts["crow_indices"] = torch.tensor([0, 3, 2])
+    _rejected(_as_sparse(parts, "csr", [2, 2]), "nor grow by more than 2")
+    parts["crow_indices"] = torch.tensor([0, 2, 1, 2])
+    _rejected(_as_sparse(parts, "csr", [3, 2]), "must not decrease")
+    parts["crow_indices"] = torch.tensor([0, 2])
+    _rejected(_as_sparse(parts, "csr", [2, 2]), "not one more than")
     parts["col_indices"] = torch.tensor([0, 1], dtype=torch.int32)
     _rejected(_as_sparse(parts, "csr", [2, 2]), "int32 or both int64")
 
