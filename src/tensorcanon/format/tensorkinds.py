@@ -172,7 +172,7 @@ def sparse_index_problem(layout: str, size: Sequence[int], indices: Sequence[Any
     plain_size = size[pdim] // blocks[pdim - batch]
     nnz = plain.shape[-1]
     c = compressed.reshape(-1, compressed.shape[-1]).astype(np.int64)
-    p = plain.reshape(-1, nnz).astype(np.int64)
+    p = plain.reshape(len(c), nnz).astype(np.int64)  # (one row of each per batch element)
     if bool((c[:, 0] != 0).any()) or bool((c[:, -1] != nnz).any()):
         return f"compressed indices must start at 0 and end at the number of specified elements ({nnz})"
     steps = np.diff(c, axis=1)
