@@ -710,7 +710,15 @@ def _padded_bad_coo() -> bytes:
     return h.with_manifest(data, edit)
 
 
-def test_verify_checks_index_values_on_every_way_it_reads(tmp_path):
+def test_verify_checks_index_values_on_every_way_it_reads(tmp_path, monkeypatch):
+    from tensorcanon.io import reader
+
+    ways = []
+    for way in ("_verify_mapped", "_verify_file", "_verify_stream"):
+        def spy(self, *args, _way=way, _real=getattr(reader.CheckedFile, way)):
+            ways.append(_way)
+            return _real(self, *args)
+        monkeypatch.setattr(reader.CheckedFile, way, spy)
     data = _padded_bad_coo()
     path = tmp_path / "bad.safetensors"
     path.write_bytes(data)
@@ -722,6 +730,7 @@ def test_verify_checks_index_values_on_every_way_it_reads(tmp_path):
         with pytest.raises(FormatError) as verified:
             tc.verify(source)
         assert str(verified.value) == message
+    assert ways == ["_verify_mapped", "_verify_file", "_verify_file", "_verify_stream"]
 
 
 def test_a_damaged_index_part_is_named_as_damaged_before_its_values_are_checked():
