@@ -714,11 +714,16 @@ def test_verify_checks_index_values_on_every_way_it_reads(tmp_path, monkeypatch)
     from tensorcanon.io import reader
 
     ways = []
+
+    def spying(way):
+        real = getattr(reader.CheckedFile, way)
+
+        def spy(self, *args):
+            ways.append(way)
+            return real(self, *args)
+        return spy
     for way in ("_verify_mapped", "_verify_file", "_verify_stream"):
-        def spy(self, *args, _way=way, _real=getattr(reader.CheckedFile, way)):
-            ways.append(_way)
-            return _real(self, *args)
-        monkeypatch.setattr(reader.CheckedFile, way, spy)
+        monkeypatch.setattr(reader.CheckedFile, way, spying(way))
     data = _padded_bad_coo()
     path = tmp_path / "bad.safetensors"
     path.write_bytes(data)
