@@ -34,6 +34,11 @@ RUN_CASES = os.path.join(ROOT, "tests", "cli", "run_cases.py")
 GOLDEN_FILES = ["dtypes_u8", "dtypes_native", "torch_values", "generators", "random_state", "numpy",
                 "tied", "checkpoint", "memory_formats", "registered"]
 SHARDED = os.path.join(GOLDEN, "sharded", "two_ranks")
+# Conformance files a verifier rejects by the checks load makes on the values of a tensor kind's parts
+# (sparse indices, jagged offsets; docs/FORMAT.md §6.12), made on the verified bytes without torch.
+TENSOR_KINDS_INVALID = [os.path.join(ROOT, "tests", "conformance", "invalid", f"{n}.bin") for n in (
+    "meta_int_requires_grad", "nested_jagged_offsets_decreasing", "sparse_coo_index_out_of_range",
+    "sparse_coo_uncoalesced", "sparse_csr_crow_decreasing")]
 COMMANDS = ("hash", "verify", "inspect", "diff", "lock", "check", "convert", "consolidate", "repro")
 
 
@@ -55,6 +60,7 @@ def _light_cases() -> list[dict]:
         ("verify_corrupt", ["verify", "base.safetensors", "corrupt.safetensors", "truncated.safetensors",
                             "plain.safetensors", "arrays.npz", "notes.txt", "nope.safetensors"]),
         ("verify_json", ["verify", "--json", "base.safetensors", "corrupt.safetensors", SHARDED]),
+        ("verify_tensor_kinds", ["verify", _golden("tensor_kinds"), *TENSOR_KINDS_INVALID]),
         ("verify_expect", ["verify", "--expect", "sha256:" + "0" * 64, "base.safetensors"]),
         ("inspect_plain", ["inspect", "plain.safetensors"]),
         ("inspect_npz", ["inspect", "arrays.npz"]),
@@ -168,6 +174,11 @@ def test_light_install_prints_what_the_full_install_prints(light_python, tmp_pat
     codes = {r["name"]: r["code"] for r in full["results"]}
     assert codes["verify"] == codes["hash_verify"] == codes["check_ok"] == 0, codes
     assert codes["check_failures"] == 1 and codes["verify_corrupt"] == codes["check_several"] == 2, codes
+    kinds = by_name["verify_tensor_kinds"]
+    assert codes["verify_tensor_kinds"] == 2 and kinds["stdout"].count("OK ") == 1, kinds
+    for path in TENSOR_KINDS_INVALID:  # each rejected, naming the node's path
+        assert any(os.path.basename(path) in line and "at $" in line
+                   for line in (kinds["stdout"] + kinds["stderr"]).splitlines()), (path, kinds)
 
 
 def test_light_commands_do_not_import_torch_where_it_is_installed(tmp_path):

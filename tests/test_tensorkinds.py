@@ -9,6 +9,8 @@ names and every digest stay valid and only the rule under test is broken.
 from __future__ import annotations
 
 import collections
+import io
+import pathlib
 import warnings
 
 import pytest
@@ -131,10 +133,29 @@ def _as_sparse(parts: dict, layout: str, size: list) -> bytes:
     return h.with_manifest(data, edit)
 
 
+class _Stream(io.RawIOBase):
+    """A file that can only be read forward (a pipe): verify keeps the bytes it checks as they pass."""
+
+    def __init__(self, data: bytes):
+        self._f = io.BytesIO(data)
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        return self._f.readinto(b)
+
+
 def _rejected(data: bytes, match: str):
+    """Load rejects ``data`` naming the path, and so does verify, which builds nothing (a file that
+    verifies loads, docs/FORMAT.md §6.12), from bytes and from a stream, with the same message."""
     with pytest.raises(FormatError, match=match) as info:
         tc.loads(data)
     assert "at $" in str(info.value)
+    for source in (data, _Stream(data)):
+        with pytest.raises(FormatError) as verified:
+            tc.verify(source)
+        assert str(verified.value) == str(info.value)
     return info.value
 
 
@@ -158,11 +179,21 @@ def test_coo_shapes_that_do_not_fit_are_rejected():
 
 def test_csr_with_decreasing_or_short_compressed_indices_is_rejected():
     parts = {"crow_indices": torch.tensor([0, 2, 1]), "col_indices": torch.tensor([0, 1]), "values": torch.ones(2)}
-    _rejected(_as_sparse(parts, "csr", [2, 2]), "invariant")
+    _rejected(_as_sparse(parts, "csr", [2, 2]), "end at the number of specified elements")
     parts["crow_indices"] = torch.tensor([0, 1, 2])
     assert tc.loads(_as_sparse(parts, "csr", [2, 2])).layout is torch.sparse_csr
     parts["col_indices"] = torch.tensor([0, 7])
-    _rejected(_as_sparse(parts, "csr", [2, 2]), "invariant")
+    _rejected(_as_sparse(parts, "csr", [2, 2]), "out of range")
+    parts["crow_indices"], parts["col_indices"] = torch.tensor([0, 2, 2]), torch.tensor([1, 1])
+    _rejected(_as_sparse(parts, "csr", [2, 2]), "strictly increase within each compressed row")
+    parts["crow_indices"], parts["col_indices"] = torch.tensor([1, 2, 2]), torch.tensor([0, 1])
+    _rejected(_as_sparse(parts, "csr", [2, 2]), "must start at 0 and end")
+    parts["crow_indices"] = torch.tensor([0, 3, 2])
+    _rejected(_as_sparse(parts, "csr", [2, 2]), "nor grow by more than 2")
+    parts["crow_indices"] = torch.tensor([0, 2, 1, 2])
+    _rejected(_as_sparse(parts, "csr", [3, 2]), "must not decrease")
+    parts["crow_indices"] = torch.tensor([0, 2])
+    _rejected(_as_sparse(parts, "csr", [2, 2]), "not one more than")
     parts["col_indices"] = torch.tensor([0, 1], dtype=torch.int32)
     _rejected(_as_sparse(parts, "csr", [2, 2]), "int32 or both int64")
 
@@ -601,3 +632,129 @@ def test_inspect_lists_the_kinds_and_their_parts(tmp_path, capsys):
     assert rows['$["s"]']["type"] == "sparse_coo tensor" and rows['$["s"]["values"]']["dtype"] == "float32"
     assert rows['$["m"]']["value"] == "float32[2], no data" and rows['$["t"]']["type"] == "tensor with attributes"
     assert rows['$["t"]["foo"]']["value"] == "1"
+
+
+# ------------------------------------------------------------------ verify makes load's value checks
+
+
+def _torch_accepts(layout, size, parts) -> bool:
+    try:
+        torch.sparse_compressed_tensor(*parts, size, layout=getattr(torch, f"sparse_{layout}"), check_invariants=True)
+        return True
+    except (RuntimeError, ValueError, TypeError):
+        return False
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc", "bsr", "bsc"])
+def test_the_compressed_index_rule_accepts_exactly_what_torch_accepts(layout):
+    """The rule verify runs on the bytes (numpy) against torch's invariant check, which load runs
+    after it: on every small index pair whose shapes fit, what the rule accepts torch accepts (a file
+    that verifies loads), and what torch accepts the rule accepts too, but for a matrix without
+    elements, where torch checks no index at all (it takes crow_indices [0, 1] and col_indices [0]
+    for a 1x0 matrix) and the rule still wants indices that could describe it."""
+    from tensorcanon.format import tensorkinds
+
+    gen = torch.Generator().manual_seed(29)
+    blocked = layout.startswith("b")
+    cases = refused_empty = 0
+    for _ in range(400):
+        batch = int(torch.randint(0, 2, (), generator=gen))
+        rows, cols = (int(x) for x in torch.randint(0, 4, (2,), generator=gen))
+        block = (1, 2) if blocked else (1, 1)
+        size = [*([2] * batch), rows * block[0], cols * block[1]]
+        ncomp = (rows if layout in ("csr", "bsr") else cols) + 1
+        nnz = int(torch.randint(0, 5, (), generator=gen))
+        compressed = torch.randint(-1, 4, (*([2] * batch), ncomp), generator=gen)
+        if bool(torch.rand((), generator=gen) < 0.7):  # mostly well formed, to reach the later rules
+            compressed = torch.sort(compressed.clamp(0, nnz), dim=-1).values
+            compressed[..., 0], compressed[..., -1] = 0, nnz
+        plain = torch.randint(-1, 4, (*([2] * batch), nnz), generator=gen)
+        if bool(torch.rand((), generator=gen) < 0.5):
+            plain = torch.sort(plain.clamp(0), dim=-1).values
+        values = torch.ones(*([2] * batch), nnz, *block) if blocked else torch.ones(*([2] * batch), nnz)
+        parts = [compressed, plain, values]
+        if tensorkinds.sparse_shape_problem(layout, size, [tensorkinds.part_of(p) for p in parts]) is not None:
+            continue
+        cases += 1
+        ours, theirs = tensorkinds.sparse_problem(layout, size, parts) is None, _torch_accepts(layout, size, parts)
+        assert ours == theirs or (theirs and 0 in size[-2:]), (layout, size, parts[:2])
+        refused_empty += theirs and not ours
+    assert cases > 100 and refused_empty  # (the exception is met, and is the only one)
+
+
+def test_coo_rule_accepts_exactly_what_torch_accepts():
+    from tensorcanon.format import tensorkinds
+
+    gen = torch.Generator().manual_seed(29)
+    for _ in range(300):
+        size = [int(x) for x in torch.randint(0, 4, (2,), generator=gen)]
+        indices = torch.randint(-1, 4, (2, int(torch.randint(0, 5, (), generator=gen))), generator=gen)
+        values = torch.ones(indices.shape[1])
+        ours = tensorkinds.sparse_problem("coo", size, [indices, values]) is None
+        try:
+            built = torch.sparse_coo_tensor(indices, values, size, check_invariants=True).coalesce()
+            theirs = torch.equal(built.indices(), indices)  # in range, and already coalesced
+        except RuntimeError:
+            theirs = False
+        assert ours == theirs, (size, indices)
+
+
+def _padded_bad_coo() -> bytes:
+    """A file with an out-of-range COO index and 20 MB of other tensors: verify hashes a regular
+    file of that size on two threads (reader._verify_file) and must keep the index part's bytes."""
+    data = tc.dumps([collections.OrderedDict(indices=torch.tensor([[0, 5]]), values=torch.ones(2)),
+                     torch.zeros(5 << 20)])  # (the parts' paths, names and table order)
+
+    def edit(m):
+        m["root"][1] = ["sparse", "coo", ["size", 2], "tensor", False, ["tensor", 0], ["tensor", 1]]
+    return h.with_manifest(data, edit)
+
+
+def test_verify_checks_index_values_on_every_way_it_reads(tmp_path, monkeypatch):
+    from tensorcanon.io import reader
+
+    ways = []
+
+    def spying(way):
+        real = getattr(reader.CheckedFile, way)
+
+        def spy(self, *args):
+            ways.append(way)
+            return real(self, *args)
+        return spy
+    for way in ("_verify_mapped", "_verify_file", "_verify_stream"):
+        monkeypatch.setattr(reader.CheckedFile, way, spying(way))
+    data = _padded_bad_coo()
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(data)
+    with pytest.raises(FormatError, match="out of range") as loaded:
+        tc.load(path)
+    message = str(loaded.value)
+    assert message.endswith("at $[0]")
+    for source in (data, path, str(path), _Stream(data)):  # in memory, a regular file (two threads), a pipe
+        with pytest.raises(FormatError) as verified:
+            tc.verify(source)
+        assert str(verified.value) == message
+    assert ways == ["_verify_mapped", "_verify_file", "_verify_file", "_verify_stream"]
+
+
+def test_a_damaged_index_part_is_named_as_damaged_before_its_values_are_checked():
+    data = bytearray(_as_sparse({"indices": torch.tensor([[0, 5]]), "values": torch.ones(2)}, "coo", [2]))
+    at = bytes(data).rindex((5).to_bytes(8, "little"))
+    data[at] = 1  # [[0, 1]] would be valid: the digest, not the rule, rejects it
+    with pytest.raises(tc.IntegrityError, match=r"\$\[\"indices\"\]"):
+        tc.verify(bytes(data))
+
+
+def test_cli_verify_rejects_the_tensor_kind_files_of_the_corpus(capsys):
+    from tensorcanon.tools import cli
+
+    corpus = pathlib.Path(__file__).resolve().parent / "conformance" / "invalid"
+    names = ["meta_int_requires_grad", "nested_jagged_offsets_decreasing", "sparse_coo_index_out_of_range",
+             "sparse_coo_uncoalesced", "sparse_csr_crow_decreasing"]
+    code = cli.main(["verify", *(str(corpus / f"{n}.bin") for n in names)])
+    out = capsys.readouterr()
+    assert code == 2
+    lines = (out.out + out.err).splitlines()
+    for n in names:
+        assert any(f"{n}.bin" in line and "manifest:" in line and "at $" in line for line in lines), (n, lines)

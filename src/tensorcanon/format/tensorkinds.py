@@ -27,15 +27,19 @@ applies each piece of advice and round-trips the result).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import container, dtypes, optional, tensorbytes, tree
+from .errors import FormatError
 from .subclasses import implements_flatten
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 else:
+    np = optional.numpy_module(globals())
     torch = optional.torch_module(globals())
 
 # layout name -> (component names, compressed?)
@@ -70,46 +74,139 @@ def _memo(obj: Any) -> dict:
 # --------------------------------------------------------------------------- the checks (one place)
 
 
-def _ints_ok(t: Any) -> bool:
-    return t.dtype in (torch.int32, torch.int64)
+# A part as the checks see it, from a tensor (load, the writer) or from its table row (verify, which
+# builds nothing and needs no torch): (dtype name or None, shape, a plain tensor without requires_grad).
+Part = tuple[str | None, tuple[int, ...], bool]
+_PLAIN = "its components must be plain dense tensors (kind 'tensor') without requires_grad"
+_BLOCKED = ("bsr", "bsc")
+
+
+def part_of(t: Any) -> Part:
+    """The :data:`Part` of a built tensor (or whatever a component decoded to)."""
+    if type(t) is not torch.Tensor:
+        return None, (), False
+    row = dtypes.BY_TORCH.get(t.dtype)
+    return (row.name if row is not None else None), tuple(t.shape), t.layout is torch.strided and not t.requires_grad
+
+
+def row_part(row: Any) -> Part:
+    """The :data:`Part` of a table row (manifest.TensorInfo): what :func:`part_of` gives for the value
+    the row loads as (an nn.Parameter or a numpy array is no plain tensor)."""
+    if row.kind != "tensor":
+        return None, (), False
+    return row.dtype.name, tuple(row.shape), not row.requires_grad
+
+
+def _compressed_dims(layout: str, batch: int) -> tuple[int, int]:
+    """(compressed dimension, plain dimension) of ``size`` for a compressed layout."""
+    return (batch, batch + 1) if layout in ("csr", "bsr") else (batch + 1, batch)
+
+
+def sparse_shape_problem(layout: str, size: Sequence[int], parts: Sequence[Part]) -> str | None:
+    """What keeps parts of these dtypes and shapes from being a sparse tensor of ``layout`` and
+    ``size`` (docs/FORMAT.md §6.12.1), or None: every rule that needs no index value."""
+    if not all(plain for _, _, plain in parts):
+        return _PLAIN
+    if any(d < 0 for d in size):
+        return "its size has a negative dimension"
+    if layout == "coo":
+        (idt, ishape, _), (_, vshape, _) = parts
+        if idt != "int64" or len(ishape) != 2:
+            return "COO indices must be a 2-d int64 tensor (sparse dims, nnz)"
+        sparse_dim, nnz = ishape
+        if not 0 <= sparse_dim <= len(size) or len(vshape) < 1 or vshape[0] != nnz \
+                or tuple(vshape[1:]) != tuple(size[sparse_dim:]):
+            return (f"COO indices of shape {ishape} and values of shape {vshape} do not fit the size "
+                    f"{tuple(size)}")
+        return None
+    (cdt, cshape, _), (pdt, pshape, _), (_, vshape, _) = parts
+    if cdt not in ("int32", "int64") or cdt != pdt:
+        return "compressed and plain indices must both be int32 or both int64"
+    batch, block = len(cshape) - 1, 2 if layout in _BLOCKED else 0
+    if batch < 0 or len(pshape) != len(cshape) or cshape[:-1] != pshape[:-1] \
+            or len(vshape) < batch + 1 + block or vshape[:batch] != cshape[:-1] or vshape[batch] != pshape[-1]:
+        return (f"compressed indices of shape {cshape}, plain indices of shape {pshape} and values of shape "
+                f"{vshape} do not fit together")
+    dense = vshape[batch + 1 + block:]
+    blocks = vshape[batch + 1 : batch + 1 + block] if block else (1, 1)
+    if len(size) != batch + 2 + len(dense) or tuple(size[:batch]) != cshape[:-1] \
+            or tuple(size[batch + 2:]) != dense or 0 in blocks \
+            or size[batch] % blocks[0] or size[batch + 1] % blocks[1]:
+        return f"its parts (values of shape {vshape}) do not fit the size {tuple(size)}"
+    cdim, _ = _compressed_dims(layout, batch)
+    if cshape[-1] != size[cdim] // blocks[cdim - batch] + 1:
+        return (f"its compressed indices hold {cshape[-1]} entries per batch, not one more than the "
+                f"{size[cdim] // blocks[cdim - batch]} compressed rows")
+    if cdt == "int32" and max([pshape[-1], *size[batch : batch + 2]]) > 2**31 - 1:
+        return "int32 indices cannot index this many elements; use int64"
+    return None
+
+
+def sparse_index_problem(layout: str, size: Sequence[int], indices: Sequence[Any],
+                         blocks: Sequence[int] = (1, 1)) -> str | None:
+    """What keeps the index parts ``indices`` (numpy arrays: COO ``[indices]``, compressed
+    ``[compressed, plain]``) of parts that pass :func:`sparse_shape_problem` from being a canonical
+    sparse tensor of ``layout`` and ``size``, or None; ``blocks``: a BSR/BSC tensor's block shape.
+    Made by the writer, by load and by verify (on the index parts' bytes, without torch)."""
+    if layout == "coo":
+        (idx,) = indices
+        sparse_dim, nnz = idx.shape
+        if not nnz:
+            return None
+        for d in range(sparse_dim):
+            if int(idx[d].min()) < 0 or int(idx[d].max()) >= size[d]:
+                return f"a COO index of sparse dimension {d} is out of range [0, {size[d]})"
+        if nnz > 1:  # coalesced: the index columns strictly increase in lexicographic order
+            a, b = idx[:, :-1], idx[:, 1:]
+            less = np.zeros(nnz - 1, dtype=bool)
+            equal = np.ones(nnz - 1, dtype=bool)
+            for d in range(sparse_dim):
+                less |= equal & (a[d] < b[d])
+                equal &= a[d] == b[d]
+            if not bool(less.all()):
+                return "COO indices are not coalesced (sorted, each index once)"
+        return None
+    compressed, plain = indices
+    batch = compressed.ndim - 1
+    cdim, pdim = _compressed_dims(layout, batch)
+    plain_size = size[pdim] // blocks[pdim - batch]
+    nnz = plain.shape[-1]
+    c = compressed.reshape(-1, compressed.shape[-1]).astype(np.int64)
+    p = plain.reshape(len(c), nnz).astype(np.int64)  # (one row of each per batch element)
+    if bool((c[:, 0] != 0).any()) or bool((c[:, -1] != nnz).any()):
+        return f"compressed indices must start at 0 and end at the number of specified elements ({nnz})"
+    steps = np.diff(c, axis=1)
+    if bool((steps < 0).any()) or bool((steps > plain_size).any()):
+        return f"compressed indices must not decrease, nor grow by more than {plain_size} at a step"
+    if nnz:
+        if int(p.min()) < 0 or int(p.max()) >= plain_size:
+            return f"a plain index is out of range [0, {plain_size})"
+        for row_steps, q in zip(steps, p, strict=True):
+            same = np.repeat(np.arange(len(row_steps)), row_steps)  # the compressed row of each element
+            if bool(((q[1:] <= q[:-1]) & (same[1:] == same[:-1])).any()):
+                return "plain indices must strictly increase within each compressed row"
+    return None
+
+
+def sparse_blocks(layout: str, parts: Sequence[Part]) -> tuple[int, int]:
+    """The block shape of a BSR/BSC tensor's parts (passing :func:`sparse_shape_problem`); (1, 1) else."""
+    if layout not in _BLOCKED:
+        return 1, 1
+    batch = len(parts[0][1]) - 1
+    vshape = parts[2][1]
+    return vshape[batch + 1], vshape[batch + 2]
 
 
 def sparse_problem(layout: str, size: Sequence[int], parts: Sequence[Any]) -> str | None:
     """What keeps ``parts`` (CPU or device tensors) from being a canonical sparse tensor of
-    ``layout`` and ``size`` (docs/FORMAT.md §6.12.1), or None. Checked before torch builds one."""
-    if any(type(p) is not torch.Tensor or p.layout is not torch.strided or p.requires_grad for p in parts):
-        return "its components must be plain dense tensors (kind 'tensor') without requires_grad"
-    if any(d < 0 for d in size):
-        return "its size has a negative dimension"
-    if layout == "coo":
-        indices, values = parts
-        if indices.dtype is not torch.int64 or indices.dim() != 2:
-            return "COO indices must be a 2-d int64 tensor (sparse dims, nnz)"
-        sparse_dim, nnz = indices.shape
-        if not 0 <= sparse_dim <= len(size) or values.dim() < 1 or values.shape[0] != nnz \
-                or tuple(values.shape[1:]) != tuple(size[sparse_dim:]):
-            return (f"COO indices of shape {tuple(indices.shape)} and values of shape {tuple(values.shape)} "
-                    f"do not fit the size {tuple(size)}")
-        if nnz:
-            idx = indices.cpu()
-            for d in range(sparse_dim):
-                row = idx[d]
-                if int(row.min()) < 0 or int(row.max()) >= size[d]:
-                    return f"a COO index of sparse dimension {d} is out of range [0, {size[d]})"
-            if nnz > 1:  # coalesced: the index columns strictly increase in lexicographic order
-                a, b = idx[:, :-1], idx[:, 1:]
-                less = torch.zeros(nnz - 1, dtype=torch.bool)
-                equal = torch.ones(nnz - 1, dtype=torch.bool)
-                for d in range(sparse_dim):
-                    less |= equal & (a[d] < b[d])
-                    equal &= a[d] == b[d]
-                if not bool(less.all()):
-                    return "COO indices are not coalesced (sorted, each index once)"
-        return None
-    compressed, plain, values = parts
-    if not (_ints_ok(compressed) and compressed.dtype is plain.dtype):
-        return "compressed and plain indices must both be int32 or both int64"
-    return None  # the rest: torch's own invariant check, made at build time (_build_sparse)
+    ``layout`` and ``size`` (docs/FORMAT.md §6.12.1), or None. Checked before torch builds one:
+    :func:`sparse_shape_problem`, then :func:`sparse_index_problem` on the index parts."""
+    described = [part_of(p) for p in parts]
+    problem = sparse_shape_problem(layout, size, described)
+    if problem is not None:
+        return problem
+    indices = [p.detach().cpu().numpy() for p in parts[:-1]]
+    return sparse_index_problem(layout, size, indices, sparse_blocks(layout, described))
 
 
 def _build_sparse(layout: str, size: Sequence[int], parts: Sequence[Any]) -> Any:
@@ -123,22 +220,35 @@ def _build_sparse(layout: str, size: Sequence[int], parts: Sequence[Any]) -> Any
                                           check_invariants=True)
 
 
+def jagged_shape_problem(values: Part, offsets: Part) -> str | None:
+    """What keeps parts of these dtypes and shapes from being a jagged nested tensor's values and
+    offsets (docs/FORMAT.md §6.12.2), or None: every rule that needs no offset value."""
+    if not (values[2] and offsets[2]):
+        return _PLAIN
+    if offsets[0] != "int64" or len(offsets[1]) != 1 or offsets[1][0] < 2:
+        return "jagged offsets must be a 1-d int64 tensor of at least 2 entries"
+    if len(values[1]) < 1:
+        return "jagged values must have at least one dimension"
+    return None
+
+
+def jagged_offsets_problem(offsets: Any, rows: int) -> str | None:
+    """What keeps ``offsets`` (a numpy array passing :func:`jagged_shape_problem`) from being the
+    offsets of ``rows`` value rows, or None. Made by the writer, load and verify (without torch)."""
+    if int(offsets[0]) != 0 or int(offsets[-1]) != rows:
+        return f"jagged offsets must start at 0 and end at the number of value rows ({rows})"
+    if bool((offsets[1:] < offsets[:-1]).any()):
+        return "jagged offsets must not decrease"
+    return None
+
+
 def jagged_problem(values: Any, offsets: Any) -> str | None:
     """What keeps ``values`` and ``offsets`` from being a canonical jagged nested tensor
     (docs/FORMAT.md §6.12.2), or None. Checked before torch builds one."""
-    for p in (values, offsets):
-        if type(p) is not torch.Tensor or p.layout is not torch.strided or p.requires_grad:
-            return "its components must be plain dense tensors (kind 'tensor') without requires_grad"
-    if offsets.dtype is not torch.int64 or offsets.dim() != 1 or offsets.shape[0] < 2:
-        return "jagged offsets must be a 1-d int64 tensor of at least 2 entries"
-    if values.dim() < 1:
-        return "jagged values must have at least one dimension"
-    off = offsets.cpu()
-    if int(off[0]) != 0 or int(off[-1]) != values.shape[0]:
-        return f"jagged offsets must start at 0 and end at the number of value rows ({values.shape[0]})"
-    if bool((off[1:] < off[:-1]).any()):
-        return "jagged offsets must not decrease"
-    return None
+    problem = jagged_shape_problem(part_of(values), part_of(offsets))
+    if problem is not None:
+        return problem
+    return jagged_offsets_problem(offsets.detach().cpu().numpy(), values.shape[0])
 
 
 # --------------------------------------------------------------------------- encode
@@ -395,16 +505,48 @@ def _components(dec: tree.Decoder, names: Sequence[Any], nodes: Sequence[Any], d
     return out
 
 
-def _grad_ok(dec: tree.Decoder, dtype: Any, requires_grad: bool) -> None:
-    if requires_grad and not (dtype.is_floating_point or dtype.is_complex):
-        raise dec.error(f"requires_grad is true for a tensor of dtype {dtype}, which torch does not allow "
-                        "(docs/FORMAT.md §4.5)")
-
-
 def _finish(value: Any, kind: str, requires_grad: bool) -> Any:
     if kind == "parameter":
         return torch.nn.Parameter(value, requires_grad=requires_grad)
     return value.requires_grad_(requires_grad) if requires_grad else value
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A check on the values of a node's parts that verify, which builds nothing, makes on their
+    verified bytes (:func:`run_deferred`): the rule load makes on the built parts."""
+
+    where: str                      # the node's path, e.g. $["w"]
+    what: str                       # what the node is, for the message ("a coo sparse tensor")
+    indices: tuple[int, ...]        # the table rows whose values the rule reads
+    rule: Callable[[list], str | None]  # numpy arrays of those rows, in order -> problem or None
+
+
+def run_deferred(checks: Sequence[Deferred], rows: Sequence[Any], data_of: Callable[[int], Any]) -> None:
+    """Run the deferred value checks of a verified file: ``data_of(i)`` gives table row ``i``'s
+    verified bytes (a buffer). Raises the FormatError load would raise, naming the node's path."""
+    for check in checks:
+        arrays = [np.frombuffer(data_of(i), dtype=rows[i].dtype.numpy).reshape(rows[i].shape)
+                  if rows[i].end > rows[i].begin else np.zeros(rows[i].shape, rows[i].dtype.numpy)
+                  for i in check.indices]
+        problem = check.rule(arrays)
+        if problem is not None:
+            raise FormatError(f"manifest: {check.what}: {problem} at {check.where}")
+
+
+def _row_parts(dec: tree.Decoder, nodes: Sequence[Any]) -> list[Part] | None:
+    """The parts' :data:`Part` from the table (verify), or None when the decoder has no table."""
+    if dec.rows is None:
+        return None
+    return [row_part(dec.rows[n[1]]) for n in nodes]
+
+
+def _grad_ok(dec: tree.Decoder, name: str | None, requires_grad: bool) -> None:
+    """Torch lets only floating-point and complex tensors require gradients (by the dtype table)."""
+    row = dtypes.BY_NAME.get(name) if name is not None else None
+    if requires_grad and not (row is not None and row.differentiable):
+        raise dec.error(f"requires_grad is true for a tensor of dtype {name}, which torch does not allow "
+                        "(docs/FORMAT.md §4.5)")
 
 
 def _dec_sparse(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
@@ -418,15 +560,30 @@ def _dec_sparse(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
     _flags(dec, node[3], node[4])
     parts = _components(dec, names, node[5:], depth)
     if not dec.build_objects:
+        described = _row_parts(dec, node[5:])
+        if described is not None:
+            problem = sparse_shape_problem(layout, size, described)
+            if problem is not None:
+                raise dec.error(f"a {layout} sparse tensor: {problem}")
+            _grad_ok(dec, described[-1][0], node[4])
+            blocks = sparse_blocks(layout, described)
+            dec.deferred.append(Deferred(
+                dec.path(), f"a {layout} sparse tensor", tuple(n[1] for n in node[5:-1]),
+                lambda arrays: sparse_index_problem(layout, size, arrays, blocks)))
         return None
     key = _frozen(node)
     memo = _memo(dec)
     if key in memo:
         return memo[key]
-    problem = sparse_problem(layout, size, parts)
+    described = [part_of(p) for p in parts]  # (in verify's order: the shapes, the grad, the indices)
+    problem = sparse_shape_problem(layout, size, described)
     if problem is not None:
         raise dec.error(f"a {layout} sparse tensor: {problem}")
-    _grad_ok(dec, parts[-1].dtype, node[4])
+    _grad_ok(dec, described[-1][0], node[4])
+    problem = sparse_index_problem(layout, size, [p.detach().cpu().numpy() for p in parts[:-1]],
+                                   sparse_blocks(layout, described))
+    if problem is not None:
+        raise dec.error(f"a {layout} sparse tensor: {problem}")
     try:
         value = _build_sparse(layout, size, parts)
     except (RuntimeError, ValueError, TypeError) as e:
@@ -445,16 +602,36 @@ def _dec_meta(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
     size = _size(dec, node[2], depth, row.itemsize)
     _flags(dec, node[3], node[4])
     if not dec.build_objects:
+        _grad_ok(dec, name, node[4])
         return None
     if row.torch is None:
         raise dec.error(f"the file holds a meta tensor of dtype {name}, which this torch ({torch.__version__}) "
                         "lacks; load it with a newer torch")
-    _grad_ok(dec, row.torch, node[4])
+    _grad_ok(dec, name, node[4])
     try:
         value = torch.empty(size, dtype=row.torch, device="meta")
     except RuntimeError as e:
         raise dec.error(f"torch cannot make this meta tensor: {e}") from None
     return _finish(value, node[3], node[4])
+
+
+def _nested_described(dec: tree.Decoder, layout: str, name: str, requires_grad: bool,
+                      described: list[Part], nodes: Sequence[Any]) -> None:
+    """Verify's checks of a nested node, on its parts' table rows: those load makes on the built
+    parts, the offsets' values deferred (:class:`Deferred`)."""
+    if any(d[0] != name for d in (described[:1] if layout == "jagged" else described)):
+        raise dec.error(f"a nested tensor of dtype {name} holds components of another dtype")
+    _grad_ok(dec, name, requires_grad)
+    if layout == "jagged":
+        problem = jagged_shape_problem(*described)
+        if problem is not None:
+            raise dec.error(f"a jagged nested tensor: {problem}")
+        rows = described[0][1][0]
+        dec.deferred.append(Deferred(dec.path(), "a jagged nested tensor", (nodes[1][1],),
+                                     lambda arrays: jagged_offsets_problem(arrays[0], rows)))
+    elif not all(d[2] for d in described) or len({len(d[1]) for d in described}) > 1:
+        raise dec.error("the components of a strided nested tensor must be plain tensors of one "
+                        "number of dimensions")
 
 
 def _dec_nested(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
@@ -472,25 +649,28 @@ def _dec_nested(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
     else:
         parts = _components(dec, range(len(node) - 4), node[4:], depth)
     if not dec.build_objects:
+        described = _row_parts(dec, node[4:])
+        if described is not None:
+            _nested_described(dec, layout, name, requires_grad, described, node[4:])
         return None
     key = _frozen(node)
     memo = _memo(dec)
     if key in memo:
         return memo[key]
-    if row.torch is None or any(p.dtype is not row.torch for p in (parts[:1] if layout == "jagged" else parts)):
+    if row.torch is None or any(part_of(p)[0] != name for p in (parts[:1] if layout == "jagged" else parts)):
         raise dec.error(f"a nested tensor of dtype {name} holds components of another dtype")
-    _grad_ok(dec, row.torch, requires_grad)
+    _grad_ok(dec, name, requires_grad)
+    if layout == "jagged":
+        problem = jagged_problem(*parts)
+        if problem is not None:
+            raise dec.error(f"a jagged nested tensor: {problem}")
+    elif any(type(p) is not torch.Tensor or p.requires_grad for p in parts) or len({p.dim() for p in parts}) > 1:
+        raise dec.error("the components of a strided nested tensor must be plain tensors of one "
+                        "number of dimensions")
     try:
         if layout == "jagged":
-            problem = jagged_problem(*parts)
-            if problem is not None:
-                raise dec.error(f"a jagged nested tensor: {problem}")
             value = torch.nested.nested_tensor_from_jagged(*parts)
         else:
-            if any(type(p) is not torch.Tensor or p.requires_grad for p in parts) \
-                    or len({p.dim() for p in parts}) > 1:
-                raise dec.error("the components of a strided nested tensor must be plain tensors of one "
-                                "number of dimensions")
             value = torch.nested.nested_tensor(parts, dtype=row.torch,
                                                device=parts[0].device if parts else None)
     except (RuntimeError, ValueError, TypeError) as e:

@@ -628,6 +628,11 @@ class Decoder:
         self.visit: Callable[[tuple, Any], None] | None = None
         self.max_depth = max_depth
         self._path: list = []
+        # verify (build_objects false): the table's rows (manifest.TensorInfo), for the checks of a
+        # node kind on its parts' dtypes and shapes; and the checks on its parts' values, which the
+        # reader runs on those parts' verified bytes (tensorkinds.Deferred)
+        self.rows: Sequence[Any] | None = None
+        self.deferred: list[Any] = []
 
     def walk(self, node: Any) -> Any:
         """Decode ``node`` as the root, calling :attr:`visit` on the way."""
@@ -1283,14 +1288,18 @@ register_kind("obj", Decoder.dec_obj)  # the classes of format/registry.py: Enco
 
 
 def decode_manifest(root: Any, meta: Any, names: list[str], version: int, max_depth: int,
-                    values: list | None = None, uses: bool = False) -> tuple[Any, Decoder]:
+                    values: list | None = None, uses: bool = False,
+                    rows: Sequence[Any] | None = None) -> tuple[Any, Decoder]:
     """Every rule of docs/FORMAT.md §6 on a manifest's object tree, its table's names and order
     (:meth:`Decoder.check_table`) and its user metadata tree: the one structural check of a file,
     for every reader (the file reader, the sharded index). With ``values`` (one per table row)
-    the object is built, else nothing is; with ``uses``, every tensor use is recorded.
+    the object is built, else nothing is; with ``uses``, every tensor use is recorded; with ``rows``
+    (the table, when nothing is built) the checks on parts' dtypes and shapes are made and the checks
+    on their values recorded in ``decoder.deferred`` (tensorkinds.run_deferred runs them).
     Returns ``(object or None, the decoder)``."""
     decoder = Decoder(values if values is not None else [None] * len(names), max_depth,
                       build_objects=values is not None)
+    decoder.rows = rows
     if uses:
         decoder.uses = []
     try:

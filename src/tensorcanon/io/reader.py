@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from ..format import container, digest, dtypes, fastparse, manifest, optional, paths, tensorbytes, tree
+from ..format import container, digest, dtypes, fastparse, manifest, optional, paths, tensorbytes, tensorkinds, tree
 from ..format.errors import FormatError, IntegrityError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.manifest import TensorInfo
@@ -381,7 +381,7 @@ class CheckedFile(RowReader):
         m = self.manifest
         assert m is not None
         return tree.decode_manifest(m.root, m.meta, [info.name for info in m.tensors], m.version,
-                                    self.limits.max_depth, values, uses)
+                                    self.limits.max_depth, values, uses, m.tensors if values is None else None)
 
     def check_tree(self) -> None:
         """Raise unless the object tree and the table follow every rule of docs/FORMAT.md §6."""
@@ -579,16 +579,20 @@ class CheckedFile(RowReader):
             if digests[info.index] != info.digest:
                 raise self.integrity_error(info, digests[info.index])
 
-    def _verify_stream(self, rows: list[TensorInfo]) -> None:
-        """Read and hash every tensor in file order, a piece at a time through one buffer."""
+    def _verify_stream(self, rows: list[TensorInfo], keep: dict[int, bytearray]) -> None:
+        """Read and hash every tensor in file order, a piece at a time through one buffer; the
+        bytes of the rows ``keep`` names are also copied there."""
         buf = memoryview(bytearray(min(_HASH_CHUNK, max((r.end - r.begin for r in rows), default=0))))
         for info in rows:
             h = self._hasher(info, True)
             left = info.end - info.begin
+            kept = keep.get(info.index)
             while left:
                 n = min(left, len(buf))
                 self.src.readinto(buf[:n], f"data of tensor {info.name!r}")
                 h.update(buf[:n])
+                if kept is not None:
+                    kept += buf[:n]
                 left -= n
             self._check(info, h)
 
@@ -604,10 +608,11 @@ class CheckedFile(RowReader):
         except (OSError, ValueError):
             return None
 
-    def _verify_file(self, rows: list[TensorInfo], fd: int) -> None:
+    def _verify_file(self, rows: list[TensorInfo], fd: int, keep: dict[int, bytearray]) -> None:
         """Hash every tensor of a regular file on two threads, each reading its share of the
         tensors with positional reads (reading and hashing release the GIL); the first tensor
-        in file order that differs is the one named."""
+        in file order that differs is the one named. The bytes of the rows ``keep`` names are
+        also copied there."""
         base = self.src.file_base + self.data_start
         total = sum(r.end - r.begin for r in rows)
         half, acc, cut = total // 2, 0, len(rows)
@@ -623,12 +628,15 @@ class CheckedFile(RowReader):
             for info in group:
                 h = self._hasher(info, True)
                 at, left = base + info.begin, info.end - info.begin
+                kept = keep.get(info.index)
                 while left:
                     n = os.preadv(fd, [buf[: min(left, len(buf))]], at)
                     if not n:
                         raise FormatError(f"file ends inside the data of tensor {info.name!r}: {left} bytes "
                                           "missing", offset=at - self.src.file_base)
                     h.update(buf[:n])
+                    if kept is not None:
+                        kept += buf[:n]
                     at += n
                     left -= n
                 digests[info.index] = h.digest()
@@ -642,25 +650,48 @@ class CheckedFile(RowReader):
                 raise self.integrity_error(info, digests[info.index])
         self.src.seek(self.data_start + total)  # where reading every tensor leaves the file
 
+    def _value_checks(self) -> list[tensorkinds.Deferred]:
+        """The checks on parts' values that the tree asks for (sparse indices, jagged offsets), from
+        the structure, before the bytes are read; none when the structure is malformed (then
+        :meth:`check_tree` raises after hashing, as it always has: a damaged tensor is named first)."""
+        try:
+            return list(self._structure().deferred)
+        except TensorCanonError:
+            return []
+
     def verify(self) -> str:
-        """Hash every byte, check every tensor digest and the tree; return the file digest."""
+        """Hash every byte, check every tensor digest and the tree, and run on the verified bytes
+        the checks load makes on values (docs/FORMAT.md §6.12: sparse indices, jagged offsets);
+        return the file digest."""
         if self.manifest is None:
             raise FormatError(
                 "this is a plain safetensors file with no tensorcanon manifest, so it records no "
                 "digests to verify; convert it with tensorcanon.save(tensorcanon.load(path), out)")
         rows = self._file_order()
+        checks = self._value_checks()
+        keep = {i: bytearray() for c in checks for i in c.indices}
         fd = None
         if self.src.data is None and sum(r.end - r.begin for r in rows) >= _THREADS_FROM:
             fd = self._os_file()
         if self.src.data is not None:
             self._verify_mapped(rows)
         elif fd is not None:
-            self._verify_file(rows, fd)
+            self._verify_file(rows, fd, keep)
         else:
             if self.src.random_access and self.src.pos != self.data_start:
                 self.src.seek(self.data_start)
-            self._verify_stream(rows)
+            self._verify_stream(rows, keep)
         self.check_tree()  # the tree must also be well-formed and the table canonical
+        if checks:
+            data, start = self.src.data, self.data_start
+            table = self.rows
+
+            def data_of(i: int) -> Any:
+                if data is not None:
+                    return data[start + table[i].begin : start + table[i].end]
+                return keep[i]
+
+            tensorkinds.run_deferred(checks, table, data_of)
         return self.manifest.text()
 
     # ------------------------------------------------------------------ lifetime
