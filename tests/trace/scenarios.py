@@ -10,6 +10,7 @@ import json
 import os
 import random
 import sys
+import time
 
 import numpy as np
 import torch
@@ -63,18 +64,23 @@ class Tiny(nn.Module):
 
 
 class Tokens(torch.utils.data.Dataset):
-    """Seeded token sequences; ``augment`` shifts each by a draw from numpy's global generator."""
+    """Seeded token sequences; ``augment`` shifts each by a draw from numpy's global generator;
+    ``jitter`` delays each item by up to 4 ms drawn from the OS (not seeded), so that DataLoader
+    workers answer in another order in every run while the data stays the same."""
 
-    def __init__(self, n: int = 64, augment: bool = False) -> None:
+    def __init__(self, n: int = 64, augment: bool = False, jitter: bool = False) -> None:
         g = torch.Generator().manual_seed(1)
         self.data = torch.randint(0, VOCAB, (n, SEQ + 1), generator=g)
         self.augment = augment
+        self.jitter = jitter
 
     def __len__(self) -> int:
         return len(self.data)
 
     def __getitem__(self, i: int) -> torch.Tensor:
         x = self.data[i]
+        if self.jitter:
+            time.sleep(os.urandom(1)[0] / 255 * 0.004)
         if self.augment:
             x = (x + int(np.random.randint(0, VOCAB))) % VOCAB
         return x
@@ -88,11 +94,11 @@ def seed(n: int = 0) -> None:
     torch.manual_seed(n)
 
 
-def setup(workers: int = 0, augment: bool = False, layers: int = LAYERS):
+def setup(workers: int = 0, augment: bool = False, layers: int = LAYERS, jitter: bool = False):
     seed(0)
     model = Tiny(layers)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    loader = torch.utils.data.DataLoader(Tokens(augment=augment), batch_size=8, shuffle=True,
+    loader = torch.utils.data.DataLoader(Tokens(augment=augment, jitter=jitter), batch_size=8, shuffle=True,
                                          num_workers=workers, generator=torch.Generator().manual_seed(0),
                                          worker_init_fn=tensorcanon.seed_worker if workers else None)
     return model, opt, loader
@@ -109,9 +115,9 @@ def train_step(tr, model, opt, batch) -> torch.Tensor:
 
 
 def run(out: str, level: str, steps: int, workers: int = 0, noisy_step: int | None = None,
-        capture: str | None = None) -> None:
+        capture: str | None = None, jitter: bool = False) -> None:
     """Train ``steps`` steps; the noise module of layer 3 draws from an unseeded generator at ``noisy_step``."""
-    model, opt, loader = setup(workers=workers)
+    model, opt, loader = setup(workers=workers, jitter=jitter)
     noise = model.layers[3].noise
     noise.gen = torch.Generator()
     noise.gen.seed()  # unseeded: another seed in every process

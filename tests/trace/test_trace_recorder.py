@@ -88,21 +88,26 @@ def test_resume_at_cuts_the_later_steps_and_continues_the_chain(tmp_path):
 
 
 def _loader_run(path):
-    """Level ops, and inside a step a DataLoader whose forked worker runs torch ops (collate)
-    while the trace's buffer holds records: the worker must record nothing. One worker: with
-    several, the main process rebuilds their batches (``aten.set_``, recorded) in the order they
-    arrive, which can differ between runs (docs/TRACE.md "What is covered": not solved)."""
+    """Level ops, a shuffled, seeded DataLoader of two forked workers, iterated as a training loop
+    does: the main process rebuilds the workers' batches in the order they answer, between an
+    optimizer step and the next ``step()`` (not recorded: docs/TRACE.md). The second epoch's
+    workers are forked inside a step, while ops are recorded and the trace's buffer holds records:
+    they run torch ops (collate) and must record nothing."""
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, num_workers=2,
+                                         multiprocessing_context="fork", generator=torch.Generator().manual_seed(0))
     with tensorcanon.trace(path, level="ops", model=model, optimizer=opt) as tr:
-        for _ in range(2):
-            tr.step(data[:4])
-            loader = torch.utils.data.DataLoader(data, batch_size=16, num_workers=1,
-                                                 multiprocessing_context="fork")
-            extra = sum(b.sum() for b in loader)  # collated in the workers
-            tr.loss(model(data[:4]).square().mean() + 0 * extra).backward()
+        it = iter(loader)
+        for k in range(2 * len(loader)):
+            batch = next(it)
+            tr.step(batch)
+            loss = tr.loss(model(batch).square().mean())
+            if k == len(loader) - 1:
+                it = iter(loader)  # the next epoch's workers, forked inside the step
+            loss.backward()
             opt.step()
             opt.zero_grad()
 

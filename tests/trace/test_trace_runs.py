@@ -46,6 +46,8 @@ def runs(tmp_path_factory):
              "steps": 2},
             {"job": "run", "out": str(d / f"same.{who}"), "level": "ops", "steps": 2},
             {"job": "run", "out": str(d / f"workers.{who}"), "level": "steps", "steps": 3, "workers": 2},
+            {"job": "run", "out": str(d / f"workers-ops.{who}"), "level": "ops", "steps": 4, "workers": 2,
+             "jitter": True},
             {"job": "run", "out": str(d / f"noisy-ops.{who}"), "level": "ops", "steps": 8, "noisy_step": 7},
             {"job": "run", "out": str(d / f"noisy-modules.{who}"), "level": "modules", "steps": 8,
              "noisy_step": 7, "capture": "7|module||layers.3.noise|0"},
@@ -71,7 +73,10 @@ def _bytes(p) -> bytes:
 
 
 def test_identical_runs_give_byte_identical_traces_and_no_divergence_in_fresh_processes(runs, capsys):
-    for name in ("same", "workers"):
+    # workers-ops: a shuffled, seeded DataLoader of 2 workers at level ops, answering in another order
+    # in each run (jitter); the main process rebuilds their batches in the order they answer, after
+    # the optimizer step (not recorded)
+    for name in ("same", "workers", "workers-ops"):
         a, b = runs / f"{name}.p", runs / f"{name}.q"
         assert _bytes(a) == _bytes(b), name
         result = first_divergence(a, b)
@@ -79,6 +84,7 @@ def test_identical_runs_give_byte_identical_traces_and_no_divergence_in_fresh_pr
         assert cli(["diverge", str(a), str(b)]) == 0
         assert cli(["verify", str(a)]) == 0
     assert "same:" in capsys.readouterr().out
+    assert any(r.kind == "op" and r.phase == "optimizer" for r in layout.Reader(runs / "workers-ops.p"))
     # the run's facts are kept apart, and they differ (pid)
     facts = [json.loads(_bytes(runs / f"same.{w}.run.json")) for w in "pq"]
     assert facts[0]["runs"][0]["pid"] != facts[1]["runs"][0]["pid"]

@@ -3,7 +3,8 @@
 An op's tensor inputs are hashed before it runs (an in-place op changes them), its outputs after;
 its arguments that are not tensors make one text record (role ``args``). Backward ops are told
 apart by the autograd engine's current graph task (phase backward from the first one on). The
-recorder's own torch calls are not recorded (``Recorder.busy``).
+recorder's own torch calls are not recorded, nor the ops between an optimizer step's end and the
+next ``step()`` (``Recorder.ops_recorded``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def make_mode(rec: Any) -> Any:
     class Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
-            if not rec._in_step or rec.busy():
+            if not rec.ops_recorded():
                 return func(*args, **kwargs)
             with rec._busy():
                 if rec.phase == "forward" and _in_backward():

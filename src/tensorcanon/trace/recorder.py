@@ -8,9 +8,10 @@ It writes one record per tensor a training step touches (layout.py), in executio
 - ``modules``: also each module's forward inputs and outputs (forward pre-hooks and hooks on every
   module of ``model``), by module path and call index, and every parameter's gradient that the
   optimizer step used (phase backward, recorded after the step).
-- ``ops``: also every ATen operation dispatched while a step runs, forward and backward (a
-  ``TorchDispatchMode``): its tensor inputs before it runs, its outputs after, and its arguments
-  that are not tensors as a text record.
+- ``ops``: also every ATen operation of a step's forward, backward and optimizer step (a
+  ``TorchDispatchMode``; from ``step()`` until an optimizer step ends, never between it and the
+  next ``step()``, where a loop fetches its next batch): its tensor inputs before it runs, its
+  outputs after, and its arguments that are not tensors as a text record.
 
 Every tensor is hashed when it is met, on the thread that meets it, and never kept: an in-place
 operation may change it the next moment.
@@ -101,6 +102,7 @@ class Recorder:
         self.step_index = -1 if resume_at is None else resume_at - 1
         self.phase = "forward"
         self._in_step = False
+        self._ops_on = False  # level ops: from step() until an optimizer step ends (see ops_recorded)
         self._calls: dict[tuple[Any, ...], int] = {}
         self._scope: list[str] = []
         self._local = threading.local()
@@ -304,6 +306,7 @@ class Recorder:
             self._fresh.clear()
             self._seen.clear()
             self._in_step = True
+            self._ops_on = True
             if batch is not None:
                 for path, leaf in self._tensor_leaves(batch, "batch"):
                     self._put("data", "batch", "", "batch", path, leaf)
@@ -343,6 +346,13 @@ class Recorder:
         process forked from the one that traces (a DataLoader worker): a child records nothing and
         never writes to the parent's trace."""
         return self._pid != os.getpid() or bool(getattr(self._local, "busy", 0))
+
+    def ops_recorded(self) -> bool:
+        """Whether an op dispatched now is recorded (level ops): from ``step()`` until the end of an
+        optimizer step, and again from the start of another optimizer step until its end. The ops
+        between an optimizer step and the next ``step()`` are the loop's own (fetching the next
+        batch: with DataLoader workers, in the order they answer), not the step's."""
+        return self._in_step and self._ops_on and not self.busy()
 
     def call_index(self, phase: str, kind: str, scope: str, name: str) -> int:
         key = (phase, kind, scope, name)
@@ -479,8 +489,10 @@ class Recorder:
         # With a closure (Lightning's automatic optimization), the forward and backward passes run
         # inside the optimizer's step: their records keep their own phases.
         closure = (args and callable(args[0])) or callable((kwargs or {}).get("closure"))
-        if self._in_step and not closure:
-            self.phase = "optimizer"
+        if self._in_step:
+            self._ops_on = True  # another optimizer's step in this step: its ops are the step's
+            if not closure:
+                self.phase = "optimizer"
 
     def _after_optimizer(self, opt: Any, args: Any, kwargs: Any) -> None:
         """The gradients the step used (level modules), then every parameter and optimizer state value."""
@@ -503,6 +515,7 @@ class Recorder:
                         v = torch.tensor(float(v), dtype=torch.float64)
                     self._put("optimizer", "optim", "", name, str(key), v)
             self.phase = "optimizer"
+            self._ops_on = False  # until the next step() (or another optimizer's step)
 
 
 def trace(path: str | os.PathLike[str], level: str = "steps", *, model: Any = None, optimizer: Any = None,
