@@ -21,6 +21,7 @@ import importlib.metadata as md
 import importlib.resources
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -68,7 +69,8 @@ def light(src: pathlib.Path) -> None:
         files = [f"{n}.safetensors" for n in names]
         out = run(script, "verify", *files, "ckpt", cwd=tmp)
         for n in names:
-            assert f"{n}.safetensors  {digests[n]}" in out, (n, out)
+            # (verify lines its digests up in one column: a name is followed by one or more spaces)
+            assert re.search(rf"^OK +{re.escape(n)}\.safetensors +{digests[n]}$", out, re.M), (n, out)
         assert tensorcanon.verify(pathlib.Path(tmp, "dtypes_u8.safetensors")) == digests["dtypes_u8"]
         run(script, "hash", *files, "plain.safetensors", "arrays.npz", "ckpt", cwd=tmp)
         for target in ("dtypes_u8.safetensors", "torch_values.safetensors", "plain.safetensors", "ckpt"):
