@@ -4,8 +4,8 @@ If this fails, tensorcanon now writes different bytes for the same content.
 That is only allowed as a deliberate format change: bump FORMAT_VERSION,
 update docs/FORMAT.md and run ``python tests/golden/regenerate.py --format-change``.
 
-tests/golden/v1/ holds the version-1 golden files, read-only: every reader must
-still load and verify them, and saving what they hold gives the version-2 file.
+tests/golden/v1/ and tests/golden/v2/ hold the version-1 and version-2 golden files, read-only:
+every reader must still load and verify them, and saving what they hold gives the current file.
 """
 
 import dataclasses
@@ -13,6 +13,7 @@ import io
 import json
 import pathlib
 
+import msgpack
 import pytest
 
 import tensorcanon as tc
@@ -28,6 +29,8 @@ NAMES = sorted(vectors.VECTORS)
 BUILT = [n for n in NAMES if vectors.buildable(n)]  # all but on a torch that lacks some dtypes (2.4)
 V1 = GOLDEN / "v1"
 V1_RECORD = json.loads((V1 / "digests.json").read_text())
+V2 = GOLDEN / "v2"
+V2_RECORD = json.loads((V2 / "digests.json").read_text())
 
 
 def test_every_vector_is_committed():
@@ -119,7 +122,7 @@ def test_v1_files_load_and_verify(name):
     loaded = tc.loads(data)
     assert_same(obj, loaded, aliases={})
     assert tc.read_metadata(data) == meta
-    # Saving what a v1 file holds gives exactly the v2 golden file: same content, new rules.
+    # Saving what a v1 file holds gives exactly the current golden file: same content, new rules.
     assert tc.dumps(loaded, metadata=meta) == (GOLDEN / f"{name}.safetensors").read_bytes()
 
 
@@ -129,7 +132,7 @@ def test_v1_and_v2_manifests_differ_only_where_the_changelog_says(name):
     from tensorcanon.io import reader
 
     manifests = []
-    for folder in (V1, GOLDEN):
+    for folder in (V1, V2):
         with reader.open_file((folder / f"{name}.safetensors").read_bytes()) as cf:
             manifests.append(cf.manifest)
     old, new = manifests
@@ -153,3 +156,56 @@ def test_the_aliasing_vector_merges_exactly_what_the_spec_says():
     assert merged == [["array", "array_view"], ["from_numpy_1", "from_numpy_2"],
                       ["same_slice", "slice"], ["strided", "strided_again"]]
     assert sum(len(g) == 1 for g in groups.values()) == 9  # everything else stands alone
+
+
+# ------------------------------------------------------------------ version 2, read-only
+
+
+def test_v2_record_is_frozen():
+    assert V2_RECORD["format_version"] == 2
+    assert sorted(V2_RECORD["digests"]) == sorted(p.stem for p in V2.glob("*.safetensors"))
+    assert set(V2_RECORD["digests"]) == set(NAMES) - {"packed_lists"}, "every v3 vector but the new one has its v2 file"
+
+
+@pytest.mark.parametrize("name", sorted(set(V2_RECORD["digests"]) & set(BUILT)))
+def test_v2_files_load_and_verify(name):
+    data = (V2 / f"{name}.safetensors").read_bytes()
+    assert tc.verify(data) == V2_RECORD["digests"][name]
+    obj, meta = vectors.build(name)
+    loaded = tc.loads(data)
+    assert_same(obj, loaded, aliases={})
+    assert tc.read_metadata(data) == meta
+    # Saving what a v2 file holds gives exactly the v3 golden file: same content, new rules.
+    assert tc.dumps(loaded, metadata=meta) == (GOLDEN / f"{name}.safetensors").read_bytes()
+
+
+def _packed_as_lists(node):
+    """A tree with every packed list (FORMAT.md §6.13) written back as the list node version 2 has."""
+    from tensorcanon.format import packed
+
+    node = packed.expand(node)
+    if type(node) in (list, tuple):  # (not an ExtType, a namedtuple)
+        return tuple(_packed_as_lists(x) for x in node)
+    return node
+
+
+@pytest.mark.parametrize("name", sorted(V2_RECORD["digests"]))
+def test_v2_and_v3_manifests_differ_only_where_the_changelog_says(name):
+    """Between versions 2 and 3 only the version field and the packed lists change (FORMAT.md §1.3):
+    the tensor table (names, digests) is the same, and unpacking every packed list gives the v2 tree."""
+    from tensorcanon.io import reader
+
+    manifests = []
+    for folder in (V2, GOLDEN):
+        with reader.open_file((folder / f"{name}.safetensors").read_bytes()) as cf:
+            manifests.append(cf.manifest)
+    old, new = manifests
+    assert (old.version, new.version) == (2, 3)
+    assert [(r.name, r.digest, r.shape) for r in old.tensors] == [(r.name, r.digest, r.shape) for r in new.tensors]
+    def packed(tree):  # (compared as bytes: a NaN is not equal to itself)
+        return msgpack.packb(tree, use_bin_type=True)
+
+    assert packed(_packed_as_lists(new.root)) == packed(_packed_as_lists(old.root)) == packed(old.root)
+    assert packed(_packed_as_lists(new.meta)) == packed(old.meta)
+    if new.raw != old.raw[:-1] + b"\x03":  # the version (the last byte) alone, or packed lists too
+        assert new.root != old.root or new.meta != old.meta

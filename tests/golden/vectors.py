@@ -401,6 +401,37 @@ def tensor_kinds():
     }
 
 
+def packed_lists():
+    """docs/FORMAT.md §6.13 (format version 3): lists of ints of every element type at the bounds of
+    each, and lists that stay lists (15 ints, bools, a big int, ints no one type holds); records
+    under one and several key lists, empty dicts, values of every leaf type, and lists of dicts that
+    stay lists (a non-str key, a nested value, a big int, one dict)."""
+    bounds = [0, 255, -128, 127, 65535, -32768, 32767, 2**32 - 1, -(2**31), 2**31 - 1, 2**64 - 1,
+              -(2**63), 2**63 - 1]
+    ints = {}
+    for lo, hi in zip(bounds[::2], bounds[1::2], strict=False):
+        ints[f"{lo}..{hi}"] = [lo, hi] + list(range(14))
+    return {
+        "ints": ints,
+        "uint8_16": list(range(16)),
+        "int8_from_neg": list(range(-16, 0)),
+        "uint64_top": [2**64 - 1] * 16,
+        "int64_low": [-(2**63)] + [0] * 15,
+        "stay_lists": {"fifteen": list(range(15)), "bools": [True] * 16, "with_bool": [True] + list(range(15)),
+                       "big": [2**64] + list(range(15)), "no_type": [-1, 2**63] + list(range(14)),
+                       "floats": [0.0] * 16},
+        "log": [{"loss": 2.5, "step": 10, "lr": 5e-05}, {"loss": 2.25, "step": 20, "lr": 4e-05},
+                {"eval_loss": 2.0, "step": 20}, {"loss": 2.0, "step": 30, "lr": 3e-05}],
+        "leaves": [{"n": None, "b": True, "i": -3, "f": float("-inf"), "s": "é\u2028", "y": b"\x00"},
+                   {"b": False, "f": 0.5, "i": 2**64 - 1, "n": None, "s": "", "y": b""}],
+        "empty_dicts": [{}, {}, {"": 0}],
+        "stay_lists_of_dicts": {"int_key": [{"a": 1}, {1: 2}], "nested": [{"a": [1]}, {"a": 2}],
+                                "big": [{"a": 2**64}, {"a": 1}], "one": [{"a": 1}],
+                                "tensor": [{"w": torch.ones(2)}, {"w": torch.zeros(2)}]},
+        "tuple_of_ints": tuple(range(20)),
+    }
+
+
 #: name -> (build object, metadata or None)
 VECTORS = {
     "scalars": (scalars, None),
@@ -432,6 +463,8 @@ VECTORS = {
     "empty_dict": (dict, None),
     "generators": (generators, None),
     "tensor_kinds": (tensor_kinds, None),
+    "packed_lists": (packed_lists, {"history": [{"epoch": 1, "acc": 0.5}, {"epoch": 2, "acc": 0.75}],
+                                    "ids": list(range(100, 120))}),
 }
 
 

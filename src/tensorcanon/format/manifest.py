@@ -35,10 +35,11 @@ from .errors import FormatError, IntegrityError, LimitError
 from .limits import Limits
 from .ordering import MAX_SAME_HASH
 
-VERSION = 2
+VERSION = 3
 """The format version this library writes (docs/FORMAT.md §1.3)."""
-READABLE_VERSIONS = (1, 2)
-"""The format versions this library reads: version 1 differs only in its tensor-name rule."""
+READABLE_VERSIONS = (1, 2, 3)
+"""The format versions this library reads: version 1 differs from 2 in its tensor-name rule, 2 from 3
+in how lists are written (packed lists, §6.13)."""
 KEY_MANIFEST = "tensorcanon.manifest"
 KEY_DIGEST = "tensorcanon.digest"
 KEY_FORMAT = "format"

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
 
-from . import codecs, container, devices, dtypes, optional, paths, registry, tensorbytes, walk
+from . import codecs, container, devices, dtypes, optional, packed, paths, registry, tensorbytes, walk
 from .errors import FormatError, LimitError, UnsupportedTypeError, UsageError
 from .names import tensor_names  # the name rule lives in names.py (layout imports it from here too)
 from .ordering import KEY_TYPES, MAX_SAME_HASH, NO_KEY, Unbuilt, UnorderableKey, crowded, sort_key, sorted_keys
@@ -209,7 +209,12 @@ class Encoder:
         """A list or tuple: ``[tag, item, ...]``. Leaves are written here as :meth:`encode` writes
         them (a long run of them checked in bulk, in C); every other item goes through
         :meth:`encode`, under its index."""
-        out: list[Any] = ["list" if type(v) is list else "tuple"]
+        is_list = type(v) is list
+        if is_list and len(v) >= packed.MIN_RECORDS:  # a list the format packs (§6.13)?
+            node = self.packed_list(v, depth)
+            if node is not None:
+                return node
+        out: list[Any] = ["list" if is_list else "tuple"]
         if len(v) >= _BULK and _as_they_are(v, set(map(type, v))):
             out.extend(v)
             return out
@@ -225,6 +230,20 @@ class Encoder:
                 append(enc(self, item, depth + 1) if enc is not None else self.encode(item, depth))
                 path.pop()
         return out
+
+    def packed_list(self, v: list, depth: int) -> list | None:
+        """The ``ints`` or ``records`` node of the list ``v`` (docs/FORMAT.md §6.13), None when the
+        format writes it as a ``list`` node. Records are dicts one level down: at ``max_depth`` the
+        list is left to the general path, which refuses it naming the path."""
+        first = type(v[0])
+        if first is int:
+            return packed.ints_node(v)
+        if first is dict and depth < self.max_depth:
+            return packed.records_node(v, self._record_keys)
+        return None
+
+    def _record_keys(self, d: dict) -> Sequence[str] | None:
+        return _str_keys(d, self._key_orders)
 
     def enc_dict(self, v: dict, depth: int) -> list:
         """A dict: ``["dict", k1, v1, ...]`` in canonical key order. A dict whose keys are all
@@ -616,9 +635,14 @@ _first = operator.itemgetter(0)
 class Decoder:
     """Builds values from a validated manifest's tree, checking every node."""
 
-    def __init__(self, tensors: list, max_depth: int, build_objects: bool = True) -> None:
+    def __init__(self, tensors: list, max_depth: int, build_objects: bool = True,
+                 version: int | None = None) -> None:
         self.tensors = tensors
         self.build_objects = build_objects
+        # The format version whose list rules apply (docs/FORMAT.md §6.13): from 3, a list that the
+        # writer packs must be packed; before 3, no packed node is allowed. None: a walker of a tree
+        # already checked, which accepts both.
+        self.version = version
         self.used = [False] * len(tensors)
         self.first_paths: list[tuple] = []  # path of each tensor's first use, in table order
         self.uses: list[tuple[tuple, int]] | None = None  # set to a list to record every use
@@ -833,7 +857,34 @@ class Decoder:
         return out
 
     def dec_list(self, node: Sequence[Any], depth: int) -> list:
+        if self.version is not None and self.version >= packed.SINCE and len(node) > packed.MIN_RECORDS:
+            tag = packed.should_pack(node[1:])
+            if tag is not None:
+                raise self.error(f"a list of {len(node) - 1} {'ints' if tag == 'ints' else 'dicts of str keys and leaf values'} "
+                                 f"is written as a {tag!r} node from format version {packed.SINCE} on "
+                                 "(docs/FORMAT.md §6.13); the file was not written by a conforming writer")
         return self._items(node, depth)
+
+    def _packed_allowed(self, tag: str) -> None:
+        if self.version is not None and self.version < packed.SINCE:
+            raise self.error(f"the tag {tag!r} is not in format version {self.version} (it was added in version "
+                             f"{packed.SINCE}: docs/FORMAT.md §6.13)")
+
+    def dec_ints(self, node: Sequence[Any], depth: int) -> list:
+        self._packed_allowed("ints")
+        values = packed.ints_values(node, self.error)
+        if self.visit is not None:  # a walker sees the list a version-2 file holds
+            return self._items(("list", *values), depth)
+        return values
+
+    def dec_records(self, node: Sequence[Any], depth: int) -> list:
+        self._packed_allowed("records")
+        if depth >= self.max_depth:  # each record is a dict, one level below the list
+            self.check_depth(depth)
+        values = packed.records_values(node, self.error)
+        if self.visit is not None:  # a walker sees the list of dict nodes a version-2 file holds
+            return self._items(packed.expand(node), depth)
+        return values
 
     def dec_tuple(self, node: Sequence[Any], depth: int) -> tuple:
         return tuple(self._items(node, depth))
@@ -1030,6 +1081,8 @@ class Decoder:
         tag = node[0]
         if tag == "list":
             return [self.plain(x) for x in node[1:]]
+        if tag in _PACKED:  # only leaves inside: decoded is plain
+            return self.decode(node)
         if tag == "tuple":
             return tuple(self.plain(x) for x in node[1:])
         if tag == "dict":
@@ -1285,6 +1338,9 @@ register_kind("tensor", Decoder.dec_tensor, {
     tensorbytes.Stored: Encoder.enc_stored,
 })
 register_kind("obj", Decoder.dec_obj)  # the classes of format/registry.py: Encoder._fallback
+register_kind("ints", Decoder.dec_ints)  # lists the format packs (§6.13): Encoder.enc_sequence
+register_kind("records", Decoder.dec_records)
+_PACKED = ("ints", "records")
 
 
 def decode_manifest(root: Any, meta: Any, names: list[str], version: int, max_depth: int,
@@ -1298,7 +1354,7 @@ def decode_manifest(root: Any, meta: Any, names: list[str], version: int, max_de
     on their values recorded in ``decoder.deferred`` (tensorkinds.run_deferred runs them).
     Returns ``(object or None, the decoder)``."""
     decoder = Decoder(values if values is not None else [None] * len(names), max_depth,
-                      build_objects=values is not None)
+                      build_objects=values is not None, version=version)
     decoder.rows = rows
     if uses:
         decoder.uses = []
@@ -1311,7 +1367,7 @@ def decode_manifest(root: Any, meta: Any, names: list[str], version: int, max_de
             f"{max_depth}; files saved with the default limits never are") from None
     decoder.check_table(names, version)
     if meta is not None:
-        Decoder([], max_depth, build_objects=False).decode_metadata(meta)
+        Decoder([], max_depth, build_objects=False, version=version).decode_metadata(meta)
     return obj, decoder
 
 
