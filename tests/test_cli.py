@@ -135,7 +135,7 @@ def test_lockfile_paths_are_relative_to_the_lockfile_and_may_hold_spaces(tmp_pat
     assert code == 0, err
     text = (locks / "t.lock").read_text()
     lines = text.splitlines()
-    assert lines[0] == "tensorcanon-lock 2"
+    assert lines[0] == "tensorcanon-lock 3"
     assert [line.split(" ", 2)[2] for line in lines[1:]] == ["../data dir/c.safetensors",
                                                             "../data dir/sub/a b.safetensors"]
     assert run_cli("check", "locks/t.lock", cwd=tmp_path)[0] == 2
@@ -149,8 +149,8 @@ def test_lockfile_paths_are_relative_to_the_lockfile_and_may_hold_spaces(tmp_pat
 
 
 def test_lockfile_rejects_other_versions_and_duplicates():
-    with pytest.raises(FormatError, match="version '3' is not supported"):
-        lockfile.parse_lock("tensorcanon-lock 3\n")
+    with pytest.raises(FormatError, match="version '4' is not supported"):
+        lockfile.parse_lock("tensorcanon-lock 4\n")
     line = "xxh3-128:" + "0" * 32 + " 4 a.safetensors"
     with pytest.raises(FormatError, match="line 3: 'a.safetensors' is listed twice"):
         lockfile.parse_lock(f"tensorcanon-lock 1\n{line}\n{line}\n")
@@ -160,25 +160,32 @@ def test_lockfile_rejects_other_versions_and_duplicates():
         lockfile.parse_lock(f"tensorcanon-lock 2\nxxh3-128:{'0' * 32} {'1' * 5000} a\n")
     entries = lockfile.parse_lock(f"tensorcanon-lock 1\r\n{line}\r\n")  # checked out with CRLF
     assert entries == [lockfile.LockEntry("a.safetensors", "xxh3-128:" + "0" * 32, 4)]
-    assert lockfile.format_lock(entries) == f"tensorcanon-lock 2\n{line}\n"
+    assert lockfile.format_lock(entries) == f"tensorcanon-lock 3\n{line}\n"
 
 
-def test_a_version_1_lockfile_keeps_checking_plain_files_with_format_1_digests(tmp_path):
-    """Lockfiles written before format 2 record format-1 fingerprints of non-tensorcanon files;
-    check computes the same, so a CI lockfile survives the upgrade, and a new lock is version 2."""
+def test_older_lockfiles_keep_checking_plain_files_with_their_formats_digests(tmp_path):
+    """Lockfiles written before format 2 (3) record format-1 (format-2) fingerprints of
+    non-tensorcanon files; check computes the same, so a CI lockfile survives the upgrade, and a
+    new lock is version 3. Lists packed in format 3 (a .pt file's token ids) change the digest."""
     from safetensors.torch import save_file
 
     save_file({"w": torch.arange(3.0)}, str(tmp_path / "plain.safetensors"))
-    v1 = lockfile.content_digest(tmp_path / "plain.safetensors", format_version=1)[0]
-    v2 = lockfile.content_digest(tmp_path / "plain.safetensors")[0]
-    assert v1 != v2
-    size = (tmp_path / "plain.safetensors").stat().st_size
-    (tmp_path / "old.lock").write_text(f"tensorcanon-lock 1\n{v1} {size} plain.safetensors\n")
-    assert [r.status for r in lockfile.check_lock(tmp_path / "old.lock")] == ["ok"]
-    (tmp_path / "old.lock").write_text(f"tensorcanon-lock 2\n{v1} {size} plain.safetensors\n")
-    assert [r.status for r in lockfile.check_lock(tmp_path / "old.lock")] == ["mismatch"]
-    entries = lockfile.make_lock([str(tmp_path / "plain.safetensors")], tmp_path / "new.lock")
-    assert [e.digest for e in entries] == [v2]
+    torch.save({"ids": list(range(50))}, tmp_path / "ids.pt")
+    names = ["ids.pt", "plain.safetensors"]
+    digests = {v: [lockfile.content_digest(tmp_path / n, format_version=v)[0] for n in names] for v in (1, 2, 3)}
+    assert len({d for ds in digests.values() for d in ds}) == 6
+    assert digests[3] == [lockfile.content_digest(tmp_path / n)[0] for n in names]
+    sizes = [(tmp_path / n).stat().st_size for n in names]
+    for version in (1, 2, 3):
+        lines = "".join(f"{d} {s} {n}\n" for d, s, n in zip(digests[version], sizes, names))
+        (tmp_path / "old.lock").write_text(f"tensorcanon-lock {version}\n{lines}")
+        assert [r.status for r in lockfile.check_lock(tmp_path / "old.lock")] == ["ok", "ok"]
+        other = 1 + version % 3
+        (tmp_path / "old.lock").write_text(f"tensorcanon-lock {other}\n{lines}")
+        assert [r.status for r in lockfile.check_lock(tmp_path / "old.lock")] == ["mismatch", "mismatch"]
+    entries = lockfile.make_lock([str(tmp_path / n) for n in names], tmp_path / "new.lock")
+    assert [e.digest for e in entries] == digests[3]
+    assert lockfile.format_lock(entries).startswith("tensorcanon-lock 3\n")
 
 
 def test_check_reports_a_size_change_even_when_content_is_equal(tmp_path):

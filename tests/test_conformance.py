@@ -119,9 +119,10 @@ def test_every_entry_quotes_the_spec_and_names_real_tests_and_vectors():
                 defined[file] = {n.name for n in mod.body if isinstance(n, ast.FunctionDef)}
             assert func in defined[file] and func.startswith("test_"), f"{entry['id']}: no test {node}"
         for name in entry.get("vectors", []):
-            assert name in vectors.VECTORS or name.startswith("v1/"), f"{entry['id']}: no vector {name}"
-            stem = name[3:] if name.startswith("v1/") else name
-            folder = ROOT / "tests" / "golden" / ("v1" if name.startswith("v1/") else "")
+            older = name[:3] if name[:3] in ("v1/", "v2/") else ""
+            assert name in vectors.VECTORS or older, f"{entry['id']}: no vector {name}"
+            stem = name[len(older):]
+            folder = ROOT / "tests" / "golden" / older.rstrip("/")
             assert (folder / f"{stem}.safetensors").is_file(), name
 
 
@@ -158,14 +159,15 @@ def test_the_worked_example_is_what_the_writer_writes():
 # ------------------------------------------------------------------ §1.3 versions
 
 
-@pytest.mark.parametrize("version", [0, 3, 255, True, 2.0, "2", None])
-def test_versions_other_than_1_and_2_are_rejected(version):
+@pytest.mark.parametrize("version", [0, 4, 255, True, 3.0, "3", None])
+def test_versions_other_than_1_2_and_3_are_rejected(version):
     data = tensorcanon.dumps({"w": torch.ones(2)})
     bad = h.with_manifest(data, lambda m: m.__setitem__("version", version))
     with pytest.raises(FormatError, match="format version"):
         tensorcanon.loads(bad)
-    ok = h.with_manifest(data, lambda m: m.__setitem__("version", 1))
-    assert torch.equal(tensorcanon.loads(ok)["w"], torch.ones(2))
+    for older in (1, 2):
+        ok = h.with_manifest(data, lambda m, v=older: m.__setitem__("version", v))
+        assert torch.equal(tensorcanon.loads(ok)["w"], torch.ones(2))
 
 
 # ------------------------------------------------------------------ §2.2 header JSON
@@ -304,7 +306,7 @@ def _raw_edit(data: bytes, old: bytes, new: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("old, new, why", [
-    (b"\xa7version\x02", b"\xa7version\xcc\x02", "uint 8 for a fixint"),
+    (b"\xa7version\x03", b"\xa7version\xcc\x03", "uint 8 for a fixint"),
     (b"\xa4dict", b"\xd9\x04dict", "str 8 for a fixstr"),
     (b"\xa4dict", b"\xc4\x04dict", "bin for a str"),
     (b"\xcb\x3f\xf8\x00\x00\x00\x00\x00\x00", b"\xca\x3f\xc0\x00\x00", "float 32"),
@@ -513,8 +515,8 @@ def test_manifest_base64_must_be_canonical():
     data = tensorcanon.dumps({})
     header, body = h.split(data)
     text = header["__metadata__"]["tensorcanon.manifest"]
-    assert text.endswith("g==")  # the last byte, 0x02, leaves 4 padding bits
-    bumped = text[:-3] + "h=="   # same decoded bytes, non-zero padding bits
+    assert text.endswith("w==")  # the last byte, 0x03 (the version), leaves 4 padding bits
+    bumped = text[:-3] + "x=="   # same decoded bytes, non-zero padding bits
     assert base64.b64decode(bumped) == base64.b64decode(text)
     header = dict(header, __metadata__=dict(header["__metadata__"], **{"tensorcanon.manifest": bumped}))
     with pytest.raises(FormatError, match="base64 is not in canonical form"):

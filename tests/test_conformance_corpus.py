@@ -19,7 +19,7 @@ MANIFEST = json.loads((HERE / "manifest.json").read_text(encoding="utf-8"))
 # older torch lacks). Anything else that is not a pass is a failure.
 _LACKING = {"valid/mps_generator.safetensors", "valid/mps0_generator.safetensors"}
 if not isinstance(getattr(torch, "float8_e8m0fnu", None), torch.dtype):  # the torch 2.4 floor
-    _LACKING |= {"valid/dtypes_u8.safetensors", "valid/v1_dtypes_u8.safetensors"}
+    _LACKING |= {"valid/dtypes_u8.safetensors", "valid/v2_dtypes_u8.safetensors", "valid/v1_dtypes_u8.safetensors"}
 
 
 def test_tensorcanon_passes_the_corpus_strictly():

@@ -382,8 +382,8 @@ def test_every_tag_the_spec_lists_has_exactly_one_kind_and_no_other_is_registere
     assert set(counts) == set(spec), (set(counts) ^ set(spec))
     assert all(n == 1 for n in counts.values()), counts
     # issue 30 added counter, defaultdict, deque, np.str, np.bytes, np.strings (§6.10, §6.11) and
-    # sparse, nested, meta, tensor.attrs (§6.12)
-    assert len(spec) == 29
+    # sparse, nested, meta, tensor.attrs (§6.12); format version 3 added ints and records (§6.13)
+    assert len(spec) == 31
 
 
 def test_the_classes_the_spec_names_are_encoded_by_their_tag():

@@ -96,7 +96,7 @@ def test_non_seekable_target_gives_the_same_bytes():
 def test_the_algorithm_is_recorded_in_the_manifest():
     data = tc.dumps(_obj(), algorithm="sha256")
     m = msgpack.unpackb(_manifest_raw(data), raw=False)
-    assert m["algorithm"] == "sha256" and m["version"] == 2 == tc.FORMAT_VERSION
+    assert m["algorithm"] == "sha256" and m["version"] == 3 == tc.FORMAT_VERSION
     assert all(len(row["digest"]) == 32 for row in m["tensors"])
     assert msgpack.unpackb(_manifest_raw(tc.dumps(_obj())), raw=False)["algorithm"] == "xxh3-128"
 

@@ -24,10 +24,10 @@ def _changelog() -> str:
 def test_describe_states_the_package_and_every_format_version_apart():
     package, formats = versions.describe().split("\n")
     assert package == f"tensorcanon {tensorcanon.__version__}"
-    assert f"writes file format {manifest.VERSION} (reads 1, 2)" in formats
+    assert f"writes file format {manifest.VERSION} (reads 1, 2, 3)" in formats
     assert tensorcanon.FORMAT_VERSION == manifest.VERSION
     assert f"sharded layout {sharding.LAYOUT_VERSION}" in formats
-    assert f"lockfile {lockfile.VERSION} (reads 1, 2)" in formats
+    assert f"lockfile {lockfile.VERSION} (reads 1, 2, 3)" in formats
     assert tensorcanon.__version__ not in formats
 
 

@@ -1,6 +1,6 @@
 """Build the conformance corpus in this folder: ``python tests/conformance/build_corpus.py``.
 
-Writes ``valid/`` (the golden vectors of tests/golden, version 2 and version 1, and a few files for
+Writes ``valid/`` (the golden vectors of tests/golden, versions 3, 2 and 1, and a few files for
 rules settled in issue 20), ``invalid/`` (the hostile files of tests/attacks and one file per rule
 settled in issue 20) and ``manifest.json``, which gives each file's expected outcome (README.md).
 The output is deterministic: running it twice gives the same bytes. tests/test_conformance_corpus.py
@@ -100,6 +100,10 @@ MAY_REJECT = {
     "registered": {"unsupported": "a reader that did not register golden.GoldenConfig (§6.6)"},
     "enum_keys": {"unsupported": "a reader that did not register golden.Split (§6.6)"},
     "builtin_codecs": {"unsupported": "a reader that did not enable the built-in codecs (§6.9)"},
+    "v2/dtypes_u8": {"unsupported": "a reader whose torch lacks a dtype of §4.1 fails naming it (§4.5)"},
+    "v2/registered": {"unsupported": "a reader that did not register golden.GoldenConfig (§6.6)"},
+    "v2/enum_keys": {"unsupported": "a reader that did not register golden.Split (§6.6)"},
+    "v2/builtin_codecs": {"unsupported": "a reader that did not enable the built-in codecs (§6.9)"},
     "v1/dtypes_u8": {"unsupported": "a reader whose torch lacks a dtype of §4.1 fails naming it (§4.5)"},
     "v1/registered": {"unsupported": "a reader that did not register golden.GoldenConfig (§6.6)"},
     "v1/names": {"format": "a reader not written in Python MAY reject version-1 names below such keys (§3.5)"},
@@ -351,6 +355,87 @@ NEW_INVALID.update({
         "an int64 meta tensor with requires_grad", "always"),
 })
 
+def _as_version(value: object, version: int, edit: Callable[[list], object] | None = None) -> bytes:
+    """The file of ``{"v": value}`` with its manifest's version set to ``version`` (and the node of
+    ``v`` replaced by ``edit(node)``), digests recomputed: only the version (or the edit) is wrong."""
+    data = tensorcanon.dumps({"v": value})
+    m, header, body = h.manifest_of(data)
+    m["version"] = version
+    if edit is not None:
+        node = m["root"][2]
+        out = edit(node)
+        m["root"][2] = node if out is None else out
+    return h.rebuild(data, h.repack(m), header, body)
+
+
+def _as_list(node: list) -> list:
+    """A packed node written back as the ``list`` node version 2 has (§6.13)."""
+    from tensorcanon.format import packed
+
+    return [x if type(x) is not tuple else list(x) for x in packed.expand(node)]
+
+
+def _as_list_deep(node: list) -> list:
+    return ["list", *(_as_list(x) for x in node[1:])]
+
+
+def _ints(kind: str, data: bytes) -> Callable[[list], list]:
+    return lambda node: ["ints", kind, data]
+
+
+# format version 3: packed lists (§6.13)
+NEW_INVALID.update({
+    "ints_not_first_type": (
+        lambda: _edit_value(list(range(16)), _ints("uint16", b"".join(i.to_bytes(2, "little") for i in range(16)))),
+        "6.13.1", "ints-first-type", "FormatError", "comes before uint16",
+        "an ints node of type uint16 whose items uint8 holds", "always"),
+    "ints_signed_when_unsigned": (
+        lambda: _edit_value(list(range(16)), _ints("int8", bytes(range(16)))),
+        "6.13.1", "ints-first-type", "FormatError", "comes before int8",
+        "an ints node of type int8 whose items are all non-negative (uint8 comes first)", "always"),
+    "ints_fifteen_items": (
+        lambda: _edit_value(list(range(16)), _ints("uint8", bytes(range(15)))),
+        "6.13.1", "ints-data", "FormatError", "fewer than 16",
+        "an ints node of 15 items (a list of 15 ints is a list node)", "always"),
+    "ints_ragged_data": (
+        lambda: _edit_value(list(range(300, 316)), _ints("uint16", bytes(33))),
+        "6.13.1", "ints-data", "FormatError", "multiple of 2",
+        "an ints node of type uint16 whose data is 33 bytes", "always"),
+    "list_not_packed_ints": (
+        lambda: _edit_value(list(range(16)), _as_list),
+        "6.13", "packed-lists-reader", "FormatError", "is written as a 'ints' node",
+        "a version-3 file holding 16 ints as a list node", "always"),
+    "list_not_packed_records": (
+        lambda: _edit_value([{"a": 1}, {"a": 2}], _as_list),
+        "6.13", "packed-lists-reader", "FormatError", "is written as a 'records' node",
+        "a version-3 file holding two dicts of str keys and leaf values as a list node", "always"),
+    "records_keys_unsorted": (
+        lambda: _edit_value([{"a": 1, "b": 2}, {"a": 3, "b": 4}],
+                            lambda node: ["records", [["b", "a"]], [0, 2, 1], [0, 4, 3]]),
+        "6.13.2", "records-reader", "FormatError", "strictly increasing",
+        "a records node whose key list is not in UTF-8 order", "always"),
+    "records_first_use_order": (
+        lambda: _edit_value([{"a": 1}, {"b": 2}], lambda node: ["records", [["a"], ["b"]], [1, 2], [0, 1]]),
+        "6.13.2", "records-reader", "FormatError", "order of first use",
+        "a records node whose first row uses key list 1", "always"),
+    "records_unused_key_list": (
+        lambda: _edit_value([{"a": 1}, {"a": 2}], lambda node: ["records", [["a"], ["b"]], [0, 1], [0, 2]]),
+        "6.13.2", "records-reader", "FormatError", "its rows use 1",
+        "a records node with a key list no row uses", "always"),
+    "records_nested_value": (
+        lambda: _edit_value([{"a": 1}, {"a": 2}], lambda node: ["records", [["a"]], [0, ["list", 1]], [0, 2]]),
+        "6.13.2", "records-reader", "FormatError", "not a leaf",
+        "a records row holding a tagged array", "always"),
+    "records_one_row": (
+        lambda: _edit_value([{"a": 1}, {"a": 2}], lambda node: ["records", [["a"]], [0, 1]]),
+        "6.13.2", "records-reader", "FormatError", "at least 2 rows",
+        "a records node of one row (one dict is a list node)", "always"),
+    "v2_with_ints": (
+        lambda: _as_version(list(range(16)), 2),
+        "1.3", "packed-lists-version", "FormatError", "not in format version 2",
+        "a version-2 file holding an ints node", "always"),
+})
+
 # name -> (builder, what it shows): valid files for rules settled in issue 20
 NEW_VALID: dict[str, tuple] = {
     "np_str_trailing_nuls": (lambda: tensorcanon.dumps({"v": [np.str_("a\x00"), np.bytes_(b"\x00")]}),
@@ -361,6 +446,9 @@ NEW_VALID: dict[str, tuple] = {
     "mps0_generator": (lambda: _generator_state("mps:0"), "a torch generator on device text mps:0, §6.7"),
     "sparse_coo_from_parts": (lambda: _coo([0, 1], 2),
                               "a COO sparse tensor crafted from its parts as a writer writes them, §6.12.1"),
+    "v2_unpacked_lists": (lambda: _as_version([list(range(16)), [{"a": 1}, {"a": 2}]], 2, _as_list_deep),
+                          "a version-2 file holding 16 ints and two flat dicts as list nodes, as version 2 "
+                          "writes them (§1.3, §6.13)"),
     "bare_bit_generator": (lambda: tensorcanon.dumps(np.random.SFC64(np.random.SeedSequence(np.uint64(9)))),
                            "a bare SFC64 bit generator (rng.bitgen as a value on its own), whose "
                            "SeedSequence was given a numpy int, §6.7"),
@@ -378,14 +466,15 @@ def cases() -> list[tuple[str, bytes, dict]]:
     """``(file name in this folder, bytes, manifest entry)`` for every case, in manifest order."""
     out = []
     golden = json.loads((GOLDEN / "digests.json").read_text())["digests"]
-    v1 = json.loads((GOLDEN / "v1" / "digests.json").read_text())["digests"]
+    older = {v: json.loads((GOLDEN / f"v{v}" / "digests.json").read_text())["digests"] for v in (1, 2)}
     covers = json.loads((GOLDEN / "conformance.json").read_text())["vectors"]
-    for version, folder, digests in ((2, GOLDEN, golden), (1, GOLDEN / "v1", v1)):
+    now = tensorcanon.FORMAT_VERSION
+    for version, folder, digests in ((now, GOLDEN, golden), (2, GOLDEN / "v2", older[2]), (1, GOLDEN / "v1", older[1])):
         for name in sorted(digests):
-            key = name if version == 2 else f"v1/{name}"
+            key = name if version == now else f"v{version}/{name}"
             entry = {"expect": "accept", "digest": digests[name], "version": version,
-                     "describes": covers[name] if version == 2 else f"the object of {name}, written by the "
-                                                                    "version-1 writer",
+                     "describes": covers[name] if version == now else f"the object of {name}, written by the "
+                                                                      f"version-{version} writer",
                      "source": str((folder / f"{name}.safetensors").relative_to(ROOT))}
             if key in MAY_REJECT:
                 entry["may_reject"] = MAY_REJECT[key]
@@ -393,7 +482,8 @@ def cases() -> list[tuple[str, bytes, dict]]:
                         entry))
     for name, (build, what) in NEW_VALID.items():
         data = build()
-        entry = {"expect": "accept", "digest": _digest_of(data), "version": 2, "describes": what}
+        entry = {"expect": "accept", "digest": _digest_of(data), "version": h.manifest_of(data)[0]["version"],
+                 "describes": what}
         if name in MAY_REJECT:
             entry["may_reject"] = MAY_REJECT[name]
         out.append((f"valid/{name}.safetensors", data, entry))

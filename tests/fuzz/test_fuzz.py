@@ -292,7 +292,7 @@ def _mutate_manifest(m: dict, how: str, k: int) -> dict:
     elif rows and how == "bad_digest_len":
         rows[k % len(rows)]["digest"] = bytes(k % 40)
     elif how == "version":
-        m["version"] = [0, 2, "1", 1.0, None, True][k % 6]
+        m["version"] = [0, 4, "1", 1.0, None, True][k % 6]
     elif how == "algorithm":
         m["algorithm"] = ["md5", "XXH3-128", "", "sha1"][k % 4]
     elif rows and how == "kind":

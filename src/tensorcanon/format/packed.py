@@ -103,12 +103,14 @@ def ints_values(node: Sequence[Any], error: Callable[[str], Exception]) -> list[
     return values
 
 
-def records_node(items: Sequence[Any], str_keys: Callable[[dict], Sequence[str] | None]) -> list | None:
+def records_node(items: Sequence[Any], orders: dict[tuple, tuple],
+                 str_keys: Callable[[dict], Sequence[str] | None]) -> list | None:
     """``["records", schemas, row, ...]`` for a list's ``items`` when the format packs them (at least
     :data:`MIN_RECORDS` items, every one a ``dict`` of exactly that type whose keys are all valid
     str and whose values are all leaves of :data:`LEAF_TYPES`, ints within 64 bits and str valid
     UTF-8); None otherwise. ``str_keys(d)`` gives a dict's keys in canonical order, None when they
-    are not all valid str."""
+    are not all valid str; ``orders`` maps the keys of dicts seen before, in insertion order, to
+    their canonical order (so that a log's entries cost no call each)."""
     if len(items) < MIN_RECORDS:
         return None
     index: dict[tuple, int] = {}
@@ -116,10 +118,13 @@ def records_node(items: Sequence[Any], str_keys: Callable[[dict], Sequence[str] 
     for d in items:
         if type(d) is not dict:
             return None
-        keys = str_keys(d)
-        if keys is None:
-            return None
-        keys = tuple(keys)
+        seen = tuple(d)
+        keys = orders.get(seen)
+        if keys is None or not set(map(type, seen)) <= _STRS:  # (a str subclass equals its str)
+            keys = str_keys(d)
+            if keys is None:
+                return None
+            keys = tuple(keys)
         s = index.get(keys)
         if s is None:
             s = index[keys] = len(index)

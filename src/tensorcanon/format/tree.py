@@ -108,9 +108,12 @@ class TensorSource:
 class Encoder:
     """Turns one object into a tree of nodes and a table of tensors."""
 
-    def __init__(self, max_depth: int) -> None:
+    def __init__(self, max_depth: int, version: int | None = None) -> None:
         optional.ready()  # if the program imported torch, its types now have their node kinds
         self.max_depth = max_depth
+        # lists are packed (docs/FORMAT.md §6.13) from format version 3 on; an older version only
+        # for what that version recorded (the fingerprints of old lockfiles)
+        self.packs = version is None or version >= packed.SINCE
         self.tensors: list[TensorSource] = []
         self._by_id: dict[int, int] = {}
         self._by_view: dict[tuple, int] = {}
@@ -210,10 +213,12 @@ class Encoder:
         them (a long run of them checked in bulk, in C); every other item goes through
         :meth:`encode`, under its index."""
         is_list = type(v) is list
-        if is_list and len(v) >= packed.MIN_RECORDS:  # a list the format packs (§6.13)?
-            node = self.packed_list(v, depth)
-            if node is not None:
-                return node
+        if is_list and self.packs and len(v) >= packed.MIN_RECORDS:  # a list the format packs (§6.13)?
+            first = type(v[0])
+            if (first is dict or (first is int and len(v) >= packed.MIN_INTS)):
+                node = self.packed_list(v, depth)
+                if node is not None:
+                    return node
         out: list[Any] = ["list" if is_list else "tuple"]
         if len(v) >= _BULK and _as_they_are(v, set(map(type, v))):
             out.extend(v)
@@ -239,7 +244,7 @@ class Encoder:
         if first is int:
             return packed.ints_node(v)
         if first is dict and depth < self.max_depth:
-            return packed.records_node(v, self._record_keys)
+            return packed.records_node(v, self._key_orders, self._record_keys)
         return None
 
     def _record_keys(self, d: dict) -> Sequence[str] | None:
@@ -292,6 +297,10 @@ class Encoder:
         path = self._path
         out: list[Any] = [c.tag]
         if c.tag in ("list", "tuple"):
+            if c.tag == "list" and len(v) >= packed.MIN_RECORDS and self.packs:
+                node = self.packed_list(v, depth)
+                if node is not None:
+                    return node
             for i, item in enumerate(c.children):
                 path.append(i)
                 out.append(self.encode(item, depth))

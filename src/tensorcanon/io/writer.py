@@ -31,7 +31,7 @@ try:
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
-from ..format import container, digest, dtypes, manifest, paths
+from ..format import container, digest, dtypes, manifest, packed, paths
 from ..format.errors import FileAccessError, LimitError, MissingFileError, TensorCanonError, UnsupportedTypeError
 from ..format.limits import DEFAULT, Limits
 from ..format.tensorbytes import host_bytes
@@ -146,7 +146,9 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
     algorithm = digest.check(algorithm)  # before any work: an unknown name fails fast
     if version not in manifest.READABLE_VERSIONS:
         raise ValueError(f"format version {version} is not one this tensorcanon knows")
-    enc = encoder if encoder is not None else Encoder(limits.max_depth)
+    if encoder is not None and encoder.packs != (version >= packed.SINCE):
+        raise ValueError(f"the encoder given writes lists as another format version than {version} does")
+    enc = encoder if encoder is not None else Encoder(limits.max_depth, version)
     try:
         root = enc.encode(obj)
     except RecursionError:
@@ -159,7 +161,7 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
     if metadata is not None:
         if type(metadata) is not dict or not all(type(k) is str for k in metadata):
             raise UnsupportedTypeError("metadata must be a dict with str keys", path="metadata")
-        menc = Encoder(limits.max_depth)
+        menc = Encoder(limits.max_depth, version)
         meta = menc.encode(metadata)
         if menc.tensors:
             raise UnsupportedTypeError(

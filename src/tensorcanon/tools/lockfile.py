@@ -75,10 +75,10 @@ from ..io import storage, writer
 __all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect", "Scope", "target",
            "make_lock", "format_lock", "parse_lock", "read_lock", "write_lock", "check_lock", "TIMEOUT"]
 
-VERSION = 2
+VERSION = 3
 HEADER = f"tensorcanon-lock {VERSION}"
 #: Lockfile version -> the file-format version of the fingerprints it records.
-FORMAT_OF = {1: 1, 2: 2}
+FORMAT_OF = {1: 1, 2: 2, 3: 3}
 #: Suffixes picked up when a folder is given to :func:`collect`.
 SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".npz", ".npy")
 
