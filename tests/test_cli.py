@@ -177,7 +177,7 @@ def test_older_lockfiles_keep_checking_plain_files_with_their_formats_digests(tm
     assert digests[3] == [lockfile.content_digest(tmp_path / n)[0] for n in names]
     sizes = [(tmp_path / n).stat().st_size for n in names]
     for version in (1, 2, 3):
-        lines = "".join(f"{d} {s} {n}\n" for d, s, n in zip(digests[version], sizes, names))
+        lines = "".join(f"{d} {s} {n}\n" for d, s, n in zip(digests[version], sizes, names, strict=True))
         (tmp_path / "old.lock").write_text(f"tensorcanon-lock {version}\n{lines}")
         assert [r.status for r in lockfile.check_lock(tmp_path / "old.lock")] == ["ok", "ok"]
         other = 1 + version % 3

@@ -385,7 +385,8 @@ def with_root(root: bytes) -> bytes:
     """A file without tensors whose manifest has ``root`` (msgpack bytes) as its tree, its digest matching."""
     p = msgpack.Packer(use_bin_type=True)
     raw = b"".join([p.pack_map_header(5), p.pack("algorithm"), p.pack("xxh3-128"), p.pack("meta"), p.pack(None),
-                    p.pack("root"), root, p.pack("tensors"), p.pack([]), p.pack("version"), p.pack(tensorcanon.FORMAT_VERSION)])
+                    p.pack("root"), root, p.pack("tensors"), p.pack([]), p.pack("version"),
+                    p.pack(tensorcanon.FORMAT_VERSION)])
     return rebuild(tensorcanon.dumps({"x": 0}), raw)
 
 

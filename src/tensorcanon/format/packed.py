@@ -119,12 +119,12 @@ def records_node(items: Sequence[Any], orders: dict[tuple, tuple],
         if type(d) is not dict:
             return None
         seen = tuple(d)
-        keys = orders.get(seen)
+        keys: tuple | None = orders.get(seen)
         if keys is None or not set(map(type, seen)) <= _STRS:  # (a str subclass equals its str)
-            keys = str_keys(d)
-            if keys is None:
+            found = str_keys(d)
+            if found is None:
                 return None
-            keys = tuple(keys)
+            keys = tuple(found)
         s = index.get(keys)
         if s is None:
             s = index[keys] = len(index)
@@ -162,7 +162,7 @@ def records_values(node: Sequence[Any], error: Callable[[str], Exception]) -> li
     seen: set = set()
     for keys in schemas:
         if type(keys) not in (tuple, list) or not set(map(type, keys)) <= _STRS \
-                or any(a >= b for a, b in zip(keys, keys[1:])):
+                or any(a >= b for a, b in zip(keys, keys[1:], strict=False)):
             raise error("each 'records' key list is an array of str in strictly increasing UTF-8 order")
         keys = tuple(keys)
         if keys in seen:
@@ -188,7 +188,7 @@ def records_values(node: Sequence[Any], error: Callable[[str], Exception]) -> li
         values = row[1:]
         if not set(map(type, values)) <= LEAF_TYPES:
             raise error(f"'records' row {i - 2} holds a value that is not a leaf (nil, bool, int, float, str, bin)")
-        append(dict(zip(keys, values)))
+        append(dict(zip(keys, values, strict=True)))
     if used != count:
         raise error(f"'records' lists {count} key lists but its rows use {used}")
     return out

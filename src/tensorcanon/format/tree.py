@@ -213,9 +213,9 @@ class Encoder:
         them (a long run of them checked in bulk, in C); every other item goes through
         :meth:`encode`, under its index."""
         is_list = type(v) is list
-        if is_list and self.packs and len(v) >= packed.MIN_RECORDS:  # a list the format packs (§6.13)?
+        if isinstance(v, list) and self.packs and len(v) >= packed.MIN_RECORDS:  # one the format packs (§6.13)?
             first = type(v[0])
-            if (first is dict or (first is int and len(v) >= packed.MIN_INTS)):
+            if is_list and (first is dict or (first is int and len(v) >= packed.MIN_INTS)):
                 node = self.packed_list(v, depth)
                 if node is not None:
                     return node
@@ -297,7 +297,7 @@ class Encoder:
         path = self._path
         out: list[Any] = [c.tag]
         if c.tag in ("list", "tuple"):
-            if c.tag == "list" and len(v) >= packed.MIN_RECORDS and self.packs:
+            if type(v) is list and len(v) >= packed.MIN_RECORDS and self.packs:
                 node = self.packed_list(v, depth)
                 if node is not None:
                     return node
@@ -869,8 +869,9 @@ class Decoder:
         if self.version is not None and self.version >= packed.SINCE and len(node) > packed.MIN_RECORDS:
             tag = packed.should_pack(node[1:])
             if tag is not None:
-                raise self.error(f"a list of {len(node) - 1} {'ints' if tag == 'ints' else 'dicts of str keys and leaf values'} "
-                                 f"is written as a {tag!r} node from format version {packed.SINCE} on "
+                what = "ints" if tag == "ints" else "dicts of str keys and leaf values"
+                raise self.error(f"a list of {len(node) - 1} {what} is written as a {tag!r} node from format version "
+                                 f"{packed.SINCE} on "
                                  "(docs/FORMAT.md §6.13); the file was not written by a conforming writer")
         return self._items(node, depth)
 
