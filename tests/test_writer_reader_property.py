@@ -294,8 +294,25 @@ def _odict(pairs: list, metadata: typing.Any) -> collections.OrderedDict:
     return od
 
 
+# lists that format version 3 packs (docs/FORMAT.md §6.13), at the bounds of each element type, and
+# lists near them that it does not (a bool, a big int, ints no type holds, a nested value in a dict)
+packable_ints = st.one_of(st.integers(-(2**63), 2**64 - 1), st.integers(-200, 300), st.integers(0, 70_000),
+                          st.sampled_from([0, 255, 256, -128, -129, 65535, 2**32, -(2**31) - 1, 2**63]))
+record_keys = st.one_of(st.sampled_from(["loss", "step", "epoch", "", "é"]), texts)
+
+
+def packable_lists(children: st.SearchStrategy) -> st.SearchStrategy:
+    return st.one_of(
+        st.lists(packable_ints, min_size=15, max_size=20),
+        st.lists(st.one_of(packable_ints, st.booleans(), ints), min_size=15, max_size=18),
+        st.lists(st.dictionaries(record_keys, st.one_of(key_leaves, floats), max_size=3), min_size=1, max_size=5),
+        st.lists(st.dictionaries(record_keys, st.one_of(key_leaves, children), max_size=3), min_size=2, max_size=4),
+    )
+
+
 def containers(children: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(
+        packable_lists(children),
         st.lists(children, max_size=3),
         st.lists(children, max_size=3).map(tuple),
         st.dictionaries(keys, children, max_size=3),
