@@ -206,3 +206,21 @@ def test_cli_md_renders_with_every_heading_and_its_yaml_parses():
     synopsis = blocks[0][1]
     for command in cli.build_parser()._subparsers._group_actions[0].choices:
         assert f"tensorcanon {command} " in synopsis, command
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["diff", "--atol", "abc", "a", "b"], "tensorcanon diff: error: argument --atol: 'abc' is not a number"),
+    (["diff", "--rtol", "-1", "a", "b"], "tensorcanon diff: error: argument --rtol: '-1' must be a finite number >= 0"),
+    (["diverge", "--tolerance", "x", "a", "b"],
+     "tensorcanon diverge: error: argument --tolerance: 'x' is not a number"),
+    (["diverge", "--tolerance", "nan", "a", "b"],
+     "tensorcanon diverge: error: argument --tolerance: 'nan' must be a finite number >= 0"),
+    (["diverge", "--tolerance", "inf", "a", "b"],
+     "tensorcanon diverge: error: argument --tolerance: 'inf' must be a finite number >= 0"),
+    (["lock", "--timeout", "0", "x"], "tensorcanon lock: error: argument --timeout: '0' must be > 0"),
+])
+def test_number_options_name_the_command_the_option_and_the_value(argv, message, capsys):
+    """diff's tolerances, diverge's tolerance and lock's timeout share one argparse type
+    (trace.command.nonnegative, the lower layer's): each error names its own command and option."""
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err.splitlines()

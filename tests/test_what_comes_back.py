@@ -50,6 +50,7 @@ ROWS = {
     "`load(path, mmap=True)`": "test_mmap_is_private",
     "Default device, tensor modes": "test_default_device_and_tensor_modes",
     "Efficient zero tensors": "test_efficient_zero_tensors",
+    "`torch.serialization.skip_data()`": "test_skip_data",
 }
 
 
@@ -241,6 +242,56 @@ def test_default_device_and_tensor_modes():
 def test_efficient_zero_tensors():
     back = tensorcanon.loads(tensorcanon.dumps({"z": torch._efficientzerotensor(2, 3)}))
     assert torch.equal(back["z"], torch.zeros(2, 3)) and not back["z"]._is_zerotensor()
+def test_skip_data(tmp_path):
+    """Inside skip_data() (torch 2.5+) torch.save writes no tensor bytes; tensorcanon.save and dumps
+    refuse, writing nothing, and what holds no tensor bytes (the meta skeleton the message advises,
+    numpy arrays) is saved as always; load reads every byte. torch 2.4 has no skip_data: saving and
+    loading are as always there (the check reads torch's setting only where it exists)."""
+    state = {"w": torch.arange(6.0), "n": np.arange(3)}
+    data = tensorcanon.dumps(state)
+    skeleton = {"w": state["w"].to("meta"), "n": state["n"]}  # the message's advice
+    no_bytes = [skeleton, {"n": state["n"]}, {"e": torch.zeros(0)}]
+    expected = [tensorcanon.dumps(v) for v in no_bytes]
+    skip_data = getattr(torch.serialization, "skip_data", None)
+    if skip_data is None:
+        assert torch.__version__ < (2, 5)
+        assert tensorcanon.save(state, tmp_path / "a.safetensors") == tensorcanon.fingerprint(state)
+        assert tensorcanon.loads(data)["w"].tolist() == list(range(6))
+        return
+    with skip_data():
+        torch_file = io.BytesIO()
+        torch.save({"w": state["w"]}, torch_file)
+        path = tmp_path / "out" / "a.safetensors"
+        path.parent.mkdir()
+        buf = io.BytesIO()
+        for write, call in [(lambda: tensorcanon.save(state, path), "tensorcanon.save"),
+                            (lambda: tensorcanon.save(state, buf), "tensorcanon.save"),
+                            (lambda: tensorcanon.dumps(state), "tensorcanon.dumps")]:
+            with pytest.raises(tensorcanon.UsageError) as refused:
+                write()
+            message = str(refused.value)
+            assert message.startswith(f"{call} was called inside torch.serialization.skip_data()")
+            assert 'the tensor at $["w"] holds 24 bytes' in message and "v.to('meta')" in message
+        assert list(path.parent.iterdir()) == [] and buf.getvalue() == b""  # nothing written, no temp file
+        assert [tensorcanon.dumps(v) for v in no_bytes] == expected
+        back = tensorcanon.loads(data)
+        from_other_thread = _in_thread(lambda: tensorcanon.dumps(state))  # skip_data is per thread
+    torch_file.seek(0)
+    assert torch.equal(torch.load(torch_file, weights_only=True)["w"], torch.zeros(6))  # torch wrote no bytes
+    assert back["w"].tolist() == list(range(6)) and back["n"].tolist() == [0, 1, 2]
+    assert from_other_thread == data
+    assert tensorcanon.dumps(state) == data  # and after it, as always
+    meta = tensorcanon.loads(tensorcanon.dumps(skeleton))["w"]
+    assert meta.is_meta and meta.shape == (6,) and meta.dtype is torch.float32
+
+
+def _in_thread(call):
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(call).result()
+
+
 def test_sparse_tensors():
     s = torch.sparse_coo_tensor(torch.tensor([[0, 0, 2]]), torch.tensor([1.0, 2.0, 3.0]), (4,))
     p = torch.nn.Parameter(torch.eye(3).to_sparse_csr(), requires_grad=False)

@@ -36,7 +36,9 @@ def save(obj: Any, f: PathOrFile, *, metadata: dict | None = None, limits: Limit
     file: ``"xxh3-128"`` (default; fast, detects accidental damage) or
     ``"sha256"`` (cryptographic; for tamper-evidence when the digest is checked
     against one obtained out of band, see docs/SECURITY.md). Readers take the
-    algorithm from the file.
+    algorithm from the file. Inside ``torch.serialization.skip_data()`` it raises
+    :class:`UsageError` before writing anything, as :func:`dumps` does: a tensorcanon file always
+    holds every tensor's bytes (save meta tensors for a skeleton; docs/LIMITS.md).
 
     Example::
 
@@ -46,6 +48,7 @@ def save(obj: Any, f: PathOrFile, *, metadata: dict | None = None, limits: Limit
     """
     f = storage.resolve(f, storage_options)
     p = writer.plan(obj, metadata, limits, algorithm)
+    writer.refuse_skip_data(p, "tensorcanon.save")
     if isinstance(f, storage.Location):
         from .io import remote
 
@@ -63,8 +66,10 @@ def dumps(obj: Any, *, metadata: dict | None = None, limits: Limits = DEFAULT,
 
         assert tensorcanon.dumps({"b": 1, "a": t}) == tensorcanon.dumps({"a": t, "b": 1})
     """
+    p = writer.plan(obj, metadata, limits, algorithm)
+    writer.refuse_skip_data(p, "tensorcanon.dumps")
     buf = io.BytesIO()
-    writer.write(writer.plan(obj, metadata, limits, algorithm), buf)
+    writer.write(p, buf)
     return buf.getvalue()
 
 

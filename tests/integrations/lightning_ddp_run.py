@@ -18,6 +18,7 @@ gradients, the weights of both.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -97,5 +98,28 @@ def main(mode: str, out: Path) -> None:
     (out / f"{mode}-rank{rank}.json").write_text(json.dumps(results))
 
 
+def wait_for_children() -> int:
+    """Wait for every process this one started (rank 0: Lightning's launcher started rank 1 as its
+    child, and nothing waits for it at exit); 1 if any of them failed, else 0."""
+    failed = 0
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:  # none left
+            return failed
+        if os.waitstatus_to_exitcode(status) != 0:
+            print(f"child process {pid} failed: exit status {os.waitstatus_to_exitcode(status)}", file=sys.stderr)
+            failed = 1
+
+
 if __name__ == "__main__":
     main(sys.argv[1], Path(sys.argv[2]))
+    # The results are written: leave without the interpreter's teardown, where gloo's threads can end
+    # the process with "terminate called without an active exception" (seen once in CI with
+    # transformers_ddp_run.py, after every result was written), which the test would take for a
+    # failed run. Rank 0 first waits for rank 1 (its child), so it never leaves before rank 1 has
+    # written its results, and reports a rank 1 that failed.
+    code = wait_for_children()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -522,6 +522,14 @@ class Deferred:
     rule: Callable[[list], str | None]  # numpy arrays of those rows, in order -> problem or None
 
 
+def kept_rows(checks: Sequence[Deferred]) -> dict[int, bytearray]:
+    """An empty buffer for each table row whose values ``checks`` read: a verifier appends the
+    row's bytes as it hashes them, then runs the checks on them once every digest matched
+    (:func:`run_deferred`, ``data_of=kept.__getitem__``). Every verifier (a file, a sharded
+    checkpoint) keeps them so."""
+    return {i: bytearray() for check in checks for i in check.indices}
+
+
 def run_deferred(checks: Sequence[Deferred], rows: Sequence[Any], data_of: Callable[[int], Any]) -> None:
     """Run the deferred value checks of a verified file: ``data_of(i)`` gives table row ``i``'s
     verified bytes (a buffer). Raises the FormatError load would raise, naming the node's path."""

@@ -669,7 +669,7 @@ class CheckedFile(RowReader):
                 "digests to verify; convert it with tensorcanon.save(tensorcanon.load(path), out)")
         rows = self._file_order()
         checks = self._value_checks()
-        keep = {i: bytearray() for c in checks for i in c.indices}
+        keep = tensorkinds.kept_rows(checks)
         fd = None
         if self.src.data is None and sum(r.end - r.begin for r in rows) >= _THREADS_FROM:
             fd = self._os_file()

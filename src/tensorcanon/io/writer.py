@@ -20,6 +20,7 @@ import io
 import os
 import queue
 import re
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -32,7 +33,14 @@ except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
 from ..format import container, digest, dtypes, manifest, packed, paths
-from ..format.errors import FileAccessError, LimitError, MissingFileError, TensorCanonError, UnsupportedTypeError
+from ..format.errors import (
+    FileAccessError,
+    LimitError,
+    MissingFileError,
+    TensorCanonError,
+    UnsupportedTypeError,
+    UsageError,
+)
 from ..format.limits import DEFAULT, Limits
 from ..format.tensorbytes import host_bytes
 from ..format.tree import Encoder, TensorSource
@@ -187,6 +195,28 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
             )
     starts, position = container.packed(s.nbytes for s in ordered)
     return Plan(root, meta, enc.tensors, ordered, starts, position, algorithm, version, limits)
+
+
+def refuse_skip_data(p: Plan, call: str) -> None:
+    """Refuse to write ``p`` inside ``torch.serialization.skip_data()`` (torch 2.5 and later) when it
+    holds bytes of torch tensors: ``torch.save`` would leave them out, and a tensorcanon file always
+    holds every byte of every tensor with its digest (docs/LIMITS.md). What holds no such bytes
+    (meta tensors, numpy arrays, which torch.save writes whole there too) is written as always.
+    ``skip_data`` is a setting of the calling thread (torch keeps it thread-local), as here."""
+    torch = sys.modules.get("torch")  # (not imported: no skip_data can be active)
+    tls = getattr(getattr(torch, "serialization", None), "_serialization_tls", None)
+    if torch is None or not getattr(tls, "skip_data", False):
+        return
+    held = next((s for s in p.ordered if s.nbytes and isinstance(s.value, torch.Tensor)), None)
+    if held is None:
+        return
+    raise UsageError(
+        f"{call} was called inside torch.serialization.skip_data(), which makes torch.save write tensors "
+        f"without their bytes; a tensorcanon file always holds every byte of every tensor and its digest, "
+        f"so none is written without them (the tensor at {paths.join(held.path)} holds {held.nbytes} "
+        "bytes). Save outside skip_data(); for a file of dtypes and shapes only (a skeleton), save meta "
+        "tensors, which hold no bytes and are saved inside skip_data() too: "
+        "{k: v.to('meta') for k, v in state_dict.items()} (docs/FORMAT.md §6.12.3)")
 
 
 def _name(s: TensorSource) -> str:

@@ -36,12 +36,12 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
-from ..format import digest as _digest, manifest, paths as _paths
+from ..format import digest as _digest, manifest, paths as _paths, tensorkinds
 from ..format.errors import FormatError, LimitError, TensorCanonError
 from ..format.limits import DEFAULT, Limits
 from ..format.ordering import UnorderableKey, sort_key
@@ -104,6 +104,9 @@ class Index:
     per_rank: list[tuple]             # paths of per-rank values in the state
     per_rank_keys: list[str]
     options: dict | None = None       # a checkpoint in object storage: its storage_options (else None)
+    # the checks on logical tensors' values that the logical tree asks for (sparse indices, jagged
+    # offsets: docs/FORMAT.md §6.12), which verify runs on the verified bytes (tensorkinds.run_deferred)
+    value_checks: list[tensorkinds.Deferred] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:
@@ -280,8 +283,11 @@ def read(folder: Any, limits: Limits = DEFAULT, storage_options: Any = None) -> 
         logical = manifest.Manifest(raw=raw, root=obj["root"], meta=None, tensors=infos,
                                     digest=_digest.manifest_digest(raw, algorithm), algorithm=algorithm,
                                     version=obj["version"])
-        # the tree's structure, the table's order and names: the check every reader makes
-        decode_manifest(logical.root, None, [info.name for info in infos], logical.version, limits.max_depth)
+        # the tree's structure, the table's order and names, the tensor kinds' parts' dtypes and
+        # shapes (by the table's rows): the check every reader makes; the checks on parts' values
+        # are kept for verify (load makes them on the built parts)
+        value_checks = decode_manifest(logical.root, None, [info.name for info in infos], logical.version,
+                                       limits.max_depth, rows=infos)[1].deferred
     except TensorCanonError as e:
         raise files.with_context(e, f"{where_}: logical manifest: ") from None
     if own_algorithm != algorithm:
@@ -327,7 +333,7 @@ def read(folder: Any, limits: Limits = DEFAULT, storage_options: Any = None) -> 
         raise bad("'per_rank' paths are not in canonical order (or repeat)")
     _check_per_rank(logical.root, paths, limits, bad)
     return Index(folder, own_digest, list(digests), logical, chunks, list(paths), per_rank_keys(list(paths)),
-                 options)
+                 options, value_checks)
 
 
 def _check_shape(info: manifest.TensorInfo, limits: Limits) -> None:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from ..format import digest, tensorbytes
+from ..format import digest, tensorbytes, tensorkinds
 from ..format.errors import FormatError, IntegrityError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.manifest import TensorInfo
@@ -255,7 +255,9 @@ def verify(folder: str | os.PathLike, *, expect: str | None = None, limits: Limi
     Validates the index, opens every rank file (checking its digest against the
     index and that it holds exactly the chunks and per-rank values the index
     assigns to it), re-hashes every chunk and recomputes every logical tensor
-    digest, hence the logical digest. ``expect`` must then equal the logical digest.
+    digest, hence the logical digest, and runs on the verified bytes the checks load makes on
+    values (docs/FORMAT.md §6.12: sparse indices, jagged offsets), in the logical state and in
+    every rank's per-rank values. ``expect`` must then equal the logical digest.
     """
     if expect is not None and not digest.is_text(expect):
         raise UsageError(f"expect={digest.text_error(expect)}")
@@ -275,9 +277,14 @@ def verify(folder: str | os.PathLike, *, expect: str | None = None, limits: Limi
                     + (f"; unexpected {extra}" if extra else "") + (f"; missing {lost}" if lost else "")
                 )
             for key in index.per_rank_keys:
-                f.value(key, limits)  # decodes and verifies every tensor in it
+                f.value(key, limits)  # decodes and verifies every tensor in it, with load's checks
+        kept = tensorkinds.kept_rows(index.value_checks)
         for t in range(len(index.logical.tensors)):
-            stream(index, files, t)
+            part = kept.get(t)
+            stream(index, files, t, None if part is None else part.extend)
+        # the checks load makes on the built tensor kinds (sparse indices, jagged offsets), on the
+        # verified bytes of their parts: a checkpoint that verifies loads (docs/FORMAT.md §6.12)
+        tensorkinds.run_deferred(index.value_checks, index.logical.tensors, kept.__getitem__)
     found = index.logical_digest
     if expect is not None and found != expect:
         raise IntegrityError(f"logical digest is {found}, expected {expect}", expected=expect, actual=found)

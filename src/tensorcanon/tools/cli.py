@@ -55,6 +55,7 @@ from ..format.tree import Decoder
 from ..io import reader, storage, writer
 from ..io.source import open_path
 from ..trace import command as trace_command
+from ..trace.command import nonnegative  # (the lower layer's argparse type: diverge's --tolerance too)
 from . import lockfile, textout, versions
 from .diff import DiffResult, describe, detect_format, diff, load_file, open_lazily
 from .progress import BinaryReader, Progress, ProgressFile
@@ -866,16 +867,6 @@ def cmd_consolidate(args: argparse.Namespace, out: _Out) -> int:
 # --------------------------------------------------------------------------- parser
 
 
-def _nonnegative(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (x >= 0 and math.isfinite(x)):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return x
-
-
 EPILOG = f"""\
 exit status: 0 ok, 1 difference or mismatch found, 2 usage error or unreadable file.
 
@@ -885,7 +876,7 @@ of the source tree (not installed with the wheel)."""
 
 
 def _positive(text: str) -> float:
-    x = _nonnegative(text)
+    x = nonnegative(text)
     if x == 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
     return x
@@ -929,8 +920,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diff", parents=[common], help="structural and numeric differences between two files")
     p.add_argument("a", metavar="A", help="the reference file (or directory, or URL)")
     p.add_argument("b", metavar="B", help="the file compared with it; relative differences are relative to B")
-    p.add_argument("--atol", type=_nonnegative, default=0.0, help="absolute tolerance (default 0: bit-exact)")
-    p.add_argument("--rtol", type=_nonnegative, default=0.0, help="relative tolerance, relative to B (default 0)")
+    p.add_argument("--atol", type=nonnegative, default=0.0, help="absolute tolerance (default 0: bit-exact)")
+    p.add_argument("--rtol", type=nonnegative, default=0.0, help="relative tolerance, relative to B (default 0)")
     p.add_argument("--tensors-only", action="store_true",
                    help="compare tensors only: ignore container types (dict/OrderedDict), key order, "
                         "sharing and non-tensor values, e.g. against a file written by transformers")

@@ -33,13 +33,16 @@ def verify_one(path: str) -> tuple[str, Any]:
     return "ok", f"trace of {n} records, level {header.level}, rank {header.rank} of {header.world_size}"
 
 
-def _ratio(text: str) -> float:
+def nonnegative(text: str) -> float:
+    """The argparse type of an option that takes a finite number >= 0 (``diverge --tolerance``, and
+    ``diff --atol``/``--rtol`` of tools/cli.py, which imports it from here: the lower layer). argparse
+    prefixes the message with the option: ``argument --tolerance: '-1' must be a finite number >= 0``."""
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not (v >= 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, not {text!r}")
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
     return v
 
 
@@ -51,7 +54,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser, func: Any) -> argparse
                                    "docs/TRACE.md.")
     p.add_argument("a", metavar="A", help="a trace file")
     p.add_argument("b", metavar="B", help="another trace file")
-    p.add_argument("--tolerance", type=_ratio, metavar="R", default=None,
+    p.add_argument("--tolerance", type=nonnegative, metavar="R", default=None,
                    help="compare float records by the relative difference of their L2 norms, up to R, instead of "
                         "bitwise (runs that cannot be bitwise equal: CPU against GPU, another torch)")
     p.add_argument("--html", metavar="OUT", default=None,
