@@ -79,8 +79,9 @@ def ints_node(items: Sequence[Any], types: set | None = None) -> list | None:
     return ["ints", row[0], packed.tobytes()]
 
 
-def ints_values(node: Sequence[Any], error: Callable[[str], Exception]) -> list[int]:
-    """The items of an ``ints`` node, after every check of §6.13.1 (``error(message)`` is raised)."""
+def ints_values(node: Sequence[Any], error: Callable[[str], Exception], build: bool = True) -> list[int] | None:
+    """The items of an ``ints`` node, after every check of §6.13.1 (``error(message)`` is raised);
+    None with ``build`` false (verify: the checks without the list)."""
     if len(node) != 3:
         raise error(f"'ints' takes 2 values, found {len(node) - 1}")
     name, data = node[1], node[2]
@@ -95,12 +96,12 @@ def ints_values(node: Sequence[Any], error: Callable[[str], Exception]) -> list[
     packed.frombytes(data)
     if _SWAP:  # pragma: no cover - big-endian machines
         packed.byteswap()
-    values = packed.tolist()
+    values: Any = packed.tolist() if build else packed
     first = int_dtype(min(values), max(values))
     if first is not row:
         raise error(f"'ints' items fit {first[0] if first else '?'}, which comes before {name} in the order "
                     "of docs/FORMAT.md §6.13.1: a writer uses the first element type that holds them all")
-    return values
+    return values if build else None
 
 
 def records_node(items: Sequence[Any], orders: dict[tuple, tuple],
@@ -152,8 +153,9 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def records_values(node: Sequence[Any], error: Callable[[str], Exception]) -> list[dict]:
-    """The dicts of a ``records`` node, after every check of §6.13.2 (``error(message)`` is raised)."""
+def records_values(node: Sequence[Any], error: Callable[[str], Exception], build: bool = True) -> list[dict] | None:
+    """The dicts of a ``records`` node, after every check of §6.13.2 (``error(message)`` is raised);
+    None with ``build`` false (verify: the checks without the dicts)."""
     if len(node) < 2 + MIN_RECORDS:
         raise error(f"'records' holds its key lists and at least {MIN_RECORDS} rows")
     schemas = node[1]
@@ -188,10 +190,11 @@ def records_values(node: Sequence[Any], error: Callable[[str], Exception]) -> li
         values = row[1:]
         if not set(map(type, values)) <= LEAF_TYPES:
             raise error(f"'records' row {i - 2} holds a value that is not a leaf (nil, bool, int, float, str, bin)")
-        append(dict(zip(keys, values, strict=True)))
+        if build:
+            append(dict(zip(keys, values, strict=True)))
     if used != count:
         raise error(f"'records' lists {count} key lists but its rows use {used}")
-    return out
+    return out if build else None
 
 
 def is_record_node(node: Any) -> bool:
@@ -218,10 +221,10 @@ def expand(node: Any) -> Any:
     it is. For walkers of a checked tree that look into lists."""
     tag = node[0] if type(node) in (tuple, list) and node else None
     if tag == "ints":
-        return ("list", *ints_values(node, ValueError))
+        return ("list", *(ints_values(node, ValueError) or ()))
     if tag == "records":
         rows = []
-        for d in records_values(node, ValueError):
+        for d in records_values(node, ValueError) or ():
             flat: list[Any] = ["dict"]
             for k, v in d.items():
                 flat += (k, v)

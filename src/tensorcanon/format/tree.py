@@ -880,18 +880,19 @@ class Decoder:
             raise self.error(f"the tag {tag!r} is not in format version {self.version} (it was added in version "
                              f"{packed.SINCE}: docs/FORMAT.md §6.13)")
 
-    def dec_ints(self, node: Sequence[Any], depth: int) -> list:
+    def dec_ints(self, node: Sequence[Any], depth: int) -> list | None:
         self._packed_allowed("ints")
-        values = packed.ints_values(node, self.error)
-        if self.visit is not None:  # a walker sees the list a version-2 file holds
+        # (verify: checked, not built)
+        values = packed.ints_values(node, self.error, self.build_objects or self.visit is not None)
+        if self.visit is not None and values is not None:  # a walker sees the list a version-2 file holds
             return self._items(("list", *values), depth)
         return values
 
-    def dec_records(self, node: Sequence[Any], depth: int) -> list:
+    def dec_records(self, node: Sequence[Any], depth: int) -> list | None:
         self._packed_allowed("records")
         if depth >= self.max_depth:  # each record is a dict, one level below the list
             self.check_depth(depth)
-        values = packed.records_values(node, self.error)
+        values = packed.records_values(node, self.error, self.build_objects)  # (verify: checked, not built)
         if self.visit is not None:  # a walker sees the list of dict nodes a version-2 file holds
             return self._items(packed.expand(node), depth)
         return values
