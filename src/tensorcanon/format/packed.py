@@ -20,6 +20,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import paths
+
 SINCE = 3
 """The format version that added packed lists."""
 MIN_INTS = 16
@@ -52,6 +54,13 @@ _SWAP = sys.byteorder != "little"
 LEAF_TYPES = frozenset({type(None), bool, int, float, str, bytes})
 """The value types of a record: leaves as msgpack holds them natively (a big int, an ext, is not one)."""
 _STRS = frozenset({str})
+
+
+def _shown(value: Any) -> str:
+    """A value read from a file, as an error quotes it: shortened (paths.show), an ext as what it is."""
+    if type(value).__name__ == "ExtType":  # (msgpack's; a big int in the file's tree)
+        return "an ext value (a big int)"
+    return paths.show(value)
 
 
 def int_dtype(lowest: int, highest: int) -> tuple[str, int, int, int, str] | None:
@@ -87,7 +96,7 @@ def ints_values(node: Sequence[Any], error: Callable[[str], Exception], build: b
     name, data = node[1], node[2]
     row = _BY_NAME.get(name) if type(name) is str else None
     if row is None:
-        raise error(f"'ints' element type {name!r} is not one of {', '.join(_BY_NAME)}")
+        raise error(f"'ints' element type {_shown(name)} is not one of {', '.join(_BY_NAME)}")
     if type(data) is not bytes or len(data) % row[1]:
         raise error(f"'ints' data must be a bin whose length is a multiple of {row[1]} ({name})")
     if len(data) < MIN_INTS * row[1]:
@@ -180,7 +189,7 @@ def records_values(node: Sequence[Any], error: Callable[[str], Exception], build
             raise error(f"'records' row {i - 2} must be an array that starts with its key list's index")
         s = row[0]
         if type(s) is not int or not 0 <= s < count or s > used:
-            raise error(f"'records' row {i - 2} names key list {s!r}; rows use the key lists in order of "
+            raise error(f"'records' row {i - 2} names key list {_shown(s)}; rows use the key lists in order of "
                         f"first use, and there are {count}")
         if s == used:
             used += 1
