@@ -828,3 +828,60 @@ def test_v2_file_of_the_same_content_loads_equal_and_resaves_as_v3():
     assert len(v2) > len(v3)
     assert h.same(tensorcanon.loads(v2), tensorcanon.loads(v3))
     assert tensorcanon.dumps(tensorcanon.loads(v2)) == v3
+
+
+# ================================================================== walkers of raw trees
+
+def test_sharded_checkpoint_with_a_per_rank_value_in_a_list_of_dicts(tmp_path):
+    """tensorcanon.dcp takes PerRank values out of the logical state: a list of dicts that holds one
+    becomes a list of dicts of leaves there, which a version-3 writer packs (the reader requires it)."""
+    import tensorcanon.dcp as tcd
+
+    folder = str(tmp_path / "ckpt")
+    state = {"rows": [{"a": 1}, {"b": tcd.PerRank(5)}], "ids": list(range(40)), "w": torch.ones(2),
+             "log": [{"x": 1.5}, {"x": 2.5}]}
+    digest = tcd.save(state, folder)
+    assert digest == tensorcanon.fingerprint({"rows": [{"a": 1}, {}], "ids": list(range(40)), "w": torch.ones(2),
+                                              "log": [{"x": 1.5}, {"x": 2.5}]})
+    full = tcd.load_unsharded(folder)
+    assert full["rows"] == [{"a": 1}, {}] and full["ids"] == list(range(40)) and full["log"][1] == {"x": 2.5}
+    target = {"rows": [{"a": 0}, {"b": tcd.PerRank(0)}], "ids": [0] * 40, "w": torch.zeros(2),
+              "log": [{"x": 0.0}, {"x": 0.0}]}
+    tcd.load(target, folder)
+    assert type(target["rows"][1]["b"]) is tcd.PerRank and target["rows"][1]["b"].value == 5, target["rows"]
+    assert target["ids"] == list(range(40)) and torch.equal(target["w"], torch.ones(2))
+    out = tmp_path / "one.safetensors"
+    tcd.consolidate(folder, str(out))
+    assert tensorcanon.verify(out) == digest
+    assert _cli("verify", folder).returncode == 0
+    assert _cli("inspect", folder).returncode == 0
+
+
+def test_lazy_lookups_into_packed_lists_are_not_tensors(packed_files):
+    pa, _ = packed_files
+    with tensorcanon.open(pa) as f:
+        for key in ('$["ids"][3]', '$["log"][0]["loss"]', '$["log"][0]', '$["ids"]'):
+            assert key not in f
+            with pytest.raises(KeyError):
+                f[key]
+        assert '$["z"][1]["t"]' in f
+        assert torch.equal(f['$["z"][1]["t"]'], tensorcanon.load(pa)["z"][1]["t"])
+
+
+def test_dcp_default_planner_loads_packed_lists(tmp_path):
+    """DCP's own flattening goes into a list that holds dicts ("log.0.x"): the reader's NodeFinder
+    follows that path through the packed node as through the list node it holds."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    import tensorcanon.dcp as tcd
+
+    folder = str(tmp_path / "ckpt")
+    tcd.save({"log": [{"x": 1.5}, {"x": 2.5}], "ids": list(range(20)), "w": torch.ones(2)}, folder)
+    target = {"log": [{"x": 0.0}, {"x": 0.0}], "ids": [0] * 20, "w": torch.zeros(2)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP warns that no process group is initialized
+        dcp.load(target, storage_reader=tcd.Reader(folder))
+    assert target["log"] == [{"x": 1.5}, {"x": 2.5}] and target["ids"] == list(range(20))
+    assert torch.equal(target["w"], torch.ones(2))

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, cre
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
-from ..format import dtypes, paths
+from ..format import dtypes, packed, paths
 from ..format.errors import TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.tree import Decoder, items, tag_of
@@ -202,6 +202,8 @@ class _Walk:
     # -------------------------------------------------------------- values
     def value(self, target: Any, node: Any, path: tuple) -> tuple[Any, bool]:
         """(the value to put at ``path``, whether it replaces ``target``)."""
+        if type(target) is list:  # a packed list (FORMAT.md §6.13) is loaded into as the list node it holds
+            node = packed.expand(node)
         tag = tag_of(node)
         if type(target) is PerRank:
             raise UsageError(f"{paths.join(path)} was saved for all ranks, not per rank (PerRank): load it "

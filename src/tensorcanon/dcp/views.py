@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from ..format import tensorbytes
+from ..format import packed, tensorbytes
 from ..format.errors import UsageError
 from ..format.limits import Limits
 from ..format.tree import Decoder, items, tag_of
@@ -141,6 +141,7 @@ class NodeFinder:
         self._root = index.logical.root
         self._keys = Decoder([], limits.max_depth)
         self._children: dict[int, dict[str, Any]] = {}  # id of a dict node -> its values by DCP name
+        self._lists: dict[int, Any] = {}  # id of a packed list node -> the list node it holds (packed.as_list)
 
     def _named(self, node: Any) -> dict[str, Any]:
         children = self._children.get(id(node))
@@ -158,6 +159,7 @@ class NodeFinder:
     def __call__(self, path: tuple) -> Any:
         node = self._root
         for step in path:
+            node = packed.as_list(node, self._lists)  # DCP's flattening goes into lists of dicts
             tag = tag_of(node)
             found: Any = _MISSING
             if tag in ("dict", "odict") and isinstance(step, str):

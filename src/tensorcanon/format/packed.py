@@ -224,6 +224,36 @@ def should_pack(items: Sequence[Any]) -> str | None:
     return None
 
 
+def as_list(node: Any, cache: dict[int, Any]) -> Any:
+    """:func:`expand` for a walker that follows paths and keys what it found by ``id``: each packed
+    node is expanded once and kept in ``cache`` (by the id of the packed node, which the walked
+    tree keeps alive), so no two expanded nodes share an id while the walk lasts."""
+    if type(node) not in (tuple, list) or not node or (node[0] != "ints" and node[0] != "records"):
+        return node
+    found = cache.get(id(node))
+    if found is None:
+        found = cache[id(node)] = expand(node)
+    return found
+
+
+def pack_written(items: Sequence[Any]) -> list | None:
+    """The ``ints`` or ``records`` node for the written ``items`` of a ``list`` node that a
+    version-3 reader requires packed (:func:`should_pack`), None for any other. For an encoder that
+    wrote items other than the values it was given (tensorcanon.dcp's takes PerRank values out of
+    dicts), so that what it writes is what :func:`ints_node` and :func:`records_node` would give."""
+    tag = should_pack(items)
+    if tag == "ints":
+        return ints_node(items)
+    if tag != "records":
+        return None
+    index: dict[tuple, int] = {}
+    rows: list[Any] = []
+    for d in items:  # dict nodes: keys already in canonical (UTF-8) order, values leaves
+        keys = tuple(d[1::2])
+        rows.append([index.setdefault(keys, len(index)), *d[2::2]])
+    return ["records", [list(k) for k in index], *rows]
+
+
 def expand(node: Any) -> Any:
     """The ``list`` node a version-2 writer would have written for a checked ``ints`` or ``records``
     node (items as they are, each record a ``dict`` node in canonical key order); any other node as

@@ -234,6 +234,16 @@ class Encoder:
                 enc = nested.get(t) if nested is not None else None
                 append(enc(self, item, depth + 1) if enc is not None else self.encode(item, depth))
                 path.pop()
+        return self.written_list(out) if is_list else out
+
+    def written_list(self, out: list) -> list:
+        """``out``, a ``list`` node written item by item; or the packed node a version-3 reader
+        requires for those items (packed.pack_written), when an encoder wrote items other than the
+        values it was given (tensorcanon.dcp's takes PerRank values out of dicts)."""
+        if self.packs and len(out) > packed.MIN_RECORDS:
+            node = packed.pack_written(out[1:])
+            if node is not None:
+                return node
         return out
 
     def packed_list(self, v: list, depth: int) -> list | None:
@@ -305,7 +315,7 @@ class Encoder:
                 path.append(i)
                 out.append(self.encode(item, depth))
                 path.pop()
-            return out
+            return self.written_list(out) if c.tag == "list" else out
         if c.tag in ("set", "frozenset"):
             self._not_crowded(c.children, c.tag)
             out.extend(self.encode(m, depth) for m in c.children)

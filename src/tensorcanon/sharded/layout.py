@@ -41,7 +41,7 @@ from typing import Any
 
 import msgpack
 
-from ..format import digest as _digest, manifest, paths as _paths, tensorkinds
+from ..format import digest as _digest, manifest, packed, paths as _paths, tensorkinds
 from ..format.errors import FormatError, LimitError, TensorCanonError
 from ..format.limits import DEFAULT, Limits
 from ..format.ordering import UnorderableKey, sort_key
@@ -360,6 +360,7 @@ def _check_per_rank(root: Any, per_rank: list[tuple], limits: Limits, bad: Calla
     dicts: dict[int, tuple[dict, set]] = {}  # id(dict node) -> ({sort key: value node}, {key})
     listed = {sort_key(p) for p in per_rank}
     finals: dict[int, set] = {}  # id(dict node) -> the last keys of the per-rank paths in it
+    lists: dict[int, Any] = {}  # id(ints or records node) -> the list node it packs (kept alive: ids stay unique)
 
     def entries(node: Any) -> tuple[dict, set]:
         found = dicts.get(id(node))
@@ -377,6 +378,7 @@ def _check_per_rank(root: Any, per_rank: list[tuple], limits: Limits, bad: Calla
         node = root
         for i, k in enumerate(path):
             last = i == len(path) - 1
+            node = packed.as_list(node, lists)  # a packed list (FORMAT.md §6.13): walked as the list it holds
             tag = tag_of(node)
             if tag in ("dict", "odict"):
                 by_order, keys = entries(node)
