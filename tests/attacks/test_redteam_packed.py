@@ -885,3 +885,34 @@ def test_dcp_default_planner_loads_packed_lists(tmp_path):
         dcp.load(target, storage_reader=tcd.Reader(folder))
     assert target["log"] == [{"x": 1.5}, {"x": 2.5}] and target["ids"] == list(range(20))
     assert torch.equal(target["w"], torch.ones(2))
+
+
+def _as_v2(data: bytes) -> bytes:
+    """The version-2 file of the same content: every packed node as the list node it holds."""
+    from tensorcanon.format import packed
+
+    def unpack(node):
+        node = packed.expand(node)
+        return [unpack(x) for x in node] if isinstance(node, (list, tuple)) else node
+
+    def edit(m):
+        m["root"], m["version"] = unpack(m["root"]), 2
+        if m["meta"] is not None:
+            m["meta"] = unpack(m["meta"])
+
+    return h.with_manifest(data, edit)
+
+
+def test_inspect_shows_the_same_entries_for_a_v2_and_a_v3_file(tmp_path):
+    value = {"ids": list(range(40)), "log": [{"a": 1}, {"b": "x"}], "w": torch.ones(2), "t": (1, 2)}
+    v3 = tensorcanon.dumps(value)
+    p2, p3 = tmp_path / "v2.safetensors", tmp_path / "v3.safetensors"
+    p2.write_bytes(_as_v2(v3))
+    p3.write_bytes(v3)
+    out2, out3 = _cli("inspect", "--json", str(p2)), _cli("inspect", "--json", str(p3))
+    assert out2.returncode == out3.returncode == 0, out2.stderr + out3.stderr
+    e2, e3 = json.loads(out2.stdout), json.loads(out3.stdout)
+    rows2 = e2["files"][0]["entries"] if "files" in e2 else e2["entries"]
+    rows3 = e3["files"][0]["entries"] if "files" in e3 else e3["entries"]
+    assert rows2 == rows3
+    assert any(r["path"] == '$["ids"]' and r["value"] == "40 items" for r in rows3)

@@ -224,6 +224,13 @@ def should_pack(items: Sequence[Any]) -> str | None:
     return None
 
 
+def item_count(node: Sequence[Any]) -> int:
+    """The number of items of a checked ``ints`` or ``records`` node (the length of its list)."""
+    if node[0] == "ints":
+        return len(node[2]) // _BY_NAME[node[1]][1]
+    return len(node) - 2
+
+
 def as_list(node: Any, cache: dict[int, Any]) -> Any:
     """:func:`expand` for a walker that follows paths and keys what it found by ``id``: each packed
     node is expanded once and kept in ``cache`` (by the id of the packed node, which the walked

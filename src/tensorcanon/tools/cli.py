@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO, TypeVar
 
-from ..format import devices, digest, manifest, paths, tensorkinds, tree
+from ..format import devices, digest, manifest, packed, paths, tensorkinds, tree
 from ..format.errors import FileAccessError, FormatError, IntegrityError, MissingDependencyError, TensorCanonError
 from ..format.limits import DEFAULT, Limits
 from ..format.tensorbytes import resolved
@@ -280,6 +280,7 @@ _CONTAINERS = {"dict": "dict", "odict": "OrderedDict", "list": "list", "tuple": 
                "set": "set", "frozenset": "frozenset", "counter": "Counter", "defaultdict": "defaultdict",
                "deque": "deque"}
 _MAPPINGS = ("dict", "odict", "counter", "defaultdict")
+_PACKED = ("ints", "records")
 
 
 def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Limits = DEFAULT) -> list[dict]:
@@ -304,9 +305,11 @@ def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Li
                 row["same_as"] = first_path[node[1]]
             else:
                 first_path[node[1]] = where
-        elif tag in _CONTAINERS:
+        elif tag in _CONTAINERS or tag in _PACKED:
             first = tree.first_item(tag) if tag in _MAPPINGS else 2 if tag == "deque" else 1
             n = (len(node) - first) // 2 if tag in _MAPPINGS else len(node) - first
+            if tag in _PACKED:  # a packed list (FORMAT.md §6.13) is shown as the list it holds
+                tag, n = "list", packed.item_count(node)
             unit = "key" if tag in _MAPPINGS else "item"
             row.update(type=_CONTAINERS[tag], value=f"{n} {unit}{'s' if n != 1 else ''}")
         elif tag == "np.strings":  # (a checked node: kind, width, ndim, the dimensions)
