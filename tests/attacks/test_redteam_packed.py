@@ -477,6 +477,7 @@ def _records_file(rows: int, keys: int) -> bytes:
 #   100,000 one-key dicts:          packed 89x (3 bytes a row), plain 29x
 #   10 dicts of 100,000 keys:       packed 35x, plain 17x
 #   1,000,000 ints (uint32):        packed 16x, plain 17x
+# and verify (which builds no packed list): 38x, 30x, 17x and 10x.
 # The ratio of a packed list of small dicts is that of Python's objects (a one-key dict is 184
 # bytes, the row msgpack decodes to 64) over 3 bytes; docs/SECURITY.md documents ~90x for it.
 
@@ -489,7 +490,7 @@ def test_many_empty_rows_amplify_memory_no_more_than_documented():
     assert time.perf_counter() - t < 10
     assert peak < 96 * size, f"loading took {peak / size:.0f}x the manifest's {size} bytes"
     vpeak = _peak(lambda: tensorcanon.verify(data))
-    assert vpeak < 96 * size, f"verify took {vpeak / size:.0f}x the manifest's {size} bytes"
+    assert vpeak < 48 * size, f"verify took {vpeak / size:.0f}x the manifest's {size} bytes"
 
 
 def test_one_key_rows_amplify_memory_no_more_than_documented():
@@ -499,7 +500,7 @@ def test_one_key_rows_amplify_memory_no_more_than_documented():
     peak = _peak(lambda: tensorcanon.loads(data))
     assert peak < 96 * size, f"loading took {peak / size:.0f}x the manifest's {size} bytes"
     vpeak = _peak(lambda: tensorcanon.verify(data))
-    assert vpeak < 96 * size, f"verify took {vpeak / size:.0f}x the manifest's {size} bytes"
+    assert vpeak < 48 * size, f"verify took {vpeak / size:.0f}x the manifest's {size} bytes"
 
 
 def test_wide_key_list_reused_by_rows_is_linear():
@@ -535,7 +536,7 @@ def test_a_million_ints_load_in_bounded_memory():
     size = _manifest_size(data)
     # a uint32 above 2**30 is an int object of 32 bytes and a list slot of 8: 10x its 4 bytes
     vpeak = _peak(lambda: tensorcanon.verify(data))
-    assert vpeak < 20 * size, f"verify took {vpeak / size:.0f}x the manifest's {size} bytes"
+    assert vpeak < 13 * size, f"verify took {vpeak / size:.0f}x the manifest's {size} bytes"
     peak = _peak(lambda: tensorcanon.loads(data))
     assert peak < 20 * size, f"loading took {peak / size:.0f}x the manifest's {size} bytes"
 
