@@ -933,3 +933,33 @@ def test_inspect_shows_the_same_entries_for_a_v2_and_a_v3_file(tmp_path):
     rows3 = e3["files"][0]["entries"] if "files" in e3 else e3["entries"]
     assert rows2 == rows3
     assert any(r["path"] == '$["ids"]' and r["value"] == "40 items" for r in rows3)
+
+
+@pytest.mark.parametrize(
+    "make, where",
+    [
+        (lambda r: {"ids": [1000 + (i == 5) * r for i in range(40)]}, '$["ids"][5]'),
+        (lambda r: {"log": [{"loss": 2.5, "step": 1}, {"loss": 2.0 + r, "step": 2}]}, '$["log"][1]["loss"]'),
+    ],
+    ids=["ints", "records"],
+)
+def test_replicated_packed_lists_that_differ_are_refused_naming_the_item(tmp_path, make, where):
+    """A value saved once for all ranks but different on one: the error names the item that
+    differs, as for the list node a version-2 file holds."""
+    sys.path.insert(0, str(HERE.parent / "dcp"))
+    from threaded import run_ranks
+
+    import tensorcanon.dcp as tcd
+
+    folder = str(tmp_path / "ckpt")
+
+    def save(rank):
+        try:
+            tcd.save({**make(rank), "w": torch.zeros(2)}, folder)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            return e
+        return None
+
+    errors = run_ranks(2, save)
+    assert all(isinstance(e, tcd.ReplicaMismatchError) for e in errors), errors
+    assert where in str(errors[0]), str(errors[0])

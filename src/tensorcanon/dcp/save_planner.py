@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, cre
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan
 
-from ..format import digest, paths, tensorbytes
+from ..format import digest, packed, paths, tensorbytes
 from ..format.errors import UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.tree import items
@@ -180,9 +180,10 @@ def _skeleton_difference(a: tuple[bytes, str], b: tuple[bytes, str], rank: int) 
 
 def _first_difference(a: Any, b: Any, where: tuple) -> tuple[tuple | None, Any, Any]:
     """(path, a's node, b's node) of the first difference between two tree nodes, or (None, ...)."""
+    a, b = packed.expand(a), packed.expand(b)  # a packed list (FORMAT.md §6.13): by item, as the list it holds
     if a == b:
         return None, None, None
-    if type(a) is list and type(b) is list and a and b and a[0] == b[0] and type(a[0]) is str:
+    if type(a) in (list, tuple) and type(b) in (list, tuple) and a and b and a[0] == b[0] and type(a[0]) is str:
         tag = a[0]
         if tag in ("dict", "odict") and len(a) == len(b):
             if tag == "odict" and a[1] != b[1]:
