@@ -947,9 +947,9 @@ def test_replicated_packed_lists_that_differ_are_refused_naming_the_item(tmp_pat
     """A value saved once for all ranks but different on one: the error names the item that
     differs, as for the list node a version-2 file holds."""
     sys.path.insert(0, str(HERE.parent / "dcp"))
-    from threaded import run_ranks
-
     import tensorcanon.dcp as tcd
+
+    from threaded import run_ranks
 
     folder = str(tmp_path / "ckpt")
 
