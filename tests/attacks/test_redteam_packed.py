@@ -963,3 +963,16 @@ def test_replicated_packed_lists_that_differ_are_refused_naming_the_item(tmp_pat
     errors = run_ranks(2, save)
     assert all(isinstance(e, tcd.ReplicaMismatchError) for e in errors), errors
     assert where in str(errors[0]), str(errors[0])
+
+
+def test_convert_to_safetensors_reports_the_items_it_leaves_out_not_the_packed_list(tmp_path):
+    src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    tensorcanon.save({"ids": list(range(20)), "short": [0, 1], "log": [{"a": 1}, {"a": 2}], "w": torch.ones(2)},
+                     src)
+    run = _cli("convert", str(src), str(out), "--to", "safetensors")
+    assert run.returncode == 0, run.stderr
+    left_out = [line.split(" is not a tensor")[0].split("warning: ")[1] for line in run.stderr.splitlines()
+                if "is not a tensor" in line]
+    assert '$["short"][0]' in left_out and '$["ids"][19]' in left_out and '$["log"][1]["a"]' in left_out, left_out
+    for container in ('$["short"]', '$["ids"]', '$["log"]', '$["log"][0]'):  # containers are not values left out
+        assert container not in left_out, left_out

@@ -607,7 +607,7 @@ def _to_plain_safetensors(value: Any, out_path: str) -> tuple[int, list[str]]:
             seen.add(t.untyped_storage().data_ptr())
         tensors[src.name] = t
     dropped = [paths.join(trail) for trail, node in tree.nodes(p.root, len(p.tensors), DEFAULT.max_depth)
-               if tree.tag_of(node) not in ("tensor", *_CONTAINERS)]
+               if tree.tag_of(node) not in ("tensor", *_CONTAINERS, *_PACKED)]  # (items of packed lists follow)
     writer.replace_atomically(out_path, lambda f, tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     return len(tensors), dropped
 
