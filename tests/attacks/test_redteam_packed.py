@@ -976,3 +976,15 @@ def test_convert_to_safetensors_reports_the_items_it_leaves_out_not_the_packed_l
     assert '$["short"][0]' in left_out and '$["ids"][19]' in left_out and '$["log"][1]["a"]' in left_out, left_out
     for container in ('$["short"]', '$["ids"]', '$["log"]', '$["log"][0]'):  # containers are not values left out
         assert container not in left_out, left_out
+
+
+def test_diff_of_a_v2_and_a_v3_file_of_the_same_content_finds_nothing(tmp_path):
+    value = {"ids": list(range(40)), "log": [{"a": 1}, {"b": "x"}], "w": torch.ones(2)}
+    v3 = tensorcanon.dumps(value)
+    p2, p3 = tmp_path / "v2.safetensors", tmp_path / "v3.safetensors"
+    p2.write_bytes(_as_v2(v3))
+    p3.write_bytes(v3)
+    assert not tensorcanon.diff(p2, p3).differences
+    assert not tensorcanon.diff(p2, p3, tensors_only=True).differences
+    run = _cli("diff", str(p2), str(p3))
+    assert run.returncode == 0, run.stdout + run.stderr
