@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..format import digest, dtypes, paths, registry, tensorbytes, tensorkinds
+from ..format import digest, dtypes, packed, paths, registry, tensorbytes, tensorkinds
 from ..format.errors import TensorCanonError, UnsupportedTypeError
 from ..format.limits import DEFAULT, Limits
 from ..format.tree import Encoder
@@ -65,6 +65,15 @@ class LogicalEncoder(Encoder):
                     self.per_rank.append((here + (k,), v.value))
             return super().encode(kept, depth)
         return super().encode(value, depth)
+
+    def written_list(self, out: list) -> list:
+        # A dict that held a PerRank value is written without it: a list of such dicts may now be
+        # one the format packs (FORMAT.md §6.13), which packed_list could not see in the values.
+        if self.packs and len(out) > packed.MIN_RECORDS:
+            node = packed.pack_written(out[1:])
+            if node is not None:
+                return node
+        return out
 
     def _dtensor(self, v: DTensor) -> list:
         extra = sorted(k for k in vars(v) if k != "_is_param") if tensorbytes.has_attributes(v) else []

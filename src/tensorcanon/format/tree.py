@@ -237,13 +237,10 @@ class Encoder:
         return self.written_list(out) if is_list else out
 
     def written_list(self, out: list) -> list:
-        """``out``, a ``list`` node written item by item; or the packed node a version-3 reader
-        requires for those items (packed.pack_written), when an encoder wrote items other than the
-        values it was given (tensorcanon.dcp's takes PerRank values out of dicts)."""
-        if self.packs and len(out) > packed.MIN_RECORDS:
-            node = packed.pack_written(out[1:])
-            if node is not None:
-                return node
+        """The node of a list written item by item, ``out`` (a ``list`` node): :meth:`packed_list`
+        has decided on the values, so here it is ``out``. An encoder whose items are written from
+        other values than the list holds (tensorcanon.dcp's takes PerRank values out of dicts)
+        returns :func:`packed.pack_written` instead, the node a version-3 reader requires."""
         return out
 
     def packed_list(self, v: list, depth: int) -> list | None:
