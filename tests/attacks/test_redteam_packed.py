@@ -988,3 +988,51 @@ def test_diff_of_a_v2_and_a_v3_file_of_the_same_content_finds_nothing(tmp_path):
     assert not tensorcanon.diff(p2, p3, tensors_only=True).differences
     run = _cli("diff", str(p2), str(p3))
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+# ================================================================== verify builds no packed list: it must still refuse
+
+PACKED_NODES = {"ints": ints("uint8", R16), "records": ["records", [[]], [0], [0]]}
+
+
+@pytest.mark.parametrize("kind", sorted(PACKED_NODES))
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: ["dict", n, 1],
+        lambda n: ["odict", None, n, 1],
+        lambda n: ["set", n],
+        lambda n: ["frozenset", n],
+        lambda n: ["counter", n, 1],
+        lambda n: ["defaultdict", None, n, 1],
+        lambda n: ["dict", ["tuple", n], 1],
+        lambda n: ["dict", ["frozenset", n], 1],
+        lambda n: ["set", ["obj", "not.registered.Color", n]],
+    ],
+    ids=["dict_key", "odict_key", "set_member", "frozenset_member", "counter_key", "defaultdict_key",
+         "tuple_key", "frozenset_key", "enum_key_state"],
+)
+def test_a_packed_list_is_no_key_for_verify_either(kind, make):
+    """A list is not a key value (§6.3): load refuses a packed one as a key; verify, which checks a
+    packed list without building it, must refuse it too (a file that verifies loads)."""
+    data = with_tree(at_a(make(PACKED_NODES[kind])))
+    with pytest.raises(FormatError, match=r'\$\["a"\]'):
+        tensorcanon.verify(data)
+    assert h.check(data) in ("FormatError", "UnsupportedTypeError")
+
+
+@pytest.mark.parametrize("kind", sorted(PACKED_NODES))
+def test_a_specified_state_holding_a_packed_list_is_checked_by_verify_as_by_load(kind):
+    """DeterminismSettings' state is checked by verify too (FORMAT.md §6.7.2): a packed list where
+    an int or None must be is refused by both."""
+    data = tensorcanon.dumps({"a": tensorcanon.DeterminismSettings.capture()})
+
+    def edit(m):
+        state = m["root"][2][2]
+        state[state.index("cudnn_version") + 1] = PACKED_NODES[kind]
+
+    data = h.with_manifest(data, edit)
+    with pytest.raises(FormatError, match="cudnn_version"):
+        tensorcanon.loads(data)
+    with pytest.raises(FormatError, match="cudnn_version"):
+        tensorcanon.verify(data)
