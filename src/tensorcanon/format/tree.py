@@ -887,22 +887,22 @@ class Decoder:
             raise self.error(f"the tag {tag!r} is not in format version {self.version} (it was added in version "
                              f"{packed.SINCE}: docs/FORMAT.md §6.13)")
 
-    def dec_ints(self, node: Sequence[Any], depth: int) -> list | None:
+    def dec_ints(self, node: Sequence[Any], depth: int) -> list:
         self._packed_allowed("ints")
-        # (verify: checked, not built)
+        # (verify: checked, not built; an empty list stands for it, which is no key either)
         values = packed.ints_values(node, self.error, self.build_objects or self.visit is not None)
         if self.visit is not None and values is not None:  # a walker sees the list a version-2 file holds
             return self._items(("list", *values), depth)
-        return values
+        return [] if values is None else values
 
-    def dec_records(self, node: Sequence[Any], depth: int) -> list | None:
+    def dec_records(self, node: Sequence[Any], depth: int) -> list:
         self._packed_allowed("records")
         if depth >= self.max_depth:  # each record is a dict, one level below the list
             self.check_depth(depth)
-        values = packed.records_values(node, self.error, self.build_objects)  # (verify: checked, not built)
+        values = packed.records_values(node, self.error, self.build_objects)  # (verify: as dec_ints)
         if self.visit is not None:  # a walker sees the list of dict nodes a version-2 file holds
             return self._items(packed.expand(node), depth)
-        return values
+        return [] if values is None else values
 
     def dec_tuple(self, node: Sequence[Any], depth: int) -> tuple:
         return tuple(self._items(node, depth))
@@ -1099,8 +1099,10 @@ class Decoder:
         tag = node[0]
         if tag == "list":
             return [self.plain(x) for x in node[1:]]
-        if tag in _PACKED:  # only leaves inside: decoded is plain
-            return self.decode(node)
+        if tag == "ints":  # only leaves inside: the list load gives, built (a checked node)
+            return packed.ints_values(node, self.error)
+        if tag == "records":
+            return packed.records_values(node, self.error)
         if tag == "tuple":
             return tuple(self.plain(x) for x in node[1:])
         if tag == "dict":
@@ -1358,7 +1360,6 @@ register_kind("tensor", Decoder.dec_tensor, {
 register_kind("obj", Decoder.dec_obj)  # the classes of format/registry.py: Encoder._fallback
 register_kind("ints", Decoder.dec_ints)  # lists the format packs (§6.13): Encoder.enc_sequence
 register_kind("records", Decoder.dec_records)
-_PACKED = ("ints", "records")
 
 
 def decode_manifest(root: Any, meta: Any, names: list[str], version: int, max_depth: int,
