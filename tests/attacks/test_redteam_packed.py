@@ -1036,3 +1036,14 @@ def test_a_specified_state_holding_a_packed_list_is_checked_by_verify_as_by_load
         tensorcanon.loads(data)
     with pytest.raises(FormatError, match="cudnn_version"):
         tensorcanon.verify(data)
+
+
+def test_dcp_load_into_lists_of_another_length_or_type_takes_the_saved_lists(tmp_path):
+    import tensorcanon.dcp as tcd
+
+    folder = str(tmp_path / "ckpt")
+    tcd.save({"ids": list(range(40)), "log": [{"a": 1}, {"a": 2}, {"a": 3}], "w": torch.ones(2)}, folder)
+    for ids, log in (([0] * 5, [{"a": 0}]), (5, None), ([], [])):
+        target = {"ids": ids, "log": log, "w": torch.zeros(2)}
+        tcd.load(target, folder)
+        assert target["ids"] == list(range(40)) and target["log"] == [{"a": 1}, {"a": 2}, {"a": 3}]
