@@ -768,8 +768,12 @@ class Decoder:
                 k = self.decode(node, depth)
             finally:
                 self.visit = visit
-        if k is None and not self.build_objects and tag_of(node) in _TORCH_VALUES:  # refused as when built
-            raise self.error(f"a key or set member of type {_TORCH_VALUES[node[0]]} is not allowed")
+        if k is None and not self.build_objects and tag_of(node) is not None:  # refused as when built
+            # Nothing built (verify): a tagged node stands for None only when its value is not
+            # built, and no tagged node's value is the key None; key values that verify does not
+            # build (dtypes, registered types) are Unbuilt stand-ins, not None.
+            what = _TORCH_VALUES.get(node[0], repr(node[0]))
+            raise self.error(f"a key or set member of type {what} is not allowed")
         try:
             return k, sort_key(k)
         except (UnorderableKey, UnicodeEncodeError):
