@@ -207,7 +207,10 @@ class RankFile(reader.CheckedFile):
             raise FormatError(f"rank file {self.path} holds no value {key!r}")
         if self.src.shrunk():
             raise self._shrunk()
-        return decode_subtree(node, len(self.rows), limits, lambda i: self.read(i))
+        try:
+            return decode_subtree(node, len(self.rows), limits, lambda i: self.read(i))
+        except TensorCanonError as e:  # (its paths start at the value: name the file and the key)
+            raise with_context(e, f"rank file {self.path}: the value {key!r}: ") from None
 
     def close(self) -> None:
         try:

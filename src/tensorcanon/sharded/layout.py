@@ -104,6 +104,9 @@ class Index:
     per_rank: list[tuple]             # paths of per-rank values in the state
     per_rank_keys: list[str]
     options: dict | None = None       # a checkpoint in object storage: its storage_options (else None)
+    # the checks of FORMAT.md §6.12 on the values of logical tensors that are parts of sparse and
+    # jagged tensors (tensorkinds.Deferred), which verify runs on those tensors' verified bytes
+    value_checks: tuple = ()
 
     @property
     def world_size(self) -> int:
@@ -281,7 +284,10 @@ def read(folder: Any, limits: Limits = DEFAULT, storage_options: Any = None) -> 
                                     digest=_digest.manifest_digest(raw, algorithm), algorithm=algorithm,
                                     version=obj["version"])
         # the tree's structure, the table's order and names: the check every reader makes
-        decode_manifest(logical.root, None, [info.name for info in infos], logical.version, limits.max_depth)
+        # (with the table's rows: the checks of §6.12 on parts' dtypes and shapes, and those on their
+        # values recorded for verify, as for a single file)
+        _, checked = decode_manifest(logical.root, None, [info.name for info in infos], logical.version,
+                                     limits.max_depth, rows=infos)
     except TensorCanonError as e:
         raise files.with_context(e, f"{where_}: logical manifest: ") from None
     if own_algorithm != algorithm:
@@ -327,7 +333,7 @@ def read(folder: Any, limits: Limits = DEFAULT, storage_options: Any = None) -> 
         raise bad("'per_rank' paths are not in canonical order (or repeat)")
     _check_per_rank(logical.root, paths, limits, bad)
     return Index(folder, own_digest, list(digests), logical, chunks, list(paths), per_rank_keys(list(paths)),
-                 options)
+                 options, tuple(checked.deferred))
 
 
 def _check_shape(info: manifest.TensorInfo, limits: Limits) -> None:

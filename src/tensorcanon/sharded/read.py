@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from ..format import digest, tensorbytes
+from ..format import digest, tensorbytes, tensorkinds
 from ..format.errors import FormatError, IntegrityError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.manifest import TensorInfo
@@ -276,12 +276,41 @@ def verify(folder: str | os.PathLike, *, expect: str | None = None, limits: Limi
                 )
             for key in index.per_rank_keys:
                 f.value(key, limits)  # decodes and verifies every tensor in it
+        kept: dict[int, bytearray] = {}
+        parts = {i for check in index.value_checks for i in check.indices}
         for t in range(len(index.logical.tensors)):
-            stream(index, files, t)
+            stream(index, files, t, _keeping(parts, t, kept))
+        _check_values(index, kept)
     found = index.logical_digest
     if expect is not None and found != expect:
         raise IntegrityError(f"logical digest is {found}, expected {expect}", expected=expect, actual=found)
     return found
+
+
+def _keeping(parts: set[int], t: int, kept: dict[int, bytearray],
+             sink: Callable[[memoryview], object] | None = None) -> Callable[[memoryview], object] | None:
+    """``sink`` for logical tensor ``t``, which also copies the bytes into ``kept[t]`` when ``t`` is one
+    of ``parts``, whose values FORMAT.md §6.12 checks (sparse indices, jagged offsets:
+    :func:`_check_values`)."""
+    if t not in parts:
+        return sink
+    buf = kept[t] = bytearray()
+    if sink is None:
+        return buf.extend
+
+    def both(piece: memoryview) -> None:
+        buf.extend(piece)
+        sink(piece)
+    return both
+
+
+def _check_values(index: layout.Index, kept: dict[int, bytearray]) -> None:
+    """The checks of §6.12 on the values of parts (kept by :func:`_keeping`, once verified): what a
+    load of the logical state checks, so that verify and consolidate refuse what load refuses."""
+    try:
+        tensorkinds.run_deferred(index.value_checks, index.logical.tensors, kept.__getitem__)
+    except TensorCanonError as e:
+        raise with_context(e, f"index {layout.index_path(index.folder)}: logical manifest: ") from None
 
 
 def _refuse_own_file(folder: str, out: str) -> None:
@@ -328,9 +357,12 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
 
     def fill(f: BinaryIO, tmp: str) -> str:
         f.write(header)
+        kept: dict[int, bytearray] = {}
+        parts = {i for check in index.value_checks for i in check.indices}
         with RankFiles(index, limits) as files:
             for t in order:
-                stream(index, files, t, f.write, check_chunks=False)
+                stream(index, files, t, _keeping(parts, t, kept, f.write), check_chunks=False)
+        _check_values(index, kept)  # (a file load would refuse is removed, not left)
         return index.logical_digest
 
     try:
