@@ -51,8 +51,15 @@ def codec(cls: Any) -> tuple[Any, Any]:
             raise ValueError("'inner' must map attribute names (str) to tensors")
         if type(size) is not torch.Size or any(d < 0 for d in size):
             raise ValueError("'size' must be a torch.Size of non-negative dimensions")
-        if type(stride) is not list or len(stride) != len(size) or not all(type(s) is int for s in stride):
-            raise ValueError("'stride' must be a list of ints, one per dimension")
+        from . import container  # (here, not at the top: container's imports lead back to this module)
+
+        problem = container.size_problem(tuple(size), 1)  # (checked before the class's own code sees it)
+        if problem is not None:
+            raise ValueError(f"'size' {problem}")
+        if type(stride) is not list or len(stride) != len(size) or not all(type(s) is int and 0 <= s < 2**63
+                                                                         for s in stride):
+            raise ValueError("'stride' must be a list of non-negative ints below 2^63, one per dimension (torch "
+                             "makes no tensor with a negative stride)")
         if type(grad) is not bool:
             raise ValueError("'requires_grad' must be a bool")
         value = cls.__tensor_unflatten__(inner, state["ctx"], size, tuple(stride))
