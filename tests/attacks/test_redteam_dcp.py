@@ -27,7 +27,7 @@ import warnings
 import msgpack
 import pytest
 import torch
-from test_redteam_kinds import Worker, forge
+from test_redteam_kinds import NEEDS_TREE_STRINGS_BOUND, Worker, forge
 
 import tensorcanon
 import tensorcanon.dcp as tcd
@@ -247,6 +247,7 @@ def test_jagged_offsets_that_lie_are_refused_by_every_reader(worker, base, tmp_p
     assert_consistent(outcomes)
 
 
+@NEEDS_TREE_STRINGS_BOUND
 def test_a_string_array_claiming_gigabytes_in_the_index_is_refused_before_allocating(worker, base, tmp_path):
     f = Forge(base, str(tmp_path / "ckpt"))
     set_root(f, "step", ["np.strings", "U", 2**28, 1, 64, *["a"] * 64])

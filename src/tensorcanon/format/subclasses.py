@@ -29,6 +29,17 @@ def implements_flatten(cls: type) -> bool:
     return callable(getattr(cls, "__tensor_flatten__", None)) and callable(getattr(cls, "__tensor_unflatten__", None))
 
 
+def _too_large(size: Any) -> bool:
+    """Whether the non-zero dimensions of ``size`` multiply to 2^63 or more (§5.3's rule, stopping there)."""
+    product = 1
+    for d in size:
+        if d:
+            product *= d
+            if product >= 2**63:
+                return True
+    return False
+
+
 def codec(cls: Any) -> tuple[Any, Any]:
     """``(encode, decode)`` for a tensor subclass that implements the flatten protocol."""
 
@@ -51,11 +62,9 @@ def codec(cls: Any) -> tuple[Any, Any]:
             raise ValueError("'inner' must map attribute names (str) to tensors")
         if type(size) is not torch.Size or any(d < 0 for d in size):
             raise ValueError("'size' must be a torch.Size of non-negative dimensions")
-        from . import container  # (here, not at the top: container's imports lead back to this module)
-
-        problem = container.size_problem(tuple(size), 1)  # (checked before the class's own code sees it)
-        if problem is not None:
-            raise ValueError(f"'size' {problem}")
+        if _too_large(size):  # (checked before the class's own code sees it)
+            raise ValueError(f"'size' {list(size)} has non-zero dimensions whose product reaches 2^63, which no "
+                             "tensor has (docs/FORMAT.md §5.3)")
         if type(stride) is not list or len(stride) != len(size) or not all(type(s) is int and 0 <= s < 2**63
                                                                          for s in stride):
             raise ValueError("'stride' must be a list of non-negative ints below 2^63, one per dimension (torch "
