@@ -5,10 +5,11 @@ trusts them: a hostile part can crash the interpreter (SIGSEGV), not just raise.
 file is read here, in a process of its own, whose address space is capped (a claimed size that is
 allocated fails here, not on the machine) and which the test restarts when it dies.
 
-Protocol: one JSON request per line on stdin, one JSON answer per line on stdout. A request is
-``{"op": "read", "path": P}`` (every read path of hostile_lib.check, plus the command line's
-``verify``), ``{"op": "diff", "a": A, "b": B}`` (``tensorcanon.diff`` and the command line's
-``diff``) or ``{"op": "call", "code": C}`` (``exec`` of test-written code that sets ``result``).
+Protocol: one JSON request per line on stdin, one JSON answer per line on stdout (after a marker:
+other output is not an answer). A request is ``{"op": "read", "path": P}`` (every read path of
+hostile_lib.check, plus the command line's ``verify``), ``{"op": "diff", "a": A, "b": B}``
+(``tensorcanon.diff`` and the command line's ``diff``), ``{"op": "cli", "argv": [...]}`` (the
+command line) or ``{"op": "call", "code": C}`` (``exec`` of test-written code that sets ``result``).
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def serve() -> None:
                 answer = read(req["path"])
             elif req["op"] == "diff":
                 answer = diff(req["a"], req["b"])
+            elif req["op"] == "cli":
+                answer = _cli(req["argv"])
             else:
                 answer = call(req["code"])
         sys.stdout.write(MARK + json.dumps(answer) + "\n")

@@ -853,3 +853,27 @@ def test_diff_of_a_hostile_sparse_file_is_the_library_s_error(worker, tmp_path):
     assert not answer["diff"]["ok"] and answer["diff"]["cls"] == "FormatError", answer["diff"]
     assert '$["s"]' in answer["diff"]["msg"], answer["diff"]
     assert answer["cli_diff"]["code"] == 2 and "Traceback" not in answer["cli_diff"]["stderr"], answer["cli_diff"]
+
+
+# ------------------------------------------------------------------ lock and check (docs/CLI.md)
+
+LOCKED = ["coo_index_past_size", "csr_col_repeated_in_row", "jagged_offsets_decreasing"]
+
+
+@pytest.mark.parametrize("name", LOCKED)
+def test_lock_refuses_and_check_reports_a_hostile_file_of_the_kinds(worker, tmp_path, name):
+    """``lock`` of a file load refuses is an error (2); ``check`` of a lockfile that pins the hostile
+    file by its own recorded digest and size (what an attacker who writes both would put there)
+    reports it failed, exit 1, naming the file, never ``ok`` and never a traceback."""
+    table = {**SPARSE_ATTACKS, **NESTED_ATTACKS}
+    data = table[name][0]()
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(data)
+    lock = worker.ask({"op": "cli", "argv": ["lock", str(path), "-o", str(tmp_path / "t.lock")]})
+    assert lock["code"] == 2 and "Traceback" not in lock["stderr"], lock
+    recorded = h.split(data)[0]["__metadata__"]["tensorcanon.digest"]
+    (tmp_path / "t.lock").write_text(f"tensorcanon-lock 2\n{recorded} {len(data)} w.safetensors\n")
+    check = worker.ask({"op": "cli", "argv": ["check", str(tmp_path / "t.lock")]})
+    assert check["code"] == 1 and "Traceback" not in check["stderr"] + check["stdout"], check
+    line = next(x for x in check["stdout"].splitlines() if "w.safetensors" in x)
+    assert not line.startswith("ok"), check
