@@ -34,6 +34,7 @@ import msgpack
 import numpy as np
 import pytest
 import torch
+from torch.testing._internal.two_tensor import TwoTensor
 
 import tensorcanon
 from tensorcanon.format import tree
@@ -514,6 +515,16 @@ def test_attributes_may_hold_tensors_and_the_tensor_itself(worker, tmp_path):
 TWO = "torch.testing._internal.two_tensor.TwoTensor"  # registered in the worker
 
 
+class _Registered:
+    """TwoTensor registered in this process for the time of a save (the worker registers its own)."""
+
+    def __enter__(self):
+        tensorcanon.register(TwoTensor)
+
+    def __exit__(self, *exc):
+        tensorcanon.unregister(TwoTensor)
+
+
 def two_file(state) -> bytes:
     return forge([(("x", "inner", "a"), torch.ones(2)), (("x", "inner", "b"), torch.arange(2.0))],
                  at("x", ["obj", TWO, state]))
@@ -560,8 +571,8 @@ def assert_subclass_refused(answer: dict, where: str) -> None:
     """A registered type's state is checked by the loading reader, which knows the registration;
     ``verify`` builds nothing and does not know that the name is a tensor subclass (FORMAT.md §6.6:
     it MAY only check the state's structure), so it may pass where load refuses: only the load's
-    refusal is asserted, and that no path raises a foreign exception. (hostile_lib's contract
-    cannot compare subclass values, whose ``.numpy()`` torch refuses, so it is not used here.)"""
+    refusal is asserted, and that no path raises a foreign exception (hostile_lib's contract, which
+    asserts that verify passing implies load, does not apply)."""
     got = answer["load"]
     assert not got.get("foreign"), f"load raised a foreign {got['cls']}: {got['msg']}\n{got.get('tb', '')}"
     assert not got["ok"], "load accepted a state §6.12.5 does not allow"
@@ -573,13 +584,21 @@ def assert_subclass_refused(answer: dict, where: str) -> None:
 def test_a_subclass_name_registered_as_a_dataclass_refuses_a_tensor_state(worker, tmp_path):
     """A file names a registered *dataclass* with the state of a tensor subclass (and the other way
     round): the registration decides, and the mismatch is the library's own error."""
-    answer = read(worker, two_file(two_state()), tmp_path)
-    assert answer["load"]["ok"] and answer["verify"]["ok"], answer  # the untouched file loads
+    assert_loads(read(worker, two_file(two_state()), tmp_path))  # the untouched file loads, on every path
     swapped = h.with_manifest(two_file(two_state()),
                               lambda m: m["root"][2].__setitem__(1, "tensorcanon.DeterminismSettings"))
     assert_refused(read(worker, swapped, tmp_path), '$["x"]')  # a specified state: verify checks it too
     wrong = rooted(["obj", TWO, ["dict", "deterministic_algorithms", True]])
     assert_subclass_refused(read(worker, wrong, tmp_path), '$["x"]')
+
+
+def test_a_registered_subclass_loads_alike_eagerly_and_memory_mapped(worker, tmp_path):
+    """Found by the contract of every read path: ``load(path, mmap=True)`` refused a valid TwoTensor
+    file that ``load`` reads (its inner tensors viewed the map at two offsets, and TwoTensor asserts
+    one); every path must decide alike (SECURITY.md, "Memory-mapped reading")."""
+    with _Registered():
+        data = tensorcanon.dumps({"x": TwoTensor(torch.ones(2), torch.arange(2.0)), "y": torch.zeros(3)})
+    assert_loads(read(worker, data, tmp_path))
 
 
 def test_an_unregistered_subclass_name_is_refused_without_import(worker, tmp_path):

@@ -40,6 +40,16 @@ def _too_large(size: Any) -> bool:
     return False
 
 
+def _own(t: Any) -> Any:
+    """``t``, or a copy of it in a storage of its own when it views a larger one: ``load(mmap=True)``
+    gives tensors that view the file's map at their offsets, and a class's ``__tensor_unflatten__``
+    may rely on what an eager load gives (TwoTensor asserts that both inner tensors start at one
+    storage offset), so that both loads build the same value or refuse the same file."""
+    if type(t) is torch.Tensor and (t.storage_offset() or t.untyped_storage().nbytes() != t.numel() * t.element_size()):
+        return t.clone()
+    return t
+
+
 def codec(cls: Any) -> tuple[Any, Any]:
     """``(encode, decode)`` for a tensor subclass that implements the flatten protocol."""
 
@@ -71,6 +81,7 @@ def codec(cls: Any) -> tuple[Any, Any]:
                              "makes no tensor with a negative stride)")
         if type(grad) is not bool:
             raise ValueError("'requires_grad' must be a bool")
+        inner = {k: _own(t) for k, t in inner.items()}
         value = cls.__tensor_unflatten__(inner, state["ctx"], size, tuple(stride))
         if type(value) is not cls or tuple(value.shape) != tuple(size):
             raise ValueError(f"{cls.__qualname__}.__tensor_unflatten__ did not rebuild a {cls.__qualname__} "
