@@ -427,6 +427,7 @@ def open_lazily(path: str | os.PathLike | storage.Location, *, limits: Limits = 
         cf.check_tree()
         m = cf.manifest
         for i in _composite_parts(m.root):  # a sparse or nested tensor is built from its parts' values
+            del fetch[id(holders[i])]  # (before the placeholder goes: a new object may reuse its id)
             holders[i] = cf.read(i, map_location="cpu")
             read.add(i)
         value = tree.decode_manifest(m.root, m.meta, [info.name for info in m.tensors], m.version,
