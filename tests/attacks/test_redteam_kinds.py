@@ -756,7 +756,20 @@ KEY_ATTACKS = {
 }
 
 
-@pytest.mark.parametrize("name", list(KEY_ATTACKS))
+def _random_node() -> list:
+    """The node of a ``random.Random`` state, as a writer writes it (rng.random, docs/RNG.md)."""
+    import random
+
+    return h.manifest_of(tensorcanon.dumps({"r": random.Random(0)}))[0]["root"][2]
+
+
+KEY_ATTACKS["key_random_state"] = (lambda: rooted(["set", _random_node()]), '$["x"]')
+KEY_ATTACKS["key_sparse"] = (lambda: forge([(("s", "indices"), IDX), (("s", "values"), ONE)],
+                                           ["dict", ["sparse", "coo", S(2, 3), "tensor", False, T(0), T(1)], 1]),
+                             "$")
+
+
+@pytest.mark.parametrize("name", _params(KEY_ATTACKS, {"key_random_state": NEEDS_TREE_KEY_FIX}))
 def test_hostile_keys_of_the_new_kinds_are_refused(worker, tmp_path, name):
     build, where = KEY_ATTACKS[name]
     answer = read(worker, build(), tmp_path)
