@@ -71,6 +71,7 @@ def _full(data: bytes, limits: Limits = DEFAULT) -> Full:
     try:
         cf = reader.open_file(data, limits)
         cf.check_tree()
+        cf.check_values(verify=False)  # (sparse indices, jagged offsets: open's full check reads them too)
     except TensorCanonError as e:
         return Full(None, {}, e)
     keys: dict[str, int] = {}

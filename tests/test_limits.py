@@ -6,6 +6,7 @@ raising it as the message says makes the same file load.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,6 +36,8 @@ CASES = {
     "max_tensors": (lambda: {f"t{i}": torch.ones(1) for i in range(10)}, lambda n: Limits(max_tensors=9),
                     "max_tensors"),
     "max_ndim": (lambda: {"t": torch.ones([1] * 9)}, lambda n: Limits(max_ndim=8), "max_ndim"),
+    "max_string_array_bytes": (lambda: {"labels": np.array(["cat", "dog"]), "more": np.array([b"x"] * 8, dtype="S100")},
+                               lambda n: Limits(max_string_array_bytes=800), "max_string_array_bytes"),
 }
 
 
@@ -46,8 +49,8 @@ def test_each_limit_names_itself_and_can_be_raised(limit):
     header_len = int.from_bytes(data[:8], "little")
     tight = low(header_len)
     for fn in (tensorcanon.loads, tensorcanon.verify, tensorcanon.read_metadata):
-        if fn is tensorcanon.read_metadata and limit == "max_depth":
-            continue  # the deep value is in the object, not the metadata
+        if fn is tensorcanon.read_metadata and limit in ("max_depth", "max_string_array_bytes"):
+            continue  # the deep value (the arrays) is in the object, not the metadata
         with pytest.raises(errors.LimitError) as info:
             fn(data, limits=tight)
         _assert_says_how(info.value, name)
@@ -126,3 +129,14 @@ def test_the_writer_refuses_a_header_readers_refuse():
     assert info.value.limit == "max_header_bytes"
     data = tensorcanon.dumps({"blob": b"x" * 1024}, limits=limits)
     assert tensorcanon.loads(data, limits=limits) == {"blob": b"x" * 1024}
+
+
+def test_the_writer_applies_the_string_array_budget_naming_the_array():
+    """numpy string arrays of one file take at most max_string_array_bytes together (FORMAT.md §9.4),
+    counted as width x elements: the writer refuses what readers would refuse, naming the array."""
+    value = {"a": np.array(["x"] * 10, dtype="U10"), "b": np.array(["y"] * 10, dtype="U10")}  # 400 bytes each
+    with pytest.raises(errors.LimitError, match=r'up to the one at \$\["b"\] take 800 bytes') as info:
+        tensorcanon.dumps(value, limits=Limits(max_string_array_bytes=799))
+    assert info.value.limit == "max_string_array_bytes" and info.value.path == '$["b"]'
+    data = tensorcanon.dumps(value, limits=Limits(max_string_array_bytes=800))
+    assert tensorcanon.loads(data, limits=Limits(max_string_array_bytes=800))["b"].dtype == np.dtype("U10")

@@ -206,6 +206,12 @@ def same(a, b) -> bool:
     """Deep equality that compares tensors and arrays by dtype, shape and bytes."""
     if type(a) is not type(b):
         return False
+    if isinstance(a, torch.Tensor) and type(a) not in (torch.Tensor, torch.nn.Parameter) and not a.is_nested \
+            and callable(getattr(type(a), "__tensor_flatten__", None)):  # a registered subclass (§6.12.5)
+        (names_a, ctx_a), (names_b, ctx_b) = a.__tensor_flatten__(), b.__tensor_flatten__()
+        return (list(names_a) == list(names_b) and same(ctx_a, ctx_b) and a.shape == b.shape
+                and a.stride() == b.stride() and a.requires_grad == b.requires_grad
+                and all(same(getattr(a, n), getattr(b, n)) for n in names_a))
     if isinstance(a, torch.Tensor) and (a.layout is not torch.strided or a.is_nested or a.is_meta):
         return (a.layout == b.layout and a.is_nested == b.is_nested and a.is_meta == b.is_meta
                 and a.dtype == b.dtype and (a.is_nested or a.shape == b.shape) and _parts(a) == _parts(b))

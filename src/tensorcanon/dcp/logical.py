@@ -39,8 +39,8 @@ _SUPPORTED_PLACEMENTS = (Shard, Replicate)
 class LogicalEncoder(Encoder):
     """An Encoder that plans DTensors by their global metadata and sets PerRank values aside."""
 
-    def __init__(self, max_depth: int) -> None:
-        super().__init__(max_depth)
+    def __init__(self, max_depth: int, max_string_bytes: int = DEFAULT.max_string_array_bytes) -> None:
+        super().__init__(max_depth, max_string_bytes=max_string_bytes)
         self.per_rank: list[tuple[tuple, Any]] = []  # (path, value), in traversal order
 
     def encode(self, value: Any, depth: int = 0) -> Any:
@@ -153,7 +153,7 @@ class LogicalState:
 
 def plan_state(state: Any, limits: Limits = DEFAULT) -> LogicalState:
     """Plan the logical state of ``state`` (this rank's state dict) and its DCP entries."""
-    enc = LogicalEncoder(limits.max_depth)
+    enc = LogicalEncoder(limits.max_depth, limits.max_string_array_bytes)
     try:
         plan = writer.plan(state, None, limits, digest.DEFAULT, encoder=enc)
     except TensorCanonError:

@@ -142,7 +142,8 @@ class Reader(StorageReader):
                 try:
                     value = subtrees.decode(node, lambda t: read_tensor(index, files, t))
                 except TensorCanonError as e:
-                    raise with_context(e, f"{req.storage_index.fqn!r}: ") from None
+                    raise with_context(e, f"index {layout.index_path(index.folder)}: the value "
+                                          f"{req.storage_index.fqn!r} (its paths start at it): ") from None
                 _compat.give_value(planner, req, value)
             for key in sorted(by_chunk, key=lambda k: (k[0], _offset(files, index, by_chunk[k][0]))):
                 reqs = by_chunk[key]

@@ -111,7 +111,7 @@ def dcp_view(index: layout.Index, limits: Limits) -> tuple[dict, dict, Checkpoin
     try:
         decoder = Decoder(placeholders, limits.max_depth)
         decoder.used = [True] * len(placeholders)
-        flat, mapping = flatten_state_dict(decoder.decode(index.logical.root))
+        flat, mapping = flatten_state_dict(decoder.decode(_kept_whole(index.logical.root)))
     except Exception as e:  # noqa: BLE001 - a registered type this process lacks, keys DCP cannot flatten
         return {}, {}, CheckpointInfo({}, index, f"{type(e).__name__}: {e}")
     md: dict = {}
@@ -127,6 +127,25 @@ def dcp_view(index: layout.Index, limits: Limits) -> tuple[dict, dict, Checkpoin
 
 
 _MISSING = object()
+
+# Tensors built from other tensors' values, or from none (docs/FORMAT.md §6.12): DCP cannot read into
+# them chunk by chunk, and the placeholders above have no values to build them from. DCP is shown
+# each as a value it keeps whole (a bytes entry), which the Reader decodes from the index, reading
+# and checking its parts; never as a tensor DCP would allocate (a meta tensor's size is no claim of
+# bytes, and no rank file bounds it).
+_BUILT = ("sparse", "nested", "meta")
+_KEPT_WHOLE = "<a sparse, nested or meta tensor, decoded from the checkpoint's index>"
+
+
+def _kept_whole(node: Any) -> Any:
+    """``node`` with every sparse, nested or meta tensor node (with the ``tensor.attrs`` around one)
+    replaced by a str leaf, which DCP's flattening keeps whole, at the same path."""
+    if type(node) not in (list, tuple) or not node:
+        return node
+    tag = node[0]
+    if tag in _BUILT or (tag == "tensor.attrs" and len(node) == 3 and tag_of(node[1]) in _BUILT):
+        return _KEPT_WHOLE
+    return [tag, *(_kept_whole(child) for child in node[1:])]
 
 
 class NodeFinder:

@@ -22,6 +22,9 @@ class Limits:
     max_tensors: int = 1_000_000
     #: Number of dimensions of one tensor.
     max_ndim: int = 64
+    #: Bytes that the numpy string arrays (dtype ``U`` and ``S``) of one file take together once
+    #: built: an array's width is a claim, like a shape, that a few bytes of manifest can make.
+    max_string_array_bytes: int = 1 << 28
 
 
 DEFAULT = Limits()

@@ -29,6 +29,27 @@ def implements_flatten(cls: type) -> bool:
     return callable(getattr(cls, "__tensor_flatten__", None)) and callable(getattr(cls, "__tensor_unflatten__", None))
 
 
+def _too_large(size: Any) -> bool:
+    """Whether the non-zero dimensions of ``size`` multiply to 2^63 or more (§5.3's rule, stopping there)."""
+    product = 1
+    for d in size:
+        if d:
+            product *= d
+            if product >= 2**63:
+                return True
+    return False
+
+
+def _own(t: Any) -> Any:
+    """``t``, or a copy of it in a storage of its own when it views a larger one: ``load(mmap=True)``
+    gives tensors that view the file's map at their offsets, and a class's ``__tensor_unflatten__``
+    may rely on what an eager load gives (TwoTensor asserts that both inner tensors start at one
+    storage offset), so that both loads build the same value or refuse the same file."""
+    if type(t) is torch.Tensor and (t.storage_offset() or t.untyped_storage().nbytes() != t.numel() * t.element_size()):
+        return t.clone()
+    return t
+
+
 def codec(cls: Any) -> tuple[Any, Any]:
     """``(encode, decode)`` for a tensor subclass that implements the flatten protocol."""
 
@@ -51,10 +72,16 @@ def codec(cls: Any) -> tuple[Any, Any]:
             raise ValueError("'inner' must map attribute names (str) to tensors")
         if type(size) is not torch.Size or any(d < 0 for d in size):
             raise ValueError("'size' must be a torch.Size of non-negative dimensions")
-        if type(stride) is not list or len(stride) != len(size) or not all(type(s) is int for s in stride):
-            raise ValueError("'stride' must be a list of ints, one per dimension")
+        if _too_large(size):  # (checked before the class's own code sees it)
+            raise ValueError(f"'size' {list(size)} has non-zero dimensions whose product reaches 2^63, which no "
+                             "tensor has (docs/FORMAT.md §5.3)")
+        if type(stride) is not list or len(stride) != len(size) or not all(type(s) is int and 0 <= s < 2**63
+                                                                         for s in stride):
+            raise ValueError("'stride' must be a list of non-negative ints below 2^63, one per dimension (torch "
+                             "makes no tensor with a negative stride)")
         if type(grad) is not bool:
             raise ValueError("'requires_grad' must be a bool")
+        inner = {k: _own(t) for k, t in inner.items()}
         value = cls.__tensor_unflatten__(inner, state["ctx"], size, tuple(stride))
         if type(value) is not cls or tuple(value.shape) != tuple(size):
             raise ValueError(f"{cls.__qualname__}.__tensor_unflatten__ did not rebuild a {cls.__qualname__} "

@@ -51,6 +51,11 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     "bsc": ("ccol_indices", "row_indices", "values"),
 }
 KINDS = ("tensor", "parameter")
+# The dtypes of a strided nested tensor: those torch builds one of (the same list from torch 2.4 to
+# 2.13; float8, uint16-64 and complex32 raise "create_nt_buffer not implemented"). A closed list, so
+# that verify, which builds nothing, refuses what load cannot build (docs/FORMAT.md §6.12.2).
+STRIDED_NESTED_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+                         "float64", "complex64", "complex128")
 _MEMO = "_tensorkinds_memo"  # attribute of an Encoder / Decoder: composite nodes by id / by content
 
 
@@ -623,6 +628,12 @@ def _dec_meta(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
     return _finish(value, node[3], node[4])
 
 
+def _nested_dtype(dec: tree.Decoder, layout: str, name: str) -> None:
+    if layout == "strided" and name not in STRIDED_NESTED_DTYPES:
+        raise dec.error(f"a strided nested tensor of dtype {name}, which torch cannot build (its strided "
+                        f"nested tensors hold {', '.join(STRIDED_NESTED_DTYPES)}; docs/FORMAT.md §6.12.2)")
+
+
 def _nested_described(dec: tree.Decoder, layout: str, name: str, requires_grad: bool,
                       described: list[Part], nodes: Sequence[Any]) -> None:
     """Verify's checks of a nested node, on its parts' table rows: those load makes on the built
@@ -650,6 +661,7 @@ def _dec_nested(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
     if row is None:
         raise dec.error(f"unknown dtype {tree.paths.show(name)} (docs/FORMAT.md §4.1)")
     _flags(dec, "tensor", requires_grad)
+    _nested_dtype(dec, layout, name)
     if layout == "jagged":
         if len(node) != 6:
             raise dec.error(f"a jagged 'nested' node takes 5 values, found {len(node) - 1}")

@@ -32,6 +32,7 @@ import msgpack
 
 from . import codecs, container, devices, dtypes, optional, packed, paths, registry, tensorbytes, walk
 from .errors import FormatError, LimitError, UnsupportedTypeError, UsageError
+from .limits import DEFAULT
 from .names import tensor_names  # the name rule lives in names.py (layout imports it from here too)
 from .ordering import KEY_TYPES, MAX_SAME_HASH, NO_KEY, Unbuilt, UnorderableKey, crowded, sort_key, sorted_keys
 
@@ -108,9 +109,11 @@ class TensorSource:
 class Encoder:
     """Turns one object into a tree of nodes and a table of tensors."""
 
-    def __init__(self, max_depth: int, version: int | None = None) -> None:
+    def __init__(self, max_depth: int, version: int | None = None,
+                 max_string_bytes: int = DEFAULT.max_string_array_bytes) -> None:
         optional.ready()  # if the program imported torch, its types now have their node kinds
         self.max_depth = max_depth
+        self.strings = _StringBudget(max_string_bytes, saving=True)
         # lists are packed (docs/FORMAT.md §6.13) from format version 3 on; an older version only
         # for what that version recorded (the fingerprints of old lockfiles)
         self.packs = version is None or version >= packed.SINCE
@@ -475,6 +478,7 @@ class Encoder:
             codes = np.ascontiguousarray(v.astype(v.dtype.newbyteorder("="))).reshape(-1).view(np.uint32)
             if int(codes.max()) > 0x10FFFF:
                 raise self.unsupported("a numpy str array holds a code point above U+10FFFF, which is not Unicode")
+        self.strings.take(v.size * v.dtype.itemsize, self.path())
         out: list[Any] = ["np.strings", kind, width, v.ndim, *v.shape]
         for item in v.reshape(-1).tolist():  # (numpy strips each element's trailing NULs)
             out.append(self.encode(item, depth))
@@ -640,6 +644,23 @@ def _stateful(th: Any) -> list[tuple[str, Any]]:
     ]
 
 
+class _StringBudget:
+    """The bytes the numpy string arrays of one file take together (docs/FORMAT.md §9.4,
+    ``max_string_array_bytes``): counted before any is built, by the writer and by every reader."""
+
+    def __init__(self, limit: int, saving: bool) -> None:
+        self.limit, self.saving, self.used = limit, saving, 0
+
+    def take(self, nbytes: int, where: str) -> None:
+        self.used += nbytes
+        if self.used > self.limit:
+            raise LimitError(
+                f"{'' if self.saving else 'manifest: '}the numpy string arrays up to the one at {where} take "
+                f"{self.used} bytes together, more than max_string_array_bytes={self.limit} (an array's width "
+                "times its elements: a claim the file makes, like a shape)", limit="max_string_array_bytes",
+                path=where, saving=self.saving)
+
+
 # --------------------------------------------------------------------------- decode
 
 
@@ -652,8 +673,9 @@ class Decoder:
     """Builds values from a validated manifest's tree, checking every node."""
 
     def __init__(self, tensors: list, max_depth: int, build_objects: bool = True,
-                 version: int | None = None) -> None:
+                 version: int | None = None, max_string_bytes: int = DEFAULT.max_string_array_bytes) -> None:
         self.tensors = tensors
+        self.strings = _StringBudget(max_string_bytes, saving=False)
         self.build_objects = build_objects
         # The format version whose list rules apply (docs/FORMAT.md §6.13): from 3, a list that the
         # writer packs must be packed; before 3, no packed node is allowed. None: a walker of a tree
@@ -1020,6 +1042,7 @@ class Decoder:
         items = node[4 + ndim:]
         if len(items) != math.prod(shape):
             raise self.error(f"'np.strings' of shape {list(shape)} holds {len(items)} elements")
+        self.strings.take(len(items) * width * _CHAR_SIZE[kind], self.path())  # (verify too: verify => load)
         want, nul = (str, "\x00") if kind == "U" else (bytes, b"\x00")
         for item in items:
             if type(item) is not want or len(item) > width or item.endswith(nul):  # type: ignore[arg-type]
@@ -1027,7 +1050,12 @@ class Decoder:
                                  f"most {width} characters that does not end with a NUL")
         if not self.build_objects:
             return None
-        return np.array(list(items), dtype=f"{kind}{width}").reshape(shape)
+        try:
+            return np.array(list(items), dtype=f"{kind}{width}").reshape(shape)
+        except MemoryError:
+            raise LimitError(f"manifest: the numpy string array at {self.path()} does not fit in memory "
+                             f"({len(items)} elements of {kind}{width})", limit="max_string_array_bytes",
+                             path=self.path()) from None
 
     def dec_tensor(self, node: Sequence[Any], depth: int) -> Any:
         idx = node[1] if len(node) == 2 else self._args(node, 1)[0]  # (_args raises; inline when valid)
@@ -1368,7 +1396,8 @@ register_kind("records", Decoder.dec_records)
 
 def decode_manifest(root: Any, meta: Any, names: list[str], version: int, max_depth: int,
                     values: list | None = None, uses: bool = False,
-                    rows: Sequence[Any] | None = None) -> tuple[Any, Decoder]:
+                    rows: Sequence[Any] | None = None,
+                    max_string_bytes: int = DEFAULT.max_string_array_bytes) -> tuple[Any, Decoder]:
     """Every rule of docs/FORMAT.md §6 on a manifest's object tree, its table's names and order
     (:meth:`Decoder.check_table`) and its user metadata tree: the one structural check of a file,
     for every reader (the file reader, the sharded index). With ``values`` (one per table row)
@@ -1377,7 +1406,7 @@ def decode_manifest(root: Any, meta: Any, names: list[str], version: int, max_de
     on their values recorded in ``decoder.deferred`` (tensorkinds.run_deferred runs them).
     Returns ``(object or None, the decoder)``."""
     decoder = Decoder(values if values is not None else [None] * len(names), max_depth,
-                      build_objects=values is not None, version=version)
+                      build_objects=values is not None, version=version, max_string_bytes=max_string_bytes)
     decoder.rows = rows
     if uses:
         decoder.uses = []
@@ -1390,7 +1419,8 @@ def decode_manifest(root: Any, meta: Any, names: list[str], version: int, max_de
             f"{max_depth}; files saved with the default limits never are") from None
     decoder.check_table(names, version)
     if meta is not None:
-        Decoder([], max_depth, build_objects=False, version=version).decode_metadata(meta)
+        Decoder([], max_depth, build_objects=False, version=version,
+                max_string_bytes=max_string_bytes).decode_metadata(meta)
     return obj, decoder
 
 

@@ -98,6 +98,11 @@ class LazyFile(Mapping):
             # (the header bytes the quick index read: every check is made on them again)
             f = reader.CheckedFile(src, self._limits, raw_header=None if q is None else (q.prefix, q.raw))
             f.check_tree()  # the whole tree, building nothing (paths only when asked: _path_index)
+            # the values of index parts (sparse indices, jagged offsets), which load checks too:
+            # read (and proven) alone, so check() refuses what load refuses (FORMAT.md §6.12)
+            proven = f.check_values(verify=self.verify)
+            if self.verify:
+                self._verified.update(proven)
             self._by_name = {r.name: r.index for r in f.rows}
             self._full = f
         return self._full

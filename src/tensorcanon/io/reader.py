@@ -381,12 +381,25 @@ class CheckedFile(RowReader):
         m = self.manifest
         assert m is not None
         return tree.decode_manifest(m.root, m.meta, [info.name for info in m.tensors], m.version,
-                                    self.limits.max_depth, values, uses, m.tensors if values is None else None)
+                                    self.limits.max_depth, values, uses, m.tensors if values is None else None,
+                                    self.limits.max_string_array_bytes)
 
     def check_tree(self) -> None:
         """Raise unless the object tree and the table follow every rule of docs/FORMAT.md §6."""
         if self.manifest is not None:
             self._structure()
+
+    def check_values(self, *, verify: bool = True) -> list[int]:
+        """Run the checks load makes on the values of parts (docs/FORMAT.md §6.12: sparse indices,
+        jagged offsets) on those parts alone, read from the file (hashed against their digests
+        unless ``verify`` is false); for a reader that checks the whole file without loading it
+        (``tensorcanon.open``). Raises the FormatError load would raise; returns the table
+        indices of the parts it read (and, with ``verify``, proved)."""
+        checks = list(self._structure().deferred) if self.manifest is not None else []
+        wanted = sorted({i for c in checks for i in c.indices})
+        parts = {i: self.read(i, map_location="cpu", verify=verify) for i in wanted}
+        tensorkinds.run_deferred(checks, self.rows, lambda i: parts[i].contiguous().numpy())
+        return wanted
 
     def uses(self) -> list[tuple[tuple, int]]:
         """``(path, table index)`` for every place a tensor occurs, in canonical order.

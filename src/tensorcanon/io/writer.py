@@ -156,7 +156,7 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
         raise ValueError(f"format version {version} is not one this tensorcanon knows")
     if encoder is not None and encoder.packs != (version >= packed.SINCE):
         raise ValueError(f"the encoder given writes lists as another format version than {version} does")
-    enc = encoder if encoder is not None else Encoder(limits.max_depth, version)
+    enc = encoder if encoder is not None else Encoder(limits.max_depth, version, limits.max_string_array_bytes)
     try:
         root = enc.encode(obj)
     except RecursionError:
@@ -169,7 +169,7 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
     if metadata is not None:
         if type(metadata) is not dict or not all(type(k) is str for k in metadata):
             raise UnsupportedTypeError("metadata must be a dict with str keys", path="metadata")
-        menc = Encoder(limits.max_depth, version)
+        menc = Encoder(limits.max_depth, version, limits.max_string_array_bytes)
         meta = menc.encode(metadata)
         if menc.tensors:
             raise UnsupportedTypeError(

@@ -207,7 +207,10 @@ class RankFile(reader.CheckedFile):
             raise FormatError(f"rank file {self.path} holds no value {key!r}")
         if self.src.shrunk():
             raise self._shrunk()
-        return decode_subtree(node, len(self.rows), limits, lambda i: self.read(i))
+        try:
+            return decode_subtree(node, len(self.rows), limits, lambda i: self.read(i))
+        except TensorCanonError as e:  # (its paths start at the value: name the file and the key)
+            raise with_context(e, f"rank file {self.path}: the value {key!r}: ") from None
 
     def close(self) -> None:
         try:
@@ -226,10 +229,11 @@ class SubtreeDecoder:
     """
 
     def __init__(self, n_tensors: int, limits: Limits) -> None:
-        self._probe = Decoder([None] * n_tensors, limits.max_depth, build_objects=False)
+        self._probe = Decoder([None] * n_tensors, limits.max_depth, build_objects=False,
+                              max_string_bytes=limits.max_string_array_bytes)
         self._probe.used = [True] * n_tensors
         self._values: list[Any] = [None] * n_tensors
-        self._build = Decoder(self._values, limits.max_depth)
+        self._build = Decoder(self._values, limits.max_depth, max_string_bytes=limits.max_string_array_bytes)
         self._build.used = self._probe.used
 
     def decode(self, node: Any, read: Callable[[int], Any]) -> Any:

@@ -287,7 +287,8 @@ def read(folder: Any, limits: Limits = DEFAULT, storage_options: Any = None) -> 
         # shapes (by the table's rows): the check every reader makes; the checks on parts' values
         # are kept for verify (load makes them on the built parts)
         value_checks = decode_manifest(logical.root, None, [info.name for info in infos], logical.version,
-                                       limits.max_depth, rows=infos)[1].deferred
+                                       limits.max_depth, rows=infos,
+                                       max_string_bytes=limits.max_string_array_bytes)[1].deferred
     except TensorCanonError as e:
         raise files.with_context(e, f"{where_}: logical manifest: ") from None
     if own_algorithm != algorithm:

@@ -227,7 +227,8 @@ def load_unsharded(folder: str | os.PathLike, *, rank: int | None = None, map_lo
         if map_location is not None:
             placement.check_all(index.logical.tensors, map_location, lambda t: index.describe(t))
         values = [read_tensor(index, files, t, map_location) for t in range(len(index.logical.tensors))]
-        root = Decoder(values, limits.max_depth).decode(index.logical.root)
+        root = Decoder(values, limits.max_depth, max_string_bytes=limits.max_string_array_bytes).decode(
+            index.logical.root)
         if rank is not None and index.per_rank:
             f = files.get(rank)
             for path, key in zip(index.per_rank, index.per_rank_keys, strict=True):
@@ -291,6 +292,32 @@ def verify(folder: str | os.PathLike, *, expect: str | None = None, limits: Limi
     return found
 
 
+def _keeping(parts: set[int], t: int, kept: dict[int, bytearray],
+             sink: Callable[[memoryview], object] | None = None) -> Callable[[memoryview], object] | None:
+    """``sink`` for logical tensor ``t``, which also copies the bytes into ``kept[t]`` when ``t`` is one
+    of ``parts``, whose values FORMAT.md §6.12 checks (sparse indices, jagged offsets:
+    :func:`_check_values`)."""
+    if t not in parts:
+        return sink
+    buf = kept[t] = bytearray()
+    if sink is None:
+        return buf.extend
+
+    def both(piece: memoryview) -> None:
+        buf.extend(piece)
+        sink(piece)
+    return both
+
+
+def _check_values(index: layout.Index, kept: dict[int, bytearray]) -> None:
+    """The checks of §6.12 on the values of parts (kept by :func:`_keeping`, once verified): what a
+    load of the logical state checks, so that verify and consolidate refuse what load refuses."""
+    try:
+        tensorkinds.run_deferred(index.value_checks, index.logical.tensors, kept.__getitem__)
+    except TensorCanonError as e:
+        raise with_context(e, f"index {layout.index_path(index.folder)}: logical manifest: ") from None
+
+
 def _refuse_own_file(folder: str, out: str) -> None:
     """UsageError when ``out`` is (by name, symlink or hard link: the same device and inode) the
     checkpoint folder or a file in it: writing it would destroy the checkpoint being read."""
@@ -335,9 +362,12 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
 
     def fill(f: BinaryIO, tmp: str) -> str:
         f.write(header)
+        kept: dict[int, bytearray] = {}
+        parts = {i for check in index.value_checks for i in check.indices}
         with RankFiles(index, limits) as files:
             for t in order:
-                stream(index, files, t, f.write, check_chunks=False)
+                stream(index, files, t, _keeping(parts, t, kept, f.write), check_chunks=False)
+        _check_values(index, kept)  # (a file load would refuse is removed, not left)
         return index.logical_digest
 
     try:

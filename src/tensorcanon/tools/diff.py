@@ -426,13 +426,37 @@ def open_lazily(path: str | os.PathLike | storage.Location, *, limits: Limits = 
             return Loaded(value, "safetensors", name, fetch=fetch, closer=close)
         cf.check_tree()
         m = cf.manifest
+        for i in _composite_parts(m.root):  # a sparse or nested tensor is built from its parts' values
+            del fetch[id(holders[i])]  # (before the placeholder goes: a new object may reuse its id)
+            holders[i] = cf.read(i, map_location="cpu")
+            read.add(i)
         value = tree.decode_manifest(m.root, m.meta, [info.name for info in m.tensors], m.version,
-                                     limits.max_depth, holders, False)[0]
+                                     limits.max_depth, holders, False,
+                                     max_string_bytes=limits.max_string_array_bytes)[0]
         return Loaded(value, "tensorcanon", name, cf.devices(), cf.metadata(), cf.algorithm,
                       fetch=fetch, closer=close)
     except BaseException:
         cf.close()
         raise
+
+
+def _composite_parts(root: Any) -> list[int]:
+    """The table indices of the parts of every sparse and nested tensor of a checked tree (FORMAT.md
+    §6.12): these tensors are built, and their index parts checked, from the parts' values, so the
+    parts are read before the tree is decoded (a placeholder on "meta" has no values)."""
+    found: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, inside = stack.pop()
+        if type(node) not in tree.ARRAYS or not node:
+            continue
+        tag = node[0]
+        if inside and tag == "tensor" and len(node) == 2 and type(node[1]) is int:
+            found.add(node[1])
+            continue
+        inside = inside or tag in ("sparse", "nested")
+        stack.extend((child, inside) for child in node[1:])
+    return sorted(found)
 
 
 def _placeholder(info: Any) -> Any:
@@ -603,6 +627,14 @@ def _as_torch(v: Any) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a))
     t = tensorbytes.resolved(v)
     return t.cpu() if t.device.type != "cpu" else t
+
+
+def _factory_name(d: collections.defaultdict) -> str:
+    f = d.default_factory
+    if f is None:
+        return "None"
+    name = f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}"
+    return name.removeprefix("builtins.")
 
 
 def _lenient_order(keys: Any) -> list:
@@ -786,6 +818,9 @@ class _Differ:
         if ca is not None and cb is not None and ca.is_mapping and cb.is_mapping:
             if type(a) is not type(b):
                 self.add(trail, "type", _type_name(a), _type_name(b))
+            elif type(a) is collections.defaultdict and a.default_factory is not b.default_factory:
+                self.add(trail, "value", f"default_factory={_factory_name(a)}",
+                         f"default_factory={_factory_name(b)}")  # (saved: FORMAT.md §6.10.2)
             self.mappings(ca, cb, trail, depth)
             return
         if ca is not None and cb is not None and ca.tag in _SEQUENCES and cb.tag in _SEQUENCES:
