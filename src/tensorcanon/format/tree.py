@@ -114,6 +114,8 @@ class Encoder:
         optional.ready()  # if the program imported torch, its types now have their node kinds
         self.max_depth = max_depth
         self.strings = _StringBudget(max_string_bytes, saving=True)
+        # (a subclass that rewrites written lists, tensorcanon.dcp's: only then is the hook called)
+        self._rewrites_lists = type(self).written_list is not Encoder.written_list
         # lists are packed (docs/FORMAT.md §6.13) from format version 3 on; an older version only
         # for what that version recorded (the fingerprints of old lockfiles)
         self.packs = version is None or version >= packed.SINCE
@@ -237,7 +239,7 @@ class Encoder:
                 enc = nested.get(t) if nested is not None else None
                 append(enc(self, item, depth + 1) if enc is not None else self.encode(item, depth))
                 path.pop()
-        return self.written_list(out) if is_list else out
+        return self.written_list(out) if is_list and self._rewrites_lists else out
 
     def written_list(self, out: list) -> list:
         """The node of a list written item by item, ``out`` (a ``list`` node): :meth:`packed_list`
