@@ -3,7 +3,7 @@ nodes, for the encoder, the decoder and every walker of a tree.
 
 A list of many ints is stored as one byte string of fixed-width little-endian integers
 (``["ints", dtype, data]``); a list of dicts whose keys are str and whose values are leaves (a
-training log, a vocabulary's entries) as rows of values under shared key lists
+training log, a dataset's metadata rows) as rows of values under shared key lists
 (``["records", schemas, row, ...]``). Neither holds a tensor or any other tagged node, so a
 walker that only looks for tensors may skip them, and :func:`expand` gives any other walker the
 ``list`` node a version-2 writer would have written.
