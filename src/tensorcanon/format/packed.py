@@ -216,7 +216,7 @@ def is_record_node(node: Any) -> bool:
 def should_pack(items: Sequence[Any]) -> str | None:
     """The tag a version-3 writer gives a ``list`` node of these (written) ``items``: ``"ints"``,
     ``"records"``, or None when it writes a ``list`` node (a reader's check, §6.13)."""
-    if len(items) >= MIN_INTS and set(map(type, items)) == {int} \
+    if len(items) >= MIN_INTS and type(items[0]) is int and set(map(type, items)) == {int} \
             and int_dtype(min(items), max(items)) is not None:
         return "ints"
     if len(items) >= MIN_RECORDS and all(map(is_record_node, items)):

@@ -927,7 +927,8 @@ class Decoder:
         self._packed_allowed("records")
         if depth >= self.max_depth:  # each record is a dict, one level below the list
             self.check_depth(depth)
-        values = packed.records_values(node, self.error, self.build_objects)  # (verify: as dec_ints)
+        # (verify: as dec_ints; a walker: checked here, built once by expand)
+        values = packed.records_values(node, self.error, self.build_objects and self.visit is None)
         if self.visit is not None:  # a walker sees the list of dict nodes a version-2 file holds
             return self._items(packed.expand(node), depth)
         return [] if values is None else values

@@ -17,7 +17,25 @@ from typing import BinaryIO
 from ..format import sharding
 from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError
 
-__all__ = ["open_fd", "open_path", "directory_error"]
+__all__ = ["open_fd", "open_path", "directory_error", "same_file"]
+
+
+def same_file(out: str, paths: list[str] | tuple[str, ...]) -> str | None:
+    """The first of ``paths`` that is the file ``out`` (the same device and inode: by name, symlink or
+    hard link), None when none is or ``out`` does not exist yet. For the commands that must not write
+    their output over one of their inputs (consolidate, diverge --html): the one check they share."""
+    try:
+        st = os.stat(out)
+    except OSError:
+        return None  # nothing there yet (or unreachable: the write says why)
+    for path in paths:
+        try:
+            other = os.stat(path)
+        except OSError:
+            continue
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            return path
+    return None
 
 
 def _os_error(e: OSError, path: str, doing: str) -> FileAccessError:

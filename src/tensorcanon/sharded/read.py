@@ -20,7 +20,7 @@ from ..format.limits import DEFAULT, Limits
 from ..format.manifest import TensorInfo
 from ..format.ordering import sort_key
 from ..format.tree import Decoder
-from ..io import placement, storage, writer
+from ..io import placement, regular, storage, writer
 from . import layout, tiling
 from .files import RankFile, with_context
 
@@ -321,24 +321,18 @@ def _check_values(index: layout.Index, kept: dict[int, bytearray]) -> None:
 def _refuse_own_file(folder: str, out: str) -> None:
     """UsageError when ``out`` is (by name, symlink or hard link: the same device and inode) the
     checkpoint folder or a file in it: writing it would destroy the checkpoint being read."""
-    try:
-        st = os.stat(out)
-    except OSError:
+    if not os.path.exists(out):
         return  # nothing there yet (or unreachable: the write says why)
     mine = [folder]
     try:
         mine += [e.path for e in os.scandir(folder)]
     except OSError:
         return  # not a folder: _open says so
-    for path in mine:
-        try:
-            other = os.stat(path)
-        except OSError:
-            continue
-        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
-            what = "the checkpoint folder" if path == folder else f"{path}, a file of the checkpoint"
-            raise UsageError(f"cannot consolidate into {out}: it is {what} being read, which writing it "
-                             "would destroy; write the file elsewhere")
+    path = regular.same_file(out, mine)
+    if path is not None:
+        what = "the checkpoint folder" if path == folder else f"{path}, a file of the checkpoint"
+        raise UsageError(f"cannot consolidate into {out}: it is {what} being read, which writing it "
+                         "would destroy; write the file elsewhere")
 
 
 def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Limits = DEFAULT,

@@ -66,20 +66,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser, func: Any) -> argparse
 
 def _refuse_output_onto_input(out_path: str, inputs: tuple[str, ...]) -> None:
     """A UsageError when ``out_path`` is the same file (device and inode) as one of ``inputs``."""
-    import os
+    from ..io.regular import same_file
 
-    try:
-        st = os.stat(out_path)
-    except OSError:
-        return  # nothing there yet (or unreachable: the write says why)
-    for path in inputs:
-        try:
-            other = os.stat(path)
-        except OSError:
-            continue
-        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
-            raise UsageError(f"cannot write the page to {out_path}: it is the trace {path} being compared, "
-                             "which writing it would destroy; give --html another file")
+    path = same_file(out_path, inputs)
+    if path is not None:
+        raise UsageError(f"cannot write the page to {out_path}: it is the trace {path} being compared, "
+                         "which writing it would destroy; give --html another file")
 
 
 def run(args: argparse.Namespace, out: Any) -> int:
