@@ -8,6 +8,7 @@ pairwise sum, the chunks in order), so equal bytes also give equal sums, whateve
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from ..format import digest as digests, optional
@@ -104,6 +105,42 @@ def summarize(t: Any, algorithm: str) -> tuple[str, tuple[int, ...], bytes, floa
 
 
 _BY_TORCH: dict[Any, Any] = {}
+
+
+# significand bits (the leading one included) and the smallest normal exponent of each float dtype
+# whose ULP distance the evidence reports
+_PRECISION = {"float16": (11, -14), "bfloat16": (8, -126), "float32": (24, -126), "float64": (53, -1022)}
+
+
+def max_ulp(a: Any, b: Any, dtype_name: str) -> int | float:
+    """The largest distance in units in the last place between the values of ``a`` and ``b``
+    (float64 numpy arrays of one shape holding the values of two ``dtype_name`` tensors,
+    element by element; docs/TRACE.md "The evidence").
+
+    The distance of two values x and y is |x − y| in ULPs of the larger magnitude of the two,
+    rounded up: |x − y| / ulp(max(|x|, |y|)), where ulp(v) is the gap between v and the next
+    larger magnitude of ``dtype_name`` (the gap of its smallest normal number for a subnormal
+    or 0). So equal values are 0 apart (-0.0 and 0.0 too), adjacent floats 1, and two floats of
+    one binade the number of floats between them, while values on both sides of zero are as far
+    apart as their difference is in the larger one's last place: -0.002 and 0.002 in float32 are
+    17 179 870 ULP apart (the larger's value has 8 589 935 ULPs), not the 1 980 114 142 floats
+    that lie between them (half of all the float32 numbers crowd near zero). A NaN against a
+    number, an inf against another value, are inf apart; two NaNs 0."""
+    p, emin = _PRECISION[dtype_name]
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.size == 0:
+        return 0
+    both_nan = np.isnan(a) & np.isnan(b)
+    finite = np.isfinite(a) & np.isfinite(b)
+    if bool(np.any(~finite & ~both_nan & (a != b))):
+        return math.inf
+    a, b = a[finite], b[finite]
+    if a.size == 0:
+        return 0
+    _, e = np.frexp(np.maximum(np.abs(a), np.abs(b)))  # m * 2**e with m in [0.5, 1): 2**(e-1) <= v
+    ulp = np.ldexp(1.0, np.maximum(e - 1, emin) - (p - 1))
+    # v / ulp is exact (a power of two, no overflow: |v| / ulp < 2**p), so is most often the difference
+    return int(np.ceil(np.abs(a / ulp - b / ulp)).max())
 
 
 def summarize_text(text: str, algorithm: str) -> tuple[str, tuple[int, ...], bytes, float, str]:
