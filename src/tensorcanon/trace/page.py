@@ -18,8 +18,8 @@ import json
 import math
 import os
 
-from ..io.writer import replace_atomically
 from ..format.text import printable
+from ..io.writer import replace_atomically
 from .compare import Divergence, column
 
 _SCRIPT = """
@@ -59,7 +59,8 @@ td.cell { width: 14px; height: 14px; border: 1px solid #ddd; }
 td.first { outline: 3px solid #0050ff; outline-offset: -2px; }
 td.none, #legend .none { background: #f4f4f4; }
 #details { max-width: 40em; font-size: 13px; }
-#legend { font-size: 12px; margin: 0 0 1em 0; padding: 0; list-style: none; display: flex; flex-wrap: wrap; gap: 0.4em 1.2em; }
+#legend { font-size: 12px; margin: 0 0 1em 0; padding: 0; list-style: none;
+          display: flex; flex-wrap: wrap; gap: 0.4em 1.2em; }
 #legend li { display: flex; align-items: center; gap: 0.4em; }
 #legend .sw { display: inline-block; width: 14px; height: 14px; border: 1px solid #ddd; box-sizing: border-box; }
 #legend .sw.first { outline: 3px solid #0050ff; outline-offset: -2px; }

@@ -125,8 +125,9 @@ def max_ulp(a: Any, b: Any, dtype_name: str) -> int | float:
     one binade the number of floats between them, while values on both sides of zero are as far
     apart as their difference is in the larger one's last place: -0.002 and 0.002 in float32 are
     17 179 870 ULP apart (the larger's value has 8 589 935 ULPs), not the 1 980 114 142 floats
-    that lie between them (half of all the float32 numbers crowd near zero). A NaN against a
-    number, an inf against another value, are inf apart; two NaNs 0."""
+    that lie between them (floats crowd near zero: nearly half of the positive float32 numbers are
+    smaller than 0.002). A NaN against a number, an inf against another value, are inf apart;
+    two NaNs 0."""
     p, emin = _PRECISION[dtype_name]
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.size == 0:
