@@ -195,6 +195,17 @@ def test_a_tolerance_of_any_real_type_is_used_as_a_float(tmp_path):
         assert out.same == (float(ok) >= 0.05)
 
 
+def test_squares_past_float64_sum_to_inf_without_a_warning():
+    """The recorder's sum of squares of float64 (and complex128) values beyond ~1.3e154 is inf, as
+    the format says, and numpy's "overflow encountered" warning is not raised for it."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for t in (torch.full((3,), 1e200, dtype=torch.float64), torch.tensor([1e200 + 1j], dtype=torch.complex128)):
+            assert summarize(t, "xxh3-128")[3] == math.inf
+
+
 # --------------------------------------------------------------------------- verdicts (MUTATION.md)
 
 

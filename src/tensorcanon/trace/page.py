@@ -94,7 +94,7 @@ _LEGEND = (
 
 
 def legend() -> str:
-    """The colour legend beside the grid: which colour is which distance (docs/TRACE.md "Comparing")."""
+    """The colour legend above the grid: which colour is which distance (docs/TRACE.md "Comparing")."""
     items = []
     for cls, d, text in _LEGEND:
         style = f' style="background:{_colour(d)}"' if d is not None and cls != "first" else ""

@@ -42,12 +42,18 @@ def sum_of_squares(data: memoryview, dtype_name: str, t: Any = None, floats: Any
         a = u.cpu().contiguous().reshape(-1).numpy()
     else:  # sub-byte and exotic types: the sum of squares of the bytes, a summary all the same
         a = np.frombuffer(data, dtype=np.uint8)
+    if a.dtype.itemsize == 8 and a.dtype.kind == "f":  # only float64's squares can pass float64's range:
+        with np.errstate(over="ignore"):                 # inf is the sum then, no warning (docs/TRACE.md)
+            return _sum_sq(a)
+    return _sum_sq(a)
+
+
+def _sum_sq(a: Any) -> float:
     total = 0.0
-    with np.errstate(over="ignore", invalid="ignore"):  # squares past float64's range are inf: a value, no warning
-        for i in range(0, a.size, CHUNK):
-            c = a[i:i + CHUNK].astype(np.float64)
-            c *= c
-            total += float(np.add.reduce(c))
+    for i in range(0, a.size, CHUNK):
+        c = a[i:i + CHUNK].astype(np.float64)
+        c *= c
+        total += float(np.add.reduce(c))
     return total
 
 
