@@ -73,3 +73,23 @@ def test_names_from_a_trace_are_escaped_on_the_html_page(tmp_path):
     assert "<script>alert" not in html_text and "&lt;script&gt;alert(1)&lt;/script&gt;\\x1b[31m\\u202e" in html_text
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]", html_text)
     assert html_text.count("<script>") == 1  # the page's own
+
+
+def test_the_capture_line_quotes_a_name_for_the_shell(tmp_path, capsys):
+    """The report's "rerun both runs with TENSORCANON_TRACE_CAPTURE='...'" line, pasted into a shell,
+    sets the variable to the spec and runs nothing else, whatever quotes the module's name holds."""
+    import os
+    import subprocess
+
+    evil = "x'; touch pwned; echo '"
+    a = [rec("", evil, role="in.0"), rec("", evil)]
+    a = [r._replace(kind="module") for r in a]
+    x, y = tmp_path / "a.trace", tmp_path / "b.trace"
+    write(x, a)
+    write(y, [a[0], a[1]._replace(digest=D1)])
+    assert cli(["diverge", str(x), str(y)]) == 1
+    line = next(line for line in capsys.readouterr().out.splitlines() if "to see the tensors" in line)
+    assignment = line.split("rerun both runs with ", 1)[1].split(" (or ", 1)[0]
+    proc = subprocess.run(["bash", "-c", f'{assignment}; printf %s "$TENSORCANON_TRACE_CAPTURE"'], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    assert proc.stdout == f"0|module||{evil}|0" and not (tmp_path / "pwned").exists()

@@ -176,7 +176,7 @@ class Divergence:
                 for k, v in f["evidence"].items():
                     lines.append(f"  evidence: {k}: {v}")
             elif self.capture:
-                lines.append(f"  to see the tensors: rerun both runs with {capture.ENV}='{self.capture}' (or "
+                lines.append(f"  to see the tensors: rerun both runs with {capture.ENV}={_shell(self.capture)} (or "
                              "tensorcanon.trace(..., capture=...)), then diverge again")
             before = (f"everything before it matched: {self.matched} records"
                       + (f", up to {_where(self.last_matched)}" if self.last_matched else ""))
@@ -192,6 +192,15 @@ class Divergence:
             lines.append(f"not compared: {'; '.join(self.not_compared)}")
         lines.extend(f"note: {n}" for n in self.notes)
         return [printable(line) for line in lines]  # names, notes and paths come from files: escaped
+
+
+def _shell(text: str) -> str:
+    """``text`` quoted for a POSIX shell, always in quotes (a spec holds ``|``): names from a trace
+    with a quote in them cannot end the quoting of a line the reader pastes into a shell."""
+    import shlex
+
+    quoted = shlex.quote(text)
+    return quoted if quoted.startswith("'") else f"'{quoted}'"
 
 
 def _finite(v: Any) -> Any:
