@@ -23,6 +23,8 @@ def _traces(tmp_path):
     changed = [r._replace(digest=D1, sumsq=2.0) if (r.step, r.name) in ((2, "blocks.1"), (3, "blocks.0"),
                                                                          (4, "aten.mm.default")) else r
                for r in records]
+    changed = [r._replace(dtype="float64") if (r.step, r.name) == (3, "aten.add.Tensor") else r  # an inf cell
+               for r in changed]
     write(b, changed)
     return a, b
 
@@ -62,6 +64,21 @@ def test_the_page_is_self_contained_and_marks_the_first_divergence_in_a_browser(
     assert int(attrs["first-index"]) >= 0
     # the details beside the grid name the record
     assert "first divergence: step 2" in dom and "blocks.1" in dom
+    # the legend: every swatch drawn, and each the colour the grid gives its distance
+    legend = re.search(r'<ul id="legend"[^>]*>(.*?)</ul>', dom, re.S)
+    assert legend, dom[:2000]
+    swatches = re.findall(r'<li><span class="sw ?([a-z]*)"(?: style="background:\s*([^";]+);?")? '
+                          r'data-d="([^"]*)"></span>([^<]+)</li>', legend.group(1))
+    assert int(attrs["legend-shown"]) == len(swatches) == 8, swatches
+    by_d = {d: colour for cls, colour, d, _ in swatches if colour}
+    assert set(by_d) == {"0", "1e-09", "1e-06", "0.001", "1", "inf"}
+    assert {cls for cls, *_ in swatches} == {"", "none", "first"}
+    cells = re.findall(r'<td class="cell( first)?" style="background:\s*([^";]+);?"[^>]*data-d="([^"]*)"', dom)
+    assert {d for _, _, d in cells} >= {"0", "inf", "0.293"}, cells
+    for _, colour, d in cells:
+        if d in by_d:  # equal cells white, cells of another path dark red, as the legend says
+            assert colour == by_d[d], (d, colour, by_d)
+    assert any("the runs recorded different things" in text for *_, text in swatches)
 
 
 def test_the_page_is_never_written_onto_a_trace_being_compared(tmp_path, capsys):

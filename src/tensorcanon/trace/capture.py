@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..format import optional
 from ..format.errors import UsageError
+from .summary import max_ulp
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,14 +53,6 @@ def save(trace_path: str, spec: str, tensors: dict[str, Any], texts: dict[str, s
     api.save({"spec": spec, "tensors": tensors, "texts": texts}, capture_path(trace_path))
 
 
-def _ordered(a: np.ndarray) -> np.ndarray:
-    """Floats as integers in their order (adjacent floats differ by 1), in int64."""
-    bits = {2: np.int16, 4: np.int32, 8: np.int64}[a.dtype.itemsize]
-    i = a.view(bits).astype(np.int64)
-    top = np.int64(np.iinfo(bits).min)
-    return np.where(i < 0, top - i, i)
-
-
 def compare_tensors(a: Any, b: Any) -> dict[str, Any]:
     """How two captured tensors differ: elements, max abs difference, max ULP distance, first index."""
     if a.dtype != b.dtype or a.shape != b.shape:
@@ -75,7 +68,7 @@ def compare_tensors(a: Any, b: Any) -> dict[str, Any]:
             xf, yf = x.double().numpy().reshape(-1), y.double().numpy().reshape(-1)
             with np.errstate(invalid="ignore"):
                 out["max_abs_diff"] = float(np.nanmax(np.abs(xf[diff] - yf[diff]))) if n else 0.0
-            out["max_ulp"] = int(np.abs(_ordered(xb[diff]) - _ordered(yb[diff])).max())
+            out["max_ulp"] = max_ulp(xf[diff], yf[diff], str(x.dtype).removeprefix("torch."))  # (summary.py)
             first = int(np.argmax(diff))
             out["first_index"] = [int(i) for i in np.unravel_index(first, tuple(x.shape))] if x.dim() else []
             out["first_values"] = [float(xf[first]), float(yf[first])]

@@ -11,12 +11,14 @@ things, it skips to the next step of both.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..format.errors import UsageError
+from ..format.text import printable
 from . import capture, layout
 from .layout import Record
 
@@ -44,19 +46,59 @@ def column(r: Record) -> str:
 
 
 def distance(a: Record, b: Record) -> float:
-    """0 for equal records; else the relative difference of their L2 norms (inf when the dtype or
-    shape differ, or a float is not finite in one only; a tiny positive number when the norms are
-    equal but the bits are not)."""
+    """0 for equal records (equal dtype, shape and digest); else the relative difference of their
+    L2 norms, |‖a‖ − ‖b‖| / max(‖a‖, ‖b‖), and a tiny positive number where the norms are equal but
+    the bits are not. inf where no norm can tell how far apart they are: another dtype or shape, a
+    record that is not a float, or a sum of squares that is not finite in either (a NaN, an inf, or
+    squares that overflowed float64): those records are compared by digest alone, and theirs differ.
+    So a tolerance (a finite number) never passes a record whose digest differs unless both sums of
+    squares are finite and within it."""
     if a.digest == b.digest and a.dtype == b.dtype and a.shape == b.shape:
         return 0.0
     if a.dtype != b.dtype or a.shape != b.shape or a.dtype not in _FLOATS:
         return math.inf
-    na, nb = math.sqrt(a.sumsq), math.sqrt(b.sumsq)
-    if math.isnan(na) or math.isnan(nb) or math.isinf(na) or math.isinf(nb):
-        return 1e-300 if (math.isnan(na) and math.isnan(nb)) or na == nb else math.inf
+    return _norm_distance(a.sumsq, b.sumsq)
+
+
+def _norm_distance(sa: float, sb: float) -> float:
+    """The distance of two float records whose digests differ, from their sums of squares ``sa``,
+    ``sb`` (docs/TRACE.md "Comparing": a non-finite one is no measure, the records differ)."""
+    if not (math.isfinite(sa) and math.isfinite(sb)):
+        return math.inf
+    na, nb = math.sqrt(sa), math.sqrt(sb)
     top = max(na, nb)
     rel = abs(na - nb) / top if top else 0.0
     return max(rel, 1e-300)
+
+
+def _tolerance(tolerance: Any) -> float | None:
+    """``first_divergence``'s ``tolerance`` as a float: None, or a finite real number >= 0 (an int
+    too large for a float, a bool, a text, inf or NaN is a UsageError)."""
+    if tolerance is None:
+        return None
+    why = "a finite number >= 0"
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real):
+        raise UsageError(f"tolerance must be {why} (the largest relative difference of L2 norms), "
+                         f"not {type(tolerance).__name__} {_short(tolerance)}")
+    try:
+        value = float(tolerance)
+    except (OverflowError, ValueError, TypeError):
+        value = math.inf
+    if not (value >= 0 and math.isfinite(value)):
+        raise UsageError(f"tolerance must be {why} (the largest relative difference of L2 norms; 1 already "
+                         f"passes every pair of finite norms), not {_short(tolerance)}")
+    return value
+
+
+def _short(v: Any) -> str:
+    """An argument for a message, never long (an int of 400 digits) and never failing."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v).bit_length() > 64:
+        return f"an int of {len(str(abs(v))) if abs(v).bit_length() < 10_000 else 'many'} digits"
+    try:
+        text = repr(v)
+    except Exception:  # noqa: BLE001 - a user's object whose repr fails
+        text = f"<{type(v).__name__}>"
+    return printable(text[:80] + ("..." if len(text) > 80 else ""))
 
 
 def _content(r: Record) -> dict[str, Any]:
@@ -109,7 +151,9 @@ class Divergence:
         return _finite(out)
 
     def lines(self) -> list[str]:
-        """The report for people."""
+        """The report for people: one line each, every control or format character of a name, note or
+        path (read from the traces, the captures or given as a path) escaped (format/text.printable),
+        so that a trace cannot move the cursor, erase a line or print a line of its own."""
         lines = []
         if self.same:
             lines.append(f"same: {self.matched} records compared, all equal "
@@ -132,7 +176,7 @@ class Divergence:
                 for k, v in f["evidence"].items():
                     lines.append(f"  evidence: {k}: {v}")
             elif self.capture:
-                lines.append(f"  to see the tensors: rerun both runs with {capture.ENV}='{self.capture}' (or "
+                lines.append(f"  to see the tensors: rerun both runs with {capture.ENV}={_shell(self.capture)} (or "
                              "tensorcanon.trace(..., capture=...)), then diverge again")
             before = (f"everything before it matched: {self.matched} records"
                       + (f", up to {_where(self.last_matched)}" if self.last_matched else ""))
@@ -147,7 +191,16 @@ class Divergence:
         if self.not_compared:
             lines.append(f"not compared: {'; '.join(self.not_compared)}")
         lines.extend(f"note: {n}" for n in self.notes)
-        return lines
+        return [printable(line) for line in lines]  # names, notes and paths come from files: escaped
+
+
+def _shell(text: str) -> str:
+    """``text`` quoted for a POSIX shell, always in quotes (a spec holds ``|``): names from a trace
+    with a quote in them cannot end the quoting of a line the reader pastes into a shell."""
+    import shlex
+
+    quoted = shlex.quote(text)
+    return quoted if quoted.startswith("'") else f"'{quoted}'"
 
 
 def _finite(v: Any) -> Any:
@@ -196,21 +249,30 @@ def _verdict(r: Record, before_in_group: bool, levels: str) -> tuple[str, str, s
     if r.kind == "module":
         return EQUAL, f"module {r.name or '(model)'}", (
             f"module {r.name or '(model)'} gave another output from equal inputs (its parameters matched after "
-            "the previous optimizer step): something inside it is not deterministic here"
-            + ("; trace at level ops to name the op" if levels != "ops" else ""))
+            "the previous optimizer step): something inside it is not deterministic here" + _finer(levels, "the op"))
     if r.kind == "loss":
         return EQUAL, "the forward pass", ("the loss differs while the batch, the random state and the "
-                                           "parameters matched: the forward pass is not deterministic here; "
-                                           "trace at level modules or ops to name where")
+                                           "parameters matched: the forward pass is not deterministic here"
+                                           + _finer(levels, "where"))
     if r.kind == "grad":
         return EQUAL, "the backward pass", ("a gradient differs while the forward pass matched: the backward "
-                                            "pass is not deterministic here"
-                                            + ("; trace at level ops to name the op" if levels != "ops" else ""))
+                                            "pass is not deterministic here" + _finer(levels, "the op"))
     what = "parameters" if r.kind == "param" else "optimizer state"
     return EQUAL, f"the optimizer step ({what})", (
         f"the {what} after the optimizer step of step {r.step} differ ({r.name} {r.role}) while everything "
         "recorded before matched: the optimizer's own state before the step differs (not restored on "
-        "resume?) or its update is not deterministic")
+        "resume?) or its update is not deterministic"
+        + (" (or the backward pass: gradients are recorded from level modules on"
+           f"{_finer(levels, 'which')})" if levels == "steps" else ""))
+
+
+def _finer(level: str, what: str) -> str:
+    """The advice to trace at a finer level than ``level`` (the level the traces were compared at)
+    to name ``what``: the levels finer than it, none at level ops (there is none finer)."""
+    finer = layout.LEVELS[layout.LEVELS.index(level) + 1:]
+    if not finer:
+        return ""
+    return f"; trace at level {' or '.join(finer)} to name {what}"
 
 
 def _filtered(records: Iterator[Record], kinds: frozenset[str] | None) -> Iterator[Record]:
@@ -231,9 +293,7 @@ def first_divergence(a: str | os.PathLike[str], b: str | os.PathLike[str], *, to
     :class:`~tensorcanon.FormatError` or :class:`~tensorcanon.IntegrityError` naming the file and
     the record. ``grid``: also keep, per (step, grid column), the largest distance (for
     ``diverge --html``; at most GRID_STEPS x GRID_COLUMNS cells)."""
-    if tolerance is not None and not (isinstance(tolerance, (int, float)) and tolerance >= 0
-                                      and math.isfinite(tolerance)):
-        raise UsageError(f"tolerance must be a finite number >= 0, not {tolerance!r}")
+    tolerance = _tolerance(tolerance)
     pa, pb = os.fspath(a), os.fspath(b)
     with layout.Reader(pa, strict=False) as ra, layout.Reader(pb, strict=False) as rb:
         ha, hb = ra.header, rb.header

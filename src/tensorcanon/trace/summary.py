@@ -8,6 +8,7 @@ pairwise sum, the chunks in order), so equal bytes also give equal sums, whateve
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from ..format import digest as digests, optional
@@ -41,6 +42,13 @@ def sum_of_squares(data: memoryview, dtype_name: str, t: Any = None, floats: Any
         a = u.cpu().contiguous().reshape(-1).numpy()
     else:  # sub-byte and exotic types: the sum of squares of the bytes, a summary all the same
         a = np.frombuffer(data, dtype=np.uint8)
+    if a.dtype.itemsize == 8 and a.dtype.kind == "f":  # only float64's squares can pass float64's range:
+        with np.errstate(over="ignore"):                 # inf is the sum then, no warning (docs/TRACE.md)
+            return _sum_sq(a)
+    return _sum_sq(a)
+
+
+def _sum_sq(a: Any) -> float:
     total = 0.0
     for i in range(0, a.size, CHUNK):
         c = a[i:i + CHUNK].astype(np.float64)
@@ -104,6 +112,43 @@ def summarize(t: Any, algorithm: str) -> tuple[str, tuple[int, ...], bytes, floa
 
 
 _BY_TORCH: dict[Any, Any] = {}
+
+
+# significand bits (the leading one included) and the smallest normal exponent of each float dtype
+# whose ULP distance the evidence reports
+_PRECISION = {"float16": (11, -14), "bfloat16": (8, -126), "float32": (24, -126), "float64": (53, -1022)}
+
+
+def max_ulp(a: Any, b: Any, dtype_name: str) -> int | float:
+    """The largest distance in units in the last place between the values of ``a`` and ``b``
+    (float64 numpy arrays of one shape holding the values of two ``dtype_name`` tensors,
+    element by element; docs/TRACE.md "The evidence").
+
+    The distance of two values x and y is |x − y| in ULPs of the larger magnitude of the two,
+    rounded up: |x − y| / ulp(max(|x|, |y|)), where ulp(v) is the gap between v and the next
+    larger magnitude of ``dtype_name`` (the gap of its smallest normal number for a subnormal
+    or 0). So equal values are 0 apart (-0.0 and 0.0 too), adjacent floats 1, and two floats of
+    one binade the number of floats between them, while values on both sides of zero are as far
+    apart as their difference is in the larger one's last place: -0.002 and 0.002 in float32 are
+    17 179 870 ULP apart (the larger's value has 8 589 935 ULPs), not the 1 980 114 142 floats
+    that lie between them (floats crowd near zero: nearly half of the positive float32 numbers are
+    smaller than 0.002). A NaN against a number, an inf against another value, are inf apart;
+    two NaNs 0."""
+    p, emin = _PRECISION[dtype_name]
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.size == 0:
+        return 0
+    both_nan = np.isnan(a) & np.isnan(b)
+    finite = np.isfinite(a) & np.isfinite(b)
+    if bool(np.any(~finite & ~both_nan & (a != b))):
+        return math.inf
+    a, b = a[finite], b[finite]
+    if a.size == 0:
+        return 0
+    _, e = np.frexp(np.maximum(np.abs(a), np.abs(b)))  # m * 2**e with m in [0.5, 1): 2**(e-1) <= v
+    ulp = np.ldexp(1.0, np.maximum(e - 1, emin) - (p - 1))
+    # v / ulp is exact (a power of two, no overflow: |v| / ulp < 2**p), so is most often the difference
+    return int(np.ceil(np.abs(a / ulp - b / ulp)).max())
 
 
 def summarize_text(text: str, algorithm: str) -> tuple[str, tuple[int, ...], bytes, float, str]:
