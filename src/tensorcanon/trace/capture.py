@@ -349,7 +349,7 @@ def _nested_strided(a: Any, b: Any) -> dict[str, Any]:
     if len(xs) != len(ys):
         return {"differs": f"a nested tensor of {len(xs)} components in A, {len(ys)} in B"}
     out: dict[str, Any] = {"layout": "nested strided", "components": len(xs), "differ": 0}
-    for i, (x, y) in enumerate(zip(xs, ys)):
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
         c = compare_tensors(x, y)
         if c.get("differ", 0) or "differs" in c:
             out["differ"] += 1

@@ -20,6 +20,7 @@ operation may change it the next moment.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import platform
 import random
@@ -85,14 +86,26 @@ def _printable(text: str, limit: int = 200) -> str:
     return out + ("..." if len(text) > limit else "")
 
 
+def _integer(v: Any) -> int | None:
+    """``v`` as an int when it is a whole number (an int, a numpy integer: ``__index__``), never a
+    bool; else None."""
+    if isinstance(v, bool) or not hasattr(type(v), "__index__"):
+        return None
+    try:
+        return operator.index(v)
+    except (TypeError, ValueError, RuntimeError):  # (a tensor of several elements, ...)
+        return None
+
+
 def _whole(arg: str, given: Any, env: str, default: int) -> int:
     """``rank``/``world_size``: the argument (an int, not a bool), else ``$RANK``/``$WORLD_SIZE``
     (ASCII digits, at most _MAX_DIGITS), else ``default``; a :class:`UsageError` naming where the
     value came from otherwise."""
     if given is not None:
-        if type(given) is not int:
+        whole = _integer(given)
+        if whole is None:
             raise UsageError(f"{arg}={_short(given)} is not a whole number (an int, not a bool or a float)")
-        return given
+        return whole
     text = os.environ.get(env)
     if text is None or text == "":
         return default
@@ -184,21 +197,25 @@ class Recorder:
                              "$RANK/$WORLD_SIZE)")
         self.world_size = world
         self.path = rank_path(_trace_path(path, path_from), self.rank, world)
-        if resume_at is not None and (type(resume_at) is not int or not 0 <= resume_at <= MAX_RESUME_AT):
-            raise UsageError(f"resume_at={_short(resume_at)} is not a step: give the whole number k >= 0 (at most "
-                             f"2^62) of the first step the resumed run records (not a bool, a float or a text); "
-                             f"nothing was changed in {self.path}")
+        if resume_at is not None:
+            k = _integer(resume_at)
+            if k is None or not 0 <= k <= MAX_RESUME_AT:
+                raise UsageError(f"resume_at={_short(resume_at)} is not a step: give the whole number k >= 0 (at "
+                                 "most 2^62) of the first step the resumed run records (not a bool, a float or a "
+                                 f"text); nothing was changed in {self.path}")
+            resume_at = k
         self.model = model
         self.optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) \
             else [optimizer]
         self.resume_at = resume_at
+        self.capture: tuple[int, str, str, str, int] | None = None
         if os.environ.get(capture_module.ENV):
             try:
                 self.capture = capture_module.parse(os.environ[capture_module.ENV])
             except UsageError as e:
                 raise UsageError(f"${capture_module.ENV}: {e}") from None
-        else:
-            self.capture = capture_module.parse(capture) if capture is not None and capture != "" else None
+        elif capture is not None and capture != "":
+            self.capture = capture_module.parse(capture)
         self._captured: dict[str, Any] = {}
         self._captured_texts: dict[str, str] = {}
         self.step_index = -1 if resume_at is None else resume_at - 1
