@@ -435,3 +435,26 @@ def test_records_with_lying_call_indices_do_not_verify(tmp_path, records):
         layout.verify(path)
     code, out, _ = run_cli("verify", str(path))
     assert code == 1 and "CORRUPT" in out
+
+
+# --------------------------------------------------------------------------- what a run hands the recorder
+
+def _deep(n):
+    v = torch.ones(1)
+    for _ in range(n):
+        v = [v]
+    return v
+
+
+@pytest.mark.parametrize("batch", [{"k" * 5000: torch.ones(2)}, _deep(2000), {"n": 10**5000, 10**5000: torch.ones(1)}],
+                         ids=["key_of_5000_characters", "nested_2000_deep", "int_of_5000_digits"])
+def test_a_batch_the_reader_would_refuse_is_written_so_it_reads(tmp_path, batch):
+    """The writer wrote a role of 5,006 characters that its own reader refused (the whole trace
+    "damaged"); a batch nested 2,000 deep raised RecursionError and an int of 5,000 digits
+    ValueError in the middle of the run."""
+    path = tmp_path / "run.trace"
+    with tensorcanon.trace(path) as tr:
+        tr.step(batch)
+    assert layout.verify(path)[1] > 0
+    names = [r.role for r in layout.Reader(path) if r.kind == "batch"]
+    assert names and all(len(n) <= layout.MAX_TEXT for n in names)

@@ -49,6 +49,16 @@ _HEAD = struct.Struct("<I")
 _CHECK = struct.Struct("<Q")
 
 
+def fit(text: str) -> str:
+    """``text`` if it has at most MAX_TEXT characters, else its start and the xxh3-64 of all of it
+    (MAX_TEXT characters in all): the writer never writes a name its reader refuses, and two long
+    names that differ anywhere stay apart."""
+    if len(text) <= MAX_TEXT:
+        return text
+    tail = "...#" + xxhash.xxh3_64_hexdigest(text.encode("utf-8", "surrogatepass"))
+    return text[:MAX_TEXT - len(tail)] + tail
+
+
 def text_digest(note: str, algorithm: str) -> bytes:
     """A text record's digest: the digest of its note's UTF-8 bytes (the writer's and every
     reader's rule, docs/TRACE.md "Records")."""
@@ -124,6 +134,8 @@ class Writer:
         self.previous = check
 
     def record(self, r: Record) -> None:
+        if len(r.scope) > MAX_TEXT or len(r.name) > MAX_TEXT or len(r.role) > MAX_TEXT:
+            r = r._replace(scope=fit(r.scope), name=fit(r.name), role=fit(r.role))
         self.frame(pack_record(r))
         self.count += 1
 
