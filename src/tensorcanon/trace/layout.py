@@ -231,7 +231,7 @@ the records of one (phase, kind, scope, name) have the call indices 0, 1, 2, ...
 class _Calls:
     """The call-index rule, checked by :func:`verify`: for the kinds of ONE_RECORD_PER_CALL, the
     next call index of each (phase, kind, scope, name) of the current step. Memory: one entry per
-    such name in one step (their hashes, not their texts), never more than the step's records."""
+    such name in one step (its xxh3-128, not its texts), never more than the step's records."""
 
     def __init__(self) -> None:
         self.step = -1
@@ -243,7 +243,7 @@ class _Calls:
         if r.step != self.step:
             self.step = r.step
             self.next.clear()
-        key = hash((r.phase, r.kind, r.scope, r.name))
+        key = xxhash.xxh3_128_intdigest(msgpack.packb((r.phase, r.kind, r.scope, r.name)))
         want = self.next.get(key, 0)
         if r.call != want:
             return (f"call index {r.call} of a {r.kind!r} record, where the records before it in step {r.step} make "
