@@ -32,6 +32,8 @@ MAX_PAYLOAD = 1 << 20
 is cut to MAX_TEXT characters)."""
 MAX_TEXT = 4096
 MAX_DIMS = 64
+MAX_WORLD = 1 << 31
+"""The largest world size a header may give."""
 
 TAG_HEADER, TAG_RECORD, TAG_END = 0, 1, 2
 LEVELS = ("steps", "modules", "ops")
@@ -45,6 +47,16 @@ TEXT_DTYPE = "text"
 
 _HEAD = struct.Struct("<I")
 _CHECK = struct.Struct("<Q")
+
+
+def fit(text: str) -> str:
+    """``text`` if it has at most MAX_TEXT characters, else its start and the xxh3-64 of all of it
+    (MAX_TEXT characters in all): the writer never writes a name its reader refuses, and two long
+    names that differ anywhere stay apart."""
+    if len(text) <= MAX_TEXT:
+        return text
+    tail = "...#" + xxhash.xxh3_64_hexdigest(text.encode("utf-8", "surrogatepass"))
+    return text[:MAX_TEXT - len(tail)] + tail
 
 
 def text_digest(note: str, algorithm: str) -> bytes:
@@ -122,6 +134,8 @@ class Writer:
         self.previous = check
 
     def record(self, r: Record) -> None:
+        if len(r.scope) > MAX_TEXT or len(r.name) > MAX_TEXT or len(r.role) > MAX_TEXT:
+            r = r._replace(scope=fit(r.scope), name=fit(r.name), role=fit(r.role))
         self.frame(pack_record(r))
         self.count += 1
 
@@ -204,9 +218,39 @@ def _header(p: Any) -> Header | str:
         return f"level {level!r} is not one of {', '.join(LEVELS)}"
     if algorithm not in digests.ALGORITHMS:
         return f"digest algorithm {algorithm!r} is not one of {sorted(digests.ALGORITHMS)}"
-    if not _int(world, 1, 1 << 31) or not _int(rank, 0, world - 1):
+    if not _int(world, 1, MAX_WORLD) or not _int(rank, 0, world - 1):
         return f"rank {rank!r} of world size {world!r} is not a rank in [0, world size)"
     return Header(level, algorithm, rank, world)
+
+
+ONE_RECORD_PER_CALL = frozenset({"batch", "rng", "loss", "param", "optim", "grad"})
+"""The kinds whose every record is a call of its own (docs/TRACE.md, "The file"): within a step,
+the records of one (phase, kind, scope, name) have the call indices 0, 1, 2, ... in file order."""
+
+
+class _Calls:
+    """The call-index rule, checked by :func:`verify`: for the kinds of ONE_RECORD_PER_CALL, the
+    next call index of each (phase, kind, scope, name) of the current step. Memory: one entry per
+    such name in one step (its xxh3-128, not its texts), never more than the step's records."""
+
+    def __init__(self) -> None:
+        self.step = -1
+        self.next: dict[int, int] = {}
+
+    def problem(self, r: Record) -> str:
+        if r.kind not in ONE_RECORD_PER_CALL:
+            return ""
+        if r.step != self.step:
+            self.step = r.step
+            self.next.clear()
+        key = xxhash.xxh3_128_intdigest(msgpack.packb((r.phase, r.kind, r.scope, r.name)))
+        want = self.next.get(key, 0)
+        if r.call != want:
+            return (f"call index {r.call} of a {r.kind!r} record, where the records before it in step {r.step} make "
+                    f"it {want} (each {r.kind!r} record is a call of its own: its call index counts the records "
+                    "of the same step, phase, kind, scope and name before it)")
+        self.next[key] = want + 1
+        return ""
 
 
 def is_trace(path: str | os.PathLike[str]) -> bool:
@@ -231,8 +275,10 @@ class Reader:
     fails, or whose payload is not a record, is an error either way (a damaged file).
     """
 
-    def __init__(self, path: str | os.PathLike[str], strict: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], strict: bool = True,
+                 start: tuple[int, int, int] | None = None, calls: bool = False) -> None:
         self.path = os.fspath(path)
+        self.calls = _Calls() if calls else None
         self.strict = strict
         self.tail = Tail()
         fd = open_fd(self.path, "read", "a tensorcanon trace")  # a regular file: never a FIFO that blocks
@@ -251,6 +297,10 @@ class Reader:
             if isinstance(header, str):
                 raise _bad(self.path, "header", header, len(MAGIC))
             self.header = header
+            if start is not None:  # (offset, check, records) that an earlier reading of this file gave
+                self.offset, self.tail.check, self.tail.records = start
+                self.tail.offset = self.offset
+                self.fh.seek(self.offset)
         except BaseException:
             self.fh.close()
             raise
@@ -320,6 +370,10 @@ class Reader:
             r = _record(p, header)
             if isinstance(r, str):
                 raise _bad(path, index, r, start)
+            if self.calls is not None:
+                why = self.calls.problem(r)
+                if why:
+                    raise _bad(path, index, why, start)
             tail.records += 1
             yield r
 
@@ -334,9 +388,10 @@ def _unpack(payload: bytes, path: str, index: int | str, offset: int) -> Any:
 
 
 def verify(path: str | os.PathLike[str]) -> tuple[Header, int]:
-    """Check every frame of a trace file; ``(header, records)`` when it is complete and intact,
-    else :class:`FormatError` / :class:`IntegrityError` naming the file and the record."""
-    with Reader(path, strict=True) as r:
+    """Check every frame of a trace file, and the call indices (:class:`_Calls`); ``(header,
+    records)`` when it is complete and intact, else :class:`FormatError` / :class:`IntegrityError`
+    naming the file and the record."""
+    with Reader(path, strict=True, calls=True) as r:
         for _ in r:
             pass
         return r.header, r.tail.records

@@ -20,9 +20,11 @@ operation may change it the next moment.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import platform
 import random
+import stat
 import sys
 import threading
 import warnings
@@ -31,7 +33,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..format import digest as digests, optional
-from ..format.errors import FormatError, UsageError
+from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError, UsageError
 from . import capture as capture_module, layout
 from .layout import Record
 from .summary import detached, summarize, summarize_text
@@ -59,6 +61,105 @@ def rank_path(path: str, rank: int, world_size: int) -> str:
     return f"{stem}.rank{rank}{ext}"
 
 
+MAX_FACTS = 16 << 20
+"""The largest ``PATH.run.json`` a resumed run reads to add its facts to."""
+MAX_RESUME_AT = 1 << 62
+"""The largest ``resume_at``: the steps a resumed run writes stay in the trace's range [0, 2^63)."""
+_MAX_DIGITS = 10
+"""Digits of ``$RANK`` and ``$WORLD_SIZE``, checked before they are converted (a world size is at
+most 2^31, layout.MAX_WORLD)."""
+
+
+def _short(v: Any) -> str:
+    """``v`` for a message: an int by its size past 30 digits (never a 4,300-digit conversion)."""
+    if type(v) is int and v.bit_length() > 99:
+        return f"an integer of {v.bit_length()} bits"
+    text = repr(v) if isinstance(v, (bool, int, float, str, bytes)) or v is None else f"a {type(v).__name__}"
+    return text[:60] + ("..." if len(text) > 60 else "")
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    """A text from a file for a message: cut to ``limit`` characters, what a terminal would act on
+    (control characters, bidirectional overrides) escaped."""
+    cut = text[:limit]
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+    return out + ("..." if len(text) > limit else "")
+
+
+def _integer(v: Any) -> int | None:
+    """``v`` as an int when it is a whole number (an int, a numpy integer: ``__index__``), never a
+    bool; else None."""
+    if isinstance(v, bool) or not hasattr(type(v), "__index__"):
+        return None
+    try:
+        return operator.index(v)
+    except (TypeError, ValueError, RuntimeError):  # (a tensor of several elements, ...)
+        return None
+
+
+def _whole(arg: str, given: Any, env: str, default: int) -> int:
+    """``rank``/``world_size``: the argument (an int, not a bool), else ``$RANK``/``$WORLD_SIZE``
+    (ASCII digits, at most _MAX_DIGITS), else ``default``; a :class:`UsageError` naming where the
+    value came from otherwise."""
+    if given is not None:
+        whole = _integer(given)
+        if whole is None:
+            raise UsageError(f"{arg}={_short(given)} is not a whole number (an int, not a bool or a float)")
+        return whole
+    text = os.environ.get(env)
+    if text is None or text == "":
+        return default
+    if not (text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS):
+        raise UsageError(f"${env}={text[:40]!r}{'...' if len(text) > 40 else ''} is not a whole number of at "
+                         f"most {_MAX_DIGITS} digits (torch.distributed's launchers set it; pass {arg}= "
+                         "to tensorcanon.trace to give it yourself)")
+    return int(text)
+
+
+def _trace_path(path: Any, source: str) -> str:
+    """The trace path as a text, or a :class:`UsageError` naming where it came from."""
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise UsageError(f"the trace path ({source}) is a {type(path).__name__}, not a path") from None
+    if type(p) is not str or not p or "\0" in p:
+        raise UsageError(f"the trace path ({source}) {_short(p)} is not a file path (a non-empty text)")
+    return p
+
+
+def _os_problem(e: OSError, path: str, doing: str) -> TensorCanonError:
+    """A library error for an OSError met writing the trace's files."""
+    if isinstance(e, TensorCanonError):
+        return e
+    if isinstance(e, FileNotFoundError):
+        return MissingFileError(f"cannot {doing} {path!r}: the folder {os.path.dirname(os.path.abspath(path))!r} "
+                                "does not exist; create it first", filename=path)
+    if isinstance(e, IsADirectoryError):
+        return UsageError(f"cannot {doing} {path!r}: it is a directory; give a file path (e.g. "
+                          f"{os.path.join(path, 'run.trace')!r})")
+    return FileAccessError(f"cannot {doing} {path!r}: {e.strerror or e}", filename=path, errno=e.errno)
+
+
+def _check_writable(path: str, doing: str) -> None:
+    """Refuse, before anything is written, a trace path that is a directory, in a missing folder,
+    or an existing file that is not a regular one (a FIFO would block, a device never end)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise MissingFileError(f"cannot {doing} {path!r}: the folder {folder!r} does not exist; create it first",
+                               filename=path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise _os_problem(e, path, doing) from None
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"cannot {doing} {path!r}: it is a directory; give a file path (e.g. "
+                         f"{os.path.join(path, 'run.trace')!r})")
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"cannot {doing} {path!r}: it exists and is not a regular file (a FIFO, socket or device)")
+
+
 class ResumeWarning(UserWarning):
     """A run resumed with ``resume_at`` holds other parameters or optimizer state than its trace
     recorded after the step before."""
@@ -75,28 +176,46 @@ class Recorder:
                  optimizer: Any = None, algorithm: str = digests.DEFAULT, rank: int | None = None,
                  world_size: int | None = None, resume_at: int | None = None, capture: str | None = None,
                  off_thread: bool = False) -> None:
+        # Every argument and environment variable is checked here, before any file is touched.
         # `tensorcanon repro --trace LEVEL` sends each run's trace to a file of its own, at its level
+        path_from = f"${ENV_PATH}" if os.environ.get(ENV_PATH) else "path"
         path = os.environ.get(ENV_PATH) or path
+        level_from = f"${ENV_LEVEL}" if os.environ.get(ENV_LEVEL) else "level"
         level = os.environ.get(ENV_LEVEL) or level
-        if level not in layout.LEVELS:
-            raise UsageError(f"trace level {level!r} is not one of {', '.join(layout.LEVELS)}")
+        if type(level) is not str or level not in layout.LEVELS:
+            raise UsageError(f"trace level {level!r} ({level_from}) is not one of {', '.join(layout.LEVELS)}")
         if level != "steps" and model is None:
             raise UsageError(f"trace level {level!r} records the modules of a model: pass model=")
         self.level = level
         self.kinds = layout.kinds_of(level)
         self.algorithm = digests.check(algorithm)
-        world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
-        if not (world >= 1 and 0 <= self.rank < world):
-            raise UsageError(f"rank {self.rank} is not a rank of world size {world}")
+        world = _whole("world_size", world_size, "WORLD_SIZE", 1)
+        self.rank = _whole("rank", rank, "RANK", 0)
+        if not (1 <= world <= layout.MAX_WORLD and 0 <= self.rank < world):
+            raise UsageError(f"rank {self.rank} is not a rank of world size {world} (a world size is in "
+                             f"[1, {layout.MAX_WORLD}], a rank in [0, world size); from rank=/world_size= or "
+                             "$RANK/$WORLD_SIZE)")
         self.world_size = world
-        self.path = rank_path(os.fspath(path), self.rank, world)
+        self.path = rank_path(_trace_path(path, path_from), self.rank, world)
+        if resume_at is not None:
+            k = _integer(resume_at)
+            if k is None or not 0 <= k <= MAX_RESUME_AT:
+                raise UsageError(f"resume_at={_short(resume_at)} is not a step: give the whole number k >= 0 (at "
+                                 "most 2^62) of the first step the resumed run records (not a bool, a float or a "
+                                 f"text); nothing was changed in {self.path}")
+            resume_at = k
         self.model = model
         self.optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) \
             else [optimizer]
         self.resume_at = resume_at
-        capture = os.environ.get(capture_module.ENV) or capture
-        self.capture = capture_module.parse(capture) if capture else None
+        self.capture: tuple[int, str, str, str, int] | None = None
+        if os.environ.get(capture_module.ENV):
+            try:
+                self.capture = capture_module.parse(os.environ[capture_module.ENV])
+            except UsageError as e:
+                raise UsageError(f"${capture_module.ENV}: {e}") from None
+        elif capture is not None and capture != "":
+            self.capture = capture_module.parse(capture)
         self._captured: dict[str, Any] = {}
         self._captured_texts: dict[str, str] = {}
         self.step_index = -1 if resume_at is None else resume_at - 1
@@ -109,7 +228,9 @@ class Recorder:
         self._pid = os.getpid()
         self._fresh: dict[int, Any] = {}  # ops.py: tensors an empty op made, not written since
         self._seen: dict[int, tuple[Any, int, Any]] = {}  # id -> (weak reference, version, content), this step
-        self._expected: dict[tuple[str, str, str], bytes] = {}  # resume check: the state after step resume_at - 1
+        # the resume check: where the trace's records of step resume_at - 1 are (read again at the first
+        # step, never held: a trace's records can be many), see _resume_point
+        self._expected: dict[str, tuple[int, int, int, int]] = {}
         self._lock = threading.RLock()
         self._handles: list[Any] = []
         self._mode: Any = None
@@ -134,50 +255,101 @@ class Recorder:
         self._close(clean=exc_type is None)
 
     def _open(self) -> None:
+        """Open the trace (a new one, or the stopped run's with ``resume_at``). Everything that can be
+        checked is checked before a byte of it changes: the paths, and for a resume the whole
+        prefix that is kept, its header against this process's level, algorithm, rank and world
+        size."""
         header = layout.Header(self.level, self.algorithm, self.rank, self.world_size)
+        side = self.path + ".run.json"
+        _check_writable(side, "write the run's facts to")
+        if self.capture is not None:
+            _check_writable(capture_module.capture_path(self.path), "write the capture to")
         if self.resume_at is None:
-            fh = open(self.path, "wb", buffering=1 << 20)
-            fh.write(layout.MAGIC)
-            self._writer = layout.Writer(fh)
-            self._writer.frame(__import__("msgpack").packb(header.payload()))
+            _check_writable(self.path, "write the trace")
+            try:
+                fh = open(self.path, "wb", buffering=1 << 20)
+            except OSError as e:
+                raise _os_problem(e, self.path, "write the trace") from None
+            try:
+                fh.write(layout.MAGIC)
+                self._writer = layout.Writer(fh)
+                self._writer.frame(__import__("msgpack").packb(header.payload()))
+            except BaseException:
+                fh.close()
+                raise
         else:
             offset, check, count = self._resume_point(header)
-            fh = open(self.path, "r+b", buffering=1 << 20)
-            fh.truncate(offset)
-            fh.seek(offset)
+            try:
+                fh = open(self.path, "r+b", buffering=1 << 20)
+            except OSError as e:
+                raise _os_problem(e, self.path, "continue the trace") from None
+            try:
+                fh.truncate(offset)
+                fh.seek(offset)
+            except BaseException:
+                fh.close()
+                raise
             self._writer = layout.Writer(fh, previous=check, count=count)
-        self._writer.fh.flush()
-        self._write_facts()
+        try:
+            self._writer.fh.flush()
+            self._write_facts()
+        except BaseException:
+            w, self._writer = self._writer, None
+            w.fh.close()
+            raise
         if self.off_thread:
             self._worker = Worker(self._write_now, self._flush_now, self.algorithm)
 
     def _resume_point(self, header: layout.Header) -> tuple[int, int, int]:
         """Where the records of steps before ``resume_at`` end in the existing trace: (offset, check
-        of the frame before, records before)."""
+        of the frame before, records before). Streams the file (memory does not grow with it): the
+        records of step ``resume_at - 1`` are not kept, only where they start, for the resume check
+        of the first step (:meth:`_check_resumed_state`)."""
         assert self.resume_at is not None
-        if not os.path.exists(self.path):
-            raise UsageError(f"resume_at={self.resume_at}: there is no trace at {self.path} to continue; "
+        k = self.resume_at
+        if not os.path.lexists(self.path):
+            raise UsageError(f"resume_at={k}: there is no trace at {self.path} to continue; "
                              "resume_at continues the trace of the run that was stopped")
+        _check_writable(self.path, "continue the trace")
         with layout.Reader(self.path, strict=False) as r:
-            if (r.header.level, r.header.algorithm) != (header.level, header.algorithm):
-                raise UsageError(f"{self.path} is a {r.header.level} trace with {r.header.algorithm} digests; "
-                                 f"it cannot be continued at level {header.level} with {header.algorithm}")
+            h = r.header
+            if h != header:
+                raise UsageError(
+                    f"{self.path} is the trace of rank {h.rank} of world size {h.world_size}, level {h.level}, with "
+                    f"{h.algorithm} digests; this process is rank {header.rank} of {header.world_size}, level "
+                    f"{header.level}, with {header.algorithm} digests: it cannot continue that trace (a resumed run "
+                    "continues its own rank's trace, at the level and with the algorithm it was started with); "
+                    "nothing was changed")
             offset, check, count = r.offset, r.tail.check, 0
+            before: tuple[int, int, int] | None = None
+            last = -1
             for rec in r:
-                if rec.step >= self.resume_at:
+                if rec.step >= k:
                     break
+                if rec.step == k - 1 and before is None:
+                    before = (offset, check, count)
+                last = max(last, rec.step)
                 offset, check, count = r.offset, r.tail.check, count + 1
-                if rec.step == self.resume_at - 1 and rec.kind in ("param", "optim"):
-                    self._expected[(rec.kind, rec.name, rec.role)] = rec.digest
+        if before is not None:
+            self._expected = {"from": (*before, count)}
+        elif k > 0:
+            warnings.warn(f"{self.path}: resume_at={k}, but the trace holds no record of step {k - 1} ("
+                          + (f"its last step is {last}" if last >= 0 else "it holds no records")
+                          + f"): the resumed trace will lack the steps before {k} that it does not hold, and "
+                          "the state this run resumes with cannot be checked against it", ResumeWarning,
+                          stacklevel=4)
         return offset, check, count
 
     def _check_resumed_state(self) -> None:
         """On the first step after ``resume_at``: the parameters and optimizer state this process
         holds against those the trace recorded after the step before (a resume check; what differs
-        is said in a :class:`ResumeWarning` and kept in ``PATH.run.json``)."""
+        is said in a :class:`ResumeWarning` and kept in ``PATH.run.json``). The trace's records of
+        that step are read again from where they start, one at a time: the memory is this
+        process's own state's digests, whatever the trace holds."""
         expected, self._expected = self._expected, {}
         if not expected:
             return
+        assert self.resume_at is not None
         now: dict[tuple[str, str, str], bytes] = {}
         opts = self.optimizers
         for opt in opts:
@@ -192,26 +364,39 @@ class Recorder:
             for name, p in self.model.named_parameters():
                 now[("param", name, "value")] = summarize(p, self.algorithm)[2]
         kinds = {k for k, _, _ in now} | ({"optim"} if opts else set())
-        problems = []
-        for key, digest in sorted(expected.items()):
-            if key[0] not in kinds:
-                continue
-            got = now.get(key)
-            if got is None:
-                problems.append(f"{'optimizer state' if key[0] == 'optim' else 'parameter'} {key[1]} "
-                                f"{key[2]} is missing")
-            elif got != digest:
-                problems.append(f"{'optimizer state' if key[0] == 'optim' else 'parameter'} {key[1]} {key[2]} "
-                                "differs")
+        offset, check, first, end = expected["from"]
+        problems: list[str] = []
+        n = 0
+        try:
+            with layout.Reader(self.path, strict=False, start=(offset, check, first)) as r:
+                for rec in r:
+                    if r.tail.records > end:
+                        break
+                    if rec.step != self.resume_at - 1 or rec.kind not in ("param", "optim") or rec.kind not in kinds:
+                        continue
+                    got = now.get((rec.kind, rec.name, rec.role))
+                    what = "optimizer state" if rec.kind == "optim" else "parameter"
+                    if got is None or got != rec.digest:
+                        n += 1
+                        if len(problems) < 5:
+                            problems.append(f"{what} {_printable(rec.name)} {_printable(rec.role)} "
+                                            f"{'is missing' if got is None else 'differs'}")
+        except (TensorCanonError, OSError) as e:
+            warnings.warn(f"{self.path}: resumed at step {self.resume_at}, the state could not be checked against "
+                          f"the trace's records of step {self.resume_at - 1}: {e}", ResumeWarning, stacklevel=3)
+            return
         if problems:
-            assert self.resume_at is not None
-            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+            shown = "; ".join(problems) + (f"; and {n - len(problems)} more" if n > len(problems) else "")
             warnings.warn(f"{self.path}: resumed at step {self.resume_at}, this process's state is not what the "
                           f"trace recorded after step {self.resume_at - 1}: {shown} (the checkpoint does not hold "
                           "the run's state, or it was not restored)", ResumeWarning, stacklevel=3)
 
     def _write_facts(self) -> None:
-        """The run's facts, kept beside the trace (never compared): ``PATH.run.json``."""
+        """The run's facts, kept beside the trace (never compared): ``PATH.run.json``, written
+        atomically. A resumed run adds its facts to those of the runs before (an earlier file that
+        is not such a list, or larger than MAX_FACTS bytes, is started again)."""
+        from ..io.regular import open_path
+        from ..io.writer import replace_atomically
         from ..training.determinism import DeterminismSettings
 
         settings = DeterminismSettings.capture()
@@ -220,15 +405,20 @@ class Recorder:
                  "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(settings).items()}}
         side = self.path + ".run.json"
         runs: list[Any] = []
-        if self.resume_at is not None and os.path.exists(side):
+        if self.resume_at is not None and os.path.lexists(side):
             try:
-                with open(side, encoding="utf-8") as f:
-                    old = json.load(f)
+                with open_path(side, "read", "the run's facts (JSON)") as f:
+                    raw = f.read(MAX_FACTS + 1)
+                old = json.loads(raw) if len(raw) <= MAX_FACTS else None
                 runs = list(old["runs"]) if isinstance(old, dict) and isinstance(old.get("runs"), list) else []
-            except (OSError, ValueError):
+            except (TensorCanonError, OSError, ValueError, RecursionError):
                 runs = []
-        with open(side, "w", encoding="utf-8") as f:
-            json.dump({"trace": os.path.basename(self.path), "runs": [*runs, facts]}, f, indent=1, default=str)
+        text = json.dumps({"trace": os.path.basename(self.path), "runs": [*runs, facts]}, indent=1,
+                          default=str).encode("utf-8")
+        try:
+            replace_atomically(side, lambda f, _tmp: f.write(text))
+        except OSError as e:
+            raise _os_problem(e, side, "write the run's facts to") from None
 
     def _install(self) -> None:
         if self.model is not None:
@@ -255,13 +445,21 @@ class Recorder:
 
     def _save_capture(self) -> None:
         if self.capture is not None and (self._captured or self._captured_texts):
-            spec = "|".join(map(str, self.capture))
-            capture_module.save(self.path, spec, self._captured, self._captured_texts)
+            spec = capture_module.format_spec(*self.capture)
+            captured, texts = self._captured, self._captured_texts
             self._captured, self._captured_texts = {}, {}
+            capture_module.save(self.path, spec, captured, texts)
 
     def _close(self, clean: bool) -> None:
-        with self._busy():
-            self._save_capture()
+        """Remove the hooks and the dispatch mode, write what waits, end the trace (``clean``) or
+        leave it a crashed run's valid prefix. Everything is undone even when a step fails (a
+        capture that cannot be written, the worker's error): the first error is raised after."""
+        error: BaseException | None = None
+        try:
+            with self._busy():
+                self._save_capture()
+        except BaseException as e:  # noqa: BLE001 (raised below, once everything is undone)
+            error, clean = e, False
         if self._mode is not None:
             mode, self._mode = self._mode, None
             mode.__exit__(None, None, None)
@@ -272,12 +470,8 @@ class Recorder:
             worker, self._worker = self._worker, None
             try:
                 worker.stop()
-            except BaseException:
-                clean = False
-                if self._writer is not None:
-                    self._writer.fh.close()
-                    self._writer = None
-                raise
+            except BaseException as e:  # noqa: BLE001
+                error, clean = error or e, False
         if self._writer is not None:
             w, self._writer = self._writer, None
             try:
@@ -285,8 +479,12 @@ class Recorder:
                     w.end()
                 else:
                     w.fh.flush()
+            except BaseException as e:  # noqa: BLE001
+                error = error or e
             finally:
                 w.fh.close()
+        if error is not None:
+            raise error
 
     # ------------------------------------------------------------------ the markers
 
@@ -367,7 +565,11 @@ class Recorder:
             call = self.call_index(phase, kind, scope, name)
         if self.capture is not None and (self.step_index, kind, scope, name, call) == self.capture:
             if _is_tensor(value):
-                self._captured[role] = value.detach().to("cpu", copy=True)
+                kept = capture_module.kept(value)  # a copy, or a text saying why not (never raises)
+                if isinstance(kept, str):
+                    self._captured_texts[role] = kept
+                else:
+                    self._captured[role] = kept
             else:
                 self._captured_texts[role] = value if isinstance(value, str) else args_text(value)
         if _is_tensor(value):
