@@ -29,6 +29,7 @@ verifying reader checks the structure of each state below without any of these l
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import json
@@ -303,9 +304,20 @@ def _omegaconf_nodes(node: Any, path: list[Any], oc: Any) -> Iterator[tuple[list
             yield from _omegaconf_nodes(node._get_node(k), [*path, k], oc)
 
 
+def _in_order(content: Any) -> Any:
+    """The containers' content with every mapping an ``OrderedDict``: OmegaConf keeps the order of keys
+    (``to_yaml`` writes them in it), so it is part of the value, as for an OrderedDict."""
+    if type(content) is dict:
+        return collections.OrderedDict((k, _in_order(v)) for k, v in content.items())
+    if type(content) is list:
+        return [_in_order(v) for v in content]
+    return content
+
+
 def _omegaconf_codec(cls: type, oc: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
     """A ``DictConfig`` or ``ListConfig``: its content as ``OmegaConf.to_container(resolve=False)`` gives
-    it (interpolations as their ``${…}`` text, missing values as ``???``), and the flags set on each
+    it (interpolations as their ``${…}`` text, missing values as ``???``; mappings as OrderedDicts, in
+    the config's key order), and the flags set on each
     node (``readonly``, ``struct``, ...) by key path. Loads through ``OmegaConf.create``, then each
     node's flags set again: the container OmegaConf's own copy would give."""
 
@@ -317,7 +329,7 @@ def _omegaconf_codec(cls: type, oc: Any) -> tuple[Callable[[Any], Any], Callable
                 f"this DictConfig is a structured config of {object_type.__qualname__}, which a file would give "
                 f"back as a plain DictConfig: save OmegaConf.to_object(cfg) with {object_type.__qualname__} "
                 "registered (tensorcanon.register), or OmegaConf.create(OmegaConf.to_container(cfg))")
-        content = oc.OmegaConf.to_container(value, resolve=False, throw_on_missing=False)
+        content = _in_order(oc.OmegaConf.to_container(value, resolve=False, throw_on_missing=False))
         flags = [[path, dict(sorted(node._metadata.flags.items()))]
                  for path, node in _omegaconf_nodes(value, [], oc) if node._metadata.flags]
         return {"content": content, "flags": flags}
@@ -325,8 +337,9 @@ def _omegaconf_codec(cls: type, oc: Any) -> tuple[Callable[[Any], Any], Callable
     def decode(state: Any) -> Any:
         state = _omegaconf_state(state)
         content = state["content"]
-        if type(content) is not (dict if cls is oc.DictConfig else list):
-            raise ValueError(f"the content of a {cls.__name__} must be a {'dict' if cls is oc.DictConfig else 'list'}")
+        if type(content) is not (collections.OrderedDict if cls is oc.DictConfig else list):
+            raise ValueError(f"the content of a {cls.__name__} must be "
+                             f"{'an OrderedDict' if cls is oc.DictConfig else 'a list'}")
         try:
             value = oc.OmegaConf.create(content)
             for path, flags in state["flags"]:
