@@ -384,7 +384,8 @@ def _cfg_node_state(state: Any) -> dict[str, Any]:
     if type(state["immutable"]) is not bool or type(state["new_allowed"]) is not bool:
         raise ValueError("'immutable' and 'new_allowed' must be bools")
     deprecated = state["deprecated_keys"]
-    if type(deprecated) is not list or not all(type(k) is str for k in deprecated) or deprecated != sorted(set(deprecated)):
+    if (type(deprecated) is not list or not all(type(k) is str for k in deprecated)
+            or deprecated != sorted(set(deprecated))):
         raise ValueError("'deprecated_keys' must be a list of str in sorted order, without repeats")
     renamed = state["renamed_keys"]
     if type(renamed) is not dict or not all(type(k) is str for k in renamed):
@@ -392,7 +393,7 @@ def _cfg_node_state(state: Any) -> dict[str, Any]:
     return state
 
 
-def _cfg_node_codec(cls: type) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+def _cfg_node_codec(cls: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
     """A ``CfgNode``: its items (nested nodes by the same codec), whether it is frozen, whether new
     keys are allowed, and its deprecated and renamed keys; rebuilt without running the merge logic."""
     attrs = {"immutable": cls.IMMUTABLE, "new_allowed": cls.NEW_ALLOWED, "deprecated_keys": cls.DEPRECATED_KEYS,

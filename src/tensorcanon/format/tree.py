@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
 
-from . import codecs, container, devices, dtypes, ecosystem, optional, packed, paths, registry, tensorbytes, walk
+from . import codecs, container, devices, dtypes, optional, packed, paths, registry, tensorbytes, walk
 from .errors import FormatError, LimitError, UnsupportedTypeError, UsageError
 from .limits import DEFAULT
 from .names import tensor_names  # the name rule lives in names.py (layout imports it from here too)
