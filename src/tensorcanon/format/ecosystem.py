@@ -40,8 +40,8 @@ from typing import Any
 from . import registry, subclasses
 from .errors import UnsupportedTypeError
 
-__all__ = ["TRAINING_ARGUMENTS_PREFIX", "BATCH_ENCODING", "PACKED_SEQUENCE", "DICT_CONFIG", "LIST_CONFIG",
-           "CFG_NODE", "training_arguments_codec"]
+__all__ = ["library_for", "TRAINING_ARGUMENTS_PREFIX", "BATCH_ENCODING", "PACKED_SEQUENCE", "DICT_CONFIG",
+           "LIST_CONFIG", "CFG_NODE", "training_arguments_codec"]
 
 TRAINING_ARGUMENTS_PREFIX = "transformers."  # + the class's __name__ (the name CanonicalTrainer has used)
 BATCH_ENCODING = "transformers.BatchEncoding"
@@ -440,6 +440,12 @@ def _yacs_name(module: Any, name: str) -> registry.Registration | None:
 
 
 # ------------------------------------------------------------------ the providers
+
+def library_for(name: str) -> str | None:
+    """The library to import before loading a value recorded under ``name``, when ``name`` is one of
+    these codecs' and its library is not imported (the decoder's error says so in one line)."""
+    return registry.library_for(name)
+
 
 def _transformers_owns(name: str) -> bool:
     return name.startswith("transformers.")
