@@ -8,7 +8,9 @@ import pytest
 # With TENSORCANON_ONLY_CUDA_SKIPS=1 (.ci/run sets it), a test skipped for any reason but the lack
 # of a CUDA device fails the run: a skipped test proves nothing, and the integration and
 # distributed tests must run wherever CI runs.
-_ALLOWED_SKIP = ("CUDA",)
+# The one other: torchao, whose releases follow torch's, is tested with the torch of constraints.txt,
+# not on the floors (tests/test_ecosystem_torchao.py says so in its reason).
+_ALLOWED_SKIP = ("CUDA", "not tested on the floors")
 _skipped: list = []
 
 
@@ -35,7 +37,7 @@ _SLOW_FILES = ("tests/integrations/", "tests/dcp/test_spawned.py", "tests/dcp/te
                "tests/dcp/test_bench_smoke.py", "tests/dcp/test_fsdp.py", "tests/test_benchmarks_smoke.py",
                "tests/test_demo.py", "tests/test_processes.py", "tests/test_crash.py", "tests/test_remote_s3.py",
                "tests/dcp/test_remote_dcp.py", "tests/test_light.py",
-               "tests/attacks/test_storage_attacks.py")
+               "tests/attacks/test_storage_attacks.py", "tests/test_ecosystem_torchao.py")
 _SLOW_NAMES = ("fresh_process", "across_processes", "in_a_subprocess", "in_fresh_processes")
 
 

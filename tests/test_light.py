@@ -30,9 +30,10 @@ INPUTS = os.path.join(ROOT, "tests", "cli", "inputs")
 RUN_CASES = os.path.join(ROOT, "tests", "cli", "run_cases.py")
 # Golden files whose dtypes, values and trees cover what a reader meets: float8, uint16-64, int1-7
 # and float4 (dtypes_u8, dtypes_native), torch.Size/dtype/device values, generators, RNG and
-# determinism settings (registered), numpy arrays and scalars, tied tensors.
+# determinism settings (registered), numpy arrays and scalars, tied tensors, the ecosystem's data objects
+# (docs/FORMAT.md §6.9.5: verified with none of their libraries).
 GOLDEN_FILES = ["dtypes_u8", "dtypes_native", "torch_values", "generators", "random_state", "numpy",
-                "tied", "checkpoint", "memory_formats", "registered"]
+                "tied", "checkpoint", "memory_formats", "registered", "ecosystem"]
 SHARDED = os.path.join(GOLDEN, "sharded", "two_ranks")
 # Conformance files a verifier rejects by the checks load makes on the values of a tensor kind's parts
 # (sparse indices, jagged offsets; docs/FORMAT.md §6.12), made on the verified bytes without torch.

@@ -122,7 +122,10 @@ def assert_same(a, b, path="$", aliases=None):
         assert struct.pack(">d", a) == struct.pack(">d", b), f"{path}: {a!r} != {b!r}"
     elif isinstance(a, complex):
         assert struct.pack(">dd", a.real, a.imag) == struct.pack(">dd", b.real, b.imag), path
-    elif isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
+    elif isinstance(a, tuple) and hasattr(a, "_fields"):  # a NamedTuple (PackedSequence): field by field
+        for f in a._fields:
+            assert_same(getattr(a, f), getattr(b, f), f"{path}.{f}", aliases)
+    elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{path}[{i}]", aliases)

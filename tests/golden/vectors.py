@@ -432,6 +432,34 @@ def packed_lists():
     }
 
 
+def ecosystem():
+    """docs/FORMAT.md §6.9.5: the ecosystem's own data objects, saved by the codecs tensorcanon ships
+    (active because this module imports their libraries): torch's PackedSequence, a transformers
+    ModelOutput and BatchEncoding, OmegaConf containers with an interpolation, a missing value and
+    flags, and a frozen yacs CfgNode with a nested node. (TrainingArguments is not here: its state is
+    the installed transformers' __init__ fields, which change between releases.)"""
+    from omegaconf import OmegaConf
+    from torch.nn.utils.rnn import pack_padded_sequence
+    from transformers import BatchEncoding
+    from transformers.modeling_outputs import SequenceClassifierOutput
+    from yacs.config import CfgNode
+
+    padded = _bytes_tensor(torch.float32, (3, 4, 2))
+    packed = pack_padded_sequence(padded, torch.tensor([2, 4, 1]), batch_first=True, enforce_sorted=False)
+    output = SequenceClassifierOutput(loss=torch.tensor(0.25), logits=_bytes_tensor(torch.float32, (2, 3)))
+    batch = BatchEncoding({"input_ids": [[5, 6, 7], [8, 9, 0]], "attention_mask": [[1, 1, 1], [1, 1, 0]]},
+                          n_sequences=1)
+    cfg = OmegaConf.create({"lr": 0.001, "warmup": "${lr}", "data": {"root": "???", "sizes": [32, 64]}})
+    OmegaConf.set_struct(cfg, True)
+    OmegaConf.set_readonly(cfg.data, True)
+    listcfg = OmegaConf.create([1, "${0}", {"k": None}])
+    node = CfgNode({"MODEL": {"DEPTH": 50, "NAME": "resnet"}, "SOLVER": {"LR": 0.1}}, new_allowed=True)
+    node.register_deprecated_key("SOLVER.OLD")
+    node.freeze()
+    return {"packed": packed, "output": output, "batch": batch, "omegaconf": cfg, "listconfig": listcfg,
+            "yacs": node}
+
+
 #: name -> (build object, metadata or None)
 VECTORS = {
     "scalars": (scalars, None),
@@ -463,6 +491,7 @@ VECTORS = {
     "empty_dict": (dict, None),
     "generators": (generators, None),
     "tensor_kinds": (tensor_kinds, None),
+    "ecosystem": (ecosystem, None),
     "packed_lists": (packed_lists, {"history": [{"epoch": 1, "acc": 0.5}, {"epoch": 2, "acc": 0.75}],
                                     "ids": list(range(100, 120))}),
 }

@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import enum
 import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -303,8 +304,14 @@ def by_type(cls: type) -> Registration | None:
     registered dataclass or NamedTuple that adds fields (see :func:`register`).
     """
     reg = _BY_TYPE.get(cls)
-    if reg is not None or not _BY_TYPE:
+    if reg is not None:
         return reg
+    if _PROVIDERS:
+        reg = _provided_type(cls)
+        if reg is not None:
+            return reg
+    if not _BY_TYPE:
+        return None
     if cls not in _BY_MRO:
         _BY_MRO[cls] = next((_BY_TYPE[base] for base in cls.__mro__[1:] if base in _BY_TYPE), None)
     reg = _BY_MRO[cls]
@@ -324,7 +331,69 @@ def _fields_of(cls: type) -> tuple[str, ...]:
 
 
 def by_name(name: str) -> Registration | None:
-    return _BY_NAME.get(name)
+    reg = _BY_NAME.get(name)
+    if reg is None and _PROVIDERS:
+        for p in _PROVIDERS:
+            module = sys.modules.get(p.library)
+            if module is not None and p.owns_name(name):
+                reg = p.for_name(module, name)
+                if reg is not None:
+                    return reg
+    return reg
+
+
+# ------------------------------------------------------------------ the ecosystem's codecs
+
+@dataclass(frozen=True)
+class Provider:
+    """Codecs that tensorcanon ships for one library's own data objects (docs/FORMAT.md §6.9.5),
+    active only while that library is imported: nothing here imports it, and a name found in a file
+    is matched only against the classes the running process already holds (an allow-list).
+
+    ``for_type(module, cls)`` and ``for_name(module, name)`` register the codec of ``cls`` (of the
+    class that ``name`` stands for) with :func:`register` and return the registration, or None when
+    the library has no such class; ``module`` is the library's top-level module, from ``sys.modules``.
+    ``owns_name(name)`` says, without the library, whether ``name`` would be one of its codecs' names:
+    loading such a value in a process that has not imported the library says which one to import."""
+
+    library: str
+    for_type: Callable[[Any, type], Registration | None]
+    for_name: Callable[[Any, str], Registration | None]
+    owns_name: Callable[[str], bool]
+
+
+_PROVIDERS: list[Provider] = []
+#: class -> the libraries that were imported when no provider had a codec for it (checked again
+#: once another library is imported)
+_NOT_PROVIDED: dict[type, frozenset[str]] = {}
+
+
+def provide(provider: Provider) -> None:
+    """Add the codecs of one library (format/ecosystem.py calls this at import)."""
+    _PROVIDERS.append(provider)
+    _NOT_PROVIDED.clear()
+
+
+def _provided_type(cls: type) -> Registration | None:
+    active = frozenset(p.library for p in _PROVIDERS if p.library in sys.modules)
+    if not active or _NOT_PROVIDED.get(cls) == active:
+        return None
+    for p in _PROVIDERS:
+        if p.library in active:
+            reg = p.for_type(sys.modules[p.library], cls)
+            if reg is not None:
+                return reg
+    _NOT_PROVIDED[cls] = active
+    return None
+
+
+def library_for(name: str) -> str | None:
+    """The library to import for the registered name ``name`` of one of tensorcanon's ecosystem
+    codecs, when that library is not imported in this process (else None)."""
+    for p in _PROVIDERS:
+        if p.library not in sys.modules and p.owns_name(name):
+            return p.library
+    return None
 
 
 #: Registered types whose state the format itself specifies (docs/FORMAT.md §6.7.2, §6.9): name ->

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
 
-from . import codecs, container, devices, dtypes, optional, packed, paths, registry, tensorbytes, walk
+from . import codecs, container, devices, dtypes, ecosystem, optional, packed, paths, registry, tensorbytes, walk
 from .errors import FormatError, LimitError, UnsupportedTypeError, UsageError
 from .limits import DEFAULT
 from .names import tensor_names  # the name rule lives in names.py (layout imports it from here too)
@@ -1111,7 +1111,12 @@ class Decoder:
                 _rebuilt(name, where, rebuild, self.plain(state))
             return Unbuilt("obj", name, decoded)  # a stand-in that sorts as a key would
         if reg is None:
-            enable = codecs.NAMES.get(name)
+            enable, library = codecs.NAMES.get(name), ecosystem.library_for(name)
+            if library is not None:  # one of the ecosystem's codecs (§6.9.5): active once the library is
+                raise UnsupportedTypeError(
+                    f"the file holds a {paths.show(name)} at {where}: import {library} before loading it "
+                    "(tensorcanon saves and loads it once the program has imported it, and never imports "
+                    "names found in a file)", path=where)
             how = (f"call tensorcanon.codecs.{enable}() (or tensorcanon.register_builtin_codecs()) "
                    "before loading" if enable else "call tensorcanon.register(<that class>) before loading")
             raise UnsupportedTypeError(

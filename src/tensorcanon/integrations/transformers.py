@@ -54,8 +54,6 @@ checkpoint files and raise here.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import json
 import os
 import sys
@@ -66,8 +64,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from .. import api
-from ..format import registry
-from ..format.errors import FormatError, MissingFileError, UnsupportedTypeError, UsageError
+from ..format import ecosystem, registry
+from ..format.errors import FormatError, MissingFileError, UsageError
 from ..format.registry import register as api_register
 from ..training.data import ResumableSampler
 from ..training.determinism import DeterminismSettings
@@ -88,16 +86,6 @@ SCALER = "scaler.safetensors"
 TRAINING_ARGS = "training_args.json"
 TRAINING_ARGS_FILE = "training_args.safetensors"
 _PICKLED_ARGS = "training_args.bin"
-
-
-def _plain(value: Any) -> Any:
-    """A TrainingArguments field's value as its constructor accepts it: an Enum member as its value,
-    a dataclass (``AcceleratorConfig``) as the dict of its fields; others as they are."""
-    if isinstance(value, enum.Enum):
-        return value.value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    return value
 
 
 def register_training_arguments(cls: type | None = None) -> None:
@@ -122,19 +110,7 @@ def register_training_arguments(cls: type | None = None) -> None:
     cls = TrainingArguments if cls is None else cls
     if not (isinstance(cls, type) and issubclass(cls, TrainingArguments)):
         raise UsageError(f"register_training_arguments() takes TrainingArguments or a subclass, not {cls!r}")
-    names = [f.name for f in dataclasses.fields(cls) if f.init and not f.name.endswith("_token")]
-
-    def encode(args: Any) -> dict:
-        if type(args) is not cls:
-            raise UnsupportedTypeError(
-                f"{type(args).__qualname__} is not {cls.__qualname__}: call "
-                f"register_training_arguments({type(args).__qualname__}) to save it as itself")
-        return {name: _plain(getattr(args, name)) for name in names}
-
-    def decode(state: Any) -> Any:
-        if type(state) is not dict or not set(state) <= set(names):
-            raise ValueError(f"a {cls.__qualname__} is stored as a dict of its __init__ fields")
-        return cls(**state)
+    encode, decode = ecosystem.training_arguments_codec(cls)
 
     existing = registry.by_type(cls)
     if existing is not None and existing.cls is cls and existing.name == f"transformers.{cls.__name__}":
