@@ -293,3 +293,24 @@ def test_a_fresh_process_without_the_library_says_which_to_import(saved):
         message = got["errors"][f"{name}.safetensors"]
         assert "\n" not in message and f"import {library} before loading it" in message, message
     assert got["errors"]["packed.safetensors"] == "loaded"  # torch is imported by every tensor load
+
+
+def test_training_arguments_that_would_read_a_file_or_import_deepspeed_are_refused_both_ways(tmp_path):
+    """TrainingArguments' constructor reads a file named by accelerator_config or fsdp_config, and imports
+    deepspeed when deepspeed is set: a file must not make the loader do either (docs/SECURITY.md)."""
+    from transformers import TrainingArguments
+
+    config = tmp_path / "accelerator.json"
+    config.write_text('{"split_batches": true}')
+    args = TrainingArguments(output_dir="o", report_to="none", accelerator_config=str(config))
+    good = tc.dumps({"args": args})  # the config the constructor read, as a dict: no file name is saved
+    config.unlink()
+    from tensorcanon.format import registry
+
+    decode = registry.by_name("transformers.TrainingArguments").decode
+    for field, value in (("accelerator_config", str(config)), ("fsdp_config", "/etc/passwd"),
+                         ("deepspeed", {"zero_optimization": {"stage": 2}}), ("deepspeed", "/etc/passwd")):
+        with pytest.raises(ValueError, match="building it would"):
+            decode({"output_dir": "o", field: value})
+    back = tc.loads(good)["args"]
+    assert type(back) is TrainingArguments and back.accelerator_config.split_batches is True

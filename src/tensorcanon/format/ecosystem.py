@@ -100,6 +100,25 @@ def _plain_field(value: Any) -> Any:
     return value
 
 
+#: TrainingArguments fields whose value its constructor may read as a file's name (a str that is not
+#: JSON text), or that make it import another package (deepspeed): a file must not make the loader
+#: read another file or import a module, so such values are refused when saving and when loading.
+_READS_FILES = ("accelerator_config", "fsdp_config", "deepspeed", "gradient_checkpointing_kwargs",
+                "activation_checkpointing_kwargs", "lr_scheduler_kwargs", "optim_args")
+
+
+def _arguments_problem(state: dict[str, Any]) -> str:
+    for name in _READS_FILES:
+        value = state.get(name)
+        if name == "deepspeed" and value:
+            return ("it sets deepspeed, and building it would import deepspeed and read its config: save "
+                    "args.to_dict() instead, or set deepspeed again after loading")
+        if isinstance(value, str) and value and not value.lstrip().startswith("{"):
+            return (f"its {name} is {value[:80]!r}, a file name that building it would read: pass the config "
+                    "as a dict instead")
+    return ""
+
+
 def training_arguments_codec(cls: type) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
     """``TrainingArguments`` (or a subclass ``cls``): the dict of its ``__init__`` fields, Enum members
     by their values, the ``*_token`` fields (credentials) left out; loads as ``cls(**fields)``, so
@@ -109,11 +128,18 @@ def training_arguments_codec(cls: type) -> tuple[Callable[[Any], Any], Callable[
     def encode(args: Any) -> dict[str, Any]:
         if type(args) is not cls:
             raise UnsupportedTypeError(f"{type(args).__qualname__} is not {cls.__qualname__}")
-        return {name: _plain_field(getattr(args, name)) for name in names}
+        state = {name: _plain_field(getattr(args, name)) for name in names}
+        why = _arguments_problem(state)
+        if why:
+            raise UnsupportedTypeError(f"this {cls.__qualname__} cannot be saved: {why}")
+        return state
 
     def decode(state: Any) -> Any:
         if type(state) is not dict or not set(state) <= set(names):
             raise ValueError(f"a {cls.__qualname__} is stored as a dict of its __init__ fields")
+        why = _arguments_problem(state)
+        if why:
+            raise ValueError(why)
         return cls(**state)
 
     return encode, decode
