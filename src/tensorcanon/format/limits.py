@@ -28,3 +28,13 @@ class Limits:
 
 
 DEFAULT = Limits()
+
+
+def exceeds(limits: Limits, name: str, value: int) -> bool:
+    """Whether ``value`` is over the limit ``name`` of ``limits`` (docs/FORMAT.md §9.4): each limit is
+    the most a file may hold, so ``value`` equal to it passes. The one comparison the writer
+    (io/writer.plan: header dimensions, tensors, header bytes) and the readers (format/container,
+    format/manifest) make, so that a writer refuses exactly what its readers reject. (``max_depth``
+    counts levels: a tagged array at depth ``d`` is level ``d + 1``, which format/tree checks inline on
+    every node, in the same terms, for the encoder and the decoder.)"""
+    return value > getattr(limits, name)
