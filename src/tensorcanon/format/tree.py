@@ -495,7 +495,10 @@ class Encoder:
 
     def _fallback(self, v: Any, depth: int) -> list:
         t = type(v)
-        reg = registry.by_type(t)
+        try:
+            reg = registry.by_type(t)
+        except UnsupportedTypeError as e:  # (a subclass of a registered dataclass: named here, at its path)
+            raise self.unsupported(str(e)) from None
         if reg is not None:
             try:
                 state = reg.encode(v)
