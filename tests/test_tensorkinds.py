@@ -634,7 +634,8 @@ def test_inspect_lists_the_kinds_and_their_parts(tmp_path, capsys):
     tc.save({"s": coo(), "m": torch.empty(2, device="meta"), "t": t}, path)
     assert cli.main(["inspect", "--json", str(path)]) == 0
     rows = {r["path"]: r for r in json.loads(capsys.readouterr().out)["entries"]}
-    assert rows['$["s"]']["type"] == "sparse_coo tensor (uncoalesced)" and rows['$["s"]["values"]']["dtype"] == "float32"
+    assert rows['$["s"]']["type"] == "sparse_coo tensor (uncoalesced)"
+    assert rows['$["s"]["values"]']["dtype"] == "float32"
     assert rows['$["m"]']["value"] == "float32[2], no data" and rows['$["t"]']["type"] == "tensor with attributes"
     assert rows['$["t"]["foo"]']["value"] == "1"
 

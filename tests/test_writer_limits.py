@@ -148,7 +148,8 @@ SIZE: dict[str, tuple[Callable[[], Any], Callable[[], Any] | None]] = {
     "tensor": (lambda: torch.empty(0, 2**61 - 1), lambda: torch.empty(0, 2**61)),
     "tensor stored as bytes": (lambda: torch.empty(0, 2**59 - 1, dtype=torch.complex128),
                                lambda: torch.empty(0, 2**59, dtype=torch.complex128)),
-    "parameter": (lambda: torch.nn.Parameter(torch.empty(0, 2**61 - 1)), lambda: torch.nn.Parameter(torch.empty(0, 2**61))),
+    "parameter": (lambda: torch.nn.Parameter(torch.empty(0, 2**61 - 1)),
+                  lambda: torch.nn.Parameter(torch.empty(0, 2**61))),
     "meta": (lambda: torch.empty(0, 2**61 - 1, device="meta"), lambda: torch.empty(0, 2**61, device="meta")),
     "meta bfloat16": (lambda: torch.empty(0, 2**62 - 1, dtype=torch.bfloat16, device="meta"),
                       lambda: torch.empty(0, 2**62, dtype=torch.bfloat16, device="meta")),
@@ -178,14 +179,16 @@ def _cases() -> list[Case]:
     cases = []
     for at in (True, False):
         for kind, make in NDIM.items():
-            cases.append(Case("max_ndim", kind, at, lambda make=make, at=at: make(4 if at else 5), Limits(max_ndim=4)))
+            cases.append(Case("max_ndim", kind, at, lambda make=make, at=at: make(4 if at else 5),
+                              Limits(max_ndim=4)))
         cases.append(Case("max_ndim", "ndarray at the default", at,
                           lambda at=at: np.zeros((1,) * 64, np.float32) if at else np.zeros((1,) * 64, np.complex128)))
         for kind, make in TENSORS.items():
-            cases.append(Case("max_tensors", kind, at, lambda make=make, at=at: make(4 if at else 5), Limits(max_tensors=4)))
+            cases.append(Case("max_tensors", kind, at, lambda make=make, at=at: make(4 if at else 5),
+                              Limits(max_tensors=4)))
         for kind, (make, own) in DEPTH.items():
-            cases.append(Case("max_depth", kind, at, lambda make=make, own=own, at=at: _nest(make(), 6 - own + (not at)),
-                              Limits(max_depth=6)))
+            cases.append(Case("max_depth", kind, at,
+                              lambda make=make, own=own, at=at: _nest(make(), 6 - own + (not at)), Limits(max_depth=6)))
             cases.append(Case("max_depth", f"{kind} in metadata", at,
                               lambda: {}, Limits(max_depth=6),
                               metadata={"m": _nest(make(), 6 - 1 - own + (not at))} if kind not in (
@@ -204,7 +207,8 @@ def _cases() -> list[Case]:
                               Limits(max_string_array_bytes=arr.nbytes - (not at)), metadata={"a": arr}))
         for dims in (32, 33):
             if (dims == 32) == at:
-                cases.append(Case("string_ndim", "np.strings U", at, lambda dims=dims: np.array(["x"]).reshape((1,) * dims)))
+                cases.append(Case("string_ndim", "np.strings U", at,
+                                  lambda dims=dims: np.array(["x"]).reshape((1,) * dims)))
                 cases.append(Case("string_ndim", "np.strings S", at,
                                   lambda dims=dims: np.zeros((1,) * dims, dtype="S2")))
     return [c for c in cases if c.metadata is not None or not c.kind.endswith("in metadata")]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import os
 import uuid
 
 import fsspec

@@ -497,7 +497,8 @@ NEW_VALID: dict[str, tuple] = {
                                   "a sparse tensor with attributes used twice, its whole tensor.attrs node at each "
                                   "use, beside a sparse tensor of the same parts without them: two objects, §6.12 "
                                   "(issue 37)"),
-    "settings_hashseed_texts": (lambda: tensorcanon.dumps({"v": [_settings(pythonhashseed=v) for v in (None, "", "random")]}),
+    "settings_hashseed_texts": (lambda: tensorcanon.dumps({"v": [_settings(pythonhashseed=v)
+                                                                 for v in (None, "", "random")]}),
                                 "determinism settings recorded with PYTHONHASHSEED unset, empty and 'random': nil, "
                                 "'' and 'random', kept as written, §6.7.2 (issue 37)"),
 }

@@ -37,4 +37,4 @@ def exceeds(limits: Limits, name: str, value: int) -> bool:
     format/manifest) make, so that a writer refuses exactly what its readers reject. (``max_depth``
     counts levels: a tagged array at depth ``d`` is level ``d + 1``, which format/tree checks inline on
     every node, in the same terms, for the encoder and the decoder.)"""
-    return value > getattr(limits, name)
+    return bool(value > getattr(limits, name))

@@ -41,7 +41,8 @@ def _own(t: Any) -> Any:
 
 def codec(cls: Any) -> tuple[Any, Any]:
     """``(encode, decode)`` for a tensor subclass that implements the flatten protocol."""
-    from .container import too_large  # (§5.3: the one check; imported here, as container -> paths -> names -> ordering -> registry -> subclasses)
+    # §5.3's rule, the one check (imported here: container -> paths -> names -> ordering -> registry -> us)
+    from .container import too_large
 
     def encode(value: Any) -> dict:
         if type(value) is not cls:

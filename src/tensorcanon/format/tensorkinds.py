@@ -292,7 +292,7 @@ def jagged_seqlens(v: Any) -> tuple[Any, Any]:
     ints, as torch gives them back (``t._min_seqlen``); whatever else its cache holds (a SymInt while
     compiling) is given as it is, for :func:`seqlens_problem` to refuse."""
     cache = getattr(v, "_metadata_cache", None) or {}
-    out = []
+    out: list[Any] = []
     for key in SEQLENS:
         held = cache.get(key)
         if held is None:
@@ -337,7 +337,7 @@ def _from_jagged(values: Any, offsets: Any, seqlens: tuple[Any, Any]) -> Any:
     value = torch.nested.nested_tensor_from_jagged(values, offsets)  # (a torch that caches the ints themselves)
     for key, n in zip(SEQLENS, seqlens, strict=True):
         if n is not None:
-            value._metadata_cache[key] = n
+            value._metadata_cache[key] = n  # type: ignore[attr-defined]
     return value
 
 
@@ -486,8 +486,8 @@ def _enc_nested(enc: tree.Encoder, v: Any, depth: int) -> list:
     other = _other_cache(v)
     if other:
         raise enc.unsupported(f"this jagged nested tensor caches {', '.join(other)}, which the format does not hold "
-                              f"(only {' and '.join(SEQLENS)}): save torch.nested.nested_tensor_from_jagged(t.values(), "
-                              "t.offsets()) instead")
+                              f"(only {' and '.join(SEQLENS)}): save "
+                              "torch.nested.nested_tensor_from_jagged(t.values(), t.offsets()) instead")
     seqlens = jagged_seqlens(v)
     if seqlens != (None, None):
         problem = seqlens_problem(seqlens)
@@ -830,7 +830,7 @@ def _dec_nested(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
                         "number of dimensions")
     try:
         if layout == "jagged":
-            value = _from_jagged(*parts, seqlens)
+            value = _from_jagged(parts[0], parts[1], seqlens)
         else:
             value = torch.nested.nested_tensor(parts, dtype=row.torch,
                                                device=parts[0].device if parts else None)
