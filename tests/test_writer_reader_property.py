@@ -26,6 +26,7 @@ import collections
 import dataclasses
 import datetime as dt
 import enum
+import inspect
 import math
 import os
 import pathlib
@@ -407,6 +408,10 @@ def tensors(draw: st.DrawFn) -> Made:
                    f"kind={kind}, {raw.hex()})")
 
 
+_JAGGED_HINTS = {"min_seqlen", "max_seqlen"} <= set(
+    inspect.signature(torch.nested.nested_tensor_from_jagged).parameters)  # (torch 2.4 may lack them)
+
+
 @st.composite
 def tensor_kinds(draw: st.DrawFn) -> Made:
     """docs/FORMAT.md §6.12: sparse tensors of every layout (COO coalesced or not, hybrid, empty), nested
@@ -441,7 +446,7 @@ def tensor_kinds(draw: st.DrawFn) -> Made:
         parts = [torch.arange(n * 2, dtype=torch.int64).reshape(n, 2).to(dtype) for n in lengths]
         layout = torch.strided if what == "strided" else torch.jagged
         t = torch.nested.nested_tensor(parts, layout=layout)
-        if what == "jagged" and draw(st.booleans()):  # the lengths it caches: none, or given by hand
+        if what == "jagged" and _JAGGED_HINTS and draw(st.booleans()):  # the lengths it caches: none, or by hand
             seqlen = st.one_of(st.none(), st.integers(0, 5))
             t = torch.nested.nested_tensor_from_jagged(t.values(), t.offsets(), min_seqlen=draw(seqlen),
                                                        max_seqlen=draw(seqlen))

@@ -24,7 +24,7 @@ from typing import Any, NoReturn, TypeVar
 
 from . import dtypes, paths
 from .errors import FormatError, LimitError
-from .limits import Limits, exceeds
+from .limits import Limits, exceeds, too_large  # (too_large: §5.3's rule, re-exported here)
 
 _R = TypeVar("_R")
 
@@ -32,30 +32,6 @@ LENGTH_SIZE = 8
 ALIGN = 8
 META = "__metadata__"
 _ENTRY_KEYS = {"data_offsets", "dtype", "shape"}
-
-
-SIZE_BOUND = 2**63
-"""A tensor's non-zero dimensions times its element size stay below this (docs/FORMAT.md §5.3)."""
-
-
-def too_large(shape: Sequence[int], itemsize: int) -> bool:
-    """True when the non-zero dimensions of ``shape`` (non-negative ints) and ``itemsize`` multiply to
-    :data:`SIZE_BOUND` (2**63) or more: the rule of docs/FORMAT.md §5.3, the one check of it that
-    every reader (header entries, table rows) and the writer make.
-
-    torch and numpy cannot make such a tensor even when it has no elements (a zero dimension):
-    torch refuses a dimension of 2**63 or more and a running product past 2**64 - 1 ("numel:
-    integer multiplication overflow"), numpy any whose non-zero dimensions times its element size
-    pass 2**63 - 1. Stops at the first product past the bound, so a shape of many huge dimensions
-    costs no big-int arithmetic.
-    """
-    n = itemsize
-    for d in shape:
-        if d:
-            n *= d
-            if n >= SIZE_BOUND:
-                return True
-    return False
 
 
 def size_problem(shape: Sequence[int], itemsize: int) -> str | None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import optional
 from .errors import UnsupportedTypeError
+from .limits import too_large  # (§5.3's rule: the one check)
 
 if TYPE_CHECKING:
     import torch
@@ -41,8 +42,6 @@ def _own(t: Any) -> Any:
 
 def codec(cls: Any) -> tuple[Any, Any]:
     """``(encode, decode)`` for a tensor subclass that implements the flatten protocol."""
-    # §5.3's rule, the one check (imported here: container -> paths -> names -> ordering -> registry -> us)
-    from .container import too_large
 
     def encode(value: Any) -> dict:
         if type(value) is not cls:
