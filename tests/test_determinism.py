@@ -76,6 +76,22 @@ def test_the_hash_seed_recorded_is_the_one_this_interpreter_uses(monkeypatch):
         assert DeterminismSettings.capture().pythonhashseed == expected
 
 
+def test_the_hash_seed_text_is_written_and_read_as_it_is():
+    """docs/FORMAT.md §6.7.2: PYTHONHASHSEED=random and PYTHONHASHSEED= are recorded as "random" and ""
+    (capture: the test above), written as those texts, not nil, and given back as the file holds them."""
+    import hostile_lib as h
+
+    s = DeterminismSettings.capture()
+    values = [None, "", "random", "0", "42"]
+    settings = [dataclasses.replace(s, pythonhashseed=v) for v in values]
+    data = tensorcanon.dumps(settings)
+    nodes = h.manifest_of(data)[0]["root"][1:]
+    written = [state[state.index("pythonhashseed") + 1] for _, _, state in nodes]
+    assert written == values
+    assert [x.pythonhashseed for x in tensorcanon.loads(data)] == values
+    assert len({tensorcanon.fingerprint(x) for x in settings}) == len(values)  # five contents
+
+
 def test_seed_everything_in_process(monkeypatch):
     from tensorcanon.training import determinism
 

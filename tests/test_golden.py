@@ -168,9 +168,9 @@ def test_the_aliasing_vector_merges_exactly_what_the_spec_says():
 def test_v2_record_is_frozen():
     assert V2_RECORD["format_version"] == 2
     assert sorted(V2_RECORD["digests"]) == sorted(p.stem for p in V2.glob("*.safetensors"))
-    # every v3 vector has its v2 file, but those added in version 3: packed lists (the version's change) and
-    # the ecosystem's codecs (§6.9.5, added within version 3)
-    assert set(V2_RECORD["digests"]) == set(NAMES) - {"packed_lists", "ecosystem"}
+    # every v3 vector has its v2 file, but those added in version 3: packed lists (the version's change), the
+    # ecosystem's codecs (§6.9.5) and the tensor kinds kept as held (§6.12, issue 37), added within version 3
+    assert set(V2_RECORD["digests"]) == set(NAMES) - {"packed_lists", "ecosystem", "tensor_kinds_kept"}
 
 
 @pytest.mark.parametrize("name", sorted(set(V2_RECORD["digests"]) & set(BUILT)))

@@ -26,6 +26,7 @@ import collections
 import dataclasses
 import datetime as dt
 import enum
+import inspect
 import math
 import os
 import pathlib
@@ -407,10 +408,14 @@ def tensors(draw: st.DrawFn) -> Made:
                    f"kind={kind}, {raw.hex()})")
 
 
+_JAGGED_HINTS = {"min_seqlen", "max_seqlen"} <= set(
+    inspect.signature(torch.nested.nested_tensor_from_jagged).parameters)  # (torch 2.4 may lack them)
+
+
 @st.composite
 def tensor_kinds(draw: st.DrawFn) -> Made:
-    """docs/FORMAT.md §6.12: sparse tensors of every layout (COO uncoalesced, hybrid, empty), nested
-    tensors (strided, jagged), meta tensors, tensors and Parameters
+    """docs/FORMAT.md §6.12: sparse tensors of every layout (COO coalesced or not, hybrid, empty), nested
+    tensors (strided, jagged, with or without cached lengths), meta tensors, tensors and Parameters
     with attributes set on them (some of values the format refuses), and kinds refused with advice."""
     what = draw(st.sampled_from(["coo", "csr", "csc", "bsr", "bsc", "strided", "jagged", "meta", "attrs",
                                  "refused"]))
@@ -429,6 +434,8 @@ def tensor_kinds(draw: st.DrawFn) -> Made:
                               dtype=torch.int64).reshape((nnz, hybrid) if hybrid else (nnz,)).to(dtype)
         size = (rows, cols, hybrid) if hybrid else (rows, cols)
         t = torch.sparse_coo_tensor(torch.tensor(idx, dtype=torch.int64).reshape(2, nnz), values, size)
+        if draw(st.booleans()):
+            t = t.coalesce()  # (else uncoalesced, written as it holds its indices)
     elif what in ("csr", "csc"):
         t = dense.to_sparse_csr() if what == "csr" else dense.to_sparse_csc()
     elif what in ("bsr", "bsc"):
@@ -439,6 +446,10 @@ def tensor_kinds(draw: st.DrawFn) -> Made:
         parts = [torch.arange(n * 2, dtype=torch.int64).reshape(n, 2).to(dtype) for n in lengths]
         layout = torch.strided if what == "strided" else torch.jagged
         t = torch.nested.nested_tensor(parts, layout=layout)
+        if what == "jagged" and _JAGGED_HINTS and draw(st.booleans()):  # the lengths it caches: none, or by hand
+            seqlen = st.one_of(st.none(), st.integers(0, 5))
+            t = torch.nested.nested_tensor_from_jagged(t.values(), t.offsets(), min_seqlen=draw(seqlen),
+                                                       max_seqlen=draw(seqlen))
     elif what == "meta":
         t = torch.empty(tuple(draw(st.lists(st.integers(0, 5), max_size=3))), dtype=dtype, device="meta")
     elif what == "attrs":
@@ -455,7 +466,9 @@ def tensor_kinds(draw: st.DrawFn) -> Made:
         return Made(t, f"refused {type(t).__name__}")
     if grad and what not in ("attrs", "meta") or (grad and what == "meta"):
         t = t.requires_grad_()
-    if draw(st.booleans()) and what not in ("attrs", "strided", "jagged") and not t.requires_grad:
+        if what == "jagged" and draw(st.booleans()):
+            t.values()  # (torch then caches its sizes in its __dict__: not attributes, issue 37)
+    if draw(st.booleans()) and what not in ("attrs", "strided") and not t.requires_grad:
         t.note = draw(st.sampled_from(["x", 1, None]))  # an attribute on a sparse or meta tensor too
     return Made(t, f"{what}({dtype}, {rows}x{cols}, grad={grad})")
 

@@ -355,6 +355,47 @@ NEW_INVALID.update({
         "an int64 meta tensor with requires_grad", "always"),
 })
 
+def _jagged_node(*seqlens: object) -> bytes:
+    return _tensor_kind_node({"values": torch.ones(5, 2), "offsets": torch.tensor([0, 2, 5])},
+                             ["nested", "jagged", "float32", False, ["tensor", 0], ["tensor", 1], *seqlens])
+
+
+def _string_array_33_dims(node: list) -> list:
+    return ["np.strings", "U", 1, 33, *([1] * 33), "x"]
+
+
+# issue 37: what a tensor of these kinds holds is kept (§6.12.1, §6.12.2); writers refuse what readers reject (§8)
+NEW_INVALID.update({
+    "sparse_coo_last_value_true": (
+        lambda: _tensor_kind_node({"indices": torch.tensor([[0, 1]]), "values": torch.ones(2)},
+                                  ["sparse", "coo", ["size", 2], "tensor", False, ["tensor", 0], ["tensor", 1], True]),
+        "6.12.1", "sparse-coo-reader", "FormatError", "must be false",
+        "a COO node ending with true (a coalesced one has no last value, an uncoalesced one ends with false)",
+        "always"),
+    "jagged_seqlens_both_nil": (
+        lambda: _jagged_node(None, None), "6.12.2", "nested-jagged-seqlens-reader", "FormatError", "both nil",
+        "a jagged node whose two cached lengths are nil (a tensor caching neither is written without them)",
+        "always"),
+    "jagged_seqlen_negative": (
+        lambda: _jagged_node(-1, 3), "6.12.2", "nested-jagged-seqlens-reader", "FormatError",
+        "must be nil or an int", "a jagged node caching a min_seqlen of -1", "always"),
+    "np_strings_33_dims": (
+        lambda: _edit_value(np.array(["x"]).reshape((1,) * 32), _string_array_33_dims), "6.11",
+        "numpy-strings-reader", "FormatError", "at most 32", "a numpy string array of 33 dimensions", "always"),
+    "meta_size_2_63_bytes": (
+        lambda: _edit_value(torch.empty(0, 2, device="meta"), lambda node: node.__setitem__(2, ["size", 0, 2**61])),
+        "6.2", "tags-arity-args", "FormatError", "2^63", "a float32 meta tensor of size [0, 2^61]: 2^63 bytes (§5.3, "
+        "§6.12)", "always"),
+})
+
+
+def _attrs_every_use() -> bytes:
+    noted = torch.eye(3).to_sparse()
+    noted.note = "kept"
+    plain = torch.sparse_coo_tensor(noted._indices(), noted._values(), (3, 3), is_coalesced=True)
+    return tensorcanon.dumps({"v": [plain, noted, noted, plain]})
+
+
 def _as_version(value: object, version: int, edit: Callable[[list], object] | None = None) -> bytes:
     """The file of ``{"v": value}`` with its manifest's version set to ``version`` (and the node of
     ``v`` replaced by ``edit(node)``), digests recomputed: only the version (or the edit) is wrong."""
@@ -452,6 +493,14 @@ NEW_VALID: dict[str, tuple] = {
     "bare_bit_generator": (lambda: tensorcanon.dumps(np.random.SFC64(np.random.SeedSequence(np.uint64(9)))),
                            "a bare SFC64 bit generator (rng.bitgen as a value on its own), whose "
                            "SeedSequence was given a numpy int, §6.7"),
+    "sparse_attrs_at_every_use": (_attrs_every_use,
+                                  "a sparse tensor with attributes used twice, its whole tensor.attrs node at each "
+                                  "use, beside a sparse tensor of the same parts without them: two objects, §6.12 "
+                                  "(issue 37)"),
+    "settings_hashseed_texts": (lambda: tensorcanon.dumps({"v": [_settings(pythonhashseed=v)
+                                                                 for v in (None, "", "random")]}),
+                                "determinism settings recorded with PYTHONHASHSEED unset, empty and 'random': nil, "
+                                "'' and 'random', kept as written, §6.7.2 (issue 37)"),
 }
 
 

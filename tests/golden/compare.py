@@ -27,23 +27,30 @@ def canonical_bytes(t: torch.Tensor) -> bytes:
 
 
 def special_parts(t: torch.Tensor):
-    """What a sparse, nested or meta tensor holds, as ``(layout, [(dtype, shape, bytes) of each component])``
-    (docs/FORMAT.md §6.12; COO compared coalesced); None for a dense tensor, which canonical_bytes reads."""
+    """What a sparse, nested or meta tensor holds, as ``(layout, what else it holds, [(dtype, shape,
+    bytes) of each component])`` (docs/FORMAT.md §6.12: a COO tensor's indices and values as it holds
+    them, and whether it is coalesced; a jagged tensor's cached lengths); None for a dense tensor,
+    which canonical_bytes reads."""
+    from tensorcanon.format import tensorkinds
+
+    extra = None
+    if t.is_nested and t.layout is torch.jagged:
+        extra = tensorkinds.jagged_seqlens(t)
     t = t.detach()
     if t.is_meta:
-        return ("meta", [])
+        return ("meta", None, [])
     if t.is_nested:
         parts = list(t.unbind())
     elif t.layout is torch.sparse_coo:
-        c = t.coalesce()
-        parts = [c._indices(), c._values()]
+        parts = [t._indices(), t._values()]
+        extra = t.is_coalesced()
     elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
         parts = [t.crow_indices(), t.col_indices(), t.values()]
     elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
         parts = [t.ccol_indices(), t.row_indices(), t.values()]
     else:
         return None
-    return (str(t.layout), [(p.dtype, tuple(p.shape), canonical_bytes(p)) for p in parts])
+    return (str(t.layout), extra, [(p.dtype, tuple(p.shape), canonical_bytes(p)) for p in parts])
 
 
 def user_attrs(t: torch.Tensor) -> dict:

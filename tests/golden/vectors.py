@@ -370,16 +370,18 @@ def generators():
 
 
 def tensor_kinds():
-    """docs/FORMAT.md §6.12: sparse tensors of every layout (COO given uncoalesced, hybrid COO, a
-    sparse Parameter), one sparse tensor used twice, nested tensors (strided and jagged), meta
-    tensors, and attributes set on a tensor, a Parameter and a sparse tensor."""
+    """docs/FORMAT.md §6.12: sparse tensors of every layout (coalesced COO, hybrid COO, a sparse
+    Parameter), one sparse tensor used twice, nested tensors (strided, and jagged without cached
+    lengths), meta tensors, and attributes set on a tensor, a Parameter and a sparse tensor.
+    (tensor_kinds_kept holds uncoalesced COO tensors and jagged ones with cached lengths.)"""
     import warnings
 
     warnings.filterwarnings("ignore", message=".*(Sparse|nested tensors|prototype).*")
     dense = torch.tensor([[0.0, 1.5, 0.0, 0.0], [2.0, 0.0, 0.0, -3.0], [0.0, 0.0, 0.0, 0.0], [4.0, 0.0, 5.0, 0.0]])
     coo = torch.sparse_coo_tensor(torch.tensor([[1, 0, 1], [0, 2, 0]]), torch.tensor([1, 2, 3], dtype=torch.int16),
-                                  (2, 3))  # (1, 0) twice: saved coalesced
-    hybrid = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.arange(6.0).reshape(2, 3), (4, 3))
+                                  (2, 3)).coalesce()  # (1, 0) twice, summed
+    hybrid = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.arange(6.0).reshape(2, 3), (4, 3),
+                                     is_coalesced=True)
     csr = dense.to_sparse_csr()
     tagged = torch.arange(3, dtype=torch.int32)
     tagged.role = "ids"
@@ -393,11 +395,45 @@ def tensor_kinds():
         "bsr": dense.to_sparse_bsr((2, 2)), "bsc": dense.to_sparse_bsc((2, 2)),
         "sparse_param": torch.nn.Parameter(dense.to_sparse(), requires_grad=False),
         "nested": torch.nested.nested_tensor([torch.arange(6.0).reshape(2, 3), torch.zeros(0, 3)]),
-        "jagged": torch.nested.nested_tensor([torch.ones(1, 2), torch.arange(6.0).reshape(3, 2)],
-                                             layout=torch.jagged),
+        "jagged": torch.nested.nested_tensor_from_jagged(torch.cat([torch.ones(1, 2), torch.arange(6.0).reshape(3, 2)]),
+                                                         torch.tensor([0, 1, 4])),  # (caching no length)
         "meta": torch.empty(2, 5, dtype=torch.bfloat16, device="meta"),
         "meta_param": torch.nn.Parameter(torch.empty(3, device="meta")),
         "tagged": [tagged, tagged], "param": param,
+    }
+
+
+def tensor_kinds_kept():
+    """docs/FORMAT.md §6.12 (issue 37): what a tensor of these kinds holds comes back as it was.
+    Uncoalesced COO tensors (repeated and unsorted indices, sorted ones never coalesced, none at
+    all, a hybrid one with requires_grad, a Parameter) keep their indices and values in their order;
+    jagged nested tensors keep the lengths they cache (both, as torch.nested.nested_tensor caches
+    them, or a max_seqlen given by hand above the true one); a sparse and a jagged tensor with
+    attributes, used twice, and a sparse tensor of the same parts without them (one object
+    per node and attributes)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*(Sparse|nested tensors|prototype).*")
+
+    def coo(indices, values, size, **kw):
+        return torch.sparse_coo_tensor(torch.tensor(indices, dtype=torch.int64), values, size, is_coalesced=False, **kw)
+
+    noted = torch.eye(3).to_sparse()
+    noted.note = "kept"
+    plain = torch.sparse_coo_tensor(noted._indices(), noted._values(), (3, 3), is_coalesced=True)  # (its parts)
+    both = torch.nested.nested_tensor([torch.ones(1, 2), torch.arange(6.0).reshape(3, 2)], layout=torch.jagged)
+    hinted = torch.nested.nested_tensor_from_jagged(torch.arange(10.0).reshape(5, 2), torch.tensor([0, 2, 5]),
+                                                    max_seqlen=8)
+    tagged = torch.nested.nested_tensor_from_jagged(torch.ones(3, 1), torch.tensor([0, 1, 3]), min_seqlen=1)
+    tagged.role = "batch"
+    return {
+        "repeated": coo([[1, 0, 1], [0, 2, 0]], torch.tensor([1, 2, 3], dtype=torch.int16), (2, 3)),
+        "sorted": coo([[0, 2]], torch.tensor([1.5, -2.0]), (4,)),
+        "empty": coo([[]], torch.zeros(0), (3,)),
+        "hybrid": coo([[3, 0, 3]], torch.arange(6.0).reshape(3, 2), (4, 2)).requires_grad_(),
+        "param": torch.nn.Parameter(coo([[2, 2]], torch.tensor([1.0, 1.0]), (3,)), requires_grad=False),
+        "jagged_both": both, "jagged_hinted": hinted, "tagged": [tagged, tagged],
+        "noted": [noted, plain, noted],
     }
 
 
@@ -492,6 +528,7 @@ VECTORS = {
     "generators": (generators, None),
     "tensor_kinds": (tensor_kinds, None),
     "ecosystem": (ecosystem, None),
+    "tensor_kinds_kept": (tensor_kinds_kept, None),
     "packed_lists": (packed_lists, {"history": [{"epoch": 1, "acc": 0.5}, {"epoch": 2, "acc": 0.75}],
                                     "ids": list(range(100, 120))}),
 }
@@ -509,5 +546,12 @@ def buildable(name: str) -> bool:
     """False where the running torch lacks a dtype the vector holds (torch 2.4, the floor, has no
     float8_e8m0fnu, float4_e2m1fn_x2 or int1..int7): its object cannot be made there. The
     committed file still verifies and refuses to load, naming the dtype (test_golden.py).
-    Decided without building the vector: building one may register codecs."""
+    Decided without building the vector: building one may register codecs. tensor_kinds_kept needs
+    a torch whose nested_tensor_from_jagged takes min_seqlen and max_seqlen."""
+    if name == "tensor_kinds_kept":
+        import inspect
+
+        params = inspect.signature(torch.nested.nested_tensor_from_jagged).parameters
+        if "min_seqlen" not in params or "max_seqlen" not in params:
+            return False
     return all(isinstance(getattr(torch, n, None), torch.dtype) for n in _TORCH_DTYPES.get(name, ()))

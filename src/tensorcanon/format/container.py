@@ -24,7 +24,7 @@ from typing import Any, NoReturn, TypeVar
 
 from . import dtypes, paths
 from .errors import FormatError, LimitError
-from .limits import Limits
+from .limits import Limits, exceeds, too_large  # (too_large: §5.3's rule, re-exported here)
 
 _R = TypeVar("_R")
 
@@ -32,30 +32,6 @@ LENGTH_SIZE = 8
 ALIGN = 8
 META = "__metadata__"
 _ENTRY_KEYS = {"data_offsets", "dtype", "shape"}
-
-
-SIZE_BOUND = 2**63
-"""A tensor's non-zero dimensions times its element size stay below this (docs/FORMAT.md §5.3)."""
-
-
-def too_large(shape: Sequence[int], itemsize: int) -> bool:
-    """True when the non-zero dimensions of ``shape`` (non-negative ints) and ``itemsize`` multiply to
-    :data:`SIZE_BOUND` (2**63) or more: the rule of docs/FORMAT.md §5.3, the one check of it that
-    every reader (header entries, table rows) and the writer make.
-
-    torch and numpy cannot make such a tensor even when it has no elements (a zero dimension):
-    torch refuses a dimension of 2**63 or more and a running product past 2**64 - 1 ("numel:
-    integer multiplication overflow"), numpy any whose non-zero dimensions times its element size
-    pass 2**63 - 1. Stops at the first product past the bound, so a shape of many huge dimensions
-    costs no big-int arithmetic.
-    """
-    n = itemsize
-    for d in shape:
-        if d:
-            n *= d
-            if n >= SIZE_BOUND:
-                return True
-    return False
 
 
 def size_problem(shape: Sequence[int], itemsize: int) -> str | None:
@@ -245,9 +221,9 @@ def read_raw(read: Callable[[int, str], bytes], file_size: int | None, limits: L
     prefix = read(LENGTH_SIZE, "header length")
     (length,) = struct.unpack("<Q", prefix)
     foreign = _foreign_format(prefix)
-    if foreign is not None and length > limits.max_header_bytes:
+    if foreign is not None and exceeds(limits, "max_header_bytes", length):
         raise FormatError(foreign, offset=0)
-    if length > limits.max_header_bytes:
+    if exceeds(limits, "max_header_bytes", length):
         raise LimitError(
             f"header declares {length} bytes, over max_header_bytes={limits.max_header_bytes}",
             limit="max_header_bytes", offset=0,
@@ -285,7 +261,7 @@ def parse_raw(prefix: bytes, raw: bytes, file_size: int | None, limits: Limits) 
     if metadata is not None:
         if type(metadata) is not dict or not all(type(v) is str for v in metadata.values()):
             raise FormatError("header: __metadata__ must map strings to strings", offset=LENGTH_SIZE)
-    if len(obj) > limits.max_tensors:
+    if exceeds(limits, "max_tensors", len(obj)):
         raise LimitError(
             f"header declares {len(obj)} tensors, over max_tensors={limits.max_tensors}",
             limit="max_tensors", offset=LENGTH_SIZE,
@@ -303,7 +279,7 @@ def parse_raw(prefix: bytes, raw: bytes, file_size: int | None, limits: Limits) 
         shape = info["shape"]
         if type(shape) is not list:
             raise FormatError(f"header: {where} shape must be a list")
-        if len(shape) > limits.max_ndim:
+        if exceeds(limits, "max_ndim", len(shape)):
             raise LimitError(f"header: {where} has {len(shape)} dimensions, over max_ndim={limits.max_ndim}",
                              limit="max_ndim")
         for d in shape:

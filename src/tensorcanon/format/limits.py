@@ -1,7 +1,9 @@
-"""Safety limits applied to every file read (and to objects saved)."""
+"""Safety limits applied to every file read (and to objects saved), and the size rule of docs/FORMAT.md §5.3
+(``too_large``, which format/container re-exports): one function each for the writer and every reader."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -28,3 +30,37 @@ class Limits:
 
 
 DEFAULT = Limits()
+
+
+SIZE_BOUND = 2**63
+"""A tensor's non-zero dimensions times its element size stay below this (docs/FORMAT.md §5.3)."""
+
+
+def too_large(shape: Sequence[int], itemsize: int) -> bool:
+    """True when the non-zero dimensions of ``shape`` (non-negative ints) and ``itemsize`` multiply to
+    :data:`SIZE_BOUND` (2**63) or more: the rule of docs/FORMAT.md §5.3, the one check of it that
+    every reader (header entries, table rows) and the writer make.
+
+    torch and numpy cannot make such a tensor even when it has no elements (a zero dimension):
+    torch refuses a dimension of 2**63 or more and a running product past 2**64 - 1 ("numel:
+    integer multiplication overflow"), numpy any whose non-zero dimensions times its element size
+    pass 2**63 - 1. Stops at the first product past the bound, so a shape of many huge dimensions
+    costs no big-int arithmetic.
+    """
+    n = itemsize
+    for d in shape:
+        if d:
+            n *= d
+            if n >= SIZE_BOUND:
+                return True
+    return False
+
+
+def exceeds(limits: Limits, name: str, value: int) -> bool:
+    """Whether ``value`` is over the limit ``name`` of ``limits`` (docs/FORMAT.md §9.4): each limit is
+    the most a file may hold, so ``value`` equal to it passes. The one comparison the writer
+    (io/writer.plan: header dimensions, tensors, header bytes) and the readers (format/container,
+    format/manifest) make, so that a writer refuses exactly what its readers reject. (``max_depth``
+    counts levels: a tagged array at depth ``d`` is level ``d + 1``, which format/tree checks inline on
+    every node, in the same terms, for the encoder and the decoder.)"""
+    return bool(value > getattr(limits, name))

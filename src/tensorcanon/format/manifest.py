@@ -32,7 +32,7 @@ import msgpack
 
 from . import container, devices, digest, dtypes, paths
 from .errors import FormatError, IntegrityError, LimitError
-from .limits import Limits
+from .limits import Limits, exceeds
 from .ordering import MAX_SAME_HASH
 
 VERSION = 3
@@ -503,7 +503,7 @@ def _stream(raw: bytes, algorithm: str, limits: Limits) -> tuple[Any, Any, list[
     if values[0] != algorithm or unpack() != "tensors":
         raise _bad("names another algorithm than its digest, or lacks 'tensors'")
     count = u.read_array_header()
-    if count > limits.max_tensors:
+    if exceeds(limits, "max_tensors", count):
         raise LimitError(f"manifest lists {count} tensors, over max_tensors={limits.max_tensors}",
                          limit="max_tensors")
     head = b"".join([packer.pack_map_header(len(_TOP_KEYS)), pack("algorithm"), pack(algorithm),
@@ -647,7 +647,7 @@ def read_table(table: Any, algorithm: str, limits: Limits) -> list[TensorInfo]:
 def _table(table: Any, algorithm: str, limits: Limits) -> list[_Building]:
     if type(table) is not tuple:  # a msgpack array (see unpack)
         raise _bad("'tensors' must be a list")
-    if len(table) > limits.max_tensors:
+    if exceeds(limits, "max_tensors", len(table)):
         raise LimitError(f"manifest lists {len(table)} tensors, over max_tensors={limits.max_tensors}",
                          limit="max_tensors")
     infos: list[_Building] = []

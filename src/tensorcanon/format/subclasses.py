@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import optional
 from .errors import UnsupportedTypeError
+from .limits import too_large  # (§5.3's rule: the one check)
 
 if TYPE_CHECKING:
     import torch
@@ -27,17 +28,6 @@ STATE_KEYS = ("ctx", "inner", "requires_grad", "size", "stride")
 def implements_flatten(cls: type) -> bool:
     """Whether ``cls`` implements the flatten protocol (looked up on the class, importing nothing)."""
     return callable(getattr(cls, "__tensor_flatten__", None)) and callable(getattr(cls, "__tensor_unflatten__", None))
-
-
-def _too_large(size: Any) -> bool:
-    """Whether the non-zero dimensions of ``size`` multiply to 2^63 or more (§5.3's rule, stopping there)."""
-    product = 1
-    for d in size:
-        if d:
-            product *= d
-            if product >= 2**63:
-                return True
-    return False
 
 
 def _own(t: Any) -> Any:
@@ -61,6 +51,9 @@ def codec(cls: Any) -> tuple[Any, Any]:
         if not all(type(n) is str for n in names):
             raise UnsupportedTypeError(f"{cls.__qualname__}.__tensor_flatten__ gave attribute names that are not str")
         inner = {n: getattr(value, n) for n in names}
+        if too_large(value.shape, 1):  # (the reader's check of 'size', below)
+            raise UnsupportedTypeError(f"{cls.__qualname__} of size {list(value.shape)}: its non-zero dimensions "
+                                       "multiply to 2^63 or more, which no tensor the format holds has (§5.3)")
         return {"ctx": ctx, "inner": inner, "requires_grad": bool(value.requires_grad),
                 "size": torch.Size(value.shape), "stride": list(value.stride())}
 
@@ -72,7 +65,7 @@ def codec(cls: Any) -> tuple[Any, Any]:
             raise ValueError("'inner' must map attribute names (str) to tensors")
         if type(size) is not torch.Size or any(d < 0 for d in size):
             raise ValueError("'size' must be a torch.Size of non-negative dimensions")
-        if _too_large(size):  # (checked before the class's own code sees it)
+        if too_large(size, 1):  # (checked before the class's own code sees it)
             raise ValueError(f"'size' {list(size)} has non-zero dimensions whose product reaches 2^63, which no "
                              "tensor has (docs/FORMAT.md §5.3)")
         if type(stride) is not list or len(stride) != len(size) or not all(type(s) is int and 0 <= s < 2**63

@@ -8,11 +8,13 @@ hashed like every tensor:
 ===============  ===============================================================================
 tag              node
 ===============  ===============================================================================
-``sparse``       ``["sparse", layout, size, kind, requires_grad, component...]``: COO (coalesced:
-                 ``indices``, ``values``), CSR/BSR (``crow_indices``, ``col_indices``, ``values``),
-                 CSC/BSC (``ccol_indices``, ``row_indices``, ``values``)
+``sparse``       ``["sparse", layout, size, kind, requires_grad, component...]``: COO (``indices``,
+                 ``values``; an uncoalesced one as it holds them, then ``false``), CSR/BSR
+                 (``crow_indices``, ``col_indices``, ``values``), CSC/BSC (``ccol_indices``,
+                 ``row_indices``, ``values``)
 ``nested``       ``["nested", "strided", dtype, requires_grad, component...]`` (one per element)
-                 or ``["nested", "jagged", dtype, requires_grad, values, offsets]``
+                 or ``["nested", "jagged", dtype, requires_grad, values, offsets]``, then
+                 ``min_seqlen, max_seqlen`` (each nil or an int) when it caches either
 ``meta``         ``["meta", dtype, size, kind, requires_grad]``: no bytes at all
 ``tensor.attrs`` ``["tensor.attrs", tensor node, dict node]``: the tensor's ``__dict__``
 ===============  ===============================================================================
@@ -148,10 +150,11 @@ def sparse_shape_problem(layout: str, size: Sequence[int], parts: Sequence[Part]
 
 
 def sparse_index_problem(layout: str, size: Sequence[int], indices: Sequence[Any],
-                         blocks: Sequence[int] = (1, 1)) -> str | None:
+                         blocks: Sequence[int] = (1, 1), coalesced: bool = True) -> str | None:
     """What keeps the index parts ``indices`` (numpy arrays: COO ``[indices]``, compressed
     ``[compressed, plain]``) of parts that pass :func:`sparse_shape_problem` from being a canonical
-    sparse tensor of ``layout`` and ``size``, or None; ``blocks``: a BSR/BSC tensor's block shape.
+    sparse tensor of ``layout`` and ``size``, or None; ``blocks``: a BSR/BSC tensor's block shape;
+    ``coalesced`` false: an uncoalesced COO tensor, whose indices may come in any order and repeat.
     Made by the writer, by load and by verify (on the index parts' bytes, without torch)."""
     if layout == "coo":
         (idx,) = indices
@@ -161,7 +164,7 @@ def sparse_index_problem(layout: str, size: Sequence[int], indices: Sequence[Any
         for d in range(sparse_dim):
             if int(idx[d].min()) < 0 or int(idx[d].max()) >= size[d]:
                 return f"a COO index of sparse dimension {d} is out of range [0, {size[d]})"
-        if nnz > 1:  # coalesced: the index columns strictly increase in lexicographic order
+        if nnz > 1 and coalesced:  # the index columns strictly increase in lexicographic order
             a, b = idx[:, :-1], idx[:, 1:]
             less = np.zeros(nnz - 1, dtype=bool)
             equal = np.ones(nnz - 1, dtype=bool)
@@ -202,7 +205,17 @@ def sparse_blocks(layout: str, parts: Sequence[Part]) -> tuple[int, int]:
     return vshape[batch + 1], vshape[batch + 2]
 
 
-def sparse_problem(layout: str, size: Sequence[int], parts: Sequence[Any]) -> str | None:
+def size_problem(size: Sequence[Any], itemsize: int = 1) -> str | None:
+    """What keeps ``size`` from being the size of a sparse or meta tensor (docs/FORMAT.md §6.12:
+    non-negative ints below 2^63 whose non-zero ones, times ``itemsize``, stay below 2^63, §5.3),
+    or None. The one check of it: the writer makes it on the tensor's shape, every reader on the
+    ``size`` node."""
+    if not all(type(d) is int and 0 <= d < 2**63 for d in size):
+        return "has a size that is not non-negative ints below 2^63"
+    return container.size_problem(size, itemsize)
+
+
+def sparse_problem(layout: str, size: Sequence[int], parts: Sequence[Any], coalesced: bool = True) -> str | None:
     """What keeps ``parts`` (CPU or device tensors) from being a canonical sparse tensor of
     ``layout`` and ``size`` (docs/FORMAT.md §6.12.1), or None. Checked before torch builds one:
     :func:`sparse_shape_problem`, then :func:`sparse_index_problem` on the index parts."""
@@ -211,15 +224,15 @@ def sparse_problem(layout: str, size: Sequence[int], parts: Sequence[Any]) -> st
     if problem is not None:
         return problem
     indices = [p.detach().cpu().numpy() for p in parts[:-1]]
-    return sparse_index_problem(layout, size, indices, sparse_blocks(layout, described))
+    return sparse_index_problem(layout, size, indices, sparse_blocks(layout, described), coalesced)
 
 
-def _build_sparse(layout: str, size: Sequence[int], parts: Sequence[Any]) -> Any:
+def _build_sparse(layout: str, size: Sequence[int], parts: Sequence[Any], coalesced: bool = True) -> Any:
     """The sparse tensor of checked ``parts``; RuntimeError/ValueError/TypeError from torch's
     invariant check (``check_invariants=True``) if they are not valid."""
     if layout == "coo":
         indices, values = parts
-        return torch.sparse_coo_tensor(indices, values, tuple(size), is_coalesced=True, check_invariants=True)
+        return torch.sparse_coo_tensor(indices, values, tuple(size), is_coalesced=coalesced, check_invariants=True)
     compressed, plain, values = parts
     return torch.sparse_compressed_tensor(compressed, plain, values, tuple(size), layout=_torch_layout(layout),
                                           check_invariants=True)
@@ -256,6 +269,78 @@ def jagged_problem(values: Any, offsets: Any) -> str | None:
     return jagged_offsets_problem(offsets.detach().cpu().numpy(), values.shape[0])
 
 
+SEQLENS = ("min_seqlen", "max_seqlen")  # the lengths a jagged nested tensor caches (its _metadata_cache keys)
+
+
+def seqlens_problem(seqlens: Sequence[Any]) -> str | None:
+    """What keeps ``seqlens`` (a jagged nested tensor's cached min_seqlen and max_seqlen, each None
+    when not cached) from being written after its parts, or None (docs/FORMAT.md §6.12.2): each nil or
+    an int in [0, 2^63), not both nil (a tensor that caches neither has no such arguments). The one
+    check, for the writer and every reader."""
+    if len(seqlens) != 2:
+        return f"a jagged node holds its cached lengths as two values ({', '.join(SEQLENS)}), not {len(seqlens)}"
+    for name, n in zip(SEQLENS, seqlens, strict=True):
+        if n is not None and (type(n) is not int or not 0 <= n < 2**63):
+            return f"its cached {name} must be nil or an int in [0, 2^63), not {tree.paths.show(n)}"
+    if seqlens[0] is None and seqlens[1] is None:
+        return "its cached lengths are both nil: a jagged tensor that caches neither is written without them"
+    return None
+
+
+def jagged_seqlens(v: Any) -> tuple[Any, Any]:
+    """The min_seqlen and max_seqlen jagged nested tensor ``v`` caches (each None when it does not):
+    ints, as torch gives them back (``t._min_seqlen``); whatever else its cache holds (a SymInt while
+    compiling) is given as it is, for :func:`seqlens_problem` to refuse."""
+    cache = getattr(v, "_metadata_cache", None) or {}
+    out: list[Any] = []
+    for key in SEQLENS:
+        held = cache.get(key)
+        if held is None:
+            out.append(None)
+            continue
+        maybe = getattr(type(v), f"_maybe_{key}", None)  # (torch >= 2.5: the int of the tensor it stores)
+        if maybe is not None:
+            out.append(getattr(v, f"_maybe_{key}"))
+        else:
+            out.append(held if type(held) is int else _seqlen_of(held))
+    return out[0], out[1]
+
+
+def _seqlen_of(held: Any) -> Any:
+    """The int a cached length tensor stands for (torch stores it as the shape of an empty tensor)."""
+    from torch.nested._internal import nested_tensor as njt
+
+    load = getattr(njt, "_load_val_from_tensor", None)
+    return load(held) if load is not None else held
+
+
+def _other_cache(v: Any) -> list:
+    """What a jagged nested tensor caches besides its lengths (nothing, from torch 2.4 to 2.13)."""
+    cache = getattr(v, "_metadata_cache", None) or {}
+    return sorted(str(k) for k, x in cache.items() if k not in SEQLENS and x is not None)
+
+
+_FROM_JAGGED_SEQLENS: list[bool] = []
+
+
+def _from_jagged(values: Any, offsets: Any, seqlens: tuple[Any, Any]) -> Any:
+    """``torch.nested.nested_tensor_from_jagged(values, offsets)`` caching ``seqlens`` (either None)."""
+    if seqlens == (None, None):
+        return torch.nested.nested_tensor_from_jagged(values, offsets)
+    if not _FROM_JAGGED_SEQLENS:
+        import inspect
+
+        params = inspect.signature(torch.nested.nested_tensor_from_jagged).parameters
+        _FROM_JAGGED_SEQLENS.append("min_seqlen" in params and "max_seqlen" in params)
+    if _FROM_JAGGED_SEQLENS[0]:
+        return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=seqlens[0], max_seqlen=seqlens[1])
+    value = torch.nested.nested_tensor_from_jagged(values, offsets)  # (a torch that caches the ints themselves)
+    for key, n in zip(SEQLENS, seqlens, strict=True):
+        if n is not None:
+            value._metadata_cache[key] = n  # type: ignore[attr-defined]
+    return value
+
+
 # --------------------------------------------------------------------------- encode
 
 
@@ -278,13 +363,17 @@ def _parts(enc: tree.Encoder, names: Sequence[Any], parts: Sequence[Any], depth:
     return out
 
 
+def coalesced(v: Any) -> bool:
+    """Whether sparse tensor ``v`` is written as coalesced (§6.12.1): every layout but an uncoalesced
+    COO tensor (``is_coalesced()`` false), which is written as it holds its indices and values."""
+    return v.layout is not torch.sparse_coo or bool(v.is_coalesced())
+
+
 def sparse_parts(v: Any) -> list:
-    """The parts a sparse tensor is written as (§6.12.1), in order: a COO tensor's of its coalesced
-    copy (canonical: the same value gives the same bytes; ``v`` itself is left as it is)."""
+    """The parts a sparse tensor is written as (§6.12.1), in order: a COO tensor's indices and
+    values as it holds them (an uncoalesced one's in its order, repeated indices included)."""
     t = v.detach()
     if t.layout is torch.sparse_coo:
-        if not t.is_coalesced():
-            t = t.coalesce()
         parts = [t._indices(), t._values()]
     elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
         parts = [t.crow_indices(), t.col_indices(), t.values()]
@@ -310,6 +399,12 @@ def attributes(v: Any) -> dict:
     return {}
 
 
+def _seqlens_text(v: Any) -> str:
+    seqlens = jagged_seqlens(v)
+    held = [f"{name} {n}" for name, n in zip(SEQLENS, seqlens, strict=True) if n is not None]
+    return f" ({', '.join(held)})" if held else ""
+
+
 def parts(v: Any) -> tuple[str, list[tuple[Any, Any]]] | None:
     """``(what v is, [(path step, part), ...])`` for a tensor the plain ``tensor`` node does not hold as
     it is, its parts as a writer writes them; None for a plain dense tensor. For tools (diff) that
@@ -326,10 +421,13 @@ def parts(v: Any) -> tuple[str, list[tuple[Any, Any]]] | None:
         return "meta", []
     if v.is_nested:
         t = v.detach()
-        return f"nested {str(t.layout).removeprefix('torch.')}", list(enumerate(p.detach() for p in t.unbind()))
+        cached = _seqlens_text(v) if t.layout is torch.jagged else ""
+        return (f"nested {str(t.layout).removeprefix('torch.')}{cached}",
+                list(enumerate(p.detach() for p in t.unbind())))
     layout = _layout_name(v.layout)
     if layout is not None:
-        return f"sparse {layout}", list(zip(LAYOUTS[layout], sparse_parts(v), strict=True))
+        return (f"sparse {layout}{'' if coalesced(v) else ' (uncoalesced)'}",
+                list(zip(LAYOUTS[layout], sparse_parts(v), strict=True)))
     return None
 
 
@@ -339,7 +437,11 @@ def _enc_sparse(enc: tree.Encoder, v: Any, depth: int) -> list:
     t = v.detach()
     parts = sparse_parts(v)
     size = list(t.shape)
-    problem = sparse_problem(layout, size, parts)
+    flag = coalesced(v)
+    problem = size_problem(size)
+    if problem is not None:
+        raise enc.unsupported(f"this {v.layout} tensor {problem}")
+    problem = sparse_problem(layout, size, parts, flag)
     if problem is None and layout != "coo":
         try:
             _build_sparse(layout, size, parts)
@@ -350,13 +452,17 @@ def _enc_sparse(enc: tree.Encoder, v: Any, depth: int) -> list:
     with enc.at("size"):
         size_node = enc.encode(torch.Size(size), depth)
     return ["sparse", layout, size_node, _kind(v), bool(v.requires_grad),
-            *_parts(enc, LAYOUTS[layout], parts, depth)]
+            *_parts(enc, LAYOUTS[layout], parts, depth), *(() if flag else (False,))]
 
 
 def _enc_meta(enc: tree.Encoder, v: Any, depth: int) -> list:
+    name = _dtype_name(enc, v)
+    problem = size_problem(list(v.shape), dtypes.BY_NAME[name].itemsize)  # (the reader's check: _size)
+    if problem is not None:
+        raise enc.unsupported(f"this meta tensor {problem}")
     with enc.at("size"):
         size_node = enc.encode(torch.Size(v.shape), depth)
-    return ["meta", _dtype_name(enc, v), size_node, _kind(v), bool(v.requires_grad)]
+    return ["meta", name, size_node, _kind(v), bool(v.requires_grad)]
 
 
 def _enc_nested(enc: tree.Encoder, v: Any, depth: int) -> list:
@@ -377,6 +483,16 @@ def _enc_nested(enc: tree.Encoder, v: Any, depth: int) -> list:
         raise enc.unsupported("a non-contiguous jagged nested tensor (one with lengths, such as a "
                               "torch.nested.narrow) cannot be saved: save "
                               "torch.nested.nested_tensor(list(t.unbind()), layout=torch.jagged)")
+    other = _other_cache(v)
+    if other:
+        raise enc.unsupported(f"this jagged nested tensor caches {', '.join(other)}, which the format does not hold "
+                              f"(only {' and '.join(SEQLENS)}): save "
+                              "torch.nested.nested_tensor_from_jagged(t.values(), t.offsets()) instead")
+    seqlens = jagged_seqlens(v)
+    if seqlens != (None, None):
+        problem = seqlens_problem(seqlens)
+        if problem is not None:
+            raise enc.unsupported(f"this jagged nested tensor cannot be saved: {problem}")
     values, offsets = t.values().detach(), t.offsets().detach()
     first, last = int(offsets[0]), int(offsets[-1])
     if first != 0 or last != values.shape[0]:  # a view of part of the values: save only that part
@@ -384,8 +500,9 @@ def _enc_nested(enc: tree.Encoder, v: Any, depth: int) -> list:
     problem = jagged_problem(values, offsets)
     if problem is not None:
         raise enc.unsupported(f"this jagged nested tensor cannot be saved: {problem}")
-    return ["nested", "jagged", name, bool(v.requires_grad), *_parts(enc, ("values", "offsets"),
-                                                                      (values, offsets), depth)]
+    return ["nested", "jagged", name, bool(v.requires_grad),
+            *_parts(enc, ("values", "offsets"), (values, offsets), depth),
+            *(seqlens if seqlens != (None, None) else ())]
 
 
 def _enc_attrs(enc: tree.Encoder, v: Any, inner: list, attrs: dict, depth: int) -> list:
@@ -465,12 +582,20 @@ def jagged_state() -> frozenset:
     """The names a jagged nested tensor keeps in its ``__dict__`` itself (values, offsets, caches):
     not attributes a program set, so not saved as such."""
     if not _JAGGED_STATE:
-        t = torch.nested.nested_tensor_from_jagged(torch.zeros(2, 1), torch.tensor([0, 1, 2]))
+        t = torch.nested.nested_tensor_from_jagged(torch.zeros(2, 1, requires_grad=True), torch.tensor([0, 1, 2]))
         t.unbind()
+        t.values()  # (with requires_grad, this caches the sizes in PyCapsules: _sym_sizes_capsule...)
         names = set(t.__dict__)
-        _JAGGED_STATE.append(frozenset(names | {"_values", "_offsets", "_lengths", "_ragged_idx",
-                                                "_metadata_cache", "_size", "_strides"}))
+        _JAGGED_STATE.append(frozenset(names | _TORCH_STATE))
     return _JAGGED_STATE[0]
+
+
+# What torch keeps in a jagged nested tensor's __dict__ itself, whether a sample shows it or not: its
+# parts and caches, and the sizes and strides a wrapper subclass caches in PyCapsules (torch's
+# Tensor._clear_non_serializable_cached_data removes these four before pickling one).
+_TORCH_STATE = frozenset({"_values", "_offsets", "_lengths", "_ragged_idx", "_metadata_cache", "_size", "_strides",
+                          "_sym_sizes_capsule", "_sym_sizes_capsule_len", "_sym_strides_capsule",
+                          "_sym_strides_capsule_len"})
 
 
 # --------------------------------------------------------------------------- decode
@@ -481,9 +606,9 @@ def _frozen(node: Any) -> Any:
 
 
 def _size(dec: tree.Decoder, node: Any, depth: int, itemsize: int = 1) -> tuple[int, ...]:
-    if tree.tag_of(node) != "size" or not all(type(d) is int and 0 <= d < 2**63 for d in node[1:]):
+    if tree.tag_of(node) != "size":
         raise dec.error("the size of a sparse or meta tensor must be a 'size' node of non-negative ints")
-    problem = container.size_problem(node[1:], itemsize)
+    problem = size_problem(node[1:], itemsize)
     if problem is not None:
         raise dec.error(f"a sparse or meta tensor {problem}")
     with dec.at("size"):
@@ -567,40 +692,48 @@ def _dec_sparse(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
         raise dec.error(f"'sparse' needs a layout, one of {sorted(LAYOUTS)}")
     layout = node[1]
     names = LAYOUTS[layout]
-    if len(node) != 5 + len(names):
-        raise dec.error(f"a {layout} 'sparse' node takes {4 + len(names)} values, found {len(node) - 1}")
+    count = 5 + len(names)  # (an uncoalesced COO node: one more, false)
+    if len(node) != count and not (layout == "coo" and len(node) == count + 1):
+        raise dec.error(f"a {layout} 'sparse' node takes {4 + len(names)} values"
+                        f"{' (or one more, false)' if layout == 'coo' else ''}, found {len(node) - 1}")
+    flag = len(node) == count
+    if not flag and node[-1] is not False:
+        raise dec.error("the last value of an uncoalesced COO 'sparse' node must be false (a coalesced one has none), "
+                        f"not {tree.paths.show(node[-1])}")
     size = _size(dec, node[2], depth)
     _flags(dec, node[3], node[4])
-    parts = _components(dec, names, node[5:], depth)
+    nodes = node[5:count]
+    parts = _components(dec, names, nodes, depth)
+    what = f"a {layout} sparse tensor" if flag else "an uncoalesced coo sparse tensor"
     if not dec.build_objects:
-        described = _row_parts(dec, node[5:])
+        described = _row_parts(dec, nodes)
         if described is not None:
             problem = sparse_shape_problem(layout, size, described)
             if problem is not None:
-                raise dec.error(f"a {layout} sparse tensor: {problem}")
+                raise dec.error(f"{what}: {problem}")
             _grad_ok(dec, described[-1][0], node[4])
             blocks = sparse_blocks(layout, described)
             dec.deferred.append(Deferred(
-                dec.path(), f"a {layout} sparse tensor", tuple(n[1] for n in node[5:-1]),
-                lambda arrays: sparse_index_problem(layout, size, arrays, blocks)))
+                dec.path(), what, tuple(n[1] for n in nodes[:-1]),
+                lambda arrays: sparse_index_problem(layout, size, arrays, blocks, flag)))
         return None
-    key = _frozen(node)
+    key = (_frozen(node), getattr(dec, _ATTRS, None))
     memo = _memo(dec)
     if key in memo:
         return memo[key]
     described = [part_of(p) for p in parts]  # (in verify's order: the shapes, the grad, the indices)
     problem = sparse_shape_problem(layout, size, described)
     if problem is not None:
-        raise dec.error(f"a {layout} sparse tensor: {problem}")
+        raise dec.error(f"{what}: {problem}")
     _grad_ok(dec, described[-1][0], node[4])
     problem = sparse_index_problem(layout, size, [p.detach().cpu().numpy() for p in parts[:-1]],
-                                   sparse_blocks(layout, described))
+                                   sparse_blocks(layout, described), flag)
     if problem is not None:
-        raise dec.error(f"a {layout} sparse tensor: {problem}")
+        raise dec.error(f"{what}: {problem}")
     try:
-        value = _build_sparse(layout, size, parts)
+        value = _build_sparse(layout, size, parts, flag)
     except (RuntimeError, ValueError, TypeError) as e:
-        raise dec.error(f"a {layout} sparse tensor: torch's invariant check refuses it: {e}") from None
+        raise dec.error(f"{what}: torch's invariant check refuses it: {e}") from None
     value = memo[key] = _finish(value, node[3], node[4])
     return value
 
@@ -662,18 +795,26 @@ def _dec_nested(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
         raise dec.error(f"unknown dtype {tree.paths.show(name)} (docs/FORMAT.md §4.1)")
     _flags(dec, "tensor", requires_grad)
     _nested_dtype(dec, layout, name)
+    seqlens: tuple[Any, Any] = (None, None)
+    nodes = node[4:]
     if layout == "jagged":
-        if len(node) != 6:
-            raise dec.error(f"a jagged 'nested' node takes 5 values, found {len(node) - 1}")
-        parts = _components(dec, ("values", "offsets"), node[4:], depth)
+        if len(node) not in (6, 8):
+            raise dec.error(f"a jagged 'nested' node takes 5 values (7 with its cached lengths), found {len(node) - 1}")
+        nodes = node[4:6]
+        if len(node) == 8:
+            seqlens = (node[6], node[7])
+            problem = seqlens_problem(seqlens)
+            if problem is not None:
+                raise dec.error(f"a jagged nested tensor: {problem}")
+        parts = _components(dec, ("values", "offsets"), nodes, depth)
     else:
-        parts = _components(dec, range(len(node) - 4), node[4:], depth)
+        parts = _components(dec, range(len(node) - 4), nodes, depth)
     if not dec.build_objects:
-        described = _row_parts(dec, node[4:])
+        described = _row_parts(dec, nodes)
         if described is not None:
-            _nested_described(dec, layout, name, requires_grad, described, node[4:])
+            _nested_described(dec, layout, name, requires_grad, described, nodes)
         return None
-    key = _frozen(node)
+    key = (_frozen(node), getattr(dec, _ATTRS, None))
     memo = _memo(dec)
     if key in memo:
         return memo[key]
@@ -689,7 +830,7 @@ def _dec_nested(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
                         "number of dimensions")
     try:
         if layout == "jagged":
-            value = torch.nested.nested_tensor_from_jagged(*parts)
+            value = _from_jagged(parts[0], parts[1], seqlens)
         else:
             value = torch.nested.nested_tensor(parts, dtype=row.torch,
                                                device=parts[0].device if parts else None)
@@ -700,6 +841,7 @@ def _dec_nested(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
 
 
 _INNER = ("tensor", "sparse", "nested", "meta")
+_ATTRS = "_tensorkinds_attrs"  # attribute of a Decoder: the attributes node around the node being decoded
 
 
 def _dec_attrs(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
@@ -715,13 +857,27 @@ def _dec_attrs(dec: tree.Decoder, node: Sequence[Any], depth: int) -> Any:
                         "nodes)")
     if tree.tag_of(attrs_node) != "dict" or len(attrs_node) < 3:
         raise dec.error("the attributes of a tensor must be a non-empty 'dict' node")
-    value = dec.decode(inner, depth)
+    # One object per node (§6.12): a sparse or nested node decodes to the object of an earlier equal
+    # node with equal attributes, never to one with other attributes (or none), so the key of its
+    # object is the node and its attributes (_dec_sparse, _dec_nested read them here).
+    keyed = dec.build_objects and tag in ("sparse", "nested")
+    seen = False
+    if keyed:
+        around = _frozen(attrs_node)
+        seen = (_frozen(inner), around) in _memo(dec)
+        setattr(dec, _ATTRS, around)
+    try:
+        value = dec.decode(inner, depth)
+    finally:
+        if keyed:
+            setattr(dec, _ATTRS, None)
     attrs = dec.decode(attrs_node, depth)
     if not all(type(k) is str for k in attrs_node[1::2]):
         raise dec.error("the attribute names of a tensor must be str")
     if not dec.build_objects:
         return None
-    value.__dict__.update(attrs)
+    if not seen:  # (an object met again has them already: the first occurrence's values are kept)
+        value.__dict__.update(attrs)
     return value
 
 
@@ -734,8 +890,9 @@ def row_of(node: Sequence[Any], table: Sequence[Any]) -> dict:
     own); ``table`` gives the parts' rows (their ``dtype.name``)."""
     tag = node[0]
     if tag == "sparse":
-        return {"type": f"sparse_{node[1]} {node[3]}",
-                "value": f"{table[node[-1][1]].dtype.name}{list(node[2][1:])}"}
+        values = node[4 + len(LAYOUTS[node[1]])]  # (an uncoalesced COO node ends with false)
+        return {"type": f"sparse_{node[1]} {node[3]}{'' if values is node[-1] else ' (uncoalesced)'}",
+                "value": f"{table[values[1]].dtype.name}{list(node[2][1:])}"}
     if tag == "meta":
         return {"type": f"meta {node[3]}", "value": f"{node[1]}{list(node[2][1:])}, no data"}
     return {"type": f"nested {node[1]} tensor",

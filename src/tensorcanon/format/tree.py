@@ -473,9 +473,10 @@ class Encoder:
         """A numpy array of dtype U or S (docs/FORMAT.md §6.11): its width, shape and elements."""
         kind = v.dtype.kind
         width = v.dtype.itemsize // _CHAR_SIZE[kind]
-        problem = container.size_problem(v.shape, v.dtype.itemsize)
-        if problem is not None:
-            raise self.unsupported(f"the array {problem}")
+        problem = string_array_problem(kind, width, v.ndim, v.shape)
+        if problem is not None:  # (the reader's check of the node: dec_string_array)
+            raise self.unsupported(f"this numpy {v.dtype} array cannot be saved: {problem}; save it reshaped, or "
+                                   "arr.tolist()")
         if kind == "U" and v.size:  # numpy holds any 32-bit code, and makes broken strs past U+10FFFF
             codes = np.ascontiguousarray(v.astype(v.dtype.newbyteorder("="))).reshape(-1).view(np.uint32)
             if int(codes.max()) > 0x10FFFF:
@@ -494,7 +495,10 @@ class Encoder:
 
     def _fallback(self, v: Any, depth: int) -> list:
         t = type(v)
-        reg = registry.by_type(t)
+        try:
+            reg = registry.by_type(t)
+        except UnsupportedTypeError as e:  # (a subclass of a registered dataclass: named here, at its path)
+            raise self.unsupported(str(e)) from None
         if reg is not None:
             try:
                 state = reg.encode(v)
@@ -533,6 +537,23 @@ _BULK = 16  # from this many items, a container's leaves are checked in bulk (a 
 _ORDERS_KEPT = 1024  # small dicts' key orders remembered per Encoder (the same keys recur: records)
 _SMALL_DICT = 32  # at most this many keys: the dict's key order is remembered
 _DIRECT = (list, tuple, dict)  # (Encoder._nested) children encoded without a call to encode()
+
+
+def string_array_problem(kind: Any, width: Any, ndim: Any, shape: Sequence[Any]) -> str | None:
+    """What keeps an ``np.strings`` node's kind, width, number of dimensions and dimensions from
+    being a numpy string array's (docs/FORMAT.md §6.11), or None: the one check, which the writer
+    makes on the array and every reader on the node."""
+    if type(kind) is not str or kind not in _STRING_KINDS:
+        return f"its kind must be 'U' or 'S', not {paths.show(kind)}"
+    if type(width) is not int or not 1 <= width * _CHAR_SIZE[kind] < 2**31:
+        return f"its width {paths.show(width)} is not an int in [1, 2^31) bytes"
+    if type(ndim) is not int or not 0 <= ndim <= _MAX_STRING_NDIM:
+        return (f"it has {paths.show(ndim)} dimensions, and a numpy string array has at most {_MAX_STRING_NDIM} "
+                "(numpy 1.x's most, so that every reader can build it)")
+    if not all(type(d) is int and 0 <= d for d in shape):
+        return "its dimensions must be non-negative ints"
+    problem = container.size_problem(shape, width * _CHAR_SIZE[kind])
+    return None if problem is None else f"it {problem}"
 
 
 def _valid_text(text: str) -> bool:
@@ -1030,18 +1051,12 @@ class Decoder:
         if len(node) < 4:
             raise self.error("'np.strings' needs its kind, width and number of dimensions")
         kind, width, ndim = node[1], node[2], node[3]
-        if type(kind) is not str or kind not in _STRING_KINDS:
-            raise self.error(f"'np.strings' kind is 'U' or 'S', not {paths.show(kind)}")
-        if type(width) is not int or not 1 <= width * _CHAR_SIZE[kind] < 2**31:
-            raise self.error(f"'np.strings' width {paths.show(width)} is not an int in [1, 2^31) bytes")
-        if type(ndim) is not int or not 0 <= ndim <= _MAX_STRING_NDIM or len(node) < 4 + ndim:
-            raise self.error(f"'np.strings' takes 0 to {_MAX_STRING_NDIM} dimensions, not {paths.show(ndim)}")
-        shape = tuple(node[4:4 + ndim])
-        if not all(type(d) is int and 0 <= d for d in shape):
-            raise self.error("'np.strings' dimensions are non-negative ints")
-        problem = container.size_problem(shape, width * _CHAR_SIZE[kind])
+        shape = tuple(node[4:4 + ndim]) if type(ndim) is int and 0 <= ndim <= _MAX_STRING_NDIM else ()
+        problem = string_array_problem(kind, width, ndim, shape)
+        if problem is None and len(node) < 4 + ndim:
+            problem = f"it holds {len(node) - 4} dimensions, not {ndim}"
         if problem is not None:
-            raise self.error(f"'np.strings' {problem}")
+            raise self.error(f"an 'np.strings' node: {problem}")
         items = node[4 + ndim:]
         if len(items) != math.prod(shape):
             raise self.error(f"'np.strings' of shape {list(shape)} holds {len(items)} elements")

@@ -284,8 +284,10 @@ def part_size(total: int) -> int:
 
 
 def save(p: writer.Plan, loc: storage.Location) -> str:
-    """Write the planned file to the object at ``loc``, atomically; its digest."""
+    """Write the planned file to the object at ``loc``, atomically; its digest. Refused where the URL
+    is a sharded checkpoint's prefix (storage.refuse_shadowing): the object would make it ambiguous."""
     store, path = storage.open_store(loc.url, loc.options)
+    storage.refuse_shadowing(store, path)
     return save_plan(p, store, path)
 
 

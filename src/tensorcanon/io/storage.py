@@ -39,7 +39,7 @@ from ..format.redact import redact as _redact
 from . import fetch
 
 __all__ = ["Location", "Store", "ObjectReader", "Upload", "is_url", "resolve", "redact", "open_store",
-           "names_checkpoint", "REDIRECTS_OPTION"]
+           "names_checkpoint", "refuse_shadowing", "written_over", "REDIRECTS_OPTION"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*(://|::)")
 EXTRA_HINT = "pip install s3fs for s3:// (with fsspec: the [s3] extra of tensorcanon), or fsspec and the " \
@@ -159,6 +159,78 @@ def names_checkpoint(loc: Location) -> bool:
             f"end the URL with '/' ({shown.rstrip('/')}/); to read the object, copy it to a key that is not a "
             "checkpoint's prefix (or remove the stale one)")
     return True
+
+
+def refuse_shadowing(store: Store, path: str) -> None:
+    """Refuse (:class:`UsageError`, naming both URLs) to write an object at ``path`` of ``store``
+    where a sharded checkpoint's prefix of that name exists (``s3://b/model`` where
+    ``s3://b/model/index.safetensors`` does): the object would make the URL name both, which
+    :func:`names_checkpoint` and so every reader refuses. ``tensorcanon.save`` and ``consolidate``
+    ask it before they write an object (docs/STORAGE.md)."""
+    from ..format.sharding import INDEX_NAME
+
+    folder = path.rstrip("/")
+    index = f"{folder}/{INDEX_NAME}"
+    if "?" in path or not folder:
+        return
+    with store.errors("look up", path):
+        store.fs.invalidate_cache(folder)
+    if store.exists(index):
+        url = store.url(path).rstrip("/")  # (as the caller wrote it)
+        raise UsageError(
+            f"cannot write {url!r}: {url + '/'!r} is a sharded checkpoint (it holds {url}/{INDEX_NAME}), and an "
+            f"object at {url!r} would make that URL name both, which every reader refuses as ambiguous; write the "
+            "object under another name, or remove the checkpoint first")
+
+
+def _where(f: str | os.PathLike[str], options: Mapping[str, Any] | None) -> tuple[str, str]:
+    """Where a path or URL leads, to tell whether two name one thing: ``("", local path)`` for a local
+    file (a path, a ``file://`` URL, a URL of a local filesystem such as ``local://``), else
+    ``(protocol, the object's path in its store, without a trailing "/")``."""
+    name = os.fspath(f)
+    if not is_url(name):
+        return "", name
+    path = local_path(name)
+    if path is not None:
+        return "", path
+    store, path = open_store(name, options)
+    local = store.local()
+    if local is not None and local is store.fs:
+        return "", local._strip_protocol(path)
+    return store.protocol, path.rstrip("/")
+
+
+def written_over(out: str | os.PathLike[str], inputs: list | tuple, options: Mapping[str, Any] | None = None) -> Any:
+    """The first of ``inputs`` (paths or URLs) that writing ``out`` would replace, or None: for local
+    files the same file (device and inode, io/regular.same_file: by name, ``./x`` or ``x``, a
+    symlink, a hard link, a ``file://`` or ``local://`` URL), for objects the same object of one
+    store (``memory://a``, ``memory:///a`` and ``memory://a/`` are one). The one check that every
+    command which writes an output makes against its inputs (consolidate, convert, diverge --html)."""
+    from .regular import same_file
+
+    kind, where = _where(out, options)
+    for given in inputs:
+        other_kind, other = _where(given, options)
+        if other_kind != kind:
+            continue
+        if kind == "" and same_file(where, [other]) is not None:
+            return given
+        if kind != "" and where == other:
+            return given
+    return None
+
+
+def exists(f: str | os.PathLike[str], options: Mapping[str, Any] | None = None) -> bool:
+    """Whether something is at a path (a file, a folder, a dangling symlink) or at a URL (an object,
+    or a prefix): what a command that writes only over nothing, unless told to (convert without
+    --force), asks first."""
+    kind, where = _where(f, options)
+    if kind == "":
+        return os.path.lexists(where)
+    store, path = open_store(os.fspath(f), options)
+    with store.errors("look up", path):
+        store.fs.invalidate_cache(path)
+    return store.exists(path)
 
 
 def _memory_file(fs: Any, path: str) -> bool:

@@ -41,7 +41,7 @@ from ..format.errors import (
     UnsupportedTypeError,
     UsageError,
 )
-from ..format.limits import DEFAULT, Limits
+from ..format.limits import DEFAULT, Limits, exceeds
 from ..format.tensorbytes import host_bytes
 from ..format.tree import Encoder, TensorSource
 from . import preallocate
@@ -98,7 +98,7 @@ class Plan:
         built = container.assemble(members, meta)
         size = len(built) - container.LENGTH_SIZE
         limit = self.limits.max_header_bytes
-        if size > limit:
+        if exceeds(self.limits, "max_header_bytes", size):
             raise LimitError(
                 f"the file's header would be {size} bytes (its manifest holds the object tree: bytes and "
                 f"strings in the object count in full), more than max_header_bytes={limit} "
@@ -177,7 +177,7 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
                 f"{paths.join(menc.tensors[0].path)}); put them in the saved object instead",
                 path="metadata",
             )
-    if len(enc.tensors) > limits.max_tensors:
+    if exceeds(limits, "max_tensors", len(enc.tensors)):
         raise LimitError(
             f"the object holds {len(enc.tensors)} tensors, more than max_tensors={limits.max_tensors} "
             "that readers accept", limit="max_tensors", path="$", saving=True,
@@ -186,7 +186,7 @@ def plan(obj: Any, metadata: Any = None, limits: Limits = DEFAULT, algorithm: st
     ordered = container.in_data_order(enc.tensors, _name, _itemsize)
     for s in ordered:
         ndim = len(s.shape) + (not s.dtype.native)
-        if ndim > limits.max_ndim:
+        if exceeds(limits, "max_ndim", ndim):
             where = paths.join(s.path)
             raise LimitError(
                 f"the tensor at {where} has {ndim} header dimensions (its {len(s.shape)} plus "

@@ -335,6 +335,24 @@ def _refuse_own_file(folder: str, out: str) -> None:
                          "would destroy; write the file elsewhere")
 
 
+def _refuse_own_object(index: layout.Index, out: str | os.PathLike, options: Any) -> None:
+    """UsageError when ``out``, by any path or URL (``memory://a`` or ``memory:///a``, a ``local://``
+    URL of a local file, a symlink), is the checkpoint's folder or prefix, its index or one of its
+    rank files (storage.written_over); or, for an object, the prefix of another checkpoint, which the
+    object would make ambiguous (storage.refuse_shadowing). Checked before a byte is written."""
+    mine = [index.folder, layout.index_path(index.folder)] + [index.file_path(r) for r in range(index.world_size)]
+    hit = storage.written_over(out, mine, options)
+    if hit is not None:
+        what = "the checkpoint" if hit == index.folder else f"{storage.redact(hit)}, a file of the checkpoint"
+        raise UsageError(f"cannot consolidate into {storage.redact(os.fspath(out))}: it is {what} being read, which "
+                         "writing it would destroy; write the file elsewhere")
+    name = os.fspath(out)
+    if storage.is_url(name) and storage.local_path(name) is None:
+        store, path = storage.open_store(name, options)
+        if store.local() is None:
+            storage.refuse_shadowing(store, path)
+
+
 def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Limits = DEFAULT,
                 storage_options: Any = None) -> str:
     """Write the checkpoint as one ordinary tensorcanon file; return its digest (the logical digest).
@@ -350,6 +368,7 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
     if not out_url and not layout.is_remote(folder):
         _refuse_own_file(os.fspath(folder), storage.local_path(os.fspath(out)) or os.fspath(out))
     index = _open(folder, limits, storage_options if layout.is_remote(folder) or not out_url else None)
+    _refuse_own_object(index, out, storage_options)
     infos = index.logical.tensors
     header, data_size = index.consolidated_header()
     order = sorted(range(len(infos)), key=lambda t: infos[t].begin)  # data order

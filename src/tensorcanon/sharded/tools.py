@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from ..format import paths
+from ..format.errors import TensorCanonError
 from ..format.limits import DEFAULT, Limits
 from ..io import storage
 from . import layout, read
@@ -42,6 +43,24 @@ def files(path: str | os.PathLike, limits: Limits = DEFAULT) -> list[str]:
     caller has judged it), then every rank file the index names."""
     index = layout.read(os.fspath(path), limits)
     return [os.path.join(os.fspath(path), layout.INDEX_NAME)] + [index.file_path(r) for r in range(index.world_size)]
+
+
+def read_by(path: Any, limits: Limits = DEFAULT) -> list[str]:
+    """What reading ``path`` reads, for a command that must not write its output over its input
+    (storage.written_over): a checkpoint's folder (or prefix), its index and every rank file its index
+    names, local or in a store; any other path or URL alone. A damaged index names no file: its
+    folder and index are listed still."""
+    try:
+        if not is_checkpoint(path):
+            return [os.fspath(path)]
+        folder, _ = layout.where(path)
+    except TensorCanonError:  # (an ambiguous or unreachable URL: reading it says so)
+        return [os.fspath(path)]
+    try:
+        index = layout.read(path, limits)
+    except TensorCanonError:
+        return [folder, layout.index_path(folder)]
+    return [folder, layout.index_path(folder)] + [index.file_path(r) for r in range(index.world_size)]
 
 
 def consolidated_size(path: Any, limits: Limits = DEFAULT) -> int:

@@ -627,7 +627,13 @@ def cmd_convert(args: argparse.Namespace, out: _Out) -> int:
     if args.algorithm is not None and args.to == "safetensors":
         raise CommandLineError(f"--algorithm {args.algorithm} applies to tensorcanon output only; plain safetensors "
                          "records no digests (drop --to safetensors, or --algorithm)")
-    if os.path.lexists(args.output) and not args.force:  # as repro: nothing the user has is overwritten unasked
+    from ..sharded.tools import read_by
+
+    reads = storage.written_over(args.output, read_by(args.input))  # by any path or URL, even with --force
+    if reads is not None:
+        raise CommandLineError(f"OUT {storage.redact(args.output)!r} is {storage.redact(reads)!r}, which convert "
+                               "reads: writing it would destroy the input; give another OUT")
+    if storage.exists(args.output) and not args.force:  # as repro: nothing the user has is overwritten unasked
         raise CommandLineError(f"OUT {args.output!r} already exists; pass --force to replace it")
     try:
         loaded = load_file(args.input, wrap=out.wrap("read"))
