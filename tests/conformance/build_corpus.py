@@ -100,6 +100,7 @@ MAY_REJECT = {
     "registered": {"unsupported": "a reader that did not register golden.GoldenConfig (§6.6)"},
     "enum_keys": {"unsupported": "a reader that did not register golden.Split (§6.6)"},
     "builtin_codecs": {"unsupported": "a reader that did not enable the built-in codecs (§6.9)"},
+    "ecosystem": {"unsupported": "a reader that has not imported transformers, omegaconf and yacs (§6.9.5)"},
     "v2/dtypes_u8": {"unsupported": "a reader whose torch lacks a dtype of §4.1 fails naming it (§4.5)"},
     "v2/registered": {"unsupported": "a reader that did not register golden.GoldenConfig (§6.6)"},
     "v2/enum_keys": {"unsupported": "a reader that did not register golden.Split (§6.6)"},

@@ -117,8 +117,14 @@ def run(read: Reader, manifest_path: pathlib.Path = HERE / "manifest.json", stri
 
 def tensorcanon_reader(path: str) -> str:
     """The reference reader under the corpus's contract: builds every value, with the built-in codecs
-    enabled and ``golden.GoldenConfig`` and ``golden.Split`` registered, verifies every tensor; returns the
-    file digest."""
+    enabled, ``golden.GoldenConfig`` and ``golden.Split`` registered and the libraries of the ecosystem's
+    codecs imported (§6.9.5: transformers, omegaconf, yacs, where installed), verifies every tensor;
+    returns the file digest."""
+    for library in ("transformers", "omegaconf", "yacs.config"):  # the program's own imports
+        try:
+            importlib.import_module(library)
+        except ImportError:  # (a reader without one rejects such a file as unsupported: allowed)
+            pass
     import tensorcanon
     from tensorcanon import codecs
     from tensorcanon.format import registry

@@ -217,13 +217,26 @@ def _batch_encoding_codec(cls: type) -> tuple[Callable[[Any], Any], Callable[[An
     return encode, decode
 
 
+def _transformers_bases(module: Any, load: bool) -> tuple[Any, Any, Any]:
+    """(ModelOutput, TrainingArguments, BatchEncoding): from the modules already imported, or with
+    ``load``, through the imported library's own public names (transformers imports its submodules
+    lazily; the names are this module's, never a file's)."""
+    found = []
+    for mod, attr in (("transformers.utils.generic", "ModelOutput"),
+                      ("transformers.training_args", "TrainingArguments"),
+                      ("transformers.tokenization_utils_base", "BatchEncoding")):
+        cls = getattr(sys.modules.get(mod), attr, None)
+        if cls is None and load and attr != "ModelOutput":  # (a ModelOutput subclass is one the process defines)
+            try:
+                cls = getattr(module, attr)
+            except Exception:  # noqa: BLE001 - a transformers without it: no codec for it
+                cls = None
+        found.append(cls)
+    return found[0], found[1], found[2]
+
+
 def _transformers_type(module: Any, cls: type) -> registry.Registration | None:
-    utils = sys.modules.get("transformers.utils.generic")
-    output = getattr(utils, "ModelOutput", None)
-    args_mod = sys.modules.get("transformers.training_args")
-    args = getattr(args_mod, "TrainingArguments", None)
-    tok = sys.modules.get("transformers.tokenization_utils_base")
-    batch = getattr(tok, "BatchEncoding", None)
+    output, args, batch = _transformers_bases(module, load=False)
     if output is not None and issubclass(cls, output) and cls is not output:
         return _install(cls, _qualified(cls), _model_output_codec(cls))
     if args is not None and issubclass(cls, args):
@@ -234,14 +247,12 @@ def _transformers_type(module: Any, cls: type) -> registry.Registration | None:
 
 
 def _transformers_name(module: Any, name: str) -> registry.Registration | None:
-    bases = [getattr(sys.modules.get(m), attr, None) for m, attr in
-             (("transformers.utils.generic", "ModelOutput"), ("transformers.training_args", "TrainingArguments"),
-              ("transformers.tokenization_utils_base", "BatchEncoding"))]
-    for base in bases:
-        if base is None:
-            continue
-        for cls in _subclasses(base):
-            if name in (_qualified(cls), TRAINING_ARGUMENTS_PREFIX + cls.__name__, BATCH_ENCODING):
+    output, args, batch = _transformers_bases(module, load=True)
+    if batch is not None and name == BATCH_ENCODING:
+        return _install(batch, BATCH_ENCODING, _batch_encoding_codec(batch))
+    for base in (args, output):
+        for cls in () if base is None else _subclasses(base):
+            if name in (_qualified(cls), TRAINING_ARGUMENTS_PREFIX + cls.__name__):
                 reg = _transformers_type(module, cls)
                 if reg is not None and reg.name == name:
                     return reg
