@@ -104,19 +104,19 @@ class _Out:
 
     def line(self, text: str = "") -> None:
         if not self.as_json:
-            print(textout.printable(text, self.stdout), file=self.stdout)
+            print(textout.encodable(text, self.stdout), file=self.stdout)
 
     def json(self, obj: Any) -> None:
         if self.as_json:  # file names that are not UTF-8 are escaped: the JSON is always valid UTF-8
             text = json.dumps(textout.utf8(obj), indent=2, ensure_ascii=False, allow_nan=False)
-            print(textout.printable(text, self.stdout), file=self.stdout)
+            print(textout.encodable(text, self.stdout), file=self.stdout)
 
     def error(self, text: str) -> None:
         self.close_bars()
-        print(textout.printable(f"{PROG}: error: {text}", self.stderr), file=self.stderr)
+        print(textout.encodable(f"{PROG}: error: {text}", self.stderr), file=self.stderr)
 
     def warn(self, text: str) -> None:
-        print(textout.printable(f"{PROG}: warning: {text}", self.stderr), file=self.stderr)
+        print(textout.encodable(f"{PROG}: warning: {text}", self.stderr), file=self.stderr)
 
     def wrap(self, verb: str) -> Callable[[Any, int], Any] | None:
         """A file wrapper that draws a progress bar (on a terminal, for large files); None elsewhere."""
@@ -999,7 +999,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except CommandLineError as e:
         text = f"{PROG} {args.command}: error: {e}\n(see '{PROG} {args.command} --help')"
-        print(textout.printable(text, sys.stderr), file=sys.stderr)
+        print(textout.encodable(text, sys.stderr), file=sys.stderr)
         return EXIT_ERROR
     except TensorCanonError as e:
         out.error(str(e))
