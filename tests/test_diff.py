@@ -25,7 +25,7 @@ def test_identical_objects_give_an_empty_falsy_result():
     clone = {"w": obj["w"].clone(), "n": list(obj["n"]), "t": (b"\x00", {4, 3})}
     r = tensorcanon.diff(obj, clone)
     assert isinstance(r, DiffResult) and r.identical and not r and len(r) == 0
-    assert str(r) == "identical"
+    assert str(r) == "identical (bit-exact)"
 
 
 def test_one_element_reports_count_max_differences_and_first_index():
@@ -62,8 +62,11 @@ def test_structure_changes_by_path():
 
 
 def test_scalar_types_are_exact():
-    assert kinds(tensorcanon.diff([1, True, 1.0], [True, 1, 1])) == [("$[0]", "type"), ("$[1]", "type"),
-                                                                     ("$[2]", "type")]
+    (d,) = tensorcanon.diff([1, True, 1.0], [True, 1, 1])  # a list of values: one line, 3 items differ
+    assert (d.path, d.kind, d.count, d.total) == ("$", "items", 3, 3)
+    assert (d.first.path, d.first.kind) == ("$[0]", "type")
+    assert kinds(tensorcanon.diff({"a": 1, "b": True, "c": 1.0}, {"a": True, "b": 1, "c": 1})) == [
+        ('$["a"]', "type"), ('$["b"]', "type"), ('$["c"]', "type")]
     assert kinds(tensorcanon.diff({"x": "a"}, {"x": "b"})) == [('$["x"]', "value")]
 
 
@@ -267,8 +270,10 @@ def test_cuda_tensors_compare_by_value_and_report_the_device(tmp_path):
     b[1, 1] = 9
     (d,) = tensorcanon.diff({"w": a}, {"w": b})
     assert d.stats.first_index == (1, 1) and d.stats.first_b == 9.0
-    assert kinds(tensorcanon.diff({"w": a}, {"w": a.cpu()})) == [('$["w"]', "device")]
+    # the device is placement, not content (the digest does not cover it): a note, not a difference
+    r = tensorcanon.diff({"w": a}, {"w": a.cpu()})
+    assert r.identical and kinds(r.notes) == [('$["w"]', "device")]
     tensorcanon.save({"w": a}, tmp_path / "g.safetensors")
     tensorcanon.save({"w": a.cpu()}, tmp_path / "c.safetensors")
     r = tensorcanon.diff(tmp_path / "g.safetensors", tmp_path / "c.safetensors")
-    assert [str(x) for x in r] == ['$["w"]: device cuda:0 -> cpu']
+    assert r.identical and r.same_digest and [str(x) for x in r.notes] == ['$["w"]: device cuda:0 -> cpu']

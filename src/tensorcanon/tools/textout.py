@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from ..format import digest
 
-__all__ = ["escaped", "printable", "encodable", "utf8", "table", "fit_table", "terminal_width"]
+__all__ = ["escaped", "printable", "encodable", "around", "utf8", "table", "fit_table", "terminal_width"]
 
 
 def escaped(text: str) -> str:
@@ -70,6 +70,27 @@ def encodable(text: str, stream: Any) -> str:
     except LookupError:
         pass
     return text
+
+
+def around(ra: str, rb: str, limit: int) -> tuple[str, str]:
+    """Two texts that differ, each cut to about ``limit`` characters (and ``...`` where cut) around the
+    first character where they differ, so that the difference stays visible on both sides (``diff``)."""
+    if len(ra) <= limit and len(rb) <= limit:
+        return ra, rb
+    same = 0
+    for x, y in zip(ra, rb, strict=False):
+        if x != y:
+            break
+        same += 1
+    start = max(0, min(same - limit // 3, max(len(ra), len(rb)) - limit))
+
+    def cut(text: str) -> str:
+        if len(text) <= limit and start == 0:
+            return text
+        piece = text[start:start + limit]
+        return ("..." if start else "") + piece + ("..." if start + limit < len(text) else "")
+
+    return cut(ra), cut(rb)
 
 
 def utf8(v: Any) -> Any:
