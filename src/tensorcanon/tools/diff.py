@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..format import digest, dtypes, optional, paths, registry, tensorbytes, tensorkinds, tree, walk
+from ..format import digest, dtypes, optional, packed, paths, registry, tensorbytes, tensorkinds, tree, walk
 from ..format.errors import FormatError, LimitError, TensorCanonError, UnsupportedTypeError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.ordering import UnorderableKey, sorted_keys
@@ -225,8 +225,8 @@ class DiffResult:
                                           ("tensors only", self.tensors_only)) if on]
             return text + (f" ({', '.join(qualifiers)})" if qualifiers else "")
         if self.tolerated:
-            return (f"equal within {tol}{scope}: not identical, the values of "
-                    f"{plural(self.tolerated, 'entry', 'entries')} differ within it")
+            verb = "differs" if self.tolerated == 1 else "differ"
+            return f"equal within {tol}{scope} (not identical: {plural(self.tolerated, 'value')} {verb} within it)"
         if self.tensors_only:
             return "identical tensors (tensors only: other values, types, order and sharing not compared)"
         placed = f"; {plural(len(self.notes), 'tensor')} recorded on other devices" if self.notes else ""
@@ -527,16 +527,76 @@ def open_lazily(path: str | os.PathLike | storage.Location, *, limits: Limits = 
                 del row_of[id(holders[i])]
                 holders[i] = cf.read(i, map_location="cpu")
                 read.add(i)
-            value = tree.decode_manifest(m.root, m.meta, [info.name for info in m.tensors], m.version,
-                                         limits.max_depth, holders, False,
-                                         max_string_bytes=limits.max_string_array_bytes)[0]
-            return value, cf.metadata()
+            decoder = _PackedKept(holders, limits.max_depth, version=m.version,
+                                  max_string_bytes=limits.max_string_array_bytes)  # (the tree: checked above)
+            return decoder.decode(m.root), cf.metadata()
 
         return Loaded(None, "tensorcanon", name, cf.devices(), None, cf.algorithm, fetch=fetch, closer=close,
                       digest=cf.digest, version=m.version, rows=row_of, pending=decode)
     except BaseException:
         cf.close()
         raise
+
+
+class PackedList:
+    """A packed list of a tensorcanon file read by :func:`diff` (an ``ints`` or ``records`` node,
+    FORMAT.md §6.13), kept as the file holds it: two of them are compared by their bytes and rows,
+    without a Python object per item (:meth:`items` builds the list, for a comparison with a list
+    held otherwise). The node was checked with the rest of the file's tree."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+
+    @property
+    def tag(self) -> str:
+        return str(self.node[0])
+
+    def __len__(self) -> int:
+        return packed.item_count(self.node)
+
+    def items(self) -> list:
+        """The list it stands for (its ints, or its records as dicts)."""
+        if self.tag == "ints":
+            return packed.ints_values(self.node, FormatError) or []
+        return packed.records_values(self.node, FormatError) or []
+
+    def ints(self) -> Any:
+        """An ``ints`` node's items as a numpy array over its bytes (no copy)."""
+        row = next(r for r in packed.INT_DTYPES if r[0] == self.node[1])
+        return np.frombuffer(self.node[2], dtype=np.dtype(f"<{'i' if row[2] < 0 else 'u'}{row[1]}"))
+
+    def row(self, i: int) -> tuple[tuple, tuple]:
+        """A ``records`` node's row ``i``: its keys and its values."""
+        row = self.node[2 + i]
+        return tuple(self.node[1][row[0]]), tuple(row[1:])
+
+
+# The tags whose children diff walks as values: a packed list among them is kept packed. (Inside any
+# other node, such as a registered type's state or a random state, lists are built as they load.)
+_WALKED = frozenset({"list", "tuple", "dict", "odict", "counter", "defaultdict", "deque"})
+
+
+class _PackedKept(tree.Decoder):
+    """The decoder that builds a checked tree for :func:`diff`, each packed list where diff walks
+    values a :class:`PackedList` (its items are not built)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.walked = True  # whether the node being decoded is a value diff walks
+
+    def decode(self, node: Any, depth: int = 0) -> Any:
+        tag = tree.tag_of(node)
+        if tag is None or tag in _WALKED:
+            return super().decode(node, depth)
+        if self.walked and (tag == "ints" or tag == "records"):
+            return PackedList(node)
+        walked, self.walked = self.walked, False
+        try:
+            return super().decode(node, depth)
+        finally:
+            self.walked = walked
 
 
 def _composite_parts(root: Any) -> list[int]:
@@ -631,6 +691,8 @@ def _special(v: Any) -> tuple[str, list] | None:
 
 def describe(v: Any) -> str:
     """A short description of a value: ``tensor float32[4, 3]``, ``dict (2 keys)``, ``int 3``."""
+    if type(v) is PackedList:
+        return f"list ({plural(len(v), 'item')})"
     if _is_tensorlike(v):
         special = _special(v)
         if special is not None and special[0].startswith("nested strided"):  # (it has no single shape)
@@ -792,6 +854,9 @@ def _lenient_order(keys: Any) -> list:
 
 def _container(v: Any) -> walk.Container | None:
     """The children of ``v`` as the encoder sees them; dict subclasses count as dicts here."""
+    t = type(v)
+    if t is list or t is tuple:  # (its items as they are: a long list is not copied)
+        return walk.Container(t.__name__, v)  # type: ignore[arg-type]  # (read only)
     c = walk.container(v, _lenient_order)
     if c is None and isinstance(v, dict):
         c = walk.container(dict(v), _lenient_order)
@@ -937,6 +1002,26 @@ def _has_tensor(*values: Any) -> bool:
     return False
 
 
+def _holds_tensor(items: list | tuple) -> bool:
+    """:func:`_has_tensor` of a sequence's items, without a copy of a long list of leaves."""
+    return any(type(v) not in _LEAVES and _has_tensor(v) for v in items)
+
+
+def _same_leaf(x: Any, y: Any) -> bool:
+    """True when ``x`` and ``y`` are certainly the same value in a file (the same object, or equal
+    leaves of one type, floats by their bits); False when they may differ (then compared in full)."""
+    if x is y:
+        return True
+    t = type(x)
+    if t is not type(y):
+        return False
+    if t in _EXACT_LEAVES:
+        return bool(x == y)
+    if t is complex:
+        return _float_bits(x.real) == _float_bits(y.real) and _float_bits(x.imag) == _float_bits(y.imag)
+    return t is float and (x == y and x != 0.0 or _float_bits(x) == _float_bits(y))
+
+
 def _float_bits(x: float) -> bytes:
     return struct.pack("<d", x)
 
@@ -1015,6 +1100,12 @@ class _Differ:
         if _is_tensorlike(a) and _is_tensorlike(b):
             self.tensors(a, b, trail)
             return
+        if type(a) is PackedList or type(b) is PackedList:
+            if type(a) is PackedList and type(b) is PackedList and a.tag == b.tag and not self.tolerant:
+                self.packed_lists(a, b, trail, depth)
+                return
+            a = a.items() if type(a) is PackedList else a  # (against a list held otherwise: as lists)
+            b = b.items() if type(b) is PackedList else b
         ca, cb = _container(a), _container(b)
         if ca is not None and cb is not None and ca.is_mapping and cb.is_mapping:
             if type(a) is not type(b):
@@ -1056,32 +1147,72 @@ class _Differ:
         """Items in order; a list that holds no tensor is one difference however many items differ
         (``items``: how many, the first), or the one item's differences when one item differs."""
         n = min(len(ia), len(ib))
-        if _has_tensor(ia) or _has_tensor(ib):  # each tensor has its line (and its ties)
+        if _holds_tensor(ia) or _holds_tensor(ib):  # each tensor has its line (and its ties)
             for i in range(n):
                 self.compare(ia[i], ib[i], trail + (i,), depth + 1)
         elif not self.tensors_only:
-            count, first = 0, None
-            for i in range(n):
-                x, y = ia[i], ib[i]
-                if x is y:
-                    continue
-                t = type(x)
-                if t is type(y):  # (the common cases without a call: a long list of ints, say)
-                    if t in _EXACT_LEAVES:
-                        if x == y:
-                            continue
-                    elif t is float and x == y and x != 0.0:  # (equal non-zero floats have equal bits)
-                        continue
-                inner = self.found(lambda: self.compare(x, y, trail + (i,), depth + 1))  # noqa: B023
-                if inner:
-                    count += 1
-                    first = first or inner
-            if count == 1 and first is not None:
-                self.out += first
-            elif count and first is not None:
-                self.add(trail, "items", None, None, count=count, total=n, first=first[0])
+            leaves = not self.tolerant  # (a tolerance may find two different leaves equal)
+            self.items(trail, n, ((i, ia[i], ib[i], leaves and type(ia[i]) in _LEAVES and type(ib[i]) in _LEAVES)
+                                  for i in range(n) if not _same_leaf(ia[i], ib[i])), depth)
         if len(ia) != len(ib):
             self.add(trail, "length", plural(len(ia), "item"), plural(len(ib), "item"))
+
+    def items(self, trail: tuple, n: int, pairs: Iterator[tuple[int, Any, Any, bool]], depth: int,
+              build: Callable[[Any], Any] | None = None) -> None:
+        """The items of a list that holds no tensor, ``pairs`` those that may differ (and whether
+        they certainly do): one difference (``items``) when several do, the item's own differences
+        when one does. Once the first is described, an item that certainly differs is only counted
+        (``build(item)`` makes the value of an item to compare, where the pairs hold something else)."""
+        count, first = 0, None
+        for i, x, y, certain in pairs:
+            if certain and first is not None:
+                count += 1
+                continue
+            if build is not None:  # (items built only to be compared: a packed row as its dict)
+                x, y = build(x), build(y)
+            inner = self.found(lambda: self.compare(x, y, trail + (i,), depth + 1))  # noqa: B023
+            if inner:
+                count += 1
+                first = first or inner
+        if count == 1 and first is not None:
+            self.out += first
+        elif count and first is not None:
+            self.add(trail, "items", None, None, count=count, total=n, first=first[0])
+
+    def packed_lists(self, a: PackedList, b: PackedList, trail: tuple, depth: int) -> None:
+        """Two packed lists of one tag, by their bytes (``ints``) or rows (``records``): no Python
+        object per item unless an item differs (bit-exact; a tolerance compares them as lists)."""
+        if self.tensors_only:
+            return
+        na, nb = len(a), len(b)
+        n = min(na, nb)
+        if a.tag == "ints":
+            xa, xb = a.ints()[:n], b.ints()[:n]
+            if xa.dtype != xb.dtype:  # (one type holds both, but for uint64 against a signed type)
+                common = np.promote_types(xa.dtype, xb.dtype)
+                if common.kind == "f":
+                    self.items(trail, n, ((i, int(xa[i]), int(xb[i]), True) for i in range(n)
+                                          if int(xa[i]) != int(xb[i])), depth)
+                    n = -1
+                else:
+                    xa, xb = xa.astype(common), xb.astype(common)
+            if n >= 0:
+                ne = xa != xb
+                count = int(np.count_nonzero(ne))
+                if count:
+                    i = int(np.argmax(ne))
+                    one = Difference(self.where(trail + (i,)), "value", repr(int(xa[i])), repr(int(xb[i])))
+                    self.out.append(one if count == 1 else
+                                    Difference(self.where(trail), "items", None, None, count=count, total=n, first=one))
+        else:
+            def differing() -> Iterator[tuple[int, Any, Any, bool]]:
+                for i in range(n):
+                    (ka, va), (kb, vb) = a.row(i), b.row(i)
+                    if ka != kb or len(va) != len(vb) or not all(map(_same_leaf, va, vb)):  # (certainly)
+                        yield i, (ka, va), (kb, vb), True
+            self.items(trail, n, differing(), depth, lambda row: dict(zip(*row, strict=True)))
+        if na != nb:
+            self.add(trail, "length", plural(na, "item"), plural(nb, "item"))
 
     def sets(self, a: set | frozenset, b: set | frozenset, trail: tuple) -> None:
         ida = {_key_id(m): m for m in a}
