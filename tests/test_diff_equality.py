@@ -118,21 +118,12 @@ def _leaves(r, c):
     return d
 
 
-@case("list tuple dict", "list for tuple", "length", "key", "nested value", "bool key for int key",
-      "float key for int key", "zero sign of a key", "nan key bits", "same:rebuilt")
+@case("list tuple dict", "list for tuple", "length", "key", "nested value", "same:rebuilt")
 def _containers(r, c):
     k = r.randrange(5, 9)
     d = {"l": list(range(k)), "t": tuple(range(k)), "d": {"a": {"b": [1, {"c": k}]}}, str(k): k, 3: "int key",
-         (1, "x"): "tuple key", b"k": None, "keys": {1: "one", 0.0: "zero", float("nan"): "nan"}}
-    if c == "bool key for int key":
-        d["keys"] = {True: "one", 0.0: "zero", float("nan"): "nan"}
-    elif c == "float key for int key":
-        d["keys"] = {1.0: "one", 0.0: "zero", float("nan"): "nan"}
-    elif c == "zero sign of a key":
-        d["keys"] = {1: "one", -0.0: "zero", float("nan"): "nan"}
-    elif c == "nan key bits":
-        d["keys"] = {1: "one", 0.0: "zero", _flip_nan_payload(float("nan")): "nan"}
-    elif c == "list for tuple":
+         (1, "x"): "tuple key", b"k": None}
+    if c == "list for tuple":
         d["t"] = list(d["t"])
     elif c == "length":
         d["l"].append(0)
@@ -143,6 +134,29 @@ def _containers(r, c):
     elif c == "same:rebuilt":
         d = {key: d[key] for key in reversed(list(d))}
     return d
+
+
+@case("keys", "bool key for int key", "float key for int key", "zero sign of a key", "zero sign in a tuple key")
+def _keys(r, c):
+    """Keys the file tells apart and Python's == merges: 1, True and 1.0; 0.0 and -0.0."""
+    n = r.randrange(9)
+    keys = {1: "one", 0.0: "zero", (2, 0.0): "tuple", "n": n}
+    if c == "bool key for int key":
+        keys = {True: "one", 0.0: "zero", (2, 0.0): "tuple", "n": n}
+    elif c == "float key for int key":
+        keys = {1.0: "one", 0.0: "zero", (2, 0.0): "tuple", "n": n}
+    elif c == "zero sign of a key":
+        keys = {1: "one", -0.0: "zero", (2, 0.0): "tuple", "n": n}
+    elif c == "zero sign in a tuple key":
+        keys = {1: "one", 0.0: "zero", (2, -0.0): "tuple", "n": n}
+    return {"keys": keys}
+
+
+@case("nan keys", "nan key bits")
+def _nan_keys(r, c):
+    """A NaN key is a NaN object of its own in each build: equal to none in Python, one bit pattern in a file."""
+    nan = float("nan") if c is None else _flip_nan_payload(float("nan"))
+    return {"nan": {nan: r.randrange(9)}, "s": frozenset([float("nan")])}
 
 
 @case("odict", "order", "metadata", "metadata value", "dict for odict", "same:copy")
@@ -494,7 +508,8 @@ def _settings(r, c):
 
 # Node kinds each case makes (the test below checks that every registered kind is made by one).
 COVERS = {
-    "leaves": ["dict"], "list tuple dict": ["list", "tuple", "dict"], "odict": ["odict"],
+    "leaves": ["dict"], "list tuple dict": ["list", "tuple", "dict"], "keys": ["dict"], "nan keys": ["set"],
+    "odict": ["odict"],
     "set frozenset": ["set", "frozenset"], "complex": ["complex"], "torch values": ["size", "dtype", "device"],
     "numpy scalars": ["np.scalar", "np.str", "np.bytes"], "numpy strings": ["np.strings"],
     "tensors": ["tensor"], "registered": ["obj"], "stdkinds": ["counter", "defaultdict", "deque"],
@@ -595,3 +610,90 @@ def test_same_content_is_the_digest_rule(tmp_path):
     with pytest.raises(tensorcanon.UsageError):
         digest.same_content(da, "xxh3-128:00")
     assert tensorcanon.diff(pa, sha).identical  # the walk decides: same content in another algorithm
+
+
+# ------------------------------------------------------------------ beyond the generated pairs
+
+
+def test_a_pt_file_and_its_conversion_diff_as_identical(tmp_path):
+    """Issue 37: a .pt and the file `convert` made of it reported false ties (every tensor of one
+    shape and dtype looked like one through the data-less stand-ins)."""
+    g = torch.Generator().manual_seed(0)
+    e = torch.randn(4, 2, generator=g)
+    state = {"emb": e, "head": e, "b": torch.zeros(3), "b2": torch.zeros(3), "b3": torch.ones(3),
+             "p": torch.nn.Parameter(torch.randn(3, generator=g)), "steps": list(range(40))}
+    torch.save(state, tmp_path / "m.pt")
+    untied = dict(state, head=e.clone())
+    torch.save(untied, tmp_path / "untied.pt")
+    for name in ("m", "untied"):
+        assert cli.main(["convert", str(tmp_path / f"{name}.pt"), str(tmp_path / f"{name}.safetensors")]) == 0
+    for a, b in (("m.pt", "m.safetensors"), ("m.safetensors", "m.pt"), ("untied.pt", "untied.safetensors")):
+        r = tensorcanon.diff(tmp_path / a, tmp_path / b)
+        assert r.identical, str(r)
+        assert _cli_diff(tmp_path / a, tmp_path / b)[0] == 0
+    (d,) = tensorcanon.diff(tmp_path / "m.pt", tmp_path / "untied.safetensors")
+    assert str(d) == '$["head"]: same tensor as $["emb"] in A, a separate tensor in B'
+    (d,) = tensorcanon.diff(tmp_path / "m.safetensors", tmp_path / "untied.safetensors")
+    assert d.kind == "alias"
+
+
+def test_user_metadata_is_content(tmp_path):
+    def pair(ma, mb):
+        pa, pb = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+        tensorcanon.save({"w": torch.ones(2)}, pa, metadata=ma)
+        tensorcanon.save({"w": torch.ones(2)}, pb, metadata=mb)
+        return pa, pb
+
+    pa, pb = pair({"run": 1, "tags": ["a"]}, {"run": 2, "tags": ["a"]})
+    assert [str(d) for d in tensorcanon.diff(pa, pb)] == ['metadata["run"]: value 1 -> 2']
+    assert _cli_diff(pa, pb)[0] == 1
+    pa, pb = pair(None, {"run": 1})
+    assert [str(d) for d in tensorcanon.diff(pa, pb)] == ["metadata: added in B: dict (1 key)"]
+    pa, pb = pair({"run": 1}, {"run": 1})
+    assert tensorcanon.diff(pa, pb).identical and _cli_diff(pa, pb)[0] == 0
+
+
+def _on_cuda0(src, dst):
+    """``src`` as a writer would have written its tensors from cuda:0: the devices line is outside
+    the manifest, so the digest is the same (FORMAT.md §7.2)."""
+    from tensorcanon.format import container, manifest
+
+    data = src.read_bytes()
+    with reader.open_file(str(src)) as cf:
+        header, m = cf.header, cf.manifest
+    new_header = container.build(header.entries, manifest.header_metadata(m.raw, ["cuda:0"] * len(m.tensors)))
+    dst.write_bytes(new_header + data[len(header.raw):])
+
+
+def test_devices_are_placement_not_content(tmp_path):
+    tensorcanon.save({"w": torch.ones(2)}, tmp_path / "cpu.safetensors")
+    _on_cuda0(tmp_path / "cpu.safetensors", tmp_path / "gpu.safetensors")
+    assert _digest(tmp_path / "cpu.safetensors") == _digest(tmp_path / "gpu.safetensors")
+    r = tensorcanon.diff(tmp_path / "cpu.safetensors", tmp_path / "gpu.safetensors")
+    assert r.identical and r.same_digest and not r.differences
+    assert [str(n) for n in r.notes] == ['$["w"]: device cpu -> cuda:0']
+    code, lines = _cli_diff(tmp_path / "cpu.safetensors", tmp_path / "gpu.safetensors")
+    assert code == 0 and lines[-1].endswith("; 1 tensor recorded on other devices"), lines
+
+
+def test_digests_that_differ_are_never_identical_even_when_the_walk_sees_nothing(tmp_path, monkeypatch):
+    """The last resort: a walk that misses a difference (a bug) still cannot make diff say
+    identical; the difference is reported at the level of the digests."""
+    from tensorcanon.tools import diff as diff_module
+
+    pa, pb = _save_pair(tmp_path, "leaves", "int", 0)
+    monkeypatch.setattr(diff_module._Differ, "compare", lambda self, a, b, trail, depth: None)
+    r = tensorcanon.diff(pa, pb)
+    (d,) = r.differences
+    assert d.kind == "digest" and (d.a, d.b) == (_digest(pa), _digest(pb)) and not r.identical
+    assert "a bug in tensorcanon" in str(d)
+    assert _cli_diff(pa, pb)[0] == 1
+
+
+def test_equal_digests_walk_nothing(tmp_path, monkeypatch):
+    """Equal digests decide alone: the trees are not even built (memory: the manifests only)."""
+    from tensorcanon.tools import diff as diff_module
+
+    pa, pb = _save_pair(tmp_path, "packed ints", "same:copy", 0)
+    monkeypatch.setattr(diff_module._Differ, "compare", lambda *args: pytest.fail("walked"))
+    assert tensorcanon.diff(pa, pb).identical

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import tensorcanon
-from tensorcanon.tools import cli, diffview
+from tensorcanon.tools import cli
 
 
 def _cli(*args, columns: str = "") -> tuple[int, list[str]]:
@@ -109,6 +109,7 @@ def test_long_values_keep_the_place_where_they_differ_visible(tmp_path):
     a = {"note": "x" * 300 + "AAA" + "y" * 50, "key" * 40: 1}
     b = {"note": "x" * 300 + "BBB" + "y" * 50, "key" * 40: 2}
     pa, pb = _pair(tmp_path, a, b)
+    from tensorcanon.tools import diffview
     for columns, width in (("80", 80), ("", diffview.PIPED_WIDTH), ("200", 200)):
         code, lines = _cli("diff", pa, pb, columns=columns)
         assert all(len(line) <= width for line in lines), (columns, lines)
@@ -165,6 +166,8 @@ def test_numbers_have_the_digits_of_their_dtype():
 
 
 def test_plurals_agree():
+    from tensorcanon.tools import diffview
+
     r = tensorcanon.diff({"a": 1, "b": 2, "c": 3}, {"a": 2, "b": 3, "c": 4})
     lines = diffview.lines(r, 120, limit=2)
     assert lines[-1] == "... and 1 more difference"

@@ -856,7 +856,7 @@ def _container(v: Any) -> walk.Container | None:
     """The children of ``v`` as the encoder sees them; dict subclasses count as dicts here."""
     t = type(v)
     if t is list or t is tuple:  # (its items as they are: a long list is not copied)
-        return walk.Container(t.__name__, v)  # type: ignore[arg-type]  # (read only)
+        return walk.Container(t.__name__, v)  # (read only: not copied)
     c = walk.container(v, _lenient_order)
     if c is None and isinstance(v, dict):
         c = walk.container(dict(v), _lenient_order)
