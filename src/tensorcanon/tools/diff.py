@@ -238,7 +238,7 @@ class DiffResult:
         named = (self.a, self.b) != ("A", "B")
         lines = [f"A: {textout.printable(self.a)}", f"B: {textout.printable(self.b)}"] if named else []
         lines += [str(d) for d in self.differences]
-        lines += [f"{d} (not content: the digest does not cover devices)" for d in self.notes]
+        lines += [f"{d} (placement: the digest does not cover it)" for d in self.notes]
         lines.append(self.summary())
         return "\n".join(lines)
 
