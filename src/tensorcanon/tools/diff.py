@@ -2,24 +2,33 @@
 
 :func:`diff` walks two values side by side in canonical order and records
 every difference it finds as a :class:`Difference` at a path such as
-``$["model"]["fc.weight"]``: keys added or removed, type, dtype, shape or
-device changes, and, for tensors with the same dtype and shape, how many
+``$["model"]["fc.weight"]``: keys added or removed, type, dtype or shape
+changes, and, for tensors with the same dtype and shape, how many
 elements differ, the largest absolute and relative difference and the first
 differing index.
+
+Equality, one rule. Two tensorcanon files (or sharded checkpoints) are identical exactly when
+their file digests are equal (:func:`tensorcanon.format.digest.same_content`, which decides when
+both use one algorithm and one format version): equal digests end the comparison, different
+digests are a difference, and the walk of the values says where (:func:`compare_loaded`, the one
+home of the verdict). A file's ties are the rows of its tensor table; dict keys and set members are
+told apart as the file tells them (``1``, ``True`` and ``1.0`` are three keys); devices, which the
+digest does not cover, are notes, not differences. Values of any other kind are compared by the walk.
 
 Element comparison. With the default ``atol=0, rtol=0`` the comparison is
 bit-exact, the same thing digests see: ``-0.0`` differs from ``0.0`` and two
 NaNs are equal only when their bits are. With a tolerance, two elements match
 when their bits are equal or ``|a - b| <= atol + rtol * |b|`` (as in
 ``torch.isclose``, B is the reference), with NaN matching NaN. Statistics are
-computed in float64 (complex128 for complex dtypes).
+computed in float64 (complex128 for complex dtypes). Values that differ within the tolerance are
+counted (:attr:`DiffResult.tolerated`): not differences, and not :attr:`DiffResult.identical`.
 
 Files. A ``str`` or path-like argument is read as a file: a tensorcanon file,
 a plain safetensors file, a ``.pt`` file (through ``torch.load`` with
 ``weights_only=True``, never plain pickle), a ``.npz`` or a ``.npy`` file; a
 directory, as a sharded checkpoint (``tensorcanon.dcp``), by its logical state.
 Tensors are loaded to the CPU; the devices a tensorcanon file records are still
-compared. To compare two ``str`` values, wrap them: ``diff([a], [b])``. A URL
+compared (as notes). To compare two ``str`` values, wrap them: ``diff([a], [b])``. A URL
 (``s3://bucket/key``...) is read from its store, with ``storage_options``.
 
 Example::
@@ -1224,17 +1233,22 @@ class _Differ:
                      _cut("{" + ", ".join(only_b) + "} only in B", 200))
 
     def random_states(self, ga: list[tuple[str, Any]], gb: list[tuple[str, Any]], trail: tuple) -> None:
-        """A random state or generator, by the generators it holds: which of them differ."""
-        states_b = dict(gb)
-        names = [name for name, _ in ga] + [name for name, _ in gb if name not in dict(ga)]
-        differ = []
-        for name in names:
-            if name not in states_b or name not in dict(ga):
-                differ.append(f"{name} (only in {'A' if name not in states_b else 'B'})")
-            elif self.found(lambda n=name: self.compare(dict(ga)[n], states_b[n], trail, 1)):  # type: ignore[misc]
-                differ.append(name)
+        """A random state or generator, by the generators it holds: which of them differ (bit for
+        bit, whatever the tolerance: a state is not a measurement)."""
+        sa, sb = dict(ga), dict(gb)
+        differ: list[str] = []
+        same: list[str] = []
+        for name in list(sa) + [n for n in sb if n not in sa]:
+            if name not in sa or name not in sb:
+                differ.append(f"{name} (only in {'A' if name in sa else 'B'})")
+                continue
+            tolerant, self.tolerant = self.tolerant, False
+            try:
+                found = self.found(lambda n=name: self.compare(sa[n], sb[n], trail, 1))  # type: ignore[misc]
+            finally:
+                self.tolerant = tolerant
+            (differ if found else same).append(name)
         if differ:
-            same = [n for n in names if n not in differ and not any(d.startswith(n + " ") for d in differ)]
             note = ", ".join(differ) + (f" ({', '.join(same)} equal)" if same else "")
             self.add(trail, "rng", None, None, note=note)
 
