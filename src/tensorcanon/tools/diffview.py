@@ -64,27 +64,39 @@ def _pair(d: Difference) -> tuple[str, str, str, bool] | None:
 
 
 def fit(d: Difference, columns: int, indent: str = "") -> list[str]:
-    """The lines of one difference in ``columns`` columns (one, where it fits)."""
-    path = printable(d.path)
-    line = f"{indent}{path}: {printable(d.body())}"
+    """The lines of one difference in ``columns`` columns: one where it fits (its two values cut
+    around where they differ, then its path shortened to its end if need be), else the whole
+    difference continued on indented lines."""
+    full = printable(d.path)
+    line = f"{indent}{full}: {printable(d.body())}"
     if len(line) <= columns:
         return [line]
-    path = _keep_tail(path, max(columns // _PATH_ROOM, _PATH_MIN))
+    short = _keep_tail(full, max(columns // _PATH_ROOM, _PATH_MIN))
     pair = _pair(d)
     if pair is not None:
-        before, a, b, one = pair
-        head = f"{indent}{path}: {before}"
-        room = columns - len(head) - (0 if one else len(" -> "))
-        if one:
-            line = head + _clip(a or b, max(room, _SIDE_MIN))
-        else:
-            a, b = around(a, b, max(room // 2 - 6, _SIDE_MIN))
-            line = f"{head}{a} -> {b}"
+        for path in dict.fromkeys((full, short)):  # (the whole path first)
+            line = _paired(indent, path, pair, columns)
+            if len(line) <= columns:
+                return [line]
+        line = _paired(indent, full if len(full) + len(indent) < columns // 2 else short, pair, columns)
     else:
-        line = f"{indent}{path}: {printable(d.body())}"
-    if len(line) <= columns:
-        return [line]
+        line = f"{indent}{full if len(full) + len(indent) < columns // 2 else short}: {printable(d.body())}"
     return wrap(line, columns, indent + CONTINUED)
+
+
+def _paired(indent: str, path: str, pair: tuple[str, str, str, bool], columns: int) -> str:
+    """A difference of two values (or one) on one line, the values cut to the room left."""
+    before, a, b, one = pair
+    head = f"{indent}{path}: {before}"
+    room = columns - len(head) - (0 if one else len(" -> "))
+    if one:
+        return head + _clip(a or b, max(room, _SIDE_MIN))
+    a, b = around(a, b, max(room // 2 - 6, _SIDE_MIN))
+    return f"{head}{a} -> {b}"
+
+
+def _clip(text: str, room: int) -> str:
+    return text if len(text) <= room else text[: max(room - 3, 1)] + "..."
 
 
 def wrap(line: str, columns: int, indent: str = CONTINUED) -> list[str]:
@@ -105,10 +117,6 @@ def wrap(line: str, columns: int, indent: str = CONTINUED) -> list[str]:
         fitted += [text] if len(text) <= columns else textwrap.wrap(
             text, columns, subsequent_indent=indent, break_on_hyphens=False)
     return fitted
-
-
-def _clip(text: str, room: int) -> str:
-    return text if len(text) <= room else text[: max(room - 3, 1)] + "..."
 
 
 def lines(result: DiffResult, columns: int, indent: str = "", limit: int | None = None,
