@@ -1,6 +1,7 @@
 """tensorcanon.diff: what counts as a difference, and how each one is reported."""
 
 import collections
+import copy
 import dataclasses
 import math
 import struct
@@ -25,7 +26,7 @@ def test_identical_objects_give_an_empty_falsy_result():
     clone = {"w": obj["w"].clone(), "n": list(obj["n"]), "t": (b"\x00", {4, 3})}
     r = tensorcanon.diff(obj, clone)
     assert isinstance(r, DiffResult) and r.identical and not r and len(r) == 0
-    assert str(r) == "identical"
+    assert str(r) == "identical (bit-exact)"
 
 
 def test_one_element_reports_count_max_differences_and_first_index():
@@ -62,8 +63,11 @@ def test_structure_changes_by_path():
 
 
 def test_scalar_types_are_exact():
-    assert kinds(tensorcanon.diff([1, True, 1.0], [True, 1, 1])) == [("$[0]", "type"), ("$[1]", "type"),
-                                                                     ("$[2]", "type")]
+    (d,) = tensorcanon.diff([1, True, 1.0], [True, 1, 1])  # a list of values: one line, 3 items differ
+    assert (d.path, d.kind, d.count, d.total) == ("$", "items", 3, 3)
+    assert (d.first.path, d.first.kind) == ("$[0]", "type")
+    assert kinds(tensorcanon.diff({"a": 1, "b": True, "c": 1.0}, {"a": True, "b": 1, "c": 1})) == [
+        ('$["a"]', "type"), ('$["b"]', "type"), ('$["c"]', "type")]
     assert kinds(tensorcanon.diff({"x": "a"}, {"x": "b"})) == [('$["x"]', "value")]
 
 
@@ -267,8 +271,145 @@ def test_cuda_tensors_compare_by_value_and_report_the_device(tmp_path):
     b[1, 1] = 9
     (d,) = tensorcanon.diff({"w": a}, {"w": b})
     assert d.stats.first_index == (1, 1) and d.stats.first_b == 9.0
-    assert kinds(tensorcanon.diff({"w": a}, {"w": a.cpu()})) == [('$["w"]', "device")]
+    # the device is placement, not content (the digest does not cover it): a note, not a difference
+    r = tensorcanon.diff({"w": a}, {"w": a.cpu()})
+    assert r.identical and kinds(r.notes) == [('$["w"]', "device")]
     tensorcanon.save({"w": a}, tmp_path / "g.safetensors")
     tensorcanon.save({"w": a.cpu()}, tmp_path / "c.safetensors")
     r = tensorcanon.diff(tmp_path / "g.safetensors", tmp_path / "c.safetensors")
-    assert [str(x) for x in r] == ['$["w"]: device cuda:0 -> cpu']
+    assert r.identical and r.same_digest and [str(x) for x in r.notes] == ['$["w"]: device cuda:0 -> cpu']
+
+
+# ---------------------------------------------------------------- what mutation testing found untested
+# (shared/MUTATION.md, "tools/diff.py (equality)": each test below kills mutants that survived)
+
+
+def test_under_a_tolerance_a_number_against_nan_still_differs():
+    nan = float("nan")
+    assert kinds(tensorcanon.diff(1.0, nan, atol=10)) == [("$", "value")]
+    assert kinds(tensorcanon.diff({"x": nan}, {"x": 1.0}, rtol=1.0)) == [('$["x"]', "value")]
+    (d,) = tensorcanon.diff(torch.tensor([1.0, nan]), torch.tensor([1.0, 1.0]), atol=10)
+    assert d.stats.count == 1 and d.stats.first_index == (1,)
+
+
+def test_nans_of_other_bits_differ_bit_exactly_and_match_under_a_tolerance():
+    nan1 = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000000))[0]
+    nan2 = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000001))[0]
+    assert kinds(tensorcanon.diff(nan1, nan2)) == [("$", "value")]
+    r = tensorcanon.diff(nan1, nan2, atol=1e-9)
+    assert not r and r.tolerated == 1 and not r.identical
+    assert tensorcanon.diff(nan1, nan1).identical
+
+
+def test_the_tolerance_boundary_matches():
+    # |a - b| == atol + rtol * |b| exactly (all these are exact binary fractions)
+    for a, b, atol, rtol in ((1.0, 1.5, 0.5, 0.0), (1.0, 2.0, 0.5, 0.25), (3, 4, 1, 0)):
+        r = tensorcanon.diff(a, b, atol=atol, rtol=rtol)
+        assert not r and r.tolerated == 1, (a, b)
+        assert tensorcanon.diff(a, b, atol=atol * 0.99, rtol=rtol * 0.99), (a, b)  # just inside: differs
+    r = tensorcanon.diff(torch.tensor([1.0]), torch.tensor([1.5]), atol=0.5)
+    assert not r and r.tolerated == 1
+    assert tensorcanon.diff(torch.tensor([1.0]), torch.tensor([1.5]), atol=0.499)
+
+
+def test_complex_and_numpy_scalars_under_a_tolerance():
+    assert kinds(tensorcanon.diff(1 + 1j, 2 + 2j, rtol=1e-3)) == [("$", "value")]
+    assert not tensorcanon.diff(1 + 1j, 1 + 1.0000001j, rtol=1e-3)
+    r = tensorcanon.diff(np.float32(1.0), np.float32(1.0000001), rtol=1e-5)
+    assert not r and r.tolerated == 1
+    assert tensorcanon.diff(np.float32(1.0), np.float32(1.0000001))  # bit-exact: they differ
+
+
+def test_a_negative_rtol_is_a_usage_error():
+    for atol, rtol in ((0, -0.5), (-1, 0), (math.nan, 0), (0, math.inf)):
+        with pytest.raises(tensorcanon.UsageError, match="atol and rtol"):
+            tensorcanon.diff(1.0, 1.0, atol=atol, rtol=rtol)
+
+
+def test_negative_zero_is_one_element_that_differs_by_nothing():
+    (d,) = tensorcanon.diff(torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0]))
+    assert (d.stats.count, d.stats.max_abs, d.stats.max_rel) == (1, 0.0, 0.0)  # (not inf: 0 / 0 is no difference)
+    assert d.stats.first_a == 0.0 and math.copysign(1, d.stats.first_b) == -1
+
+
+class _EqualOthers:
+    def __init__(self, tag):
+        self.tag = tag
+
+    def __eq__(self, other):
+        return isinstance(other, _EqualOthers)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"E({self.tag})"
+
+
+class _RaisingEq:
+    def __init__(self, tag):
+        self.tag = tag
+
+    def __eq__(self, other):
+        raise RuntimeError("no comparing")
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"R({self.tag})"
+
+
+def test_user_objects_compare_by_eq_and_by_repr_when_eq_raises():
+    assert tensorcanon.diff(_EqualOthers(1), _EqualOthers(2)).identical  # == True, reprs differ
+    assert tensorcanon.diff(_RaisingEq(1), _RaisingEq(1)).identical  # == raises: repr decides
+    (d,) = tensorcanon.diff(_RaisingEq(1), _RaisingEq(2))
+    assert (d.kind, d.a, d.b) == ("value", "R(1)", "R(2)")
+
+
+@dataclasses.dataclass
+class Box:
+    inner: object
+
+
+def test_nesting_deeper_than_max_depth_is_a_limit_error():
+    limits = tensorcanon.Limits(max_depth=5)
+    deep: object = 1
+    for _ in range(10):
+        deep = [deep, 0]
+    with pytest.raises(tensorcanon.LimitError, match="max_depth=5"):
+        tensorcanon.diff(deep, copy.deepcopy(deep), limits=limits)
+    tensorcanon.register(Box)
+    try:  # through registered objects
+        boxed: object = 1
+        for _ in range(10):
+            boxed = Box(boxed)
+        with pytest.raises(tensorcanon.LimitError):
+            tensorcanon.diff(boxed, boxed, limits=limits)
+    finally:
+        tensorcanon.unregister(Box)
+    a, b = torch.ones(1), torch.ones(1)  # through a tensor's attributes
+    a.note, b.note = deep, copy.deepcopy(deep)
+    with pytest.raises(tensorcanon.LimitError):
+        tensorcanon.diff(a, b, limits=limits)
+
+
+def test_a_numpy_array_of_a_dtype_tensorcanon_does_not_save_is_refused():
+    day = np.array(["2020-01-01"], dtype="datetime64[D]")
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match="datetime64"):
+        tensorcanon.diff({"d": day}, {"d": day.copy()})
+
+
+@dataclasses.dataclass
+class Holder:
+    tensors: list
+
+
+def test_tensors_only_corner_cases():
+    tensorcanon.register(Holder)
+    try:
+        r = tensorcanon.diff(Holder([torch.ones(1)]), Holder([]), tensors_only=True)
+        assert kinds(r) == [('$["tensors"]', "length")]
+    finally:
+        tensorcanon.unregister(Holder)
+    t = torch.ones(2)
+    t.note = "x"
+    assert kinds(tensorcanon.diff({"a": np.ones(2, dtype=np.float32)}, {"a": t})) == [('$["a"]', "type")]

@@ -48,3 +48,59 @@ def test_diff_memory_is_bounded_by_the_tensors_not_the_files(tmp_path):
     large = _growth(*_pair(tmp_path, 16))   # 2 x 128 MiB
     assert small < 64 * MIB, small / MIB    # under one file's size (the two files: 128 MiB)
     assert large < small + 16 * MIB, (small / MIB, large / MIB)  # twice the files, not twice the memory
+
+
+# Packed lists (issue 37 item 5): diff of a file holding one long packed list peaked at 422x its
+# size (a Difference per differing int). Now: each line is one difference, two `ints` nodes are
+# compared by their bytes and two `records` nodes row by row, without a Python object per item.
+# Bound: SECURITY.md's ~105x of a manifest (for both files, measured against one), by tracemalloc
+# in this process (a memory bound, not a timing).
+MANIFEST_BOUND = 105
+
+
+def _cli_diff(a, b) -> int:
+    import contextlib
+    import io
+
+    from tensorcanon.tools import cli
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return cli.main(["diff", str(a), str(b)])
+
+
+def _peak_of_cli_diff(a, b) -> tuple[int, int]:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        code = _cli_diff(a, b)
+        return code, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_diff_of_packed_lists_stays_within_the_manifest_bound(tmp_path):
+    import random
+
+    rng = random.Random(5)
+    ids = [rng.randrange(256) for _ in range(300_000)]  # one byte each: the densest ints node
+    one = list(ids)
+    one[1000] = (one[1000] + 1) % 256
+    log = [{"s": i % 100} for i in range(30_000)]  # one-key records: the densest records node
+    cases = {
+        "ints, every item differs": ({"ids": ids}, {"ids": [(x + 1) % 256 for x in ids]}),
+        "ints, one item differs": ({"ids": ids}, {"ids": one}),
+        "ints, identical": ({"ids": ids}, {"ids": list(ids)}),
+        "records, every row differs": ({"log": log}, {"log": [{"s": r["s"] + 1} for r in log]}),
+    }
+    pa, pb = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    tensorcanon.save({"ids": ids[:100], "log": log[:10]}, pa)
+    tensorcanon.save({"ids": one[:100], "log": log[1:11]}, pb)
+    _cli_diff(pa, pb)  # (once before: what the first diff imports and caches is not the files' cost)
+    for name, (a, b) in cases.items():
+        tensorcanon.save(a, pa)
+        tensorcanon.save(b, pb)
+        code, peak = _peak_of_cli_diff(pa, pb)
+        assert code == (0 if name.endswith("identical") else 1), name
+        size = max(pa.stat().st_size, pb.stat().st_size)
+        assert peak < MANIFEST_BOUND * size, f"{name}: {peak / size:.0f}x the file's {size} bytes"

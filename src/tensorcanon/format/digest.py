@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import xxhash
 
-from .errors import UnsupportedAlgorithmError
+from .errors import UnsupportedAlgorithmError, UsageError
 from .ordering import MAX_SAME_HASH
 
 if TYPE_CHECKING:
@@ -169,3 +169,29 @@ def from_text(text: str) -> bytes:
 def text_error(text: str) -> str:
     """Why ``text`` is not a digest string, for error messages."""
     return f"{text!r} is not a digest (expected {_forms()})"
+
+
+def same_content(a: str, b: str, versions: tuple[int, int] | None = None) -> bool | None:
+    """Whether two files (or sharded checkpoints, by their logical digest) hold the same content,
+    decided by their file digests in text form (:func:`to_text`): the one rule of equality that
+    ``diff``, ``verify --expect``, lockfiles and stores share (docs/FORMAT.md §7.2: the file digest
+    covers the whole content, and devices and memory formats only are outside it).
+
+    True when the digests are equal; False when they differ and decide (one algorithm, and one
+    format version when ``versions`` gives both files' versions); None when digests cannot decide,
+    because the algorithms or the format versions differ (the same content has other digests
+    then: compare the values). A malformed digest is a :class:`UsageError`.
+
+    Example::
+
+        same_content(cf_a.digest, cf_b.digest, (cf_a.manifest.version, cf_b.manifest.version))
+    """
+    if not (is_text(a) and is_text(b)):
+        raise UsageError(f"same_content compares file digests: {text_error(a if not is_text(a) else b)}")
+    if a == b:
+        return True
+    if algorithm_of(a) != algorithm_of(b):
+        return None
+    if versions is not None and versions[0] != versions[1]:
+        return None
+    return False

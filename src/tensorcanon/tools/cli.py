@@ -56,8 +56,8 @@ from ..io import reader, storage, writer
 from ..io.source import open_path
 from ..trace import command as trace_command
 from ..trace.command import nonnegative  # (the lower layer's argparse type: diverge's --tolerance too)
-from . import lockfile, textout, versions
-from .diff import DiffResult, describe, detect_format, diff, load_file, open_lazily
+from . import diffview, lockfile, textout, versions
+from .diff import describe, detect_format, diff, load_file, open_lazily
 from .progress import BinaryReader, Progress, ProgressFile
 
 EXIT_OK = 0
@@ -104,19 +104,19 @@ class _Out:
 
     def line(self, text: str = "") -> None:
         if not self.as_json:
-            print(textout.printable(text, self.stdout), file=self.stdout)
+            print(textout.encodable(text, self.stdout), file=self.stdout)
 
     def json(self, obj: Any) -> None:
         if self.as_json:  # file names that are not UTF-8 are escaped: the JSON is always valid UTF-8
             text = json.dumps(textout.utf8(obj), indent=2, ensure_ascii=False, allow_nan=False)
-            print(textout.printable(text, self.stdout), file=self.stdout)
+            print(textout.encodable(text, self.stdout), file=self.stdout)
 
     def error(self, text: str) -> None:
         self.close_bars()
-        print(textout.printable(f"{PROG}: error: {text}", self.stderr), file=self.stderr)
+        print(textout.encodable(f"{PROG}: error: {text}", self.stderr), file=self.stderr)
 
     def warn(self, text: str) -> None:
-        print(textout.printable(f"{PROG}: warning: {text}", self.stderr), file=self.stderr)
+        print(textout.encodable(f"{PROG}: warning: {text}", self.stderr), file=self.stderr)
 
     def wrap(self, verb: str) -> Callable[[Any, int], Any] | None:
         """A file wrapper that draws a progress bar (on a terminal, for large files); None elsewhere."""
@@ -476,14 +476,6 @@ def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
 # --------------------------------------------------------------------------- diff
 
 
-def _print_diff(result: DiffResult, out: _Out, indent: str = "", limit: int | None = None) -> None:
-    shown = result.differences if limit is None else result.differences[:limit]
-    for d in shown:
-        out.line(indent + str(d))
-    if limit is not None and len(result.differences) > limit:
-        out.line(f"{indent}... and {len(result.differences) - limit} more")
-
-
 def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
     loaded = []
     with contextlib.ExitStack() as opened:
@@ -495,15 +487,8 @@ def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
                 return EXIT_ERROR
         # tensors are read as they are compared, one pair at a time (memory: the largest tensors)
         result = diff(loaded[0], loaded[1], atol=args.atol, rtol=args.rtol, tensors_only=args.tensors_only)
-    data = result.to_dict()
-    data["formats"] = [loaded[0].format, loaded[1].format]
-    out.json(data)
-    out.line(f"A: {storage.redact(args.a)} ({loaded[0].format})")
-    out.line(f"B: {storage.redact(args.b)} ({loaded[1].format})")
-    _print_diff(result, out)
-    tol = f" (atol={args.atol:g}, rtol={args.rtol:g})" if args.atol or args.rtol else " (bit-exact)"
-    out.line(result.summary() + tol + (", tensors only" if args.tensors_only else ""))
-    return EXIT_OK if result.identical else EXIT_DIFFERENT
+    diffview.show(result, [side.format for side in loaded], [storage.redact(args.a), storage.redact(args.b)], out)
+    return EXIT_DIFFERENT if result.differences else EXIT_OK  # (values within --atol/--rtol: 0)
 
 
 # --------------------------------------------------------------------------- lock / check
@@ -833,11 +818,8 @@ def _report_repro(args: argparse.Namespace, out: _Out, runs: list[list[dict[str,
                 first_tensor = result.first_tensor()
                 if first_tensor is not None:
                     out.line(f"{pad}first differing tensor: {first_tensor}")
-                rest = [d for d in result.differences if d is not first_tensor]
-                for d in rest[:10]:
-                    out.line(f"{pad}{d}")
-                if len(rest) > 10:
-                    out.line(f"{pad}... and {len(rest) - 10} more differences")
+                for line in diffview.lines(result, diffview.width(out.stdout), pad, 10, first_tensor):
+                    out.line(line)
                 entry["differences"] = [d.to_dict() for d in result.differences]
             details.append(entry)
         item["details"] = details
@@ -1005,7 +987,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except CommandLineError as e:
         text = f"{PROG} {args.command}: error: {e}\n(see '{PROG} {args.command} --help')"
-        print(textout.printable(text, sys.stderr), file=sys.stderr)
+        print(textout.encodable(text, sys.stderr), file=sys.stderr)
         return EXIT_ERROR
     except TensorCanonError as e:
         out.error(str(e))

@@ -1,5 +1,6 @@
-"""Text the command line prints: file names that are not UTF-8 escaped one way everywhere, and
-tables that fit a terminal's width (``inspect``)."""
+"""Text the command line prints: file names that are not UTF-8 escaped one way everywhere, text
+from files made safe for a terminal (:func:`printable`), and tables that fit a terminal's width
+(``inspect``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, TextIO
 
 from ..format import digest
 
-__all__ = ["escaped", "printable", "utf8", "table", "fit_table", "terminal_width"]
+__all__ = ["escaped", "printable", "encodable", "around", "utf8", "table", "fit_table", "terminal_width"]
 
 
 def escaped(text: str) -> str:
@@ -23,7 +24,41 @@ def escaped(text: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def printable(text: str, stream: Any) -> str:
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape(ch: str) -> str:
+    named = _NAMED.get(ch)
+    if named is not None:
+        return named
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str) -> str:
+    """``text`` that came from a file (a key, a value, a name, a message quoting one), safe to
+    print on one line of a terminal: every character that is not printable is shown as the escape
+    Python's ``repr`` gives it (``\\x1b``, ``\\r``, ``\\n``, ``\\x00``, ``\\u202e``), so a file can
+    neither move the cursor, change colours, start a new line, hide or reorder text (bidi
+    overrides), nor fake a line of the report. Bytes of a file name that are not UTF-8 are shown as
+    :func:`escaped` shows them (``\\xff``). The space is the one blank kept as it is; printable text
+    (any script, emoji) is unchanged, so is a backslash.
+
+    Apply it to each piece of text a file controls, not to a whole multi-line report.
+
+    Example::
+
+        printable("loss\\x1b[2J")  # returns 'loss\\\\x1b[2J' (the escape, not the character)
+    """
+    text = escaped(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def encodable(text: str, stream: Any) -> str:
     """``text`` as ``stream`` can write it: escaped as :func:`escaped` does, and characters its
     encoding lacks (an ASCII terminal's) as backslash escapes, never a UnicodeEncodeError."""
     text = escaped(text)
@@ -35,6 +70,27 @@ def printable(text: str, stream: Any) -> str:
     except LookupError:
         pass
     return text
+
+
+def around(ra: str, rb: str, limit: int) -> tuple[str, str]:
+    """Two texts that differ, each cut to about ``limit`` characters (and ``...`` where cut) around the
+    first character where they differ, so that the difference stays visible on both sides (``diff``)."""
+    if len(ra) <= limit and len(rb) <= limit:
+        return ra, rb
+    same = 0
+    for x, y in zip(ra, rb, strict=False):
+        if x != y:
+            break
+        same += 1
+    start = max(0, min(same - limit // 3, max(len(ra), len(rb)) - limit))
+
+    def cut(text: str) -> str:
+        if len(text) <= limit and start == 0:
+            return text
+        piece = text[start:start + limit]
+        return ("..." if start else "") + piece + ("..." if start + limit < len(text) else "")
+
+    return cut(ra), cut(rb)
 
 
 def utf8(v: Any) -> Any:
