@@ -12,15 +12,13 @@ trace reports of trace/compare.py and trace/page.py, which may not import tools/
 
 from __future__ import annotations
 
-import unicodedata
-
 __all__ = ["printable"]
 
-# Cc: C0 and C1 controls and DEL; Cf: format characters (bidirectional overrides and isolates,
-# zero-width characters, the soft hyphen...); Zl, Zp: the line and paragraph separators; Cs: a
-# lone surrogate (a file name's byte that is not UTF-8, as Python's surrogateescape holds it); Cn:
-# a code point not assigned yet (a later Unicode may make it a format character).
-_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
+# Escaped: every character str.isprintable() calls unprintable: Cc (C0 and C1 controls, DEL), Cf
+# (format characters: bidirectional overrides and isolates, zero-width characters, the soft hyphen),
+# Zl and Zp (line and paragraph separators), Zs but the space (a no-break space looks like one), Cs
+# (a lone surrogate: a file name's byte that is not UTF-8, as Python's surrogateescape holds it), Co
+# (private use) and Cn (not assigned yet: a later Unicode may make it a format character).
 _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -43,6 +41,6 @@ def printable(text: str) -> str:
     file name that is not UTF-8 (surrogateescape's ``\\udcff``) as ``\\xff``. Everything else,
     backslashes and every printable letter of any script included, is kept as it is, so an
     ordinary name prints unchanged. The result holds no control or format character."""
-    if text.isprintable():  # the common case: nothing to escape (isprintable is False for all of _UNSAFE)
+    if text.isprintable():  # the common case: nothing to escape
         return text
-    return "".join(_escape(ch) if unicodedata.category(ch) in _UNSAFE else ch for ch in text)
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)

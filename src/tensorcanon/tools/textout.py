@@ -9,6 +9,7 @@ import shutil
 from typing import Any, TextIO
 
 from ..format import digest
+from ..format.text import printable  # the one rule for text from files (format/text.py)
 
 __all__ = ["escaped", "printable", "encodable", "around", "utf8", "table", "fit_table", "terminal_width"]
 
@@ -22,40 +23,6 @@ def escaped(text: str) -> str:
     except UnicodeEncodeError:  # a lone surrogate that no file name decodes to
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return raw.decode("utf-8", "backslashreplace")
-
-
-_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
-
-
-def _escape(ch: str) -> str:
-    named = _NAMED.get(ch)
-    if named is not None:
-        return named
-    code = ord(ch)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def printable(text: str) -> str:
-    """``text`` that came from a file (a key, a value, a name, a message quoting one), safe to
-    print on one line of a terminal: every character that is not printable is shown as the escape
-    Python's ``repr`` gives it (``\\x1b``, ``\\r``, ``\\n``, ``\\x00``, ``\\u202e``), so a file can
-    neither move the cursor, change colours, start a new line, hide or reorder text (bidi
-    overrides), nor fake a line of the report. Bytes of a file name that are not UTF-8 are shown as
-    :func:`escaped` shows them (``\\xff``). The space is the one blank kept as it is; printable text
-    (any script, emoji) is unchanged, so is a backslash.
-
-    Apply it to each piece of text a file controls, not to a whole multi-line report.
-
-    Example::
-
-        printable("loss\\x1b[2J")  # returns 'loss\\\\x1b[2J' (the escape, not the character)
-    """
-    text = escaped(text)
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
 
 
 def encodable(text: str, stream: Any) -> str:
