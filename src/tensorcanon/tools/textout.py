@@ -4,12 +4,13 @@ tables that fit a terminal's width (``inspect``)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from typing import Any, TextIO
 
 from ..format import digest
 
-__all__ = ["escaped", "printable", "utf8", "table", "fit_table", "terminal_width"]
+__all__ = ["escaped", "printable", "terminal_safe", "for_stream", "plural", "utf8", "table", "fit_table", "terminal_width"]
 
 
 def escaped(text: str) -> str:
@@ -23,7 +24,39 @@ def escaped(text: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def printable(text: str, stream: Any) -> str:
+# What a terminal acts on: C0 and C1 controls, DEL, the bidirectional embeddings, overrides and
+# isolates; and the backslash, so that every escape in the output is one printable made.
+_UNSAFE = re.compile("[\\\\\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with nothing a terminal would act on: C0 and C1 control characters, DEL and the
+    bidirectional overrides and isolates (U+202A-U+202E, U+2066-U+2069) written as ``\\xNN`` or
+    ``\\uNNNN``, and a backslash as two, so a file cannot move the cursor, colour or reorder
+    what is printed after it, or print a line of its own. For every string that comes from a
+    file or a file name, where a command prints it (one line of text; a file name's bytes that
+    are not UTF-8 are left to :func:`escaped`)."""
+    return _UNSAFE.sub(_escape, text)
+
+
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """:func:`printable` for a message that already shows what it quotes as Python does (a
+    ``repr``, ``'bad-\\xff'``): the characters a terminal acts on are escaped, its backslashes
+    are left as they are (doubling them would misquote the name)."""
+    return _CONTROLS.sub(_escape, text)
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = m.group()
+    if c == "\\":
+        return "\\\\"
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def for_stream(text: str, stream: Any) -> str:
     """``text`` as ``stream`` can write it: escaped as :func:`escaped` does, and characters its
     encoding lacks (an ASCII terminal's) as backslash escapes, never a UnicodeEncodeError."""
     text = escaped(text)
@@ -35,6 +68,11 @@ def printable(text: str, stream: Any) -> str:
     except LookupError:
         pass
     return text
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """``1 file``, ``2 files``, ``12,345 files`` (``many``: a plural that is not ``noun + "s"``)."""
+    return f"{n:,} {noun if n == 1 else many or noun + 's'}"
 
 
 def utf8(v: Any) -> Any:
