@@ -275,7 +275,7 @@ def not_ours(head: bytes, file_size: int | None, limits: Limits) -> FormatError 
     if (len(head) if known is None else known) < LENGTH_SIZE:
         n = len(head) if known is None else known
         what = "it is empty" if n == 0 else f"it has only {_size_text(n)}"
-        return FormatError(f"{NOT_OURS}: {what} (the file ends inside the header length)")
+        return FormatError(f"{NOT_OURS}: {what}, so the file ends inside the header length", offset=0)
     (length,) = struct.unpack("<Q", head[:LENGTH_SIZE])
     brace = head[LENGTH_SIZE:LENGTH_SIZE + 1]
     too_long = length > limits.max_header_bytes
@@ -285,18 +285,18 @@ def not_ours(head: bytes, file_size: int | None, limits: Limits) -> FormatError 
         return None
     kind = foreign_kind(head)
     if kind is not None:
-        return FormatError(f"{NOT_OURS}: it is {kind[0]}; {kind[1]}")
+        return FormatError(f"{NOT_OURS}: it is {kind[0]}; {kind[1]}", offset=0)
     claim = f"its first 8 bytes claim a header of {_size_text(length)}"
     if too_long and (past_end or no_brace):
         has = f"the file has {_size_text(known)}" if known is not None else "its header does not start with '{'"
         return LimitError(f"{NOT_OURS}: {claim} (over max_header_bytes={limits.max_header_bytes})",
-                          limit="max_header_bytes", hint=has)
+                          limit="max_header_bytes", hint=has, offset=0)
     if too_long:  # a header that large may be a real file's: the limit says how to read it
         return None
     if no_brace and past_end:
-        return FormatError(f"{NOT_OURS}: {claim}, and the file has {_size_text(known or 0)}")
+        return FormatError(f"{NOT_OURS}: {claim}, and the file has {_size_text(known or 0)}", offset=0)
     if no_brace:
-        return FormatError(f"{NOT_OURS}: its header does not start with '{{'")
+        return FormatError(f"{NOT_OURS}: its header does not start with '{{'", offset=LENGTH_SIZE)
     return None  # past the end, with a '{' after the length: a truncated file (read_raw says so)
 
 
@@ -342,7 +342,8 @@ def parse_raw(prefix: bytes, raw: bytes, file_size: int | None, limits: Limits) 
     length = len(raw)
     if not raw.startswith(b"{"):  # (not_ours: the words the command line uses for the same file)
         refusal = not_ours(prefix + raw[:1], file_size, limits)
-        raise refusal if refusal is not None else FormatError(f"{NOT_OURS}: its header does not start with '{{'")
+        raise refusal if refusal is not None else FormatError(f"{NOT_OURS}: its header does not start with '{{'",
+                                                              offset=LENGTH_SIZE)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -580,6 +580,7 @@ def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
 
 
 def cmd_lock(args: argparse.Namespace, out: _Out) -> int:
+    lockfile.refuse_replacing(args.output)  # (a tensor file named as the output: never replaced)
     if os.path.lexists(args.output) and not args.force:  # as convert: nothing is replaced unasked
         raise CommandLineError(f"LOCKFILE {args.output!r} already exists; pass --force to "
                                "replace it (with the digests of the files as they are now)")

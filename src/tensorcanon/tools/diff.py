@@ -534,17 +534,16 @@ def _torch_refusal(e: Exception, data: Any) -> str:
             data.seek(0)
             blocked = finder(data) or blocked
     if blocked:
-        names = ", ".join(dict.fromkeys(blocked))
-        one = len(dict.fromkeys(blocked)) == 1
-        short = ", ".join(dict.fromkeys(n.rsplit(".", 1)[-1] for n in blocked))
-        return (f"torch.load(weights_only=True) refuses it: it holds {'an object' if one else 'objects'} of "
-                f"{names}, {'a class' if one else 'classes'} torch does not load unless told to trust "
-                f"{'it' if one else 'them'}, and tensorcanon saves only classes registered with it. If you "
-                f"trust the file, convert it in Python, where {'the class' if one else 'they'} can be "
-                f"imported: torch.serialization.add_safe_globals([{short}]), tensorcanon.register("
-                f"{short.split(', ')[0]}){' (each class)' if not one else ''} (with encode= and decode=, "
-                "unless it is a dataclass, NamedTuple or Enum), then "
-                "tensorcanon.save(torch.load(path, weights_only=True), out)")
+        names = list(dict.fromkeys(blocked))
+        one = len(names) == 1
+        short = ", ".join(n.rsplit(".", 1)[-1] for n in names)
+        return (f"torch.load(weights_only=True) cannot read it: it names {', '.join(names)}, which torch's "
+                f"weights-only loader imports only when told to trust {'it' if one else 'them'}; tensorcanon "
+                f"never unpickles. If you trust the file and {'that is a class' if one else 'those are classes'} "
+                f"of yours, convert it in Python, where {'it' if one else 'they'} can be imported: "
+                f"torch.serialization.add_safe_globals([{short}]), tensorcanon.register({names[0].rsplit('.', 1)[-1]})"
+                f"{' (each class)' if not one else ''} (with encode= and decode=, unless it is a dataclass, "
+                "NamedTuple or Enum), then tensorcanon.save(torch.load(path, weights_only=True), out)")
     first = text.splitlines()[0].strip() if text else type(e).__name__
     return f"torch.load(weights_only=True) cannot read it: {first}; tensorcanon never unpickles arbitrary objects"
 

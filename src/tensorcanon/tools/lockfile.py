@@ -547,7 +547,7 @@ def make_lock(patterns: Iterable[str], lock_path: str | os.PathLike, *, wrap: Wr
     def late_listing(_: None) -> list[str]:
         raise _timed_out("listing the files to lock", timeout)
 
-    _refuse_replacing(lock_path)
+    refuse_replacing(lock_path)
     paths = _run_bounded(listed, [None], 1, timeout, late_listing)[0]
     if not paths:
         raise UsageError(f"nothing to lock: the paths given name no file but the lockfile {lock_path!r} itself")
@@ -581,7 +581,7 @@ def format_lock(entries: Iterable[LockEntry]) -> str:
     return "".join(line + "\n" for line in [HEADER, *(e.line() for e in ordered)])
 
 
-def _refuse_replacing(lock_path: str) -> None:
+def refuse_replacing(lock_path: str) -> None:
     """A :class:`UsageError` when ``lock_path`` exists and is not a lockfile (a tensor file named
     as the output by mistake is not replaced)."""
     if not os.path.lexists(lock_path):
@@ -601,7 +601,7 @@ def write_lock(entries: Iterable[LockEntry], lock_path: str | os.PathLike) -> No
     """Write the lockfile atomically (a temp file beside it, then a rename). An existing file at
     ``lock_path`` is replaced only when it is a lockfile (else :class:`UsageError`)."""
     lock_path = os.fspath(lock_path)
-    _refuse_replacing(lock_path)
+    refuse_replacing(lock_path)
     text = format_lock(entries).encode("utf-8")
     writer.replace_atomically(lock_path, lambda f, tmp: f.write(text))
 
