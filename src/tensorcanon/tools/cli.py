@@ -18,7 +18,7 @@ Commands (``tensorcanon COMMAND --help`` lists each one's arguments)::
     verify FILE... [--expect DIGEST]        re-hash files, name the first corrupt tensor
     inspect FILE                            the object tree, one row per value
     diff A B [--atol X] [--rtol Y] [--tensors-only]
-    lock PATH_OR_GLOB... [-o LOCKFILE] [--allow FOLDER_OR_URL] [--timeout S]
+    lock PATH_OR_GLOB... [-o LOCKFILE] [--force] [--allow FOLDER_OR_URL] [--timeout S]
     check LOCKFILE... [--allow FOLDER_OR_URL] [--timeout S]
     convert IN OUT [--to FORMAT] [--algorithm ALG] [--force]
     consolidate DIR OUT                     a sharded checkpoint as one file
@@ -237,7 +237,7 @@ def _torch_load_drops(cf: reader.CheckedFile) -> tuple[int, int, list[str]]:
     """What ``torch.load(path)`` gives for this tensorcanon file, named ``*.safetensors``:
     ``(tensors it returns, values it drops, the first few of those)``.
 
-    Recent torch (2.13 does; 2.4 to 2.12 refuse the file) hands a path ending in ``.safetensors`` to
+    Recent torch (2.13 does; older releases refuse the file) hands a path ending in ``.safetensors`` to
     the safetensors package,
     which returns the stored tensors as one flat dict under their stored names and nothing else,
     checking no digest: every part of the object that holds no tensor (an optimizer's
@@ -322,9 +322,8 @@ def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
         name, (n, lost, first) = trap[0]
         listed = ", ".join(first) + (", ..." if lost > len(first) else "")
         also = f" (and so for {textout.plural(len(trap) - 1, 'more file')})" if len(trap) > 1 else ""
-        _note(out, f"torch.load({name}) returns only its {textout.plural(n, 'tensor')}, as a flat dict, "
-                   f"checks nothing and drops the {textout.plural(lost, 'value')} that hold no tensor "
-                   f"({listed}){also}: load it with tensorcanon.load")
+        _note(out, f"torch.load({name}) would return only its {textout.plural(n, 'tensor')} (a flat dict, "
+                   f"nothing checked) and drop {textout.plural(lost, 'value')} ({listed}){also}: use tensorcanon.load")
     return code
 
 
