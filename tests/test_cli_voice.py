@@ -338,3 +338,16 @@ def test_verify_says_what_torch_load_would_drop(tmp_path):
     assert drops[0] >= 4 and drops[1] == 0
     code, out, err = run_cli("verify", str(tmp_path / "weights.safetensors"))
     assert code == 0 and err == ""  # only tensors: torch.load loses nothing but the nesting
+
+
+def test_a_trace_given_to_load_or_inspect_says_what_it_is(tmp_path):
+    from tensorcanon.format import container
+    from tensorcanon.trace import layout
+
+    assert container.TRACE_MAGIC == layout.MAGIC  # (the one magic, named in the format layer for the reader)
+    path = tmp_path / "run.trace"
+    path.write_bytes(layout.MAGIC + b"\x00" * 64)
+    message = str(_api_error(path))
+    assert "it is a trace of a training run" in message and "tensorcanon verify" in message, message
+    code, _, err = run_cli("inspect", str(path))
+    assert code == 2 and "it is a trace of a training run" in err, err

@@ -33,6 +33,7 @@ from ..format import container, digest, dtypes, fastparse, manifest, optional, p
 from ..format.errors import FormatError, IntegrityError, LimitError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.manifest import TensorInfo
+from ..format.redact import redact
 from ..format.tree import Decoder
 from . import placement
 from .source import Source, opened
@@ -787,8 +788,9 @@ def naming(name: str | None) -> Iterator[None]:
     try:
         yield
     except (FormatError, IntegrityError) as e:
-        if name and e.args and isinstance(e.args[0], str) and name not in e.args[0]:
-            e.args = (f"{name}: {e.args[0]}", *e.args[1:])
+        shown = redact(name) if name else None  # (a URL's secrets never reach a message)
+        if shown and e.args and isinstance(e.args[0], str) and shown not in e.args[0]:
+            e.args = (f"{shown}: {e.args[0]}", *e.args[1:])
         raise
 
 

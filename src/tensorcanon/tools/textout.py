@@ -10,7 +10,8 @@ from typing import Any, TextIO
 
 from ..format import digest
 
-__all__ = ["escaped", "printable", "terminal_safe", "for_stream", "plural", "utf8", "table", "fit_table", "terminal_width"]
+__all__ = ["escaped", "printable", "terminal_safe", "for_stream", "plural", "utf8", "table", "fit_table",
+           "terminal_width"]
 
 
 def escaped(text: str) -> str:
