@@ -268,18 +268,22 @@ def _detect_local(path: str) -> str:
         return "torch"
     if head.startswith(b"\x93NUMPY"):
         return "npy"
-    if _legacy_torch(head, suffix):
+    if _legacy_torch(head, suffix, size):
         return "torch"
     _refuse(path, head, size)
     with reader.open_file(path, DEFAULT) as cf:
         return "tensorcanon" if cf.is_tensorcanon else "safetensors"
 
 
-def _legacy_torch(head: bytes, suffix: str) -> bool:
-    """A legacy (non-zip) torch.save file: a pickle of protocol 2 or later (what torch.save writes with
-    ``_use_new_zipfile_serialization=False``), read by torch.load(weights_only=True), which refuses
-    any other pickle naming what it holds; an older protocol only under a torch file's name."""
-    return len(head) > 1 and head[0] == 0x80 and (2 <= head[1] <= 5 or suffix in _TORCH_SUFFIXES)
+def _legacy_torch(head: bytes, suffix: str, size: int | None) -> bool:
+    """A legacy (non-zip) torch.save file: under a torch file's name, bytes that start as a pickle
+    does; under any other name, a pickle of protocol 2 or later (what torch.save writes with
+    ``_use_new_zipfile_serialization=False``) whose bytes are no safetensors file (container.not_ours:
+    a safetensors header length may start with the same two bytes). torch.load(weights_only=True)
+    reads it, and refuses any other pickle naming what it holds."""
+    if len(head) < 2 or head[0] != 0x80:
+        return False
+    return suffix in _TORCH_SUFFIXES or 2 <= head[1] <= 5 and container.not_ours(head, size, DEFAULT) is not None
 
 
 def _refuse(name: str, head: bytes, size: int | None) -> None:
@@ -311,7 +315,7 @@ def _detect_remote(loc: storage.Location) -> str:
             return "npz" if names and all(n.endswith(".npy") for n in names) else "torch"
         if head.startswith(b"\x93NUMPY"):
             return "npy"
-        if _legacy_torch(head, suffix):
+        if _legacy_torch(head, suffix, getattr(fh, "size", None)):
             return "torch"
         _refuse(name, head, getattr(fh, "size", None))
         fh.seek(0)

@@ -675,10 +675,10 @@ def _tensor_file(head: bytes) -> str | None:
     the formats of container.foreign_kind, and a safetensors header (a '{' after the 8-byte length)."""
     if head.startswith(b"tensorcanon-lock"):
         return None
+    if head[container.LENGTH_SIZE:container.LENGTH_SIZE + 1] == b"{":  # (a length, then a JSON header)
+        return "a safetensors file"
     kind = container.foreign_kind(head)
-    if kind is not None:
-        return kind[0]
-    return "a safetensors file" if head[container.LENGTH_SIZE:container.LENGTH_SIZE + 1] == b"{" else None
+    return kind[0] if kind is not None else None
 
 
 def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
