@@ -64,7 +64,7 @@ CASES = [
     ("verify_expect_mismatch", ["verify", "--expect", ZERO, "base.safetensors"], 1, []),
     ("verify_json", ["verify", "--json", "base.safetensors", "corrupt.safetensors"], 1, []),
     ("verify_plain", ["verify", "plain.safetensors"], 2, []),
-    ("verify_truncated", ["verify", "truncated.safetensors"], 2, []),
+    ("verify_truncated", ["verify", "truncated.safetensors"], 1, []),
     ("verify_missing_file", ["verify", "nope.safetensors"], 2, []),
     ("verify_bad_expect", ["verify", "--expect", "nope", "base.safetensors"], 2, []),
     ("verify_no_file", ["verify"], 2, []),

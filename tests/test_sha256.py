@@ -356,7 +356,7 @@ def test_cli_lock_and_check_with_sha256(tmp_path, monkeypatch):
     assert code == 0
     assert (tmp_path / "t.lock").read_text().splitlines()[1].startswith(d + " ")
     code, out, _ = run_cli("check", "t.lock")
-    assert code == 0 and "all 1 file match" in out
+    assert code == 0 and "1 file matches" in out
 
 
 def test_real_process_verify_expect_sha256(tmp_path):

@@ -70,8 +70,8 @@ def test_every_non_printable_code_point_of_the_first_planes_is_escaped():
             assert not any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in out)
 
 
-def test_encodable_still_writes_what_an_ascii_stream_can():
+def test_for_stream_still_writes_what_an_ascii_stream_can():
     class Ascii:
         encoding = "ascii"
 
-    assert textout.encodable("é\udcff", Ascii()) == "\\xe9\\xff"
+    assert textout.for_stream("é\udcff", Ascii()) == "\\xe9\\xff"

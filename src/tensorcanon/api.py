@@ -139,7 +139,7 @@ def load(f: PathOrFile, *, map_location: Any = None, verify: bool = True, limits
     if mmap and not isinstance(f, (str, os.PathLike)):
         raise UsageError(f"mmap=True needs a path to map, not {type(f).__name__}; pass the file's path, "
                          "or mmap=False to read from a file object")
-    with reader.open_file(f, limits, use_mmap=mmap) as cf:
+    with reader.open_file(f, limits, use_mmap=mmap) as cf, reader.naming(cf.name):  # errors name the file
         return cf.load(map_location=map_location, verify=verify, share=mmap)
 
 
@@ -197,7 +197,7 @@ def verify(f: PathOrFile | bytes, *, expect: str | None = None, limits: Limits =
 
             return verify_checkpoint(f.url, expect=expect, limits=limits, storage_options=f.options)
         f = f.but(is_object=True)
-    with reader.open_file(f, limits) as cf:
+    with reader.open_file(f, limits) as cf, reader.naming(cf.name):
         result = cf.verify()
     if expect is not None and result != expect:
         have, want = _digest.algorithm_of(result), _digest.algorithm_of(expect)
@@ -219,7 +219,7 @@ def read_metadata(f: PathOrFile | bytes, *, limits: Limits = DEFAULT, storage_op
     f = storage.resolve(f, storage_options)
     if isinstance(f, storage.Location):
         f = f.but(sequential=False)
-    with reader.open_file(f, limits) as cf:
+    with reader.open_file(f, limits) as cf, reader.naming(cf.name):
         if not cf.is_tensorcanon:
             return None if cf.header.metadata is None else dict(cf.header.metadata)
         return cf.metadata()

@@ -217,7 +217,9 @@ def test_lock_output_must_be_a_lockfile_or_new(tree):
         code, _, err = run_cli("lock", *argv)
         assert code == 2 and "Traceback" not in err, (argv, err)
     assert ok.read_bytes() == before
-    code, _, err = run_cli("lock", "-o", str(tree / "locks" / "t.lock"), str(ok))  # a lockfile: replaced
+    code, _, err = run_cli("lock", "-o", str(tree / "locks" / "t.lock"), str(ok))  # a lockfile: not unasked
+    assert code == 2 and "pass --force" in err, err
+    code, _, err = run_cli("lock", "--force", "-o", str(tree / "locks" / "t.lock"), str(ok))  # asked: replaced
     assert code == 0, err
     assert lockfile.check_lock(str(tree / "locks" / "t.lock"))[0].ok
 

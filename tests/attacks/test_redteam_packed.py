@@ -24,7 +24,6 @@ import pathlib
 import struct
 import subprocess
 import sys
-import time
 import tracemalloc
 
 import msgpack
@@ -492,9 +491,7 @@ def test_many_empty_rows_amplify_memory_no_more_than_their_objects():
     """2 bytes per row ([0]) decode to an empty dict each; loading holds nothing else of size."""
     data = _records_file(200_000, 0)
     size = _manifest_size(data)
-    t = time.perf_counter()
-    peak = _peak(lambda: tensorcanon.loads(data))
-    assert time.perf_counter() - t < 10
+    peak = _peak(lambda: tensorcanon.loads(data))  # (memory only: no test asserts wall-clock time)
     assert peak < 1.2 * _objects_of_rows(200_000, 0), f"loading took {peak / size:.0f}x the manifest's {size} bytes"
     vpeak = _peak(lambda: tensorcanon.verify(data))
     assert vpeak < 48 * size, f"verify took {vpeak / size:.0f}x the manifest's {size} bytes"
@@ -514,9 +511,7 @@ def test_one_key_rows_amplify_memory_no_more_than_their_objects():
 def test_wide_key_list_reused_by_rows_is_linear():
     data = _records_file(10, 100_000)  # a 100,000-key list, 10 rows of 100,000 nils
     size = _manifest_size(data)
-    t = time.perf_counter()
-    assert h.check(data, stream=False, mapped=False) == "ok"
-    assert time.perf_counter() - t < 30
+    assert h.check(data, stream=False, mapped=False) == "ok"  # (under hostile_lib's hang guard)
     peak = _peak(lambda: tensorcanon.loads(data))
     assert peak < 64 * size, f"loading took {peak / size:.0f}x the manifest's {size} bytes"
 
@@ -527,15 +522,15 @@ def test_many_distinct_key_lists_are_checked_in_linear_time():
     keylists = [[f"k{i:06d}"] for i in range(n)]
     rows = [[i, i] for i in range(n)]
     data = with_tree(at_a(["records", keylists, *rows]))
-    t = time.perf_counter()
-    assert tensorcanon.verify(data)
-    assert len(tensorcanon.loads(data)["a"]) == n
-    assert time.perf_counter() - t < 10
-    # the last one repeats the first: found, in the same time
+    # Pairwise comparison of 50,000 lists would take many minutes: the hang guard (hostile_lib's
+    # deadline, generous on a loaded machine) catches that; no wall-clock time is asserted.
+    with h.deadline():
+        assert tensorcanon.verify(data)
+        assert len(tensorcanon.loads(data)["a"]) == n
+    # the last one repeats the first: found
     keylists[-1] = ["k000000"]
-    t = time.perf_counter()
-    rejected(with_tree(at_a(["records", keylists, *rows])), '$["a"]')
-    assert time.perf_counter() - t < 30
+    with h.deadline():
+        rejected(with_tree(at_a(["records", keylists, *rows])), '$["a"]')
 
 
 def test_a_million_ints_load_in_bounded_memory():

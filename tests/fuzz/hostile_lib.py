@@ -30,7 +30,8 @@ import tensorcanon
 from tensorcanon.format import digest
 from tensorcanon.format.errors import TensorCanonError
 
-DEADLINE_S = 10  # generous: CI cores are shared; a real hang never ends
+DEADLINE_S = 120  # a hang guard, not a timing: generous for a loaded machine (each check takes well under
+# a second alone); what it catches, a read that never ends or is quadratic, takes far longer
 
 
 class Hang(Exception):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -187,22 +188,92 @@ def _int(value: Any, what: str) -> int:
     return value
 
 
-def _foreign_format(prefix: bytes) -> str | None:
-    """A clear message when the first bytes are a pickle or a torch.save zip, else None.
+NOT_OURS = "not a safetensors or tensorcanon file"
+"""How every refusal of a file that is not a safetensors file at all begins (:func:`not_ours`)."""
 
-    Used only where the bytes already fail as a safetensors length, so no valid
-    file is refused by this guess.
-    """
-    if prefix[:4] == b"PK\x03\x04":
-        kind = "a zip archive (torch.save's format, which holds a pickle)"
-    elif prefix[:1] == b"\x80" and 2 <= prefix[1] <= 5 or prefix[:1] in (b"c", b"(", b"}", b"]"):
-        kind = "a pickle"
-    else:
+TRACE_MAGIC = b"\x89TCTRC\r\n"
+"""The first 8 bytes of a trace of a training run (trace/layout.MAGIC, which a test holds equal)."""
+
+_CONVERT = ("convert it once with `tensorcanon convert FILE OUT.safetensors` (from Python: "
+            "tensorcanon.save(torch.load(path, weights_only=True), new_path))")
+
+
+# The start of a protocol 0 or 1 pickle: a global (``cmodule\n``), a mark before a dict, list or
+# tuple, or an empty dict or list followed by a memo, a mark or the end. (Not any text that starts
+# with "c" or "(": a note that begins "config" is not called a pickle.)
+_OLD_PICKLE = re.compile(rb"c[A-Za-z_][\w.]{0,6}\n|\((?:dp?|lp?|t)|[}\]](?:q|\(|\.)")
+
+
+def foreign_kind(head: bytes) -> tuple[str, str] | None:
+    """``(what the file is, what to do with it)`` when its first bytes are a format tensorcanon
+    knows and does not read as a safetensors file: a torch.save zip or pickle, a numpy file, a
+    trace; else None. The one list of them: the reader's messages, the command line's and a
+    lockfile's refusal of a tensor file all come from here (with :func:`not_ours`)."""
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return ("a zip archive (torch.save's format, which holds a pickle, or numpy's .npz)",
+                f"tensorcanon never unpickles: {_CONVERT}")
+    if len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "a pickle (torch.save's legacy format)", f"tensorcanon never unpickles: {_CONVERT}"
+    if _OLD_PICKLE.match(head):  # (protocols 0 and 1: never torch.save's)
+        return "a pickle", "tensorcanon never unpickles, and torch.save does not write this kind"
+    if head.startswith(b"\x93NUMPY"):
+        return "a numpy .npy file", "`tensorcanon convert FILE OUT.safetensors` makes a tensorcanon file of it"
+    if head[:LENGTH_SIZE] == TRACE_MAGIC:
+        return ("a trace of a training run (docs/TRACE.md)",
+                "`tensorcanon verify` checks it, `tensorcanon diverge` compares two")
+    return None
+
+
+def _size_text(n: int) -> str:
+    """A byte count for a message: ``4,096 bytes``, and from a megabyte on ``320 PB``."""
+    if n < 1_000_000:
+        return f"{n:,} byte{'' if n == 1 else 's'}"
+    x = n / 1e6
+    for unit in ("MB", "GB", "TB", "PB"):
+        if x < 999.5:
+            return f"{x:.3g} {unit}"
+        x /= 1000
+    return f"{x:.3g} EB"
+
+
+def not_ours(head: bytes, file_size: int | None, limits: Limits) -> FormatError | None:
+    """The error for a file that is not a safetensors file at all, judged from its first bytes
+    ``head`` (9 of them when the file has them; the reader has only the 8 of the length), or None
+    when it may be one (the reader's checks of docs/FORMAT.md §9.1 then say what is wrong).
+
+    One judgement for the reader (``tensorcanon.load``), the command line and lockfiles, so that
+    they give the same reason for the same file: empty or too short; a format it is instead
+    (:func:`foreign_kind`); a length that claims more bytes than the file has, or than
+    ``max_header_bytes`` (a :class:`LimitError`, as §9.1 item 2 orders); a header that does not
+    start with ``{``. A file that may be valid is never refused by a guess: a foreign format is
+    named only where the bytes already fail as a safetensors file."""
+    known = file_size
+    if (len(head) if known is None else known) < LENGTH_SIZE:
+        n = len(head) if known is None else known
+        what = "it is empty" if n == 0 else f"it has only {_size_text(n)}"
+        return FormatError(f"{NOT_OURS}: {what}, so the file ends inside the header length", offset=0)
+    (length,) = struct.unpack("<Q", head[:LENGTH_SIZE])
+    brace = head[LENGTH_SIZE:LENGTH_SIZE + 1]
+    too_long = length > limits.max_header_bytes
+    past_end = known is not None and LENGTH_SIZE + length > known
+    no_brace = brace not in (b"", b"{")
+    if not (too_long or past_end or no_brace):
         return None
-    return (
-        f"this is {kind}, not a safetensors file; tensorcanon never unpickles. Convert it once, "
-        "in an environment that trusts it: tensorcanon.save(torch.load(path, weights_only=True), new_path)"
-    )
+    kind = foreign_kind(head)
+    if kind is not None:
+        return FormatError(f"{NOT_OURS}: it is {kind[0]}; {kind[1]}", offset=0)
+    claim = f"its first 8 bytes claim a header of {_size_text(length)}"
+    if too_long and (past_end or no_brace):
+        has = f"the file has {_size_text(known)}" if known is not None else "its header does not start with '{'"
+        return LimitError(f"{NOT_OURS}: {claim} (over max_header_bytes={limits.max_header_bytes})",
+                          limit="max_header_bytes", hint=has, offset=0)
+    if too_long:  # a header that large may be a real file's: the limit says how to read it
+        return None
+    if no_brace and past_end:
+        return FormatError(f"{NOT_OURS}: {claim}, and the file has {_size_text(known or 0)}", offset=0)
+    if no_brace:
+        return FormatError(f"{NOT_OURS}: its header does not start with '{{'", offset=LENGTH_SIZE)
+    return None  # past the end, with a '{' after the length: a truncated file (read_raw says so)
 
 
 def parse(read: Callable[[int, str], bytes], file_size: int | None, limits: Limits) -> Header:
@@ -218,15 +289,19 @@ def parse(read: Callable[[int, str], bytes], file_size: int | None, limits: Limi
 
 def read_raw(read: Callable[[int, str], bytes], file_size: int | None, limits: Limits) -> tuple[bytes, bytes]:
     """``(length prefix, header bytes)``, read after checking the length (docs/FORMAT.md §9.1 1-2)."""
+    if file_size is not None and file_size < LENGTH_SIZE:
+        refusal = not_ours(b"", file_size, limits)
+        assert refusal is not None
+        raise refusal
     prefix = read(LENGTH_SIZE, "header length")
     (length,) = struct.unpack("<Q", prefix)
-    foreign = _foreign_format(prefix)
-    if foreign is not None and exceeds(limits, "max_header_bytes", length):
-        raise FormatError(foreign, offset=0)
+    refusal = not_ours(prefix, file_size, limits)
+    if refusal is not None:  # not a safetensors file at all (the same words as the command line's)
+        raise refusal
     if exceeds(limits, "max_header_bytes", length):
         raise LimitError(
-            f"header declares {length} bytes, over max_header_bytes={limits.max_header_bytes}",
-            limit="max_header_bytes", offset=0,
+            f"header declares {length} bytes ({_size_text(length)}), over max_header_bytes="
+            f"{limits.max_header_bytes}", limit="max_header_bytes", offset=0,
         )
     if length < 2:
         raise FormatError(f"header length {length} is too small to hold a JSON object", offset=0)
@@ -241,12 +316,14 @@ def read_raw(read: Callable[[int, str], bytes], file_size: int | None, limits: L
 def parse_raw(prefix: bytes, raw: bytes, file_size: int | None, limits: Limits) -> Header:
     """Validate header bytes read by :func:`read_raw` (docs/FORMAT.md §9.1 3-9), in order."""
     length = len(raw)
+    if not raw.startswith(b"{"):  # (not_ours: the words the command line uses for the same file)
+        refusal = not_ours(prefix + raw[:1], file_size, limits)
+        raise refusal if refusal is not None else FormatError(f"{NOT_OURS}: its header does not start with '{{'",
+                                                              offset=LENGTH_SIZE)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise FormatError("header is not valid UTF-8", offset=LENGTH_SIZE + e.start) from None
-    if not text.startswith("{"):
-        raise FormatError("header does not start with '{': not a safetensors file", offset=LENGTH_SIZE)
     try:
         obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:

@@ -65,8 +65,13 @@ class FormatError(TensorCanonError, ValueError):
     """The bytes are not a well-formed tensorcanon (or safetensors) file.
 
     ``offset`` is the byte offset in the file where the problem was found,
-    when one is known.
+    when one is known. ``damaged`` is True for a file that claims to be a tensorcanon
+    file but whose header or manifest does not decode, or does not match the manifest its
+    digest vouches for: bytes changed after it was written (``tensorcanon verify`` reports it
+    ``CORRUPT``, as it does an :class:`IntegrityError`); False for a file written that way.
     """
+
+    damaged = False
 
     def __init__(self, message: str, *, offset: int | None = None) -> None:
         self.offset = offset

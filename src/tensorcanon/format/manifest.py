@@ -31,7 +31,7 @@ from typing import Any, cast
 import msgpack
 
 from . import container, devices, digest, dtypes, paths
-from .errors import FormatError, IntegrityError, LimitError
+from .errors import FormatError, IntegrityError, LimitError, TensorCanonError
 from .limits import Limits, exceeds
 from .ordering import MAX_SAME_HASH
 
@@ -390,6 +390,18 @@ def _recorded_digest(meta: dict) -> tuple[str, str, bytes]:
         raise _bad(f"__metadata__[{KEY_DIGEST!r}] is missing or malformed")
     algorithm, raw = digest.parse_text(recorded)
     return recorded, algorithm, raw
+
+
+def vouched(meta: dict) -> bool:
+    """Whether the file digest ``__metadata__`` records vouches for the manifest text it holds (its
+    keys right, the text canonical base64, its bytes hashing to that digest), never raising: what a
+    reader reporting a failed manifest check asks to tell damage from a file written wrong."""
+    try:
+        raw = _manifest_bytes(meta)
+        _, algorithm, recorded = _recorded_digest(meta)
+        return digest.manifest_digest(raw, algorithm) == recorded
+    except TensorCanonError:
+        return False
 
 
 def decode(meta: dict) -> Decoded:

@@ -279,7 +279,10 @@ def open(path: str | os.PathLike | bytes, *, map_location: Any = None, verify: b
             w = f['$["model"]["fc.weight"]']
             print(len(f), f.keys()[:3])   # these check the whole file first
     """
-    return LazyFile(path, map_location=map_location, verify=verify, limits=limits, storage_options=storage_options)
+    name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    with reader.naming(name):  # (its errors name the file)
+        return LazyFile(path, map_location=map_location, verify=verify, limits=limits,
+                        storage_options=storage_options)
 
 
 __all__ = ["open", "LazyFile"]

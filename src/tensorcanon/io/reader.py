@@ -25,14 +25,15 @@ import operator
 import os
 import stat
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..format import container, digest, dtypes, fastparse, manifest, optional, paths, tensorbytes, tensorkinds, tree
-from ..format.errors import FormatError, IntegrityError, TensorCanonError, UsageError
+from ..format.errors import FormatError, IntegrityError, LimitError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.manifest import TensorInfo
+from ..format.redact import redact
 from ..format.tree import Decoder
 from . import placement
 from .source import Source, opened
@@ -333,14 +334,9 @@ class CheckedFile(RowReader):
         (:func:`container.read_raw`, with these limits), for a caller that has them (lazy.py):
         every check is made on them, only the reading is not repeated. ``src`` must then be at
         the data section, where reading them left it, or allow random access."""
-        prefix, raw = raw_header if raw_header is not None else container.read_raw(src.read, src.size, limits)
-        m: manifest.Manifest | None
-        parsed = fastparse.parse(prefix, raw, src.size, limits)  # a canonical file: one pass
-        if parsed is not None:
-            header, m = parsed
-        else:  # every check in the order of docs/FORMAT.md §9, naming the first that fails
-            header = container.parse_raw(prefix, raw, src.size, limits)
-            m = manifest.parse(header, limits) if manifest.is_tensorcanon(header) else None
+        with naming(src.name):
+            prefix, raw = raw_header if raw_header is not None else container.read_raw(src.read, src.size, limits)
+            header, m = _parse(prefix, raw, src.size, limits)
         super().__init__(src, limits, header.data_start, m.algorithm if m is not None else None)
         self._closer = closer
         self.header = header
@@ -719,6 +715,83 @@ class CheckedFile(RowReader):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _parse(prefix: bytes, raw: bytes, size: int | None,
+           limits: Limits) -> tuple[container.Header, manifest.Manifest | None]:
+    """The header and (for a tensorcanon file) the manifest of header bytes, every check made. A
+    file that claims to be a tensorcanon file and fails a check no file tensorcanon wrote fails is
+    reported damaged (:func:`_damaged`)."""
+    parsed = fastparse.parse(prefix, raw, size, limits)  # a canonical file: one pass
+    if parsed is not None:
+        return parsed
+    # every check in the order of docs/FORMAT.md §9, naming the first that fails
+    try:
+        header = container.parse_raw(prefix, raw, size, limits)
+    except FormatError as e:
+        if _CLAIM_MANIFEST in raw or _CLAIM_DIGEST in raw:  # (its header does not decode)
+            _damaged(e)
+        raise
+    if not manifest.is_tensorcanon(header):
+        return header, None
+    try:
+        return header, manifest.parse(header, limits)
+    except FormatError as e:
+        if _manifest_damaged(header.metadata or {}, limits):
+            _damaged(e)
+        raise
+
+
+# How a tensorcanon header names its manifest and file digest (FORMAT.md §2.4), as bytes: a header
+# that holds either and does not decode is a tensorcanon file's, damaged.
+_CLAIM_MANIFEST = f'"{manifest.KEY_MANIFEST}":"'.encode()
+_CLAIM_DIGEST = f'"{manifest.KEY_DIGEST}":"'.encode()
+
+
+def _manifest_damaged(meta: dict[str, str], limits: Limits) -> bool:
+    """Whether a tensorcanon header whose manifest checks failed is damaged: its manifest does not
+    decode or its digest does not vouch for it, or the manifest its digest vouches for is sound
+    and the header around it does not match it. (A manifest its digest vouches for that fails a
+    check itself is as its writer made it: malformed, not damaged.)"""
+    if not manifest.vouched(meta):
+        return True
+    try:
+        manifest.read(meta, limits)
+    except TensorCanonError:
+        return False
+    return True
+
+
+def _damaged(e: FormatError) -> None:
+    """Mark ``e`` (a check a tensorcanon file failed) as damage; a limit is not damage."""
+    if isinstance(e, LimitError) or e.damaged:
+        return
+    e.damaged = True
+    if e.args and isinstance(e.args[0], str):
+        e.args = (f"{e.args[0]}; the file is damaged (tensorcanon never writes a file that fails this check)",
+                  *e.args[1:])
+
+
+def is_damage(e: BaseException) -> bool:
+    """Whether ``e`` says a file is damaged (bytes changed after it was written): an
+    :class:`IntegrityError`, or a :class:`FormatError` marked ``damaged``. ``verify``, ``hash``
+    and ``check`` report such a file corrupt (exit 1), not unreadable."""
+    return isinstance(e, IntegrityError) or isinstance(e, FormatError) and e.damaged
+
+
+@contextlib.contextmanager
+def naming(name: str | None) -> Iterator[None]:
+    """Errors about a file raised inside (:class:`FormatError` and its :class:`LimitError`,
+    :class:`IntegrityError`) name it, ``name: message``, unless their message names it already
+    (no name for bytes or a stream). ``load``, ``verify`` and ``read_metadata`` read through it,
+    and so does every :class:`CheckedFile` as it checks its header."""
+    try:
+        yield
+    except (FormatError, IntegrityError) as e:
+        shown = redact(name) if name else None  # (a URL's secrets never reach a message)
+        if shown and e.args and isinstance(e.args[0], str) and shown not in e.args[0]:
+            e.args = (f"{shown}: {e.args[0]}", *e.args[1:])
+        raise
 
 
 def open_file(f: Any, limits: Limits = DEFAULT, *, use_mmap: bool = False) -> CheckedFile:

@@ -10,6 +10,7 @@ with a :class:`~tensorcanon.FileAccessError` that says what it is; a folder is a
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat
 from typing import BinaryIO
@@ -17,7 +18,7 @@ from typing import BinaryIO
 from ..format import sharding
 from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError
 
-__all__ = ["open_fd", "open_path", "directory_error", "same_file"]
+__all__ = ["open_fd", "open_path", "directory_error", "directory_reason", "same_file"]
 
 
 def same_file(out: str, paths: list[str] | tuple[str, ...]) -> str | None:
@@ -48,13 +49,42 @@ def _os_error(e: OSError, path: str, doing: str) -> FileAccessError:
 
 
 def directory_error(path: str, what: str) -> FormatError:
-    """The error for a directory read as a file; a sharded checkpoint's says how to read it."""
-    hint = ""
+    """The error for a directory read as a file: :func:`directory_reason` says what it is."""
+    return FormatError(f"{path!r} {directory_reason(path, what)}")
+
+
+_SCAN = 10_000  # entries of a directory looked at for the files of an interrupted save
+
+
+def directory_reason(path: str, what: str = "a file") -> str:
+    """What a directory given where ``what`` is read is, after its quoted name: a sharded
+    checkpoint (and how to read it), the rank files of one that has no index yet (an interrupted
+    save: the index is written last), or a directory that is neither. The one wording for the API,
+    the command line and ``tensorcanon.dcp``'s readers (sharded/layout.missing)."""
     if os.path.isfile(os.path.join(path, sharding.INDEX_NAME)):
-        hint = ("; it is a sharded checkpoint (tensorcanon.dcp): load it whole with "
+        return (f"is a directory, not {what}; it is a sharded checkpoint (tensorcanon.dcp): load it whole with "
                 "tensorcanon.dcp.load_unsharded(path), into a state dict with tensorcanon.dcp.load, or write it "
                 "as one file with tensorcanon consolidate; tensorcanon.verify and the command line read it as it is")
-    return FormatError(f"{path!r} is a directory, not {what}{hint}")
+    rank_files, dcp = False, False
+    try:
+        with os.scandir(path) as entries:
+            for entry in itertools.islice(entries, _SCAN):
+                name = entry.name
+                rank_files = rank_files or bool(sharding.RANK_FILE_RE.match(name)) or name.startswith(_RANK_TEMP)
+                dcp = dcp or name == ".metadata"
+    except OSError:
+        pass
+    if dcp:
+        return (f"holds no {sharding.INDEX_NAME}: it is not a tensorcanon checkpoint but holds a '.metadata' "
+                "file, a checkpoint in DCP's default format, which tensorcanon does not read (its metadata is a "
+                "pickle)")
+    if rank_files:
+        return (f"holds no {sharding.INDEX_NAME}, so it is not a complete tensorcanon checkpoint: the index is "
+                "written last, after every rank file, so an interrupted save leaves none")
+    return f"is a directory, not {what} or a sharded checkpoint (it holds no {sharding.INDEX_NAME})"
+
+
+_RANK_TEMP = (".rank-", "..rank-")  # how the temporary files of a rank file being written begin
 
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),

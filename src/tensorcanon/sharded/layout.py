@@ -55,7 +55,7 @@ from ..format.sharding import (  # noqa: F401 - the names the index is checked a
     rank_file_name,
 )
 from ..format.tree import Decoder, decode_manifest, items, tag_of, tensor_names
-from ..io import storage
+from ..io import regular, storage
 from . import files, tiling
 from .errors import CheckpointNotFoundError
 
@@ -210,15 +210,8 @@ def missing(folder: str) -> TensorCanonError:
         return CheckpointNotFoundError(f"checkpoint directory {folder!r} does not exist", filename=folder)
     if not os.path.isdir(folder):
         return FormatError(f"{folder!r} is a file, not a sharded checkpoint directory")
-    hint = ""
-    if os.path.isfile(os.path.join(folder, ".metadata")):
-        hint = (" It holds a '.metadata' file: a checkpoint in DCP's default format, which "
-                "tensorcanon does not read (its metadata is a pickle).")
-    return CheckpointNotFoundError(
-        f"{folder!r} holds no {INDEX_NAME}, so it is not a complete tensorcanon checkpoint: the "
-        f"index is written last, after every rank file, so an interrupted save leaves none.{hint}",
-        filename=index_path(folder),
-    )
+    # (the words tensorcanon.load uses for the same directory: an interrupted save only where it looks like one)
+    return CheckpointNotFoundError(f"{folder!r} {regular.directory_reason(folder)}", filename=index_path(folder))
 
 
 def missing_remote(folder: str) -> TensorCanonError:

@@ -18,7 +18,7 @@ Commands (``tensorcanon COMMAND --help`` lists each one's arguments)::
     verify FILE... [--expect DIGEST]        re-hash files, name the first corrupt tensor
     inspect FILE                            the object tree, one row per value
     diff A B [--atol X] [--rtol Y] [--tensors-only]
-    lock PATH_OR_GLOB... [-o LOCKFILE] [--allow FOLDER_OR_URL] [--timeout S]
+    lock PATH_OR_GLOB... [-o LOCKFILE] [--force] [--allow FOLDER_OR_URL] [--timeout S]
     check LOCKFILE... [--allow FOLDER_OR_URL] [--timeout S]
     convert IN OUT [--to FORMAT] [--algorithm ALG] [--force]
     consolidate DIR OUT                     a sharded checkpoint as one file
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import math
 import os
@@ -45,7 +46,7 @@ import tempfile
 import textwrap
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TextIO, TypeVar
+from typing import Any, NoReturn, TextIO, TypeVar
 
 from ..format import devices, digest, manifest, packed, paths, tensorkinds, tree
 from ..format.errors import FileAccessError, FormatError, IntegrityError, MissingDependencyError, TensorCanonError
@@ -104,19 +105,19 @@ class _Out:
 
     def line(self, text: str = "") -> None:
         if not self.as_json:
-            print(textout.encodable(text, self.stdout), file=self.stdout)
+            print(textout.for_stream(text, self.stdout), file=self.stdout)
 
     def json(self, obj: Any) -> None:
         if self.as_json:  # file names that are not UTF-8 are escaped: the JSON is always valid UTF-8
             text = json.dumps(textout.utf8(obj), indent=2, ensure_ascii=False, allow_nan=False)
-            print(textout.encodable(text, self.stdout), file=self.stdout)
+            print(textout.for_stream(text, self.stdout), file=self.stdout)
 
     def error(self, text: str) -> None:
         self.close_bars()
-        print(textout.encodable(f"{PROG}: error: {text}", self.stderr), file=self.stderr)
+        print(textout.for_stream(f"{PROG}: error: {text}", self.stderr), file=self.stderr)
 
     def warn(self, text: str) -> None:
-        print(textout.encodable(f"{PROG}: warning: {text}", self.stderr), file=self.stderr)
+        print(textout.for_stream(f"{PROG}: warning: {text}", self.stderr), file=self.stderr)
 
     def wrap(self, verb: str) -> Callable[[Any, int], Any] | None:
         """A file wrapper that draws a progress bar (on a terminal, for large files); None elsewhere."""
@@ -178,36 +179,41 @@ def cmd_hash(args: argparse.Namespace, out: _Out) -> int:
         path: Any = storage.redact(given)  # a URL is shown without credentials
         try:
             d, fmt = lockfile.content_digest(given, verify=args.verify, wrap=out.wrap("hash"))
-        except IntegrityError as e:
-            code = max(code, EXIT_DIFFERENT)
-            out.error(_message(e, path))
-            results.append({"path": path, "status": "corrupt", "error": str(e)})
-            continue
         except _READ_ERRORS as e:
-            code = EXIT_ERROR
-            out.error(_message(e, path))
-            results.append({"path": path, "status": "error", "error": _message(e)})
+            damaged = reader.is_damage(e)  # (bytes changed since it was written: exit 1, as verify says)
+            code = max(code, EXIT_DIFFERENT) if damaged else EXIT_ERROR
+            _error(out, _message(e, path))
+            results.append({"path": path, "status": "corrupt" if damaged else "error",
+                            "error": str(e) if damaged else _message(e)})
             continue
         finally:
             out.close_bars()
         results.append({"path": path, "status": "ok", "digest": d, "format": fmt,
                         "verified": bool(args.verify or fmt not in ("tensorcanon", layout.FORMAT))})
-        out.line(f"{d}  {path}")
+        out.line(f"{d}  {textout.printable(path)}")
     out.json({"files": results})
     return code
 
 
-def _verify_one(given: str, wrap: Callable[[Any, int], Any] | None) -> tuple[str, Any]:
-    """``("ok", digest)`` for one FILE of ``verify``, or ``("corrupt" | "error", exception)``."""
+def _error(out: _Out, text: str) -> None:
+    """An error line whose text holds what a file or its name says: nothing in it that a terminal acts
+    on (textout.terminal_safe: the library's messages quote names as ``repr`` does)."""
+    out.error(textout.terminal_safe(text))
+
+
+def _verify_one(given: str, wrap: Callable[[Any, int], Any] | None) -> tuple[str, Any, Any]:
+    """``("ok", digest, drops)`` for one FILE of ``verify``, or ``("corrupt" | "error", exception,
+    None)``; ``drops``: what ``torch.load`` would drop of a tensorcanon ``.safetensors`` file
+    (:func:`_torch_load_drops`), else None."""
     path: Any = storage.redact(given)  # a URL is shown without credentials
     try:
         target = storage.resolve(given)  # a URL: an object in a store
         if _checkpoint_dir(target):
             from ..sharded import verify as verify_checkpoint  # a sharded checkpoint: every file, every chunk
 
-            return "ok", verify_checkpoint(target)
+            return "ok", verify_checkpoint(target), None
         if not isinstance(target, storage.Location) and trace_command.is_trace(target):
-            return trace_command.verify_one(target)  # a trace of a training run (docs/TRACE.md)
+            return (*trace_command.verify_one(target), None)  # a trace of a training run (docs/TRACE.md)
         fmt = detect_format(target)
         if fmt != "tensorcanon":
             raise FormatError(
@@ -217,15 +223,47 @@ def _verify_one(given: str, wrap: Callable[[Any, int], Any] | None) -> tuple[str
             )
         if isinstance(target, storage.Location):
             with reader.open_file(target.but(wrap=wrap), DEFAULT) as cf:
-                return "ok", cf.verify()
+                return "ok", cf.verify(), None
         with open_path(target) as fh:
             f = wrap(fh, os.fstat(fh.fileno()).st_size) if wrap else fh
             with reader.open_file(f, DEFAULT) as cf:
-                return "ok", cf.verify()
-    except IntegrityError as e:
-        return "corrupt", e
+                found = cf.verify()
+                return "ok", found, _torch_load_drops(cf) if str(target).endswith(".safetensors") else None
     except _READ_ERRORS as e:
-        return "error", e
+        return ("corrupt" if reader.is_damage(e) else "error"), e, None
+
+
+def _torch_load_drops(cf: reader.CheckedFile) -> tuple[int, int, list[str]]:
+    """What ``torch.load(path)`` gives for this tensorcanon file, named ``*.safetensors``:
+    ``(tensors it returns, values it drops, the first few of those)``.
+
+    Recent torch (2.13 does; older releases refuse the file) hands a path ending in ``.safetensors`` to
+    the safetensors package,
+    which returns the stored tensors as one flat dict under their stored names and nothing else,
+    checking no digest: every part of the object that holds no tensor (an optimizer's
+    param_groups, a scheduler, random states, a step count) is silently dropped. A dropped value
+    is counted once, at the shallowest path that holds no tensor."""
+    m = cf.manifest
+    assert m is not None
+    holding: set[tuple] = set()  # paths that hold a tensor, and every path above them
+
+    def tensors(trail: tuple, node: Any) -> None:
+        if tree.tag_of(node) in _TENSOR_TAGS:
+            holding.update(trail[:i] for i in range(len(trail) + 1))
+
+    def dropped(trail: tuple, node: Any) -> None:
+        if trail and trail not in holding and trail[:-1] in holding:
+            lost.append(trail)
+
+    lost: list[tuple] = []
+    for visit in (tensors, dropped):
+        decoder = Decoder([None] * len(m.tensors), DEFAULT.max_depth, build_objects=False)
+        decoder.visit = visit
+        decoder.walk(m.root)
+    return len(m.tensors), len(lost), [paths.join(t) for t in lost[:3]]
+
+
+_TENSOR_TAGS = frozenset({"tensor", "tensor.attrs", *tensorkinds.TAGS})
 
 
 def _checkpoint_dir(target: Any) -> bool:
@@ -242,20 +280,26 @@ def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
         raise CommandLineError(f"--expect {digest.text_error(args.expect)}")
     code, results = EXIT_OK, []
     wrap = out.wrap("verify")  # progress bars (a terminal): one file at a time; else several at once
-    width = max(len(textout.escaped(storage.redact(f))) for f in args.files)  # digests in one column
+    shown = [textout.printable(storage.redact(f)) for f in args.files]
+    width = max(len(textout.escaped(p)) for p in shown)  # digests in one column
+    columns = textout.terminal_width(out.stdout)
+    trap: list[tuple[str, tuple[int, int, list[str]]]] = []  # files torch.load would read in part
     try:
         checked = _each(lambda given: _verify_one(given, wrap), args.files, parallel=wrap is None)
-        for given, (status, found) in zip(args.files, checked, strict=True):
+        for given, name, (status, found, drops) in zip(args.files, shown, checked, strict=True):
             path: Any = storage.redact(given)
             out.close_bars()
             if status == "corrupt":
                 code = max(code, EXIT_DIFFERENT)
-                results.append({"path": path, "status": "corrupt", "tensor": found.path, "error": str(found)})
-                out.line(f"CORRUPT   {path}: {found}")
+                results.append({"path": path, "status": "corrupt", "tensor": getattr(found, "path", None),
+                                "error": str(found)})
+                text = str(found)
+                text = text[len(path) + 2:] if text.startswith(f"{path}: ") else text  # (named once)
+                _fitted(out, f"CORRUPT   {name}: {textout.terminal_safe(text)}", columns)
                 continue
             if status == "error":
                 code = EXIT_ERROR
-                out.error(_message(found, path))
+                _error(out, _message(found, path))
                 results.append({"path": path, "status": "error", "error": _message(found)})
                 continue
             if args.expect is not None and found != args.expect:
@@ -264,14 +308,39 @@ def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
                 have, want = digest.algorithm_of(found), digest.algorithm_of(args.expect)
                 why = "" if have == want else \
                     f" (the file uses {have} digests, --expect is {want}: compare with a {have} digest of it)"
-                out.line(f"MISMATCH  {path}: digest {found}, expected {args.expect}{why}")
+                _fitted(out, f"MISMATCH  {name}: digest {found}, expected {args.expect}{why}", columns)
             else:
-                results.append({"path": path, "status": "ok", "digest": found})
-                out.line(f"OK        {textout.escaped(path):<{width}}  {found}")
+                results.append({"path": path, "status": "ok", "digest": found,
+                                **({"torch_load_drops": drops[1]} if drops is not None else {})})
+                out.line(f"OK        {textout.escaped(name):<{width}}  {found}")
+            if drops is not None and drops[1]:
+                trap.append((name, drops))
     finally:
         out.close_bars()
     out.json({"files": results})
+    if trap and not out.as_json:  # said once, whatever the number of files
+        name, (n, lost, first) = trap[0]
+        listed = ", ".join(first) + (", ..." if lost > len(first) else "")
+        also = f" (and so for {textout.plural(len(trap) - 1, 'more file')})" if len(trap) > 1 else ""
+        _note(out, f"torch.load({name}) would return only its {textout.plural(n, 'tensor')} (a flat dict, "
+                   f"nothing checked) and drop {textout.plural(lost, 'value')} ({listed}){also}: use tensorcanon.load")
     return code
+
+
+def _fitted(out: _Out, line: str, columns: int | None) -> None:
+    """A result line of verify, on a terminal wrapped to its width (continuation lines indented under
+    the file name); whole in a file, a pipe or a CI log."""
+    if columns is None or len(line) <= columns:
+        out.line(line)
+        return
+    for part in textwrap.wrap(line, max(columns, 40), subsequent_indent=" " * 10, break_on_hyphens=False,
+                              break_long_words=False):
+        out.line(part)
+
+
+def _note(out: _Out, text: str) -> None:
+    """Advice about the output, on stderr: ``tensorcanon: note: ...``."""
+    print(textout.for_stream(f"{PROG}: note: {text}", out.stderr), file=out.stderr)
 
 
 # --------------------------------------------------------------------------- inspect
@@ -495,22 +564,26 @@ def cmd_diff(args: argparse.Namespace, out: _Out) -> int:
 
 
 def cmd_lock(args: argparse.Namespace, out: _Out) -> int:
+    lockfile.refuse_replacing(args.output)  # (a tensor file named as the output: never replaced)
+    if os.path.lexists(args.output) and not args.force:  # as convert: nothing is replaced unasked
+        raise CommandLineError(f"LOCKFILE {args.output!r} already exists; pass --force to "
+                               "replace it (with the digests of the files as they are now)")
     try:
         entries = lockfile.make_lock(args.paths, args.output, wrap=out.wrap("lock"), allow=args.allow,
                                      timeout=args.timeout)
         lockfile.write_lock(entries, args.output)
     except _READ_ERRORS as e:
-        out.error(_message(e))
+        _error(out, _message(e))
         return EXIT_ERROR
     finally:
         out.close_bars()
     out.json({"lockfile": args.output, "entries": [
         {"path": e.path, "digest": e.digest, "size": e.size} for e in entries]})
-    out.line(f"wrote {args.output}: {len(entries)} file{'s' if len(entries) != 1 else ''}")
+    out.line(f"wrote {textout.printable(args.output)}: {textout.plural(len(entries), 'file')}")
     prefixes = sorted({_url_folder(e.path) for e in entries if storage.is_url(e.path)})
     if prefixes:  # check follows a URL line only under a prefix it is allowed
         allow = " ".join(f"--allow {p}" for p in prefixes)
-        out.warn(f"check this lockfile with: {PROG} check {allow} {args.output}")
+        out.warn(textout.printable(f"check this lockfile with: {PROG} check {allow} {args.output}"))
     return EXIT_OK
 
 
@@ -529,7 +602,7 @@ def cmd_check(args: argparse.Namespace, out: _Out) -> int:
             results = lockfile.check_lock(lock, wrap=wrap, workers=1 if wrap else WORKERS, allow=args.allow,
                                           timeout=args.timeout)
         except _READ_ERRORS as e:
-            out.error(_message(e, lock))
+            _error(out, _message(e, lock))
             code = EXIT_ERROR
             reports.append({"lockfile": lock, "ok": False, "error": _message(e, lock), "files": []})
             continue
@@ -544,15 +617,16 @@ def cmd_check(args: argparse.Namespace, out: _Out) -> int:
             for r in results]})
         pad = "  " if several else ""
         if several:
-            out.line(f"{lock}:")
-        for r in results:
+            out.line(f"{textout.printable(lock)}:")
+        for r in results:  # (a lockfile's lines and the messages about their files: escaped)
             label = r.status.upper() if not r.ok else "ok"
-            out.line(f"{pad}{label:<11} {storage.redact(r.entry.path)}" + (f": {r.message}" if r.message else ""))
+            out.line(f"{pad}{label:<11} {textout.printable(str(storage.redact(r.entry.path)))}"
+                     + (f": {textout.terminal_safe(r.message)}" if r.message else ""))
         n = len(results)
         if failed:
-            out.line(f"{pad}{len(failed)} of {n} file{'s' if n != 1 else ''} failed")
+            out.line(f"{pad}{len(failed):,} of {textout.plural(n, 'file')} failed")
         else:
-            out.line(f"{pad}all {n} file{'s' if n != 1 else ''} match")
+            out.line(f"{pad}{'1 file matches' if n == 1 else f'all {n:,} files match' if n else 'no files listed'}")
     if several:
         out.json({"ok": code == EXIT_OK, "lockfiles": reports})
     elif reports and "error" not in reports[0]:
@@ -607,8 +681,10 @@ def cmd_convert(args: argparse.Namespace, out: _Out) -> int:
     suffix = os.path.splitext(args.output)[1].lower()
     if suffix in _OTHER_FORMATS:  # a file named .pt that holds safetensors would fool every tool that trusts the name
         raise CommandLineError(
-            f"OUT {args.output!r} names a {_OTHER_FORMATS[suffix]} file, but convert writes tensorcanon or plain "
-            "safetensors files (which torch.load and numpy.load cannot read): name it .safetensors")
+            f"OUT {args.output!r} names a {_OTHER_FORMATS[suffix]} file, but convert writes "
+            "tensorcanon or plain safetensors files, which tools trusting that name would take for their own "
+            "format (torch.load reads a safetensors file only by a .safetensors name, and then only its tensors): "
+            "name it .safetensors")
     if args.algorithm is not None and args.to == "safetensors":
         raise CommandLineError(f"--algorithm {args.algorithm} applies to tensorcanon output only; plain safetensors "
                          "records no digests (drop --to safetensors, or --algorithm)")
@@ -623,7 +699,7 @@ def cmd_convert(args: argparse.Namespace, out: _Out) -> int:
     try:
         loaded = load_file(args.input, wrap=out.wrap("read"))
     except _READ_ERRORS as e:
-        out.error(_message(e, args.input))
+        _error(out, _message(e, args.input))
         return EXIT_ERROR
     finally:
         out.close_bars()
@@ -634,18 +710,18 @@ def cmd_convert(args: argparse.Namespace, out: _Out) -> int:
             d = api.save(loaded.value, args.output, metadata=loaded.metadata, algorithm=algorithm)
             out.json({"input": args.input, "input_format": loaded.format, "output": args.output,
                       "output_format": to, "digest": d})
-            out.line(f"wrote {args.output} (tensorcanon, {d})")
+            out.line(f"wrote {textout.printable(args.output)} (tensorcanon, {d})")
         else:
             n, dropped = _to_plain_safetensors(loaded.value, args.output)
             for where in dropped:
-                out.warn(f"{where} is not a tensor; plain safetensors cannot hold it, so it was left out")
+                out.warn(textout.printable(f"{where} is not a tensor; plain safetensors cannot hold it, so it "
+                                           "was left out"))
             out.json({"input": args.input, "input_format": loaded.format, "output": args.output,
                       "output_format": to, "tensors": n, "dropped": dropped})
-            s = "s" if len(dropped) != 1 else ""
-            left_out = f", {len(dropped)} non-tensor value{s} left out" if dropped else ""
-            out.line(f"wrote {args.output} (safetensors, {n} tensor{'s' if n != 1 else ''}{left_out})")
+            left_out = f", {textout.plural(len(dropped), 'non-tensor value')} left out" if dropped else ""
+            out.line(f"wrote {textout.printable(args.output)} (safetensors, {textout.plural(n, 'tensor')}{left_out})")
     except (TensorCanonError, OSError) as e:
-        out.error(_message(e, args.output))
+        _error(out, _message(e, args.output))
         return EXIT_ERROR
     return EXIT_OK
 
@@ -735,7 +811,7 @@ def cmd_repro(args: argparse.Namespace, out: _Out) -> int:
             try:
                 proc = _run(cmd, out.stderr, trace_command.repro_env(keep, r, args.trace) if args.trace else None)
             except OSError as e:
-                out.error(f"cannot run {cmd[0]!r}: {_message(e)}")
+                _error(out, f"cannot run {cmd[0]!r}: {_message(e)}")
                 return EXIT_ERROR
             if proc.returncode != 0:
                 out.error(f"run {r}: the command exited with status {proc.returncode}")
@@ -743,14 +819,14 @@ def cmd_repro(args: argparse.Namespace, out: _Out) -> int:
             this, saved = [], []
             for i, p in enumerate(args.out):
                 if not os.path.lexists(p):
-                    out.error(f"run {r}: the command did not write {p}")
+                    _error(out, f"run {r}: the command did not write {p}")
                     return EXIT_ERROR
                 files = {}
                 for rel in _artifact_files(p):
                     try:
                         files[rel] = _fingerprint(os.path.join(p, rel) if rel else p)
                     except (TensorCanonError, OSError) as e:
-                        out.error(f"run {r}: {_message(e, os.path.join(p, rel) if rel else p)}")
+                        _error(out, f"run {r}: {_message(e, os.path.join(p, rel) if rel else p)}")
                         return EXIT_ERROR
                 this.append(files)
                 if r < args.runs:  # keep this run's copy; the last run's stays in place
@@ -779,15 +855,15 @@ def _report_repro(args: argparse.Namespace, out: _Out, runs: list[list[dict[str,
             for run in runs]}
         differing_run = next((r for r in range(1, len(runs)) if runs[r][i] != first), None)
         if differing_run is None:
-            only = next(iter(first.values()))[0] if len(first) == 1 else f"{len(first)} files"
-            out.line(f"{p}: identical in {len(runs)} runs ({only})")
+            only = next(iter(first.values()))[0] if len(first) == 1 else textout.plural(len(first), "file")
+            out.line(f"{textout.printable(p)}: identical in {len(runs)} runs ({only})")
             artifacts.append(item)
             continue
         all_same = False
         item["identical"] = False
         item["first_differing_run"] = differing_run + 1
         other = runs[differing_run][i]
-        out.line(f"{p}: differs between run 1 and run {differing_run + 1}")
+        out.line(f"{textout.printable(p)}: differs between run 1 and run {differing_run + 1}")
         names = sorted(set(first) | set(other))
         details = []
         for rel in names:
@@ -796,13 +872,13 @@ def _report_repro(args: argparse.Namespace, out: _Out, runs: list[list[dict[str,
             label = os.path.join(p, rel) if rel else p
             if rel not in first or rel not in other:
                 which = "run 1" if rel in first else f"run {differing_run + 1}"
-                out.line(f"  {label}: written only in {which}")
+                out.line(f"  {textout.printable(label)}: written only in {which}")
                 details.append({"file": label, "only_in": which})
                 continue
             (da, fa), (db, fb) = first[rel], other[rel]
             pad = "  "
             if rel:
-                out.line(f"  {label}:")
+                out.line(f"  {textout.printable(label)}:")
                 pad = "    "
             out.line(f"{pad}run 1: {da}")
             out.line(f"{pad}run {differing_run + 1}: {db}")
@@ -830,7 +906,10 @@ def _report_repro(args: argparse.Namespace, out: _Out, runs: list[list[dict[str,
         out.line(f"reproducible: {len(runs)} runs wrote identical artifacts")
         return EXIT_OK
     bad = sum(1 for a in artifacts if not a["identical"])
-    out.line(f"not reproducible: {bad} of {n} {'artifact' if n == 1 else 'artifacts'} differed")
+    out.line(f"not reproducible: {bad:,} of {textout.plural(n, 'artifact')} differed")
+    if not args.trace:  # where the runs first part: a trace of each run says (docs/TRACE.md)
+        _note(out, "to see where the runs first diverge, run again with --trace modules (the command "
+                   "records with tensorcanon.trace; docs/TRACE.md)")
     return EXIT_DIFFERENT
 
 
@@ -843,15 +922,15 @@ def cmd_consolidate(args: argparse.Namespace, out: _Out) -> int:
     try:
         found = consolidate(args.dir, args.output)
     except IntegrityError as e:
-        out.error(_message(e, args.dir))
+        _error(out, _message(e, args.dir))
         out.json({"dir": args.dir, "output": args.output, "status": "corrupt", "error": str(e)})
         return EXIT_DIFFERENT
     except _READ_ERRORS as e:
-        out.error(_message(e, args.dir))
+        _error(out, _message(e, args.dir))
         out.json({"dir": args.dir, "output": args.output, "status": "error", "error": _message(e)})
         return EXIT_ERROR
     out.json({"dir": args.dir, "output": args.output, "status": "ok", "digest": found})
-    out.line(f"wrote {args.output}  {found}")
+    out.line(f"wrote {textout.printable(args.output)}  {found}")
     return EXIT_OK
 
 
@@ -859,11 +938,66 @@ def cmd_consolidate(args: argparse.Namespace, out: _Out) -> int:
 
 
 EPILOG = f"""\
-exit status: 0 ok, 1 difference or mismatch found, 2 usage error or unreadable file.
+exit status: 0 ok, 1 difference or mismatch found, 2 usage error or unreadable
+file.
 
-A command's arguments: {PROG} COMMAND --help. The commands and exit statuses, wherever tensorcanon
-is installed: python -m pydoc tensorcanon.tools.cli. The full manual with examples is docs/CLI.md
-of the source tree (not installed with the wheel)."""
+A command's arguments: {PROG} COMMAND --help. The commands and exit
+statuses, wherever tensorcanon is installed:
+python -m pydoc tensorcanon.tools.cli. The full manual with examples is
+docs/CLI.md of the source tree (not installed with the wheel)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with a hint at what was meant: a command name or an option close to one
+    that was mistyped (difflib), and errors of a subcommand's arguments from the subcommand's
+    own parser, with its usage (argparse leaves an unknown option to the top-level parser, which
+    prints the top-level usage and pulls a file name in with it)."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self._subcommand():
+            self.error(_unrecognized(extras, self._option_string_actions))
+        return namespace, extras
+
+    def _subcommand(self) -> bool:
+        return not any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
+
+    def error(self, message: str) -> NoReturn:
+        for action in self._actions:  # a mistyped command name: the closest ones
+            if isinstance(action, argparse._SubParsersAction) and "invalid choice" in message:
+                given = message.split("invalid choice: ", 1)[1].split(" ", 1)[0].strip("'\"")
+                message += _did_you_mean(given, list(action.choices))
+        super().error(message)
+
+
+def _did_you_mean(given: str, names: Iterable[str]) -> str:
+    """`` (did you mean X or Y?)`` for the names close to ``given`` (a prefix of one counts), or ''."""
+    names = list(names)
+    close = [n for n in names if n.startswith(given) and len(given) > 2] if given.startswith("-") else []
+    close += [n for n in difflib.get_close_matches(given, names, n=3, cutoff=0.6) if n not in close]
+    if not close:
+        return ""
+    shown = [*close[:3]]
+    return f" (did you mean {' or '.join(shown) if len(shown) < 3 else ', '.join(shown[:-1]) + ' or ' + shown[-1]}?)"
+
+
+def _unrecognized(extras: list[str], options: dict[str, Any]) -> str:
+    """The error for arguments a subcommand does not take: its unknown options with the ones
+    meant, or (with none) the extra arguments themselves."""
+    unknown = [x.split("=", 1)[0] for x in extras if x.startswith("-") and len(x) > 1 and not _number(x)]
+    if not unknown:
+        return f"unrecognized argument{'s' if len(extras) != 1 else ''}: {' '.join(extras)}"
+    known = [o for o in options if o.startswith("--")]
+    parts = [f"{u}{_did_you_mean(u, known)}" for u in unknown]
+    return f"unrecognized option{'s' if len(unknown) != 1 else ''} {', '.join(parts)}"
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _positive(text: str) -> float:
@@ -879,14 +1013,14 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--no-progress", action="store_true",
                         help="never draw progress bars (they appear only on a terminal, for large files)")
 
-    parser = argparse.ArgumentParser(  # its usage errors exit with status 2, as ours do
+    parser = _Parser(  # its usage errors exit with status 2, as ours do
         prog=PROG,
         description="Hash, verify, inspect, compare and lock tensor files; check that runs reproduce.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=versions.describe(PROG))
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub: Any = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("hash", parents=[common], help="print the content digest of each file")
@@ -931,7 +1065,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="files, folders (every tensor file under them) or quoted globs ('ckpt/**/*.safetensors'), "
                         "or URLs of objects in a store")
     p.add_argument("-o", "--output", default="tensors.lock", metavar="LOCKFILE",
-                   help="lockfile to write (default tensors.lock)")
+                   help="lockfile to write (default tensors.lock); it must not exist, unless --force")
+    p.add_argument("--force", action="store_true", help="replace LOCKFILE if it exists (a lockfile only)")
     p.set_defaults(func=cmd_lock)
 
     p = sub.add_parser("check", parents=[common, scope], help="verify files against lockfiles")
@@ -958,7 +1093,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_consolidate)
 
     p = sub.add_parser("repro", parents=[common], help="run a command several times and compare what it writes",
-                       usage=f"{PROG} repro [-h] [--json] [--runs N] [--trace LEVEL] --out PATH [PATH ...] -- CMD ...")
+                       usage=f"{PROG} repro [-h] [--json] [--no-progress] [--runs N]\n"
+                             f"{' ' * len(f'usage: {PROG} repro ')}[--trace LEVEL] --out PATH [PATH ...] -- CMD ...")
     p.add_argument("--runs", type=int, default=2, metavar="N", help="number of runs (default 2)")
     p.add_argument("--out", nargs="+", required=True, metavar="PATH",
                    help="files (or folders) each run writes; none may exist before the first run")
@@ -986,11 +1122,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # (a closed pipe shows here, not at exit)
         return code
     except CommandLineError as e:
-        text = f"{PROG} {args.command}: error: {e}\n(see '{PROG} {args.command} --help')"
-        print(textout.encodable(text, sys.stderr), file=sys.stderr)
+        text = f"{PROG} {args.command}: error: {textout.terminal_safe(str(e))}\n(see '{PROG} {args.command} --help')"
+        print(textout.for_stream(text, sys.stderr), file=sys.stderr)
         return EXIT_ERROR
     except TensorCanonError as e:
-        out.error(str(e))
+        _error(out, str(e))
         return EXIT_ERROR
     except KeyboardInterrupt:
         out.error("interrupted")
@@ -1003,7 +1139,7 @@ def main(argv: list[str] | None = None) -> int:
         os.close(devnull)
         return EXIT_OK if code is None else code
     except Exception as e:  # noqa: BLE001 - the last line: any input gives exit 2 and a message, never a traceback
-        out.error(f"{args.command} failed: {type(e).__name__}: {e} (this is a bug in tensorcanon, please "
+        _error(out, f"{args.command} failed: {type(e).__name__}: {e} (this is a bug in tensorcanon, please "
                   "report it with the command that caused it)")
         return EXIT_ERROR
     finally:

@@ -47,6 +47,7 @@ import io
 import math
 import os
 import random
+import re
 import struct
 import sys
 import weakref
@@ -55,12 +56,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..format import digest, dtypes, optional, packed, paths, registry, tensorbytes, tensorkinds, tree, walk
+from ..format import container, digest, dtypes, optional, packed, paths, registry, tensorbytes, tensorkinds, tree, walk
 from ..format.errors import FormatError, LimitError, TensorCanonError, UnsupportedTypeError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.ordering import UnorderableKey, sorted_keys
 from ..io import reader, storage
-from ..io.source import Source, open_path
+from ..io.source import Source, directory_error, open_path
 from . import textout
 
 if TYPE_CHECKING:
@@ -343,9 +344,10 @@ def detect_format(path: str | os.PathLike | storage.Location, storage_options: A
 
 def _detect_local(path: str) -> str:
     if os.path.isdir(path):
-        raise FormatError(f"{path!r} is a directory, not a file")
+        raise directory_error(path, "a file")
     with open_path(path) as fh:  # a regular file (never a FIFO); the zip is read from this descriptor
         head = fh.read(9)
+        size = os.fstat(fh.fileno()).st_size
         suffix = os.path.splitext(path)[1].lower()
         if head[:4] in (b"PK\x03\x04", b"PK\x05\x06") and suffix != ".npz":
             try:
@@ -362,19 +364,32 @@ def _detect_local(path: str) -> str:
         return "torch"
     if head.startswith(b"\x93NUMPY"):
         return "npy"
-    if suffix in _TORCH_SUFFIXES and head[:1] == b"\x80":  # legacy (non-zip) torch.save
+    if _legacy_torch(head, suffix, size):
         return "torch"
-    if head[8:9] != b"{":
-        raise FormatError(_unrecognized(path, len(head)))
+    _refuse(path, head, size)
     with reader.open_file(path, DEFAULT) as cf:
         return "tensorcanon" if cf.is_tensorcanon else "safetensors"
 
 
-def _unrecognized(name: str, n: int) -> str:
-    # The file's bytes are never quoted: the file may be anything (a lockfile line or an argument
-    # naming a secret), and what is not a tensor file is nobody's business in a message or a log.
-    what = "it is empty" if n == 0 else "its first bytes match none of them"
-    return f"{name}: not a tensorcanon, safetensors, torch (.pt), .npz or .npy file ({what})"
+def _legacy_torch(head: bytes, suffix: str, size: int | None) -> bool:
+    """A legacy (non-zip) torch.save file: under a torch file's name, bytes that start as a pickle
+    does; under any other name, a pickle of protocol 2 or later (what torch.save writes with
+    ``_use_new_zipfile_serialization=False``) whose bytes are no safetensors file (container.not_ours:
+    a safetensors header length may start with the same two bytes). torch.load(weights_only=True)
+    reads it, and refuses any other pickle naming what it holds."""
+    if len(head) < 2 or head[0] != 0x80:
+        return False
+    return suffix in _TORCH_SUFFIXES or 2 <= head[1] <= 5 and container.not_ours(head, size, DEFAULT) is not None
+
+
+def _refuse(name: str, head: bytes, size: int | None) -> None:
+    """Raise when the file is no format this module reads: the reason ``tensorcanon.load`` gives for
+    the same bytes (container.not_ours, the one judgement). The file's bytes are never quoted: the
+    file may be anything (a lockfile line or an argument naming a secret)."""
+    refusal = container.not_ours(head, size, DEFAULT)
+    if refusal is not None:
+        with reader.naming(name):
+            raise refusal
 
 
 def _detect_remote(loc: storage.Location) -> str:
@@ -396,10 +411,9 @@ def _detect_remote(loc: storage.Location) -> str:
             return "npz" if names and all(n.endswith(".npy") for n in names) else "torch"
         if head.startswith(b"\x93NUMPY"):
             return "npy"
-        if suffix in _TORCH_SUFFIXES and head[:1] == b"\x80":
+        if _legacy_torch(head, suffix, getattr(fh, "size", None)):
             return "torch"
-        if head[8:9] != b"{":
-            raise FormatError(_unrecognized(name, len(head)))
+        _refuse(name, head, getattr(fh, "size", None))
         fh.seek(0)
         with reader.CheckedFile(Source(fh, name=name)) as cf:  # type: ignore[arg-type]  # a binary file
             return "tensorcanon" if cf.is_tensorcanon else "safetensors"
@@ -660,11 +674,7 @@ def _load_foreign(data: Any, fmt: str, path: str) -> Loaded:
         try:
             value = torch.load(data, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - torch raises many types for a bad or disallowed pickle
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise FormatError(
-                f"{path}: torch.load(weights_only=True) cannot read it: {first}; tensorcanon "
-                "never unpickles arbitrary objects"
-            ) from None
+            raise FormatError(f"{path}: {_torch_refusal(e, data)}") from None
         return Loaded(value, fmt, path)
     from . import npyfile  # bounded by the bytes the file holds, object arrays refused (never unpickled)
 
@@ -673,6 +683,41 @@ def _load_foreign(data: Any, fmt: str, path: str) -> Loaded:
     else:
         value = npyfile.read_npy(data, path, _remaining(data))
     return Loaded(value, fmt, path)
+
+
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")  # terminal escape sequences (bold, colour)
+_BLOCKED = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")  # how torch names a class it does not trust
+
+
+def _torch_refusal(e: Exception, data: Any) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in our words where we know better.
+
+    A class its weights-only unpickler does not trust (an object of your own in the checkpoint)
+    is named, with what to do (torch's own message, written for its console, has terminal escape
+    codes and options it does not show): its names come from
+    ``torch.serialization.get_unsafe_globals_in_checkpoint`` (torch 2.5 and later; it reads the
+    pickle without running it), else from torch's message. Any other failure is torch's first
+    line, without escape codes."""
+    text = _ESCAPES.sub("", str(e)).strip()
+    blocked = _BLOCKED.findall(text)
+    finder = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if blocked and finder is not None:
+        with contextlib.suppress(Exception):  # (a damaged pickle: the name from the message stays)
+            data.seek(0)
+            blocked = finder(data) or blocked
+    if blocked:
+        names = list(dict.fromkeys(blocked))
+        one = len(names) == 1
+        short = ", ".join(n.rsplit(".", 1)[-1] for n in names)
+        return (f"torch.load(weights_only=True) cannot read it: it names {', '.join(names)}, which torch's "
+                f"weights-only loader imports only when told to trust {'it' if one else 'them'}; tensorcanon "
+                f"never unpickles. If you trust the file and {'that is a class' if one else 'those are classes'} "
+                f"of yours, convert it in Python, where {'it' if one else 'they'} can be imported: "
+                f"torch.serialization.add_safe_globals([{short}]), tensorcanon.register({names[0].rsplit('.', 1)[-1]})"
+                f"{' (each class)' if not one else ''} (with encode= and decode=, unless it is a dataclass, "
+                "NamedTuple or Enum), then tensorcanon.save(torch.load(path, weights_only=True), out)")
+    first = text.splitlines()[0].strip() if text else type(e).__name__
+    return f"torch.load(weights_only=True) cannot read it: {first}; tensorcanon never unpickles arbitrary objects"
 
 
 # --------------------------------------------------------------------------- describing

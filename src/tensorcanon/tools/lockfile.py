@@ -60,17 +60,16 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..format import digest as _digest, manifest
+from ..format import container, digest as _digest, manifest
 from ..format.errors import (
     FileAccessError,
     FormatError,
-    IntegrityError,
     MissingFileError,
     TensorCanonError,
     UsageError,
 )
 from ..format.limits import DEFAULT, Limits
-from ..io import storage, writer
+from ..io import reader, storage, writer
 
 __all__ = ["HEADER", "VERSION", "LockEntry", "CheckResult", "content_digest", "collect", "Scope", "target",
            "make_lock", "format_lock", "parse_lock", "read_lock", "write_lock", "check_lock", "TIMEOUT"]
@@ -548,7 +547,7 @@ def make_lock(patterns: Iterable[str], lock_path: str | os.PathLike, *, wrap: Wr
     def late_listing(_: None) -> list[str]:
         raise _timed_out("listing the files to lock", timeout)
 
-    _refuse_replacing(lock_path)
+    refuse_replacing(lock_path)
     paths = _run_bounded(listed, [None], 1, timeout, late_listing)[0]
     if not paths:
         raise UsageError(f"nothing to lock: the paths given name no file but the lockfile {lock_path!r} itself")
@@ -582,7 +581,7 @@ def format_lock(entries: Iterable[LockEntry]) -> str:
     return "".join(line + "\n" for line in [HEADER, *(e.line() for e in ordered)])
 
 
-def _refuse_replacing(lock_path: str) -> None:
+def refuse_replacing(lock_path: str) -> None:
     """A :class:`UsageError` when ``lock_path`` exists and is not a lockfile (a tensor file named
     as the output by mistake is not replaced)."""
     if not os.path.lexists(lock_path):
@@ -602,7 +601,7 @@ def write_lock(entries: Iterable[LockEntry], lock_path: str | os.PathLike) -> No
     """Write the lockfile atomically (a temp file beside it, then a rename). An existing file at
     ``lock_path`` is replaced only when it is a lockfile (else :class:`UsageError`)."""
     lock_path = os.fspath(lock_path)
-    _refuse_replacing(lock_path)
+    refuse_replacing(lock_path)
     text = format_lock(entries).encode("utf-8")
     writer.replace_atomically(lock_path, lambda f, tmp: f.write(text))
 
@@ -657,6 +656,10 @@ def _read(lock_path: str | os.PathLike) -> tuple[int, list[LockEntry]]:
     lock_path = os.fspath(lock_path)
     with open_path(lock_path, what="a lockfile") as fh:
         raw = fh.read(MAX_LOCKFILE_BYTES + 1)
+    tensors = _tensor_file(raw[:9])
+    if tensors is not None:  # (a tensor file given where a lockfile goes: say what to run instead)
+        raise FormatError(f"{lock_path}: {tensors}, not a lockfile: check takes a lockfile written by "
+                          f"`tensorcanon lock`; to check the file itself, use `tensorcanon verify {lock_path}`")
     if len(raw) > MAX_LOCKFILE_BYTES:
         raise FormatError(f"{lock_path}: larger than {MAX_LOCKFILE_BYTES} bytes, not a lockfile "
                           "(a lockfile holds one short line per file)")
@@ -665,6 +668,17 @@ def _read(lock_path: str | os.PathLike) -> tuple[int, list[LockEntry]]:
     except UnicodeDecodeError as e:
         raise FormatError(f"{lock_path}: not UTF-8 text (byte {e.start})") from None
     return _parse(text, lock_path)
+
+
+def _tensor_file(head: bytes) -> str | None:
+    """What a file that starts with ``head`` is when it is a tensor file (or a trace), not a lockfile:
+    the formats of container.foreign_kind, and a safetensors header (a '{' after the 8-byte length)."""
+    if head.startswith(b"tensorcanon-lock"):
+        return None
+    if head[container.LENGTH_SIZE:container.LENGTH_SIZE + 1] == b"{":  # (a length, then a JSON header)
+        return "a safetensors file"
+    kind = container.foreign_kind(head)
+    return kind[0] if kind is not None else None
 
 
 def check_lock(lock_path: str | os.PathLike, *, wrap: Wrap | None = None,
@@ -725,7 +739,7 @@ def _check_local(entry: LockEntry, path: str, version: int, wrap: Wrap | None, l
         size = _size(path, limits)
         found, _ = content_digest(path, wrap=wrap, limits=limits, format_version=FORMAT_OF[version])
     except (TensorCanonError, OSError) as e:
-        status = "corrupt" if isinstance(e, IntegrityError) else "unreadable"
+        status = "corrupt" if reader.is_damage(e) else "unreadable"
         return CheckResult(entry, status, None, size, str(e))
     return _compared(entry, found, size)
 
@@ -761,6 +775,6 @@ def _check_url(entry: LockEntry, version: int, wrap: Wrap | None, limits: Limits
         found, _ = content_digest(entry.path, wrap=wrap, limits=limits, format_version=FORMAT_OF[version],
                                   storage_options=storage_options)
     except (TensorCanonError, OSError) as e:
-        status = "corrupt" if isinstance(e, IntegrityError) else "unreadable"
+        status = "corrupt" if reader.is_damage(e) else "unreadable"
         return CheckResult(entry, status, None, size, str(e))
     return _compared(entry, found, size)

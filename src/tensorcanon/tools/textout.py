@@ -11,7 +11,8 @@ from typing import Any, TextIO
 from ..format import digest
 from ..format.text import printable  # the one rule for text from files (format/text.py)
 
-__all__ = ["escaped", "printable", "encodable", "around", "utf8", "table", "fit_table", "terminal_width"]
+__all__ = ["escaped", "printable", "terminal_safe", "for_stream", "around", "plural", "utf8", "table",
+           "fit_table", "terminal_width"]
 
 
 def escaped(text: str) -> str:
@@ -25,7 +26,13 @@ def escaped(text: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def encodable(text: str, stream: Any) -> str:
+def terminal_safe(text: str) -> str:
+    """:func:`printable` for a message (the command line's error and warning lines): the same rule, one
+    home (format/text.py)."""
+    return printable(text)
+
+
+def for_stream(text: str, stream: Any) -> str:
     """``text`` as ``stream`` can write it: escaped as :func:`escaped` does, and characters its
     encoding lacks (an ASCII terminal's) as backslash escapes, never a UnicodeEncodeError."""
     text = escaped(text)
@@ -58,6 +65,11 @@ def around(ra: str, rb: str, limit: int) -> tuple[str, str]:
         return ("..." if start else "") + piece + ("..." if start + limit < len(text) else "")
 
     return cut(ra), cut(rb)
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """``1 file``, ``2 files``, ``12,345 files`` (``many``: a plural that is not ``noun + "s"``)."""
+    return f"{n:,} {noun if n == 1 else many or noun + 's'}"
 
 
 def utf8(v: Any) -> Any:

@@ -30,7 +30,8 @@ def verify_one(path: str) -> tuple[str, Any]:
         return "corrupt", IntegrityError(str(e), path=where)
     except (TensorCanonError, OSError) as e:
         return "error", e
-    return "ok", f"trace of {n} records, level {header.level}, rank {header.rank} of {header.world_size}"
+    return "ok", (f"trace of {n:,} record{'' if n == 1 else 's'}, level {header.level}, "
+                  f"rank {header.rank} of {header.world_size}")
 
 
 def nonnegative(text: str) -> float:

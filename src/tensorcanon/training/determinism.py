@@ -104,11 +104,9 @@ def seed_everything(seed: int, *, deterministic: bool = True, warn_only: bool = 
     global _hashseed_warned
     if not _hashseed_warned and _hashes_randomized():
         _hashseed_warned = True
-        warnings.warn(
-            "PYTHONHASHSEED only takes effect when an interpreter starts: it is set for child "
-            "processes, but str hashes (and so the iteration order of sets of strings) in this process "
-            f"stay randomized; start Python with PYTHONHASHSEED={os.environ['PYTHONHASHSEED']} to fix them "
-            "too (this is said once per process)",
+        warnings.warn(  # one short line, once per process (a demo or every run under repro says it)
+            f"PYTHONHASHSEED only takes effect at start-up: start Python with "
+            f"PYTHONHASHSEED={os.environ['PYTHONHASHSEED']} to fix this process's set order too",
             DeterminismWarning, stacklevel=2)
     random.seed(seed)
     np.random.seed(seed)
