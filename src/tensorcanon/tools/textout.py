@@ -4,12 +4,13 @@ tables that fit a terminal's width (``inspect``)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from typing import Any, TextIO
 
 from ..format import digest
 
-__all__ = ["escaped", "printable", "utf8", "table", "fit_table", "terminal_width"]
+__all__ = ["escaped", "printable", "encodable", "CONTROLS", "utf8", "table", "fit_table", "terminal_width"]
 
 
 def escaped(text: str) -> str:
@@ -23,7 +24,27 @@ def escaped(text: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def printable(text: str, stream: Any) -> str:
+CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""The characters of a file's strings that a report never prints as they are: C0 and C1 controls
+and DEL (an ESC starts a terminal's control sequences, a CR rewrites the line), and the Unicode
+bidi overrides and isolates (U+202E shows the text after it reversed)."""
+_UNSAFE = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    n = ord(m.group())
+    return "\\\\" if n == 0x5C else f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
+
+
+def printable(text: str) -> str:
+    """A string read from a file (a key, a value, metadata) as a text report prints it: each
+    character of :data:`CONTROLS` escaped (ESC as ``\\x1b``, CR as ``\\x0d``, U+202E as
+    ``\\u202e``) and a backslash doubled, so that a file cannot move the cursor, clear the screen,
+    rewrite a line or reverse text, and every backslash printed starts an escape."""
+    return _UNSAFE.sub(_escape, text)
+
+
+def encodable(text: str, stream: Any) -> str:
     """``text`` as ``stream`` can write it: escaped as :func:`escaped` does, and characters its
     encoding lacks (an ASCII terminal's) as backslash escapes, never a UnicodeEncodeError."""
     text = escaped(text)
