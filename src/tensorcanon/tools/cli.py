@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -151,18 +150,6 @@ def _message(e: BaseException, path: str | None = None) -> str:
 _READ_ERRORS = (TensorCanonError, OSError)
 _FORMAT_NAMES = {"tensorcanon": "tensorcanon", "safetensors": "plain safetensors", "torch": "torch.save",
                  "npz": "numpy .npz", "npy": "numpy .npy"}
-
-
-def _jsonable(v: Any) -> Any:
-    if v is None or isinstance(v, (bool, int, str)):
-        return v
-    if isinstance(v, float):
-        return v if math.isfinite(v) else repr(v)
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, dict) and all(type(k) is str for k in v):
-        return {k: _jsonable(x) for k, x in v.items()}
-    return repr(v)
 
 
 # --------------------------------------------------------------------------- hash / verify
@@ -283,7 +270,7 @@ _PACKED = ("ints", "records")
 def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
     from . import inspectview  # (the command's work: tools/inspectview.py)
 
-    return inspectview.run(args, out)
+    return inspectview.run(args, out, _message, _checkpoint_dir)
 
 
 # --------------------------------------------------------------------------- diff

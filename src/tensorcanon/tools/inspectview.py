@@ -36,7 +36,7 @@ from ..format.limits import DEFAULT, Limits
 from ..format.tree import Decoder
 from ..io import reader, storage, writer
 from ..trace import layout as trace_layout
-from . import cli, textout
+from . import textout
 from .diff import describe, detect_format, load_file
 
 __all__ = ["run", "entries", "path_filter", "size_text"]
@@ -50,7 +50,9 @@ FIRST_ITEMS = 8
 SHORT_MAPPING = 60
 """A dict of plain values whose repr is at most this long is one row of the text view."""
 
-_CONTAINERS = cli._CONTAINERS  # tag -> the type name shown
+_CONTAINERS = {"dict": "dict", "odict": "OrderedDict", "list": "list", "tuple": "tuple",
+               "set": "set", "frozenset": "frozenset", "counter": "Counter", "defaultdict": "defaultdict",
+               "deque": "deque"}
 _MAPPINGS = ("dict", "odict", "counter", "defaultdict")
 _SEQUENCES = ("list", "tuple", "deque", "set", "frozenset")
 _TORCH_VALUES = {"size": "torch.Size", "dtype": "torch.dtype", "device": "torch.device"}
@@ -74,15 +76,21 @@ def path_filter(pattern: str) -> Callable[[str], bool]:
     return lambda path: compiled.fullmatch(path) is not None
 
 
-def run(args: argparse.Namespace, out: Any) -> int:
-    """``tensorcanon inspect FILE``: ``out`` is the command line's output (tools/cli.py ``_Out``)."""
+EXIT_OK, EXIT_ERROR = 0, 2
+_READ_ERRORS = (TensorCanonError, OSError)
+
+
+def run(args: argparse.Namespace, out: Any, message: Callable[[BaseException, str], str],
+        checkpoint_dir: Callable[[Any], bool]) -> int:
+    """``tensorcanon inspect FILE`` (tools/cli.py): ``out`` is the command line's output, ``message``
+    its text of an error about a path, ``checkpoint_dir`` whether a target is a checkpoint directory."""
     path = storage.redact(args.file)  # a URL is shown without credentials
     select = _Select(getattr(args, "depth", None), getattr(args, "tensors", False), getattr(args, "path", None))
     sharded = None
     try:
         metadata, algorithm, version = None, digest.DEFAULT, manifest.VERSION
         target = storage.resolve(args.file)  # a URL: an object in a store, of which only the header is read
-        if isinstance(target, storage.Location) and cli._checkpoint_dir(target):  # a checkpoint directory URL
+        if isinstance(target, storage.Location) and checkpoint_dir(target):  # a checkpoint directory URL
             from ..sharded import layout, tools
 
             sharded = tools.describe(target)
@@ -98,7 +106,7 @@ def run(args: argparse.Namespace, out: Any) -> int:
             sharded = tools.describe(target)
             fmt, size = layout.FORMAT, sharded["size"]
         elif trace_layout.is_trace(target):  # a trace of a training run: its header and records, summed up
-            return _trace(target, path, out)
+            return _trace(target, path, out, message)
         else:
             fmt = detect_format(target)
             size = os.path.getsize(target)
@@ -126,14 +134,14 @@ def run(args: argparse.Namespace, out: Any) -> int:
             _write_json(out, head, root, table, select)
         else:
             _write_text(out, head, root, table, select)
-    except cli._READ_ERRORS as e:
+    except _READ_ERRORS as e:
         if isinstance(e, BrokenPipeError):  # the reader of the output went away: cli.main's to handle
             raise
-        out.error(cli._message(e, path))
-        return cli.EXIT_ERROR
+        out.error(message(e, path))
+        return EXIT_ERROR
     finally:
         out.close_bars()
-    return cli.EXIT_OK
+    return EXIT_OK
 
 
 class _Head:
@@ -354,7 +362,7 @@ class _Walk:
         # a list of plain values: one row, its items summarized from the node (never one row each)
         first = [_leaf(v) for v in items[:FIRST_ITEMS]]
         kinds = sorted({_ITEM_NAMES[type(v)] for v in items})
-        row.value = _items_text(tag, len(items), kinds, first)
+        row.value = _items_text(tag, len(items), kinds, first, node[1] if tag == "deque" else None)
         if items:
             row.items = {"count": len(items), "types": kinds, "first": [_jsonable_leaf(v) for v in first]}
         return True
@@ -456,18 +464,22 @@ def _brief(v: Any, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _items_text(tag: str, n: int, kinds: list[str], first: list[Any]) -> str:
+def _items_text(tag: str, n: int, kinds: list[str], first: list[Any], maxlen: Any = None) -> str:
     """A list of plain values in a line: its repr when short, else how many of what, and the first."""
     open_, close = _OPEN_CLOSE[tag]
+    if maxlen is not None:  # (a deque's)
+        close = f"], maxlen={maxlen})"
     if n <= len(first):
         text = open_ + ", ".join(_brief(v, VALUE_ROOM) for v in first) + ("," if tag == "tuple" and n == 1 else "")
         text += close
-        if n == 0:
-            text = {"list": "[]", "tuple": "()", "deque": "deque([])", "set": "set()", "frozenset": "frozenset()"}[tag]
+        if n == 0 and tag in ("tuple", "set", "frozenset"):
+            text = {"tuple": "()", "set": "set()", "frozenset": "frozenset()"}[tag]
         if len(text) <= SHORT_MAPPING:
             return _safe(text)
     what = _PLURAL[kinds[0]] if len(kinds) == 1 else f"items ({', '.join(kinds)})"
     text = f"{n:,} {what}: " + ", ".join(_brief(v, 24) for v in first) + (", ..." if n > len(first) else "")
+    if maxlen is not None:
+        text = f"maxlen={maxlen}, {text}"
     return _safe(_clip(text))
 
 
@@ -575,13 +587,13 @@ def _rng(node: Sequence[Any]) -> tuple[str, str]:
         return "BitGenerator", f"numpy {_bitgen(node)}"
     if tag == "rng.state":  # RngState.capture(): every generator of the process
         _, py, leg, cpu, cuda, mps, xpu = node
-        parts = [f"python MT19937 pos {py[3]}", f"numpy {_bitgen(leg[3])}", _torch_generator("cpu", cpu)]
+        parts = [f"python (MT19937, pos {py[3]})", f"numpy ({_bitgen(leg[3])})", _torch_generator("cpu", cpu)]
         for kind, states in (("cuda", cuda[1:]), ("xpu", xpu[1:])):
             if states:
                 parts.append(_count(len(states), f"{kind} generator"))
         if mps is not None:
             parts.append("mps")
-        return "RngState", "; ".join(parts)
+        return "RngState", ", ".join(parts)
     return tag, "random state"  # pragma: no cover - every rng tag is above
 
 
@@ -614,12 +626,24 @@ def _specified_text(name: str, state: Any) -> str:
         versions = [f"{lib} {s[key]}" for lib, key in (("torch", "torch_version"), ("numpy", "numpy_version"),
                                                         ("CUDA", "cuda_version")) if type(s.get(key)) is str]
         threads = [f"{s['num_threads']} threads"] if type(s.get("num_threads")) is int else []
-        return _clip(", ".join([*(on or ["nondeterministic"]), *versions, *threads]))
+        return _clip(", ".join([*(on or ["deterministic algorithms off"]), *versions, *threads]))
     short = name.rsplit(".", 1)[-1]
     return _brief(state, VALUE_ROOM - len(short) - 2).join((f"{short}(", ")"))
 
 
 # --------------------------------------------------------------------------- JSON
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else repr(v)
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict) and all(type(k) is str for k in v):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return repr(v)
+
 
 def _write_json(out: Any, head: _Head, root: Any, table: Sequence[Any], select: _Select) -> None:
     """The JSON document, written as the walk goes: the same text ``json.dumps(indent=2)`` gives
@@ -634,7 +658,7 @@ def _write_json(out: Any, head: _Head, root: Any, table: Sequence[Any], select: 
 
     put("{\n")
     for key, value in (("file", head.path), ("format", head.fmt), ("digest", head.digest),
-                       ("metadata", cli._jsonable(head.metadata))):
+                       ("metadata", _jsonable(head.metadata))):
         put(f"  {json.dumps(key)}: {dumped(value, '  ')},\n")
     put('  "entries": [')
     count = [0]
@@ -675,9 +699,11 @@ class _Widths:
         self.path = self.type = self.dtype = self.shape = self.device = self.nbytes = self.digest = 0
         self.devices: set[str] = set()
         self.tensor_rows = 0
+        self.path_lengths: dict[int, int] = {}  # length -> rows (a few hundred lengths at most)
 
     def add(self, row: Row, cells: _Cells) -> None:
         self.path = max(self.path, len(cells.path))
+        self.path_lengths[len(cells.path)] = self.path_lengths.get(len(cells.path), 0) + 1
         self.type = max(self.type, len(cells.type))
         if row.is_tensor:
             self.tensor_rows += 1
@@ -737,13 +763,23 @@ class _Layout:
             self.path, self.digest = min(need, max(width - fixed - _GAP, 4)), 0
         elif need + _GAP + w.digest <= rest or need + _GAP + _DIGEST_MIN <= rest:
             self.path, self.digest = need, min(w.digest, rest - need - _GAP)
-        else:
-            path = min(need, rest - _GAP - _DIGEST_MIN)
-            if path >= min(need, _PATH_WANTED):
-                self.path, self.digest = path, rest - path - _GAP
+        else:  # the digest keeps a column if PATH's still holds most paths (or 40 characters)
+            path = rest - _GAP - _DIGEST_MIN
+            if path >= min(self._most(w), _PATH_WANTED):
+                self.path, self.digest = path, _DIGEST_MIN
             else:
                 self.path, self.digest = max(min(need, rest), 4), 0
         self.value_at = self.path + _GAP + self.type + _GAP  # where a value that is not a tensor starts
+
+    @staticmethod
+    def _most(w: _Widths) -> int:
+        """The length of path that 3 in 4 rows' paths do not exceed."""
+        total, seen = sum(w.path_lengths.values()), 0
+        for length in sorted(w.path_lengths):
+            seen += w.path_lengths[length]
+            if seen * 4 >= total * 3:
+                return length
+        return w.path
 
     def header(self) -> str:
         cells = ["PATH".ljust(self.path), "TYPE".ljust(self.type)]
@@ -855,7 +891,8 @@ def _write_text(out: Any, head: _Head, root: Any, table: Sequence[Any], select: 
     terminal = width is not None
     width = width or PIPE_WIDTH
     widths = _Widths()
-    sizing = _Walk(table, head.algorithm, lambda row: widths.add(row, _Cells(row)), select, True)
+    fold = not select.tensors  # (--tensors: every tensor, those inside a value shown in one row too)
+    sizing = _Walk(table, head.algorithm, lambda row: widths.add(row, _Cells(row)), select, fold)
     sizing.run(root)
     layout = _Layout(widths, width, terminal)
 
@@ -883,7 +920,7 @@ def _write_text(out: Any, head: _Head, root: Any, table: Sequence[Any], select: 
     out.line()
     out.line(layout.header())
     printing = _Walk(table, head.algorithm, lambda row: [out.line(x) for x in layout.lines(row, _Cells(row))],
-                     select, True)
+                     select, fold)
     printing.run(root)
     out.line()
     t = head.totals(printing)
@@ -897,17 +934,21 @@ def _write_text(out: Any, head: _Head, root: Any, table: Sequence[Any], select: 
     for line in textwrap.wrap(total, max(width, 20), subsequent_indent="       "):
         out.line(line)
     if printing.shown != t["entries"]:
-        why = ("the rows selected" if not select.all else
-               "random states, settings, short dicts and OrderedDict metadata with their parts in one row")
-        shown = (f"shown: {_count(printing.shown, 'row')} for the {t['entries']:,} entries ({why}); "
-                 "--json lists every entry")
-        for line in textwrap.wrap(shown, max(width, 20), subsequent_indent="       "):
+        if select.all:
+            why = "a short dict, a random state or settings is one row (--json lists its parts)"
+        else:
+            why = "selected by " + " ".join(
+                [*([f"--depth {select.depth}"] if select.depth is not None else []),
+                 *(["--tensors"] if select.tensors else []),
+                 *([f"--path {textout.printable(select.pattern)}"] if select.pattern is not None else [])])
+        for line in textwrap.wrap(f"shown: {_count(printing.shown, 'row')} for {t['entries']:,} entries: {why}",
+                                  max(width, 20), subsequent_indent="       "):
             out.line(line)
 
 
 # --------------------------------------------------------------------------- traces
 
-def _trace(target: str, path: str, out: Any) -> int:
+def _trace(target: str, path: str, out: Any, message: Callable[[BaseException, str], str]) -> int:
     """inspect of a trace of a training run (docs/TRACE.md): its header and its records summed up
     (read streaming), and what to do with it."""
     kinds: dict[str, int] = {}
@@ -924,17 +965,17 @@ def _trace(target: str, path: str, out: Any) -> int:
             tail = r.tail
         if first is not None and last is not None:
             steps = [first, last]
-    except cli._READ_ERRORS as e:
-        out.error(f"{cli._message(e, path)} (a trace of a training run: `tensorcanon verify` checks it, "
+    except _READ_ERRORS as e:
+        out.error(f"{message(e, path)} (a trace of a training run: `tensorcanon verify` checks it, "
                   "`tensorcanon diverge A B` compares two)")
-        return cli.EXIT_ERROR
+        return EXIT_ERROR
     ended = "complete" if tail.complete else f"incomplete: {tail.stopped}"
     out.json({"file": path, "format": trace_layout.FORMAT, "version": trace_layout.VERSION, "level": header.level,
               "algorithm": header.algorithm, "rank": header.rank, "world_size": header.world_size,
               "records": tail.records, "steps": steps or None, "kinds": kinds, "complete": tail.complete,
               "stopped": tail.stopped or None})
     if out.as_json:
-        return cli.EXIT_OK
+        return EXIT_OK
     width = textout.terminal_width(out.stdout) or PIPE_WIDTH
     lines = [
         ("file", textout.printable(path)),
@@ -953,4 +994,4 @@ def _trace(target: str, path: str, out: Any) -> int:
                               "the first record where two traces differ; `tensorcanon verify FILE` checks every "
                               "frame of one.", max(width, 20)):
         out.line(line)
-    return cli.EXIT_OK
+    return EXIT_OK
