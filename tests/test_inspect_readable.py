@@ -152,7 +152,7 @@ def test_random_states_and_lists_say_what_they_hold(ckpt, monkeypatch):
     assert "DeterminismSettings" in _row(out, '$["settings"]') and torch.__version__ in _row(out, '$["settings"]')
     lr = _row(out, '$["info"]["lr_history"]')
     assert lr.split("list", 1)[1].strip().startswith("300 floats: 0.0, 0.001, 0.002") and lr.endswith("...")
-    assert "1,000 ints (uint16): 0, 1, 2" in _row(out, '$["info"]["seen_ids"]')
+    assert "1,000 ints: 0, 1, 2" in _row(out, '$["info"]["seen_ids"]')
     assert "{'d_model': 32, 'layers': 2}" in _row(out, '$["info"]["config"]')
     assert "metadata" in _row(out, '$["model"]["_metadata"]')  # torch's module versions: one row
     assert not any(r.startswith('$["model"]["_metadata"][') for r in _rows(out))

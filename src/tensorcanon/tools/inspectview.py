@@ -30,7 +30,7 @@ from typing import Any
 
 import msgpack
 
-from ..format import devices, digest, manifest, packed, paths, registry, tensorkinds, tree, walk
+from ..format import codecs, devices, digest, manifest, packed, paths, registry, tensorkinds, tree, walk
 from ..format.errors import TensorCanonError
 from ..format.limits import DEFAULT, Limits
 from ..format.tree import Decoder
@@ -66,6 +66,10 @@ _OPEN_CLOSE = {"list": ("[", "]"), "tuple": ("(", ")"), "deque": ("deque([", "])
 
 # --------------------------------------------------------------------------- the command line
 
+EXIT_OK, EXIT_ERROR = 0, 2  # (tools/cli.py's)
+_READ_ERRORS = (TensorCanonError, OSError)
+
+
 def path_filter(pattern: str) -> Callable[[str], bool]:
     """Whether a path (as inspect shows it) is selected by ``--path PATTERN``: the path, or a path
     above it, matches PATTERN, where ``*`` is any text and ``?`` one character and everything else
@@ -74,10 +78,6 @@ def path_filter(pattern: str) -> Callable[[str], bool]:
     body = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
     compiled = re.compile(f"{body}(?:\\[.*)?" if pattern.startswith("$") else f".*{body}.*", re.S)
     return lambda path: compiled.fullmatch(path) is not None
-
-
-EXIT_OK, EXIT_ERROR = 0, 2
-_READ_ERRORS = (TensorCanonError, OSError)
 
 
 def run(args: argparse.Namespace, out: Any, message: Callable[[BaseException, str], str],
@@ -195,7 +195,7 @@ class Row:
 
     def entry(self) -> dict[str, Any]:
         """The row as ``--json`` lists it."""
-        out = {"path": self.path, "type": self.type, "dtype": self.dtype, "shape": self.shape,
+        out: dict[str, Any] = {"path": self.path, "type": self.type, "dtype": self.dtype, "shape": self.shape,
                "device": self.device, "bytes": self.nbytes, "digest": self.digest, "value": self.value,
                "same_as": self.same_as}
         if self.items is not None:
@@ -357,6 +357,9 @@ class _Walk:
             row.value, row.folded = state, self.fold
             return False
         if not _all_leaves(items):
+            if tag == "list" and packed.should_pack(items) == "records":  # (a version-2 file's, as version 3's)
+                _record_dicts(row, items)
+                return True
             row.value = _count(len(items), "item")
             return False
         # a list of plain values: one row, its items summarized from the node (never one row each)
@@ -375,7 +378,17 @@ class _Walk:
         row.type = textout.printable(name.rsplit(".", 1)[-1])
         state = self.values.plain(node[2])
         row.value = _safe(_specified_text(name, state))
-        row.folded = self.fold
+        row.folded = self.fold and _plain(state)  # (an argparse.Namespace holding a tensor: its fields are rows)
+
+
+def _plain(v: Any) -> bool:
+    """Whether ``v`` (Decoder.plain's) holds plain values only, no stand-in of a tensor or an object."""
+    t = type(v)
+    if t in (list, tuple):
+        return all(map(_plain, v))
+    if t is dict:
+        return all(map(_plain, v.values()))
+    return t in _LEAVES
 
 
 def entries(root: Any, table: Sequence[Any], algorithm: str = digest.DEFAULT, limits: Limits = DEFAULT) -> list[dict]:
@@ -499,7 +512,7 @@ def _ints(row: Row, node: Sequence[Any]) -> None:
     code = _STRUCT_CODES[size] if name.startswith("int") else _STRUCT_CODES[size].upper()
     first = list(struct.unpack_from(f"<{k}{code}", data))
     row.type = "list"
-    row.value = _clip(f"{n:,} ints ({name}): " + ", ".join(map(str, first)) + (", ..." if n > k else ""))
+    row.value = _clip(f"{n:,} ints: " + ", ".join(map(str, first)) + (", ..." if n > k else ""))
     row.items = {"count": n, "types": ["int"], "first": first}
 
 
@@ -507,13 +520,24 @@ def _records(row: Row, node: Sequence[Any]) -> None:
     """A packed list of dicts of plain values (FORMAT.md §6.13.2): its first rows only are built."""
     schemas, rows = node[1], node[2:]
     first = [dict(zip(schemas[r[0]], map(_leaf, r[1:]), strict=True)) for r in rows[:3]]
-    keys = ", ".join(_brief(k, 24) for k in schemas[0][:FIRST_ITEMS])
-    keys += ", ..." if len(schemas[0]) > FIRST_ITEMS else ""
-    more = f" and {len(schemas) - 1:,} other key set{'s' if len(schemas) > 2 else ''}" if len(schemas) > 1 else ""
+    _dicts(row, len(rows), schemas[0], len(schemas), first)
+
+
+def _record_dicts(row: Row, items: Sequence[Any]) -> None:
+    """The list of ``dict`` nodes a version-2 file holds where a version-3 file holds ``records``:
+    shown as that node is."""
+    keys = {tuple(d[1::2]) for d in items}
+    first = [dict(zip(map(_leaf, d[1::2]), map(_leaf, d[2::2]), strict=True)) for d in items[:3]]
+    _dicts(row, len(items), items[0][1::2], len(keys), first)
+
+
+def _dicts(row: Row, n: int, keys: Sequence[Any], key_sets: int, first: list[dict]) -> None:
+    shown = ", ".join(_brief(k, 24) for k in keys[:FIRST_ITEMS]) + (", ..." if len(keys) > FIRST_ITEMS else "")
+    more = f" and {key_sets - 1:,} other key set{'s' if key_sets > 2 else ''}" if key_sets > 1 else ""
     row.type = "list"
-    row.value = _safe(_clip(f"{len(rows):,} dicts (keys {keys}{more}): "
-                            + ", ".join(_brief(d, 40) for d in first) + (", ..." if len(rows) > 3 else "")))
-    row.items = {"count": len(rows), "types": ["dict"],
+    row.value = _safe(_clip(f"{n:,} dicts (keys {shown}{more}): "
+                            + ", ".join(_brief(d, 40) for d in first) + (", ..." if n > 3 else "")))
+    row.items = {"count": n, "types": ["dict"],
                  "first": [{k: _jsonable_leaf(v) for k, v in d.items()} for d in first]}
 
 
@@ -616,6 +640,23 @@ def _raw_rng_state(node: Sequence[Any], tag: str) -> str | None:
     return None
 
 
+class _Part:
+    """A part of a value's state that is not a plain value (a tensor, an object): its own row."""
+
+    def __repr__(self) -> str:
+        return "<...>"
+
+
+def _parts_marked(v: Any) -> Any:
+    """Decoder.plain's value with every stand-in for a tensor or an object as ``<...>``."""
+    t = type(v)
+    if t is list or t is tuple:
+        return t(map(_parts_marked, v))
+    if t is dict:
+        return {k: _parts_marked(w) for k, w in v.items()}
+    return v if t in _LEAVES else _Part()
+
+
 def _specified_text(name: str, state: Any) -> str:
     """A value of a type whose state the format specifies (registry.specify), in a line."""
     if name == "tensorcanon.DeterminismSettings" and type(state) is dict:
@@ -627,8 +668,16 @@ def _specified_text(name: str, state: Any) -> str:
                                                         ("CUDA", "cuda_version")) if type(s.get(key)) is str]
         threads = [f"{s['num_threads']} threads"] if type(s.get("num_threads")) is int else []
         return _clip(", ".join([*(on or ["deterministic algorithms off"]), *versions, *threads]))
+    if name == codecs.PATH and type(state) is list and len(state) == 2:  # [kind, text]
+        return _clip(f"{state[0]}({_brief(state[1], VALUE_ROOM)})")
+    state = _parts_marked(state)
     short = name.rsplit(".", 1)[-1]
-    return _brief(state, VALUE_ROOM - len(short) - 2).join((f"{short}(", ")"))
+    if type(state) is dict and all(type(k) is str for k in state):  # Namespace(lr=0.1, ...)
+        args = ", ".join(f"{k}={_brief(v, 40)}" for k, v in list(state.items())[:FIRST_ITEMS])
+        return _clip(f"{short}({args}{', ...' if len(state) > FIRST_ITEMS else ''})")
+    if type(state) in (list, tuple):
+        return _clip(f"{short}({_brief(list(state), VALUE_ROOM)[1:-1]})")
+    return _clip(f"{short}({_brief(state, VALUE_ROOM)})")
 
 
 # --------------------------------------------------------------------------- JSON
@@ -919,8 +968,11 @@ def _write_text(out: Any, head: _Head, root: Any, table: Sequence[Any], select: 
         field("devices", f"every tensor on {next(iter(widths.devices))}")
     out.line()
     out.line(layout.header())
-    printing = _Walk(table, head.algorithm, lambda row: [out.line(x) for x in layout.lines(row, _Cells(row))],
-                     select, fold)
+    def show(row: Row) -> None:
+        for line in layout.lines(row, _Cells(row)):
+            out.line(line)
+
+    printing = _Walk(table, head.algorithm, show, select, fold)
     printing.run(root)
     out.line()
     t = head.totals(printing)
