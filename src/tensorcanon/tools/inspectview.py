@@ -39,7 +39,7 @@ from ..trace import layout as trace_layout
 from . import textout
 from .diff import describe, detect_format, load_file
 
-__all__ = ["run", "entries", "path_filter", "size_text"]
+__all__ = ["run", "path_filter", "size_text", "PIPE_WIDTH"]
 
 PIPE_WIDTH = 120
 """The width the text view fits when it writes to a file or a pipe (no terminal, no ``$COLUMNS``)."""
@@ -391,14 +391,6 @@ def _plain(v: Any) -> bool:
     return t in _LEAVES
 
 
-def entries(root: Any, table: Sequence[Any], algorithm: str = digest.DEFAULT, limits: Limits = DEFAULT) -> list[dict]:
-    """Every entry ``inspect --json`` lists for a manifest tree, in canonical order (for Python
-    callers and tests; the command line streams them)."""
-    found: list[dict] = []
-    _Walk(table, algorithm, lambda row: found.append(row.entry()), lambda row: True, False, limits).run(root)
-    return found
-
-
 # --------------------------------------------------------------------------- what a row says
 
 def _count(n: int, unit: str) -> str:
@@ -730,15 +722,14 @@ def _write_json(out: Any, head: _Head, root: Any, table: Sequence[Any], select: 
 def size_text(n: int) -> str:
     """``298,788 bytes (292 KiB)``: bytes with thousands separators, and in binary units from 1 KiB."""
     text = f"{n:,} byte{'s' if n != 1 else ''}"
-    if n < 1024:
-        return text
+    value = float(n)
     for unit in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        n_units = n / 1024
-        n /= 1024  # type: ignore[assignment]
-        if n_units < 1024 or unit == "EiB":
-            shown = f"{n_units:.1f}" if n_units < 10 else f"{n_units:.0f}"
-            return f"{text} ({shown} {unit})"
-    return text  # pragma: no cover
+        value /= 1024
+        if value < 1:
+            break
+        if value < 1024 or unit == "EiB":
+            return f"{text} ({value:.1f} {unit})" if value < 10 else f"{text} ({value:.0f} {unit})"
+    return text
 
 
 class _Widths:
