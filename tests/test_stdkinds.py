@@ -208,7 +208,8 @@ def test_inspect_shows_the_new_containers_and_string_arrays(tmp_path, capsys):
                       "d": collections.defaultdict(int, a=1), "s": np.array([["ab"], ["c"]])}, path)
     assert tensorcanon_cli(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
-    for text in ("Counter", "2 keys", "deque", "1 item", "defaultdict", "1 key", "U2 array of shape [2, 1]"):
+    for text in ("Counter", "{'a': 2, 'b': 1}", "deque", "deque([1], maxlen=2)", "defaultdict", "{'a': 1}",
+                 "U2 array of shape [2, 1]"):
         assert text in out, text
 
 

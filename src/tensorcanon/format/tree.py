@@ -709,8 +709,10 @@ class Decoder:
         self.uses: list[tuple[tuple, int]] | None = None  # set to a list to record every use
         # Called as visit(path, node) for the root and every value in it (list and tuple
         # items, dict and OrderedDict values; not keys, set members or _metadata slots;
-        # a registered object's state is not visited itself, its children are).
-        self.visit: Callable[[tuple, Any], None] | None = None
+        # a registered object's state is not visited itself, its children are). When it
+        # returns true, the values inside that node are not visited (the node is still
+        # decoded and checked): a walker that shows a list in one line (inspect) keeps out.
+        self.visit: Callable[[tuple, Any], Any] | None = None
         self.max_depth = max_depth
         self._path: list = []
         # verify (build_objects false): the table's rows (manifest.TensorInfo), for the checks of a
@@ -721,9 +723,17 @@ class Decoder:
 
     def walk(self, node: Any) -> Any:
         """Decode ``node`` as the root, calling :attr:`visit` on the way."""
-        if self.visit is not None:
-            self.visit((), node)
+        if self.visit is not None and self.visit((), node):
+            return self.unvisited(node, 0)
         return self.decode(node)
+
+    def unvisited(self, node: Any, depth: int) -> Any:
+        """:meth:`decode` of ``node`` without calling :attr:`visit` inside it (its visit said so)."""
+        visit, self.visit = self.visit, None
+        try:
+            return self.decode(node, depth)
+        finally:
+            self.visit = visit
 
     def error(self, message: str) -> FormatError:
         """A FormatError saying ``message`` at the current path."""
@@ -797,9 +807,10 @@ class Decoder:
         visit = self.visit
         for i in range(1, len(node)):
             path.append(i - 1)
-            if visit is not None:  # inline, not a helper: one Python frame per level of nesting
-                visit(tuple(path), node[i])
-            out.append(self.decode(node[i], depth))
+            if visit is not None and visit(tuple(path), node[i]):  # (inline: one frame per level of nesting)
+                out.append(self.unvisited(node[i], depth))
+            else:
+                out.append(self.decode(node[i], depth))
             path.pop()
         return out
 
@@ -890,9 +901,10 @@ class Decoder:
                 prev_sk = sk
             prev = k
             path.append(k)
-            if self.visit is not None:
-                self.visit(tuple(path), node[i + 1])
-            out[k] = self.decode(node[i + 1], depth)
+            if self.visit is not None and self.visit(tuple(path), node[i + 1]):
+                out[k] = self.unvisited(node[i + 1], depth)
+            else:
+                out[k] = self.decode(node[i + 1], depth)
             path.pop()
         if others:  # a sort key's hash is not the key's, so not bounded by MAX_SAME_HASH: no set of them
             others.sort(key=_first)
@@ -915,9 +927,10 @@ class Decoder:
         visit = self.visit
         for i in range(start, len(node)):
             path.append(i - start)
-            if visit is not None:
-                visit(tuple(path), node[i])
-            out.append(self.decode(node[i], depth))
+            if visit is not None and visit(tuple(path), node[i]):
+                out.append(self.unvisited(node[i], depth))
+            else:
+                out.append(self.decode(node[i], depth))
             path.pop()
         return out
 

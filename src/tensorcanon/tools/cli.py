@@ -16,7 +16,7 @@ Commands (``tensorcanon COMMAND --help`` lists each one's arguments)::
 
     hash FILE... [--verify]                 content digest of each file
     verify FILE... [--expect DIGEST]        re-hash files, name the first corrupt tensor
-    inspect FILE                            the object tree, one row per value
+    inspect FILE [--depth N] [--tensors] [--path PATTERN]
     diff A B [--atol X] [--rtol Y] [--tensors-only]
     lock PATH_OR_GLOB... [-o LOCKFILE] [--force] [--allow FOLDER_OR_URL] [--timeout S]
     check LOCKFILE... [--allow FOLDER_OR_URL] [--timeout S]
@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import difflib
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -48,9 +47,9 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, TextIO, TypeVar
 
-from ..format import devices, digest, manifest, packed, paths, tensorkinds, tree
+from ..format import digest, paths, tensorkinds, tree
 from ..format.errors import FileAccessError, FormatError, IntegrityError, MissingDependencyError, TensorCanonError
-from ..format.limits import DEFAULT, Limits
+from ..format.limits import DEFAULT
 from ..format.tensorbytes import resolved
 from ..format.tree import Decoder
 from ..io import reader, storage, writer
@@ -58,7 +57,7 @@ from ..io.source import open_path
 from ..trace import command as trace_command
 from ..trace.command import nonnegative  # (the lower layer's argparse type: diverge's --tolerance too)
 from . import diffview, lockfile, textout, versions
-from .diff import describe, detect_format, diff, load_file, open_lazily
+from .diff import detect_format, diff, load_file, open_lazily
 from .progress import BinaryReader, Progress, ProgressFile
 
 EXIT_OK = 0
@@ -154,18 +153,6 @@ def _message(e: BaseException, path: str | None = None) -> str:
 _READ_ERRORS = (TensorCanonError, OSError)
 _FORMAT_NAMES = {"tensorcanon": "tensorcanon", "safetensors": "plain safetensors", "torch": "torch.save",
                  "npz": "numpy .npz", "npy": "numpy .npy"}
-
-
-def _jsonable(v: Any) -> Any:
-    if v is None or isinstance(v, (bool, int, str)):
-        return v
-    if isinstance(v, float):
-        return v if math.isfinite(v) else repr(v)
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, dict) and all(type(k) is str for k in v):
-        return {k: _jsonable(x) for k, x in v.items()}
-    return repr(v)
 
 
 # --------------------------------------------------------------------------- hash / verify
@@ -348,198 +335,13 @@ def _note(out: _Out, text: str) -> None:
 _CONTAINERS = {"dict": "dict", "odict": "OrderedDict", "list": "list", "tuple": "tuple",
                "set": "set", "frozenset": "frozenset", "counter": "Counter", "defaultdict": "defaultdict",
                "deque": "deque"}
-_MAPPINGS = ("dict", "odict", "counter", "defaultdict")
 _PACKED = ("ints", "records")
 
 
-def _entries(root: Any, table: list, algorithm: str = digest.DEFAULT, limits: Limits = DEFAULT) -> list[dict]:
-    """One row per value in a manifest tree, in canonical order (see tree.nodes)."""
-    values = Decoder([None] * len(table), limits.max_depth, build_objects=False)
-    rows: list[dict[str, Any]] = []
-    first_path: dict[int, str] = {}  # tensor index -> the path of its first use
-    for trail, node in tree.nodes(root, len(table), limits.max_depth):
-        where = paths.join(trail)
-        row: dict[str, Any] = {"path": where, "type": None, "dtype": None, "shape": None, "device": None,
-               "bytes": None, "digest": None, "value": None, "same_as": None}
-        tag = tree.tag_of(node)
-        with_attributes = tag == "tensor.attrs"  # a tensor with attributes set on it (FORMAT.md §6.12.4)
-        if with_attributes:
-            node = node[1]
-            tag = tree.tag_of(node)
-        if tag == "tensor":
-            info = table[node[1]]
-            row.update(type=info.kind, dtype=info.dtype.name, shape=list(info.shape), device=info.device,
-                       bytes=info.nbytes, digest=digest.to_text(info.digest, algorithm))
-            if node[1] in first_path:
-                row["same_as"] = first_path[node[1]]
-            else:
-                first_path[node[1]] = where
-        elif tag in _CONTAINERS or tag in _PACKED:
-            first = tree.first_item(tag) if tag in _MAPPINGS else 2 if tag == "deque" else 1
-            n = (len(node) - first) // 2 if tag in _MAPPINGS else len(node) - first
-            if tag in _PACKED:  # a packed list (FORMAT.md §6.13) is shown as the list it holds
-                tag, n = "list", packed.item_count(node)
-            unit = "key" if tag in _MAPPINGS else "item"
-            row.update(type=_CONTAINERS[tag], value=f"{n} {unit}{'s' if n != 1 else ''}")
-        elif tag == "np.strings":  # (a checked node: kind, width, ndim, the dimensions)
-            row.update(type="ndarray", value=f"{node[1]}{node[2]} array of shape {list(node[4:4 + node[3]])}")
-        elif tag == "obj":
-            row.update(type="object", value=node[1])
-        elif tag in tensorkinds.TAGS:  # sparse, nested and meta tensors, attributes (FORMAT.md §6.12)
-            row.update(tensorkinds.row_of(node, table))
-        elif tag in _TORCH_VALUES:  # shown as torch prints it, without torch
-            row.update(type=_TORCH_VALUES[tag], value=_clip(_torch_value_text(node)))
-        else:
-            value = values.decode(node)
-            row.update(type=describe(value).split(" ", 1)[0], value=_short_repr(value))
-        if with_attributes:
-            row["type"] = f"{row['type']} with attributes"
-        rows.append(row)
-    return rows
-
-
-def _short_repr(v: Any, limit: int = 60) -> str:
-    return paths.show(v, limit)  # never fails, even on an int of a million digits
-
-
-def _clip(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."  # as paths.show clips a repr
-
-
-_TORCH_VALUES = {"size": "torch.Size", "dtype": "torch.dtype", "device": "torch.device"}
-
-
-def _torch_value_text(node: Any) -> str:
-    """``repr()`` of the torch value a checked ``size``, ``dtype`` or ``device`` node holds, made
-    without torch (which ``inspect`` does not import)."""
-    tag = node[0]
-    if tag == "size":
-        return f"torch.Size({list(node[1:])!r})"
-    if tag == "dtype":
-        return f"torch.{node[1]}"
-    parsed = devices.parse(node[1])
-    assert parsed is not None  # the tree was checked
-    kind, index = parsed
-    return f"device(type={kind!r})" if index is None else f"device(type={kind!r}, index={index})"
-
-
 def cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
-    path = storage.redact(args.file)  # a URL is shown without credentials
-    sharded = None
-    try:
-        metadata, algorithm, version = None, digest.DEFAULT, manifest.VERSION
-        target = storage.resolve(args.file)  # a URL: an object in a store, of which only the header is read
-        if isinstance(target, storage.Location) and _checkpoint_dir(target):  # a checkpoint directory URL
-            from ..sharded import layout, tools
+    from . import inspectview  # (the command's work: tools/inspectview.py)
 
-            sharded = tools.describe(target)
-            fmt, size = layout.FORMAT, sharded["size"]
-        elif isinstance(target, storage.Location):
-            from ..io import remote
-
-            target = target.but(sequential=False)
-            fmt, size = detect_format(target), remote.size(target)
-        elif os.path.isdir(target):  # a sharded checkpoint: its logical tree, and how it is laid out
-            from ..sharded import layout, tools
-
-            sharded = tools.describe(target)
-            fmt, size = layout.FORMAT, sharded["size"]
-        else:
-            fmt = detect_format(target)
-            size = os.path.getsize(target)
-        if sharded is not None:
-            root, table, file_digest, algorithm = (sharded["root"], sharded["table"], sharded["digest"],
-                                                   sharded["algorithm"])
-        elif fmt == "tensorcanon":
-            with reader.open_file(target, DEFAULT) as cf:
-                cf.check_tree()
-                m = cf.manifest
-                assert m is not None
-                root, table, file_digest, algorithm = m.root, m.tensors, m.text(), m.algorithm
-                version = m.version
-                try:
-                    metadata = cf.metadata()
-                except TensorCanonError as e:
-                    metadata = f"<cannot decode: {e}>"
-        else:  # (a plain safetensors file: its tensors' bytes, without torch)
-            loaded = load_file(target, wrap=out.wrap("read"), stored=True)
-            p = writer.plan(loaded.value, None, DEFAULT)
-            file_digest = writer.fingerprint(p)
-            root, table = p.root, p.tensors
-        rows = _entries(root, table, algorithm)
-    except _READ_ERRORS as e:
-        out.error(_message(e, path))
-        return EXIT_ERROR
-    finally:
-        out.close_bars()
-    totals = {
-        "entries": len(rows),
-        "tensors": sum(1 for r in rows if r["dtype"] is not None),
-        "unique_tensors": sum(1 for r in rows if r["dtype"] is not None and r["same_as"] is None),
-        "tensor_bytes": sum(r["bytes"] for r in rows if r["dtype"] is not None and r["same_as"] is None),
-        "file_bytes": size,
-        **({"stored_bytes": sharded["stored_size"]} if sharded is not None else {}),
-    }
-    fmt_text = f"tensorcanon (format version {version})" if fmt == "tensorcanon" else \
-        f"{fmt} (no tensorcanon manifest: digests are those tensorcanon convert would record)"
-    layout_info = None
-    if sharded is not None:
-        fmt_text = (f"sharded checkpoint, {sharded['world_size']} rank file(s); digest and entries are "
-                    "its logical content (the same for every world size)")
-        layout_info = {"world_size": sharded["world_size"], "files": sharded["files"],
-                       "chunks": sharded["chunks"], "per_rank": sharded["per_rank"]}
-    out.json({"file": path, "format": fmt, "digest": file_digest, "metadata": _jsonable(metadata),
-              "entries": rows, "totals": totals, **({"layout": layout_info} if layout_info else {})})
-    if out.as_json:
-        return EXIT_OK
-    width = textout.terminal_width(out.stdout)
-
-    def field(name: str, text: str) -> None:  # on a terminal, wrapped to its width
-        label = f"{name + ':':<10}"
-        if width is None or len(label) + len(text) <= width:
-            out.line(label + text)
-            return
-        for line in textwrap.wrap(text, max(width - 10, 20), initial_indent=label, subsequent_indent=" " * 10,
-                                  break_on_hyphens=False):
-            out.line(line)
-
-    field("file", path)
-    field("format", fmt_text)
-    field("digest", file_digest)
-    if layout_info:
-        split = sum(1 for cs in layout_info["chunks"].values() if len(cs) > 1)
-        field("layout", f"{split} of {len(layout_info['chunks'])} tensors split into chunks; "
-                        f"per-rank values at {', '.join(map(str, layout_info['per_rank'])) or 'none'}")
-    if metadata is not None:
-        field("metadata", _short_repr(metadata, 200))
-    table_rows = [["PATH", "TYPE", "DTYPE", "SHAPE", "DEVICE", "BYTES", "DIGEST / VALUE"]]
-    for r in rows:
-        last = r["digest"] or r["value"] or ""
-        if r["same_as"]:
-            last += f" (same tensor as {r['same_as']})"
-        table_rows.append([
-            r["path"], r["type"], r["dtype"] or "", "" if r["shape"] is None else str(r["shape"]),
-            r["device"] or "", "" if r["bytes"] is None else str(r["bytes"]), last,
-        ])
-    right = {5}
-    if width is not None:  # a terminal: every line fits its width (a file, a pipe and JSON get it all)
-        table_rows, right, note = textout.fit_table(table_rows, width)
-        if note:
-            field("devices", note)
-    out.line()
-    for line in textout.table(table_rows, right=right):
-        out.line(line)
-    out.line()
-    t = totals
-    size = f"file {t['file_bytes']} bytes"
-    if sharded is not None:  # one definition of a checkpoint's size (lock records the same)
-        size = (f"{t['file_bytes']} bytes as one file ({t['stored_bytes']} bytes in its "
-                f"{sharded['world_size'] + 1} files)")
-    total = (f"{t['entries']} entries, {t['tensors']} tensors ({t['unique_tensors']} stored), "
-             f"{t['tensor_bytes']} bytes of tensor data, {size}")
-    for line in [f"total: {total}"] if width is None else textwrap.wrap(f"total: {total}", max(width, 20)):
-        out.line(line)
-    return EXIT_OK
+    return inspectview.run(args, out, _message, _checkpoint_dir)
 
 
 # --------------------------------------------------------------------------- diff
@@ -1007,6 +809,12 @@ def _positive(text: str) -> float:
     return x
 
 
+def _whole(text: str) -> int:
+    if not text.isdigit() or len(text) > 6:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
@@ -1040,6 +848,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", parents=[common], help="show the object tree, tensor by tensor")
     p.add_argument("file", metavar="FILE", help="a tensor file (any format `convert` reads), a sharded "
                    "checkpoint directory or a URL")
+    p.add_argument("--depth", type=_whole, metavar="N", help="show values down to N levels below $ (level 0) only")
+    p.add_argument("--tensors", action="store_true", help="show tensors only")
+    p.add_argument("--path", metavar="PATTERN",
+                   help="show the values at the paths PATTERN matches and what they hold: '$[\"optimizer\"]', "
+                        "'*[\"exp_avg\"]' (* any text, ? one character); a PATTERN that does not start with $ "
+                        "matches anywhere in a path: exp_avg")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("diff", parents=[common], help="structural and numeric differences between two files")

@@ -5,14 +5,18 @@ from files made safe for a terminal (:func:`printable`), and tables that fit a t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from typing import Any, TextIO
 
-from ..format import digest
 from ..format.text import printable  # the one rule for text from files (format/text.py)
 
-__all__ = ["escaped", "printable", "terminal_safe", "for_stream", "around", "plural", "utf8", "table",
-           "fit_table", "terminal_width"]
+__all__ = ["escaped", "printable", "terminal_safe", "for_stream", "CONTROLS", "around", "plural", "utf8", "table",
+           "terminal_width"]
+
+CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""The characters ``inspect`` writes as JSON escapes inside a path (whose keys are JSON strings): C0
+and C1 controls, DEL and the bidi overrides and isolates; other text goes through :func:`printable`."""
 
 
 def escaped(text: str) -> str:
@@ -90,70 +94,6 @@ def table(rows: list[list[str]], right: set[int] | frozenset[int] = frozenset())
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
         out.append("  ".join(cells).rstrip())
     return out
-
-
-def _fit(text: str, width: int) -> str:
-    """``text`` cut to ``width`` characters by an ellipsis in its middle (both ends stay readable)."""
-    if len(text) <= width:
-        return text
-    keep = max(width - 3, 2)
-    head = (keep + 1) // 2
-    return text[:head] + "..." + text[len(text) - (keep - head):]
-
-
-_TYPE_ROOM, _SHAPE_ROOM, _PATH_MIN, _LAST_MIN = 16, 16, 16, len("DIGEST / VALUE")
-
-
-def fit_table(rows: list[list[str]], width: int) -> tuple[list[list[str]], set[int], str | None]:
-    """Cut the cells of inspect's table (header first) so that its lines fit ``width`` columns.
-
-    TYPE keeps the last part of a dotted name (``AttributeDict``, not its module), SHAPE is cut
-    in the middle; PATH gets the room left, before DIGEST / VALUE, and is cut keeping its tail (the
-    informative end: ``$["sta...layers.0.weight"]``); a digest that does not fit loses its algorithm
-    prefix, then its end (``ffde60cb...``), a value its end; a DEVICE column that holds one device
-    only is left out (``(rows, right-aligned columns, note)``: the note names that device). When
-    even the shortest cells do not fit, lines are as short as they can be."""
-    body = rows[1:]
-    for cells in body:
-        cells[1] = _fit(cells[1].rsplit(".", 1)[-1], _TYPE_ROOM)
-        cells[3] = _fit(cells[3], _SHAPE_ROOM)
-    fixed = sum(max(len(r[i]) for r in rows) for i in range(1, 6))
-    room = width - fixed - 2 * (len(rows[0]) - 1)  # for PATH and DIGEST / VALUE
-    path_w = max(len(r[0]) for r in rows)
-    last_w = max(len(r[6]) for r in rows)
-    if path_w + last_w <= room:
-        return rows, {5}, None
-    devices = {r[4] for r in body} - {""}
-    note = None
-    if len(devices) <= 1:  # one device for every tensor: said once, above the table, not on each row
-        note = f"every tensor on {next(iter(devices))}" if devices else None
-        rows = [r[:4] + r[5:] for r in rows]
-        room += len("DEVICE") + 2
-    path_room = max(min(path_w, room - min(last_w, _LAST_MIN)), min(path_w, _PATH_MIN))
-    last_room = max(room - path_room, _LAST_MIN)
-    for cells in rows[1:]:
-        cells[0] = _keep_tail(cells[0], path_room)
-        cells[-1] = _clip_value(cells[-1], last_room)
-    return rows, {len(rows[0]) - 2}, note
-
-
-def _keep_tail(text: str, width: int) -> str:
-    """``text`` in ``width`` characters: a short head, ``...``, and as much of its end as fits."""
-    if len(text) <= width:
-        return text
-    head = min(max(width // 5, 2), 8)
-    tail = max(width - head - 3, 1)
-    return text[:head] + "..." + text[len(text) - tail:]
-
-
-def _clip_value(text: str, width: int) -> str:
-    """The DIGEST / VALUE cell in ``width`` characters (a digest first loses its ``xxh3-128:``)."""
-    if len(text) <= width:
-        return text
-    algorithm, colon, rest = text.partition(":")
-    if colon and algorithm in digest.ALGORITHMS:
-        text = rest
-    return text if len(text) <= width else text[: max(width - 3, 1)] + "..."
 
 
 def terminal_width(stream: TextIO) -> int | None:
