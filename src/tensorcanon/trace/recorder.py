@@ -34,6 +34,7 @@ from ..format import digest as digests, optional
 from ..format.errors import FormatError, UsageError
 from . import capture as capture_module, layout
 from .layout import Record
+from .ops import plain
 from .summary import detached, summarize, summarize_text
 from .values import args_text, is_tensor as _is_tensor, leaves as _leaves
 from .worker import Worker
@@ -261,6 +262,8 @@ class Recorder:
 
     def _close(self, clean: bool) -> None:
         with self._busy():
+            if self._mode is not None:  # collectives not yet recorded (a failed run waits for none)
+                self._mode.flush(wait=clean)
             self._save_capture()
         if self._mode is not None:
             mode, self._mode = self._mode, None
@@ -300,6 +303,8 @@ class Recorder:
                 self._worker.put_flush()
             else:
                 self._writer.fh.flush()
+            if self._mode is not None:  # the step before: collectives not yet recorded
+                self._mode.flush()
             self._save_capture()
             self.step_index += 1
             self._calls.clear()
@@ -363,6 +368,11 @@ class Recorder:
 
     def _put(self, phase: str, kind: str, scope: str, name: str, role: str, value: Any,
              call: int | None = None) -> None:
+        if _is_tensor(value):
+            value = plain(value)  # a DTensor: its local shard
+            mode = self._mode
+            if mode is not None and mode.pending:  # a collective writing it: recorded first, once complete
+                mode.settle((value,))
         if call is None:
             call = self.call_index(phase, kind, scope, name)
         if self.capture is not None and (self.step_index, kind, scope, name, call) == self.capture:
@@ -499,6 +509,8 @@ class Recorder:
         if not self._in_step or self.busy():
             return
         with self._busy():
+            if self._mode is not None:  # collectives of the step not yet recorded
+                self._mode.flush()
             if "grad" in self.kinds:
                 for name, p in self._names(opt):
                     if p.grad is not None:
