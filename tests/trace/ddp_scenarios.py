@@ -36,9 +36,10 @@ def _batch(data: torch.Tensor, k: int, rank: int, other: int | None) -> torch.Te
     return batch
 
 
-def ddp(out: str, rank: int, level: str, other: int | None = None, bucket_view: bool = False) -> None:
+def ddp(out: str, rank: int, level: str, other: int | None = None, bucket_view: bool = False,
+        static: bool = False) -> None:
     seed(0)
-    model = nn.parallel.DistributedDataParallel(Tiny(2), gradient_as_bucket_view=bucket_view)
+    model = nn.parallel.DistributedDataParallel(Tiny(2), gradient_as_bucket_view=bucket_view, static_graph=static)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = Tokens().data
     with tensorcanon.trace(out, level=level, model=model, optimizer=opt, rank=rank, world_size=2) as tr:
@@ -107,6 +108,7 @@ JOBS: list[tuple[str, object, dict]] = [
     ("ddp-ops-other", ddp, {"level": "ops", "other": 1}),
     ("ddp-modules-other", ddp, {"level": "modules", "other": 1}),
     ("ddp-ops-view", ddp, {"level": "ops", "bucket_view": True}),
+    ("ddp-ops-static", ddp, {"level": "ops", "static": True}),  # its reducer copy_s into a buffer from empty
     ("collectives", collectives, {}),
 ]
 if FSDP2:

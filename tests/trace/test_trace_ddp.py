@@ -65,6 +65,33 @@ def test_an_out_argument_is_an_output_not_an_input(tmp_path):
     assert mul[-1].digest == expected[2] and mul[-1].dtype == "float32"
 
 
+def _overwrite_run(path, before: float) -> None:
+    model, opt = _linear()
+    bufs = [torch.full((4,), before) for _ in range(3)]   # made outside the step: whatever they hold
+    with tensorcanon.trace(path, level="ops", model=model, optimizer=opt) as tr:
+        x = torch.ones(4)
+        tr.step(x)
+        y = model(x)
+        bufs[0].copy_(y.detach())     # copy_, zero_, fill_ write all of their self and read none of it
+        bufs[1].zero_()
+        bufs[2].fill_(3.0)
+        bufs[0].add_(bufs[2])         # add_ reads its self: an input
+        tr.loss((y * bufs[0]).sum()).backward()
+        opt.step()
+
+
+def test_an_op_that_overwrites_its_self_does_not_read_it(tmp_path):
+    _overwrite_run(tmp_path / "a", 0.0)
+    _overwrite_run(tmp_path / "b", 7.0)
+    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+    records = _records(tmp_path / "a")
+    for name in ("aten.copy_.default", "aten.zero_.default", "aten.fill_.Scalar"):
+        roles = [r.role for r in records if r.name == name]
+        assert "in.0" not in roles and "out" in roles, (name, roles)
+    assert [r.role for r in records if r.name == "aten.add_.Tensor" and r.phase == "forward"] == ["in.0", "in.1",
+                                                                                                   "out"]
+
+
 def _op_records(path, name):
     return [r for r in _records(path) if r.kind == "op" and r.name == name]
 

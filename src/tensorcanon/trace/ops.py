@@ -44,6 +44,12 @@ _UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
                             "empty_permuted"})
 _NOT_WRITING = frozenset({"resize_", "resize_as_", "set_", "_resize_output_", "resize_as_sparse_"})
 """In-place ops that change a tensor's size or storage without writing its values."""
+_OVERWRITES = frozenset({"copy_", "zero_", "fill_"})
+"""In-place ops that write every element of their ``self`` without reading it: its value before is
+not an input (DDP's reducer copies into and zeroes buffers that hold whatever was in memory). The
+other in-place ops (``add_``, ``mul_``, ``lerp_``...) read it: their ``self`` is an input; so is a
+random fill's (``random_``, ``uniform_``...), as it always was (its value before is memory an empty
+op returned, recorded as such, where a DataLoader draws its seed)."""
 
 
 def _in_backward() -> bool:
@@ -316,7 +322,7 @@ class _OpInfo:
             elif is_write:
                 if base not in _NOT_WRITING:
                     writes.add(key)
-                if a.kwarg_only:  # an out= argument: written, never read
+                if a.kwarg_only or (i == 0 and base in _OVERWRITES):  # out=, copy_'s self: written, not read
                     write_only.add(key)
         self.write_only = frozenset(write_only)
         self.writes = frozenset(writes)
