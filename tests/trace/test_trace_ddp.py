@@ -164,7 +164,7 @@ def ranks(tmp_path_factory):
     runs = [([sys.executable, os.path.join(HERE, "ddp_scenarios.py"), run, str(rank), str(d), f"file://{d}/{run}.init"],
              env, str(d / f"{run}.rank{rank}.log")) for run in ("a", "b") for rank in (0, 1)]
     codes = run_processes(runs, TIMEOUT)
-    for (_, _, log), code in zip(runs, codes):
+    for (_, _, log), code in zip(runs, codes, strict=True):
         if code != 0:
             with open(log, errors="replace") as f:
                 tail = f.read()[-6000:]

@@ -245,7 +245,8 @@ def collective_verdict(res: Divergence, ha: layout.Header, hb: layout.Header) ->
         what = (f"the {'parameters' if kind == 'param' else 'optimizer state'} after the optimizer step of step "
                 f"{f['step']} differ ({name} {role}) while this rank's batch, random state and loss matched")
         then = "this rank's backward pass or optimizer step differs (or its optimizer state was not restored)"
-    return COLLECTIVE, f"the gradients' collective across the {world} ranks (DDP's all-reduce, FSDP's reduce-scatter)", (
+    origin = f"the gradients' collective across the {world} ranks (DDP's all-reduce, FSDP's reduce-scatter)"
+    return COLLECTIVE, origin, (
         f"{what}: with {world} ranks the gradients are reduced across them (DDP's all-reduce, FSDP's "
         f"reduce-scatter) before the optimizer uses them, so the difference most likely came from another "
         f"rank; {others}; if the other ranks' traces match up to this step, {then} on its own: trace at level "

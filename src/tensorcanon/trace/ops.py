@@ -96,7 +96,7 @@ def _span(t: Any) -> tuple[int, int, bool] | None:
     start = t.storage_offset()
     if t.numel() == 0:
         return start * es, start * es, True
-    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1)
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1)
     extent, expected, dense = 1, 1, True
     for st, n in dims:
         if st < 0:
@@ -351,18 +351,24 @@ class _Pending:
 
 
 def _wait(p: _Pending) -> None:
-    if p.work is not None:
-        p.work.wait()
+    """Wait until ``p``'s work is complete: its ``Work`` (as the op returned it, a TorchScript
+    object), or, for a functional collective, ``wait_tensor`` on each output."""
+    work = p.work
+    if work is not None:
+        wait = getattr(work, "wait", None)
+        if wait is None:  # a torch whose TorchScript Work has no wait: the Python one
+            unbox = getattr(getattr(getattr(torch._C, "_distributed_c10d", None), "Work", None), "unbox", None)
+            wait = None if unbox is None else unbox(work).wait
+        if wait is not None:
+            wait()
         return
     if p.namespace in _FUNCTIONAL:
         for space in dict.fromkeys((p.namespace, "_c10d_functional", "c10d_functional")):
-            wait = getattr(getattr(torch.ops, space, None), "wait_tensor", None)
-            if wait is not None:
-                break
-        else:
-            return
-        for _, t in p.records:
-            wait(plain(t))
+            wait_tensor = getattr(getattr(torch.ops, space, None), "wait_tensor", None)
+            if wait_tensor is not None:
+                for _, t in p.records:
+                    wait_tensor(plain(t))
+                return
 
 
 def make_mode(rec: Any) -> Any:
