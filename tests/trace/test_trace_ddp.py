@@ -246,6 +246,10 @@ def test_a_difference_from_another_rank_is_said_to_come_through_a_collective_in_
     assert f is not None and (f["step"], f["kind"]) == (1, "grad") and r.verdict == COLLECTIVE
     assert "all-reduce" in r.origin and "rank1" in r.explanation
     assert "not deterministic here" not in r.explanation
+    # at level steps (the ops trace compared on the kinds both recorded): the parameters after the step
+    r = first_divergence(_trace(ranks, "a", "ddp-steps", 0), _trace(ranks, "b", "ddp-ops-other", 0))
+    f = r.first
+    assert f is not None and (f["step"], f["kind"]) == (1, "param") and r.verdict == COLLECTIVE
     # rank 1's own traces: its batch
     r = first_divergence(_trace(ranks, "a", "ddp-modules", 1), _trace(ranks, "b", "ddp-modules-other", 1))
     assert r.verdict == INPUTS and r.first is not None and (r.first["step"], r.first["kind"]) == (1, "batch")
