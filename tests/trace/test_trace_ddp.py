@@ -117,15 +117,27 @@ def test_uninitialized_follows_the_storage_not_the_tensor_object(tmp_path):
         mat.sum()                     # call 3
         raw = torch.ops.aten._unsafe_view(torch.empty(2, 4), [8])   # no view in its schema, same storage
         raw.sum()                     # call 4
+        grown = torch.ones(2)
+        grown.resize_(6)              # aten.resize_: 4 more values, whatever was in memory
+        grown.sum()                   # call 5
+        freed = torch.ones(2)
+        freed.untyped_storage().resize_(0)    # as FSDP2 frees and allocates an unsharded parameter:
+        freed.untyped_storage().resize_(8)    # no ATen op says so
+        freed.sum()                   # call 6
+        freed.copy_(torch.ones(2))
+        freed.sum()                   # call 7: written
         tr.loss(model(torch.ones(4)).mean()).backward()
         opt.step()
     sums = [r for r in _op_records(tmp_path / "t", "aten.sum.default") if r.role == "in.0"]
-    assert len(sums) == 5
+    assert len(sums) == 8
     assert sums[0].dtype == "float32" and sums[0].digest == summarize(torch.cat([a, b]), "xxh3-128")[2]
     assert sums[1].dtype == "text" and sums[1].note == "uninitialized float32[8]"
     assert sums[2].dtype == "float32" and sums[2].digest == summarize(torch.ones(8), "xxh3-128")[2]
     assert sums[3].dtype == "float32" and sums[3].digest == summarize(torch.ones(4, 3), "xxh3-128")[2]
     assert sums[4].dtype == "text" and sums[4].note == "uninitialized float32[8]"
+    assert sums[5].dtype == "text" and sums[5].note == "uninitialized float32[6]"
+    assert sums[6].dtype == "text" and sums[6].note == "uninitialized float32[2]"
+    assert sums[7].dtype == "float32" and sums[7].digest == summarize(torch.ones(2), "xxh3-128")[2]
     unsafe = [r for r in _op_records(tmp_path / "t", "aten._unsafe_view.default") if r.role == "out"]
     assert unsafe and unsafe[0].dtype == "text"
 

@@ -77,15 +77,27 @@ def plain(t: Any) -> Any:
     return t
 
 
+def _storage(t: Any) -> Any:
+    """``t``'s untyped storage, or None (not a tensor, or one without storage)."""
+    if not _is_tensor(t):
+        return None
+    try:
+        return plain(t).untyped_storage()
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+        return None
+
+
+def _is_work(x: Any) -> bool:
+    """Whether an op's output ``x`` is a collective's ``Work`` (a TorchScript object)."""
+    script = getattr(torch, "ScriptObject", None)
+    return not _is_tensor(x) and ((script is not None and isinstance(x, script)) or hasattr(x, "wait"))
+
+
 def storage_key(t: Any) -> int | None:
     """The address of the memory ``t`` views (its storage's data pointer), or None for a tensor with
     none (no elements, meta, a subclass without storage)."""
-    try:
-        s = plain(t).untyped_storage()
-        ptr = s.data_ptr()
-    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
-        return None
-    return ptr or None
+    s = _storage(t)
+    return (s.data_ptr() or None) if s is not None else None
 
 
 def _span(t: Any) -> tuple[int, int, bool] | None:
@@ -110,8 +122,8 @@ def _span(t: Any) -> tuple[int, int, bool] | None:
 
 @functools.cache
 def _storages_kept() -> bool:
-    """Whether torch keeps one Python object per storage for as long as the storage lives (it
-    does since 2.1), so that a weak reference to it says when the memory is freed."""
+    """Whether torch keeps one Python object per storage for as long as the storage lives (torch
+    2.13 does), so that a weak reference to it says when the memory is freed."""
     t = torch.empty(1)
     try:
         ref = weakref.ref(t.untyped_storage())
@@ -461,15 +473,13 @@ def make_mode(rec: Any) -> Any:
                 text = args_text(list(args) + ([kwargs] if kwargs else []))
                 if text.strip("[T, ]"):
                     rec._put(phase, "op", scope, name, "args", text, call)
-            grows = info.resizes and args and _is_tensor(args[0])
-            if grows:
-                storage = plain(args[0]).untyped_storage()
-                before = storage.nbytes()
+            resized = _storage(args[0]) if info.resizes and args else None  # aten.resize_: may grow
+            before = resized.nbytes() if resized is not None else None
             out = func(*args, **kwargs)
             with rec._busy():
-                if grows:
-                    storage = plain(args[0]).untyped_storage()
-                    if storage.nbytes() > before:
+                if before is not None:
+                    storage = _storage(args[0])
+                    if storage is not None and storage.nbytes() > before:
                         _grown(rec, storage, before)
                 outs: list[tuple[str, Any]] = []
                 _leaves(out, "", outs)
@@ -480,7 +490,7 @@ def make_mode(rec: Any) -> Any:
                     records += [(f"out.arg.{path}", leaf) for path, leaf in tensors
                                 if _key(path, positional) in info.write_only and id(leaf) not in returned]
                 if info.collective and records:
-                    work = next((x for _, x in outs if not _is_tensor(x) and hasattr(x, "wait")), None)
+                    work = next((x for _, x in outs if _is_work(x)), None)
                     written_too = writes + [leaf for _, leaf in records]
                     with rec._lock:
                         self.pending.append(_Pending(phase, scope, name, call, records, written_too, work,
