@@ -159,6 +159,52 @@ def test_a_traced_tensor_can_still_be_resized(tmp_path):
         t.untyped_storage().resize_(0)
 
 
+def _hand_trace(path, rank, world, out_digest, level="ops"):
+    """A trace of one step: the batch, then a collective whose input matched and whose output is
+    ``out_digest``'s."""
+    import msgpack
+
+    from tensorcanon.trace.layout import MAGIC, Header, Record, Writer
+
+    def tensor(step, phase, kind, name, call, role, digest):
+        return Record(step, phase, kind, "", name, call, role, "float32", (4,), digest, 1.0, "")
+
+    with open(path, "wb") as fh:
+        fh.write(MAGIC)
+        w = Writer(fh)
+        w.frame(msgpack.packb(Header(level, "xxh3-128", rank, world).payload()))
+        w.record(tensor(0, "data", "batch", "batch", 0, "batch", bytes(16)))
+        if level == "ops":
+            w.record(tensor(0, "backward", "op", "c10d.allreduce_.default", 0, "in.0.0", bytes(15) + b"\1"))
+            w.record(tensor(0, "backward", "op", "c10d.allreduce_.default", 0, "out.0.0", out_digest))
+        else:
+            w.record(tensor(0, "backward", "grad", "w", 0, "grad", out_digest))
+        w.end()
+
+
+def test_the_collective_verdict_names_the_other_ranks_traces(tmp_path):
+    for rank in (0, 1):  # names as {rank} in trace()'s path makes them
+        _hand_trace(tmp_path / f"a.{rank}.trace", rank, 2, bytes(16))
+        _hand_trace(tmp_path / f"b.{rank}.trace", rank, 2, b"\7" * 16)
+    r = first_divergence(tmp_path / "a.0.trace", tmp_path / "b.0.trace")
+    assert r.verdict == COLLECTIVE and r.origin == "collective c10d.allreduce_.default"
+    assert f"tensorcanon diverge {tmp_path / 'a.1.trace'} {tmp_path / 'b.1.trace'}" in r.explanation
+    r = first_divergence(tmp_path / "a.1.trace", tmp_path / "b.1.trace")
+    assert f"tensorcanon diverge {tmp_path / 'a.0.trace'} {tmp_path / 'b.0.trace'}" in r.explanation
+    # one process alone: a collective's output is still where the difference entered; a gradient is not
+    _hand_trace(tmp_path / "one-a", 0, 1, bytes(16))
+    _hand_trace(tmp_path / "one-b", 0, 1, b"\7" * 16)
+    r = first_divergence(tmp_path / "one-a", tmp_path / "one-b")
+    assert r.verdict == COLLECTIVE and "world size 1" in r.explanation
+    _hand_trace(tmp_path / "grad-a", 0, 1, bytes(16), level="modules")
+    _hand_trace(tmp_path / "grad-b", 0, 1, b"\7" * 16, level="modules")
+    assert first_divergence(tmp_path / "grad-a", tmp_path / "grad-b").verdict != COLLECTIVE
+    _hand_trace(tmp_path / "grad-a", 0, 4, bytes(16), level="modules")
+    _hand_trace(tmp_path / "grad-b", 0, 4, b"\7" * 16, level="modules")
+    r = first_divergence(tmp_path / "grad-a", tmp_path / "grad-b")
+    assert r.verdict == COLLECTIVE and "4 ranks" in r.origin and "rank 1 (and each rank up to 3)" in r.explanation
+
+
 # --------------------------------------------------------------------------- in fresh processes
 
 

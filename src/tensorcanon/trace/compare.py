@@ -257,7 +257,10 @@ def _other_ranks(a: str, b: str, ha: layout.Header, hb: layout.Header) -> str:
     """What to run next: ``tensorcanon diverge`` on the traces of another rank of the same runs
     (their names guessed from the recorder's: ``run.rank0.trace`` -> ``run.rank1.trace``)."""
     world = max(ha.world_size, hb.world_size)
-    other = next((r for r in range(world) if r != ha.rank), 0)
+    if world <= 1:
+        return ("compare the other ranks' traces (these say world size 1: each rank writes a trace of its own "
+                "when told its rank, by rank= and world_size= or $RANK and $WORLD_SIZE)")
+    other = next(r for r in range(world) if r != ha.rank)
     pa, pb = _rank_sibling(a, ha.rank, other), _rank_sibling(b, hb.rank, other)
     more = f" (and each rank up to {world - 1})" if world > 2 else ""
     if pa is None or pb is None:

@@ -9,6 +9,7 @@ pairwise sum, the chunks in order), so equal bytes also give equal sums, whateve
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import TYPE_CHECKING, Any
 
 from ..format import digest as digests, optional
@@ -56,7 +57,7 @@ def host_view(t: Any) -> memoryview:
     for good, and a traced program that resizes a storage (FSDP2 frees a parameter's memory with
     ``storage.resize_(0)``) must not fail because it was traced."""
     if (t.is_cpu and t.numel() and t.is_contiguous() and not t.is_conj() and not t.is_neg()
-            and not t._is_zerotensor() and t.dtype in _RAW):
+            and not t._is_zerotensor() and t.dtype in _raw()):
         raw = (ctypes.c_uint8 * (t.numel() * t.element_size())).from_address(t.data_ptr())
         if t.dtype is torch.bool:
             a = np.frombuffer(raw, dtype=np.uint8)
@@ -126,19 +127,12 @@ _RAW_NAMES = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "i
               "float8_e5m2fnuz", "float8_e4m3fnuz")
 
 
-class _Raw:
+
+@functools.cache
+def _raw() -> frozenset[Any]:
     """The dtypes whose canonical bytes are their bytes in memory (little-endian machines, as
-    host_bytes assumes; bool once its bytes are 0 or 1), looked up when torch is there."""
-
-    def __contains__(self, dtype: Any) -> bool:
-        table = _RAW_TABLE
-        if not table:
-            table.update(getattr(torch, n) for n in _RAW_NAMES if hasattr(torch, n))
-        return dtype in table
-
-
-_RAW_TABLE: set[Any] = set()
-_RAW = _Raw()
+    host_bytes assumes; bool once its bytes are 0 or 1)."""
+    return frozenset(getattr(torch, n) for n in _RAW_NAMES if hasattr(torch, n))
 
 
 def summarize_text(text: str, algorithm: str) -> tuple[str, tuple[int, ...], bytes, float, str]:
