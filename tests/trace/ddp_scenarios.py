@@ -49,8 +49,9 @@ def ddp(out: str, rank: int, level: str, other: int | None = None, bucket_view: 
 
 def collectives(out: str, rank: int) -> None:
     """A step that averages the gradients by hand, asynchronously (every work issued, then waited
-    for), and gathers, scatters and broadcasts into buffers from ``torch.empty``: the one gathered
-    is 2 MiB, so that gloo still writes it when the op returns."""
+    for), and gathers, scatters and broadcasts into buffers from ``torch.empty``: the rows gathered
+    asynchronously are 2 MiB, so that gloo still writes them when the op returns. (gloo has
+    all_gather_into_tensor and reduce_scatter_tensor on the CPU in torch 2.6, maybe earlier.)"""
     from torch.distributed import _functional_collectives as funcol  # (torch 2.4 to 2.13)
 
     seed(0)
@@ -65,13 +66,13 @@ def collectives(out: str, rank: int) -> None:
             loss = tr.loss(nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1)))
             loss.backward()
             works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters()]
-            rows = torch.empty(2, 1 << 18)
-            gathered = dist.all_gather_into_tensor(rows, torch.full((1, 1 << 18), float(rank + k)), async_op=True)
-            parts = [torch.empty(4) for _ in range(2)]
-            dist.all_gather(parts, torch.arange(4.0) + rank)
+            rows = [torch.empty(1 << 18) for _ in range(2)]
+            gathered = dist.all_gather(rows, torch.full((1 << 18,), float(rank + k)), async_op=True)
             told = torch.tensor([1.0, 2.0, 3.0]) if rank == 0 else torch.empty(3)
             dist.broadcast(told, 0)
             if FSDP2:
+                flat = torch.empty(8)
+                dist.all_gather_into_tensor(flat, torch.arange(4.0) + rank)
                 scattered = torch.empty(2)
                 dist.reduce_scatter_tensor(scattered, torch.arange(4.0) * (rank + 1))
             total = funcol.all_reduce(loss.detach() * 0 + rank, "sum", dist.group.WORLD)
