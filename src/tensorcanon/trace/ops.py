@@ -123,7 +123,7 @@ def _span(t: Any) -> tuple[int, int, bool] | None:
 @functools.cache
 def _storages_kept() -> bool:
     """Whether torch keeps one Python object per storage for as long as the storage lives (torch
-    2.13 does), so that a weak reference to it says when the memory is freed."""
+    2.2 and later do), so that a weak reference to it says when the memory is freed."""
     t = torch.empty(1)
     try:
         ref = weakref.ref(t.untyped_storage())
