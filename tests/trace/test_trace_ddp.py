@@ -159,6 +159,34 @@ def test_a_traced_tensor_can_still_be_resized(tmp_path):
         t.untyped_storage().resize_(0)
 
 
+def test_a_collective_that_fails_at_close_leaves_torch_as_it_was(tmp_path):
+    """A collective still pending when the trace closes is waited for; if that fails, the error is
+    raised once the dispatch mode and the hooks are gone and torch's methods are back, and the
+    trace is left a crashed run's (no end frame)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from tensorcanon.trace import ops
+
+    class Failing:
+        def wait(self):
+            raise RuntimeError("the other rank is gone")
+
+    resize = torch.UntypedStorage.resize_
+    model, opt = _linear()
+    with pytest.raises(RuntimeError, match="other rank is gone"):
+        with tensorcanon.trace(tmp_path / "t", level="ops", model=model, optimizer=opt) as tr:
+            tr.step(torch.ones(4))
+            assert torch.UntypedStorage.resize_ is not resize   # grown storages are told to the recorder
+            out = torch.zeros(2)
+            tr._mode.pending.append(ops._Pending("forward", "", "c10d.allreduce_.default", 0, [("out.0.0", out)],
+                                                 [out], Failing(), "c10d"))
+    assert torch.UntypedStorage.resize_ is resize and not ops._ACTIVE
+    assert _get_current_dispatch_mode() is None
+    with layout.Reader(tmp_path / "t", strict=False) as r:
+        list(r)
+        assert not r.tail.complete
+
+
 def _hand_trace(path, rank, world, out_digest, level="ops"):
     """A trace of one step: the batch, then a collective whose input matched and whose output is
     ``out_digest``'s."""

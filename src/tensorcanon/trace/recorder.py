@@ -261,9 +261,14 @@ class Recorder:
             self._captured, self._captured_texts = {}, {}
 
     def _close(self, clean: bool) -> None:
+        failed: BaseException | None = None
         with self._busy():
             if self._mode is not None:  # collectives not yet recorded (a failed run waits for none)
-                self._mode.flush(wait=clean)
+                try:
+                    self._mode.flush(wait=clean)
+                except BaseException as e:  # noqa: BLE001 (raised once the mode and the hooks are gone)
+                    self._mode.flush(wait=False)
+                    failed, clean = e, False
             self._save_capture()
         if self._mode is not None:
             mode, self._mode = self._mode, None
@@ -290,6 +295,8 @@ class Recorder:
                     w.fh.flush()
             finally:
                 w.fh.close()
+        if failed is not None:
+            raise failed
 
     # ------------------------------------------------------------------ the markers
 
