@@ -70,6 +70,10 @@ def collectives(out: str, rank: int) -> None:
             gathered = dist.all_gather(rows, torch.full((1 << 18,), float(rank + k)), async_op=True)
             told = torch.tensor([1.0, 2.0, 3.0]) if rank == 0 else torch.empty(3)
             dist.broadcast(told, 0)
+            summed = torch.arange(2048.0) + rank   # c10d.reduce_ returns its Work alone
+            reduced = dist.reduce(summed, 0, async_op=True)
+            reduced.wait()
+            summed.sum()
             if FSDP2:
                 flat = torch.empty(8)
                 dist.all_gather_into_tensor(flat, torch.arange(4.0) + rank)

@@ -294,8 +294,10 @@ def test_a_collective_is_recorded_when_its_work_is_complete_in_fresh_processes(r
     for job in ("ddp-ops", "ddp-ops-view", "collectives"):
         outs = [_collective_outputs(_trace(ranks, "a", job, rank)) for rank in (0, 1)]
         # each rank fed its own batch: what they reduce or gather ends equal on both (a reduce-scatter
-        # leaves each its own part); recorded before gloo finished, each rank's own values showed
-        same = [[(r.identity, r.digest) for r in o if "reduce_scatter" not in r.name] for o in outs]
+        # leaves each its own part, a reduce its result on rank 0 alone); recorded before gloo
+        # finished, each rank's own values showed
+        same = [[(r.identity, r.digest) for r in o if "reduce_scatter" not in r.name and "reduce_." not in r.name]
+                for o in outs]
         assert same[0] == same[1] and len(same[0]) >= 2, job
         ins = {(r.step, r.name, r.call): r.digest for r in _records(_trace(ranks, "a", job, 0))
                if r.name == "c10d.allreduce_.default" and r.role == "in.0.0"}
@@ -306,6 +308,15 @@ def test_a_collective_is_recorded_when_its_work_is_complete_in_fresh_processes(r
     assert any(n.split(".")[0].endswith("c10d_functional") and ".all_reduce." in n for n in names)
     if fsdp2:
         assert {"c10d._allgather_base_.default", "c10d._reduce_scatter_base_.default"} <= names
+    # c10d.reduce_ (its Work alone returned): rank 0's reduced tensor is an output of it, and the sum
+    # reading it afterwards reads the reduced values, not what was hashed before the reduce
+    zero = _records(_trace(ranks, "a", "collectives", 0))
+    reduced = [r for r in zero if r.name == "c10d.reduce_.default" and r.role == "out.arg.0.0"]
+    before = [r for r in zero if r.name == "c10d.reduce_.default" and r.role == "in.0.0"]
+    after = [r for r in zero if r.name == "aten.sum.default" and r.role == "in.0" and r.shape == (2048,)]
+    assert len(reduced) == len(before) == len(after) == 2
+    expected = summarize(torch.arange(2048.0) * 2 + 1, "xxh3-128")[2]
+    assert all(r.digest == expected for r in reduced + after) and before[0].digest != expected
     # rank 1's broadcast buffer came from torch.empty: its value before the op is not its bytes
     told = [r for r in _records(_trace(ranks, "a", "collectives", 1))
             if r.name == "c10d.broadcast_.default" and r.role == "in.0.0"]

@@ -485,10 +485,13 @@ def make_mode(rec: Any) -> Any:
                 _leaves(out, "", outs)
                 records = [(f"out.{path}" if path else "out", leaf) for path, leaf in outs if _is_tensor(leaf)]
                 writes = [leaf for path, leaf in tensors if info.writes and _key(path, positional) in info.writes]
-                if info.write_only:
+                # arguments written and not returned are outputs too: an op's out= arguments, and
+                # every tensor a collective writes (c10d.reduce_ returns its Work alone)
+                also = info.writes if info.collective else info.write_only
+                if also:
                     returned = {id(leaf) for _, leaf in records}
                     records += [(f"out.arg.{path}", leaf) for path, leaf in tensors
-                                if _key(path, positional) in info.write_only and id(leaf) not in returned]
+                                if _key(path, positional) in also and id(leaf) not in returned]
                 if info.collective and records:
                     work = next((x for _, x in outs if _is_work(x)), None)
                     written_too = writes + [leaf for _, leaf in records]
