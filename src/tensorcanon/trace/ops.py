@@ -2,10 +2,11 @@
 
 An op's tensor inputs are hashed before it runs (an in-place op changes them), its outputs after;
 its arguments that are not tensors make one text record (role ``args``). An argument the op only
-writes (an ``out=`` argument; the output buffers of a collective) is not an input: it is recorded
-after the op, as an output. Backward ops are told apart by the autograd engine's current graph
-task (phase backward from the first one on). The recorder's own torch calls are not recorded, nor
-the ops between an optimizer step's end and the next ``step()`` (``Recorder.ops_recorded``).
+writes (an ``out=`` argument, the ``self`` of ``copy_``, ``zero_`` and ``fill_``, the output
+buffers of a collective) is not an input: it is recorded after the op, as an output. Backward ops
+are told apart by the autograd engine's current graph task (phase backward from the first one
+on). The recorder's own torch calls are not recorded, nor the ops between an optimizer step's end
+and the next ``step()`` (``Recorder.ops_recorded``).
 
 Collectives (``c10d.*``, ``_c10d_functional.*``) may still be writing their outputs when the op
 returns (gloo works on its own threads; ``async_op=True``): their outputs are recorded once the
