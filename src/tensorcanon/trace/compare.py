@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +28,7 @@ EQUAL = "inputs equal, output differs"
 INPUTS = "inputs already differ"
 PATHS = "the runs recorded different things"
 ENDS = "one trace ends first"
+COLLECTIVE = "it came through a collective, from another rank"
 
 _FLOATS = frozenset({"float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
                      "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz"})
@@ -275,6 +278,72 @@ def _finer(level: str, what: str) -> str:
     return f"; trace at level {' or '.join(finer)} to name {what}"
 
 
+_COLLECTIVES = ("c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
+"""The namespaces of torch.distributed's ops (as trace/ops.py records them)."""
+
+
+def collective_verdict(res: Divergence, ha: layout.Header, hb: layout.Header) -> tuple[str, str, str] | None:
+    """(verdict, origin, explanation) when the first difference of ``res`` entered this rank through a
+    collective, else None: the output of a collective op (level ops) whose inputs on this rank
+    matched; or, in traces of one rank of several, a gradient (level modules) or the parameters or
+    optimizer state after an optimizer step (level steps) while the step's batch, random state and
+    forward pass matched: under DDP or FSDP the gradients are reduced across the ranks first."""
+    f = res.first
+    if f is None or "a" not in f or "b" not in f or res.verdict == PATHS:
+        return None
+    kind, name, role = f.get("kind"), f.get("name", ""), f.get("role", "")
+    world = max(ha.world_size, hb.world_size)
+    others = _other_ranks(res.a, res.b, ha, hb)
+    if kind == "op" and name.split(".")[0] in _COLLECTIVES and role.startswith("out"):
+        return COLLECTIVE, f"collective {name}", (
+            f"every record before it matched, this rank's inputs of {name} among them, and its output "
+            f"differs: the difference came from another rank through {name} (another batch or another state "
+            f"there, or a step that differs on that rank); {others}")
+    if world <= 1 or kind not in ("grad", "param", "optim") or min(ha.world_size, hb.world_size) <= 1:
+        return None
+    if kind == "grad":
+        what, then = "a gradient differs while this rank's forward pass matched", "this rank's backward pass differs"
+    else:
+        what = (f"the {'parameters' if kind == 'param' else 'optimizer state'} after the optimizer step of step "
+                f"{f['step']} differ ({name} {role}) while this rank's batch, random state and loss matched")
+        then = "this rank's backward pass or optimizer step differs (or its optimizer state was not restored)"
+    origin = f"the gradients' collective across the {world} ranks (DDP's all-reduce, FSDP's reduce-scatter)"
+    return COLLECTIVE, origin, (
+        f"{what}: with {world} ranks the gradients are reduced across them (DDP's all-reduce, FSDP's "
+        f"reduce-scatter) before the optimizer uses them, so the difference most likely came from another "
+        f"rank; {others}; if the other ranks' traces match up to this step, {then} on its own: trace at level "
+        "ops to name the op or the collective")
+
+
+def _other_ranks(a: str, b: str, ha: layout.Header, hb: layout.Header) -> str:
+    """What to run next: ``tensorcanon diverge`` on the traces of another rank of the same runs
+    (their names guessed from the recorder's: ``run.rank0.trace`` -> ``run.rank1.trace``)."""
+    world = max(ha.world_size, hb.world_size)
+    if world <= 1:
+        return ("compare the other ranks' traces (these say world size 1: each rank writes a trace of its own "
+                "when told its rank, by rank= and world_size= or $RANK and $WORLD_SIZE)")
+    other = next(r for r in range(world) if r != ha.rank)
+    pa, pb = _rank_sibling(a, ha.rank, other), _rank_sibling(b, hb.rank, other)
+    more = f" (and each rank up to {world - 1})" if world > 2 else ""
+    if pa is None or pb is None:
+        return (f"compare the other ranks' traces: `tensorcanon diverge` on the two runs' traces of rank "
+                f"{other}{more}")
+    return f"compare the other ranks' traces: tensorcanon diverge {shlex.quote(pa)} {shlex.quote(pb)}{more}"
+
+
+def _rank_sibling(path: str, rank: int, other: int) -> str | None:
+    """``path`` with its rank number replaced by ``other``: in ``rank<N>`` (the recorder's names),
+    else the last number of the file name that is the rank; None when it has none."""
+    folder, base = os.path.split(path)
+    marked = list(re.finditer(rf"rank{rank}(?!\d)", base))
+    found = marked or [m for m in re.finditer(r"\d+", base) if m.group() == str(rank)]
+    if not found:
+        return None
+    m = found[-1]
+    swapped = base[:m.start()] + m.group().replace(str(rank), str(other)) + base[m.end():]
+    return os.path.join(folder, swapped)
+
+
 def _filtered(records: Iterator[Record], kinds: frozenset[str] | None) -> Iterator[Record]:
     if kinds is None:
         yield from records
@@ -314,6 +383,9 @@ def first_divergence(a: str | os.PathLike[str], b: str | os.PathLike[str], *, to
             result.notes.append(f"A is rank {ha.rank} of {ha.world_size}, B rank {hb.rank} of {hb.world_size}")
         _walk(result, _filtered(iter(ra), None if ha.level == level else kinds),
               _filtered(iter(rb), None if hb.level == level else kinds), tolerance, grid)
+        through = collective_verdict(result, ha, hb)
+        if through is not None:
+            result.verdict, result.origin, result.explanation = through
         f = result.first
         if f is not None and f.get("kind") in ("op", "module") and "a" in f and "b" in f:
             result.capture = capture.spec_of(f)

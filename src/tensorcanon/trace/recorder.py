@@ -36,6 +36,7 @@ from ..format import digest as digests, optional
 from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError, UsageError
 from . import capture as capture_module, layout
 from .layout import Record
+from .ops import plain
 from .summary import detached, summarize, summarize_text
 from .values import args_text, is_tensor as _is_tensor, leaves as _leaves
 from .worker import Worker
@@ -453,10 +454,17 @@ class Recorder:
     def _close(self, clean: bool) -> None:
         """Remove the hooks and the dispatch mode, write what waits, end the trace (``clean``) or
         leave it a crashed run's valid prefix. Everything is undone even when a step fails (a
-        capture that cannot be written, the worker's error): the first error is raised after."""
+        collective that cannot be waited for, a capture that cannot be written, the worker's error):
+        the first error is raised after."""
         error: BaseException | None = None
         try:
             with self._busy():
+                if self._mode is not None:  # collectives not yet recorded (a failed run waits for none)
+                    try:
+                        self._mode.flush(wait=clean)
+                    except BaseException:
+                        self._mode.flush(wait=False)
+                        raise
                 self._save_capture()
         except BaseException as e:  # noqa: BLE001 (raised below, once everything is undone)
             error, clean = e, False
@@ -498,6 +506,8 @@ class Recorder:
                 self._worker.put_flush()
             else:
                 self._writer.fh.flush()
+            if self._mode is not None:  # the step before: collectives not yet recorded
+                self._mode.flush()
             self._save_capture()
             self.step_index += 1
             self._calls.clear()
@@ -561,6 +571,11 @@ class Recorder:
 
     def _put(self, phase: str, kind: str, scope: str, name: str, role: str, value: Any,
              call: int | None = None) -> None:
+        if _is_tensor(value):
+            value = plain(value)  # a DTensor: its local shard
+            mode = self._mode
+            if mode is not None and mode.pending:  # a collective writing it: recorded first, once complete
+                mode.settle((value,))
         if call is None:
             call = self.call_index(phase, kind, scope, name)
         if self.capture is not None and (self.step_index, kind, scope, name, call) == self.capture:
@@ -701,6 +716,8 @@ class Recorder:
         if not self._in_step or self.busy():
             return
         with self._busy():
+            if self._mode is not None:  # collectives of the step not yet recorded
+                self._mode.flush()
             if "grad" in self.kinds:
                 for name, p in self._names(opt):
                     if p.grad is not None:

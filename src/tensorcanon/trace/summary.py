@@ -8,6 +8,8 @@ pairwise sum, the chunks in order), so equal bytes also give equal sums, whateve
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,22 @@ def _sum_sq(a: Any) -> float:
     return total
 
 
+def host_view(t: Any) -> memoryview:
+    """``format.tensorbytes.host_bytes(t, "tensor")`` (the same bytes), read without ``t.numpy()``
+    when ``t``'s memory holds them as they are: numpy marks the memory it views as not resizable,
+    for good, and a traced program that resizes a storage (FSDP2 frees a parameter's memory with
+    ``storage.resize_(0)``) must not fail because it was traced."""
+    if (t.is_cpu and t.numel() and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+            and not t._is_zerotensor() and t.dtype in _raw()):
+        raw = (ctypes.c_uint8 * (t.numel() * t.element_size())).from_address(t.data_ptr())
+        if t.dtype is torch.bool:
+            a = np.frombuffer(raw, dtype=np.uint8)
+            if a.max() > 1:  # canonical bools are 0 and 1 (as host_bytes makes them)
+                return memoryview((a != 0).view(np.uint8))
+        return memoryview(raw).cast("B")
+    return host_bytes(t, "tensor")
+
+
 def detached(t: Any) -> tuple[str, tuple[int, ...], bytes, Any] | None:
     """What hashing ``t`` needs, copied so that ``t`` may change at once: ``(dtype name, shape, its
     canonical bytes, the values of a dtype numpy lacks as float32 or None)``; None for a tensor
@@ -69,7 +87,7 @@ def detached(t: Any) -> tuple[str, tuple[int, ...], bytes, Any] | None:
 
         _BY_TORCH.update(BY_TORCH)
         row = BY_TORCH[t.dtype]
-    data = bytes(host_bytes(t, "tensor"))
+    data = bytes(host_view(t))
     floats = None
     if row.numpy is None and row.name in _TORCH_CONVERTED:
         u = t.detach()
@@ -105,13 +123,24 @@ def summarize(t: Any, algorithm: str) -> tuple[str, tuple[int, ...], bytes, floa
         _BY_TORCH.update(BY_TORCH)
         row = BY_TORCH[t.dtype]
     shape = tuple(t.shape)
-    data = host_bytes(t, "tensor")
+    data = host_view(t)
     h = digests.tensor_hasher(row.name, shape, algorithm)
     h.update(data)
     return row.name, shape, h.digest(), sum_of_squares(data, row.name, t), ""
 
 
 _BY_TORCH: dict[Any, Any] = {}
+_RAW_NAMES = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16",
+              "bfloat16", "float32", "float64", "complex64", "complex128", "float8_e5m2", "float8_e4m3fn",
+              "float8_e5m2fnuz", "float8_e4m3fnuz")
+
+
+
+@functools.cache
+def _raw() -> frozenset[Any]:
+    """The dtypes whose canonical bytes are their bytes in memory (little-endian machines, as
+    host_bytes assumes; bool once its bytes are 0 or 1)."""
+    return frozenset(getattr(torch, n) for n in _RAW_NAMES if hasattr(torch, n))
 
 
 # significand bits (the leading one included) and the smallest normal exponent of each float dtype
