@@ -34,8 +34,15 @@ import torch
 import xxhash
 
 import tensorcanon
-from tensorcanon import (FileAccessError, FormatError, IntegrityError, MissingFileError, TensorCanonError,
-                         UnsupportedAlgorithmError, UsageError)
+from tensorcanon import (
+    FileAccessError,
+    FormatError,
+    IntegrityError,
+    MissingFileError,
+    TensorCanonError,
+    UnsupportedAlgorithmError,
+    UsageError,
+)
 from tensorcanon.tools.cli import main as cli
 from tensorcanon.trace import capture, layout
 
@@ -393,8 +400,9 @@ def test_nan_and_inf_in_captures_give_standard_json(tmp_path):
     """diverge --json is "machine-readable JSON": a NaN against a number (max_ulp inf, a NaN among
     first_values) must not make the command fail or print NaN/Infinity, which JSON does not have."""
     a, b = pair(tmp_path)
-    save_captures(a, b, {"f": torch.tensor([float("nan"), 1.0]), "g": torch.tensor([float("inf")], dtype=torch.float16)},
-                  {"f": torch.tensor([1.0, float("-inf")]), "g": torch.tensor([1.0], dtype=torch.float16)})
+    half = torch.float16
+    save_captures(a, b, {"f": torch.tensor([float("nan"), 1.0]), "g": torch.tensor([float("inf")], dtype=half)},
+                  {"f": torch.tensor([1.0, float("-inf")]), "g": torch.tensor([1.0], dtype=half)})
     code, out, err = run_cli("diverge", "--json", a, b)
     assert code == 1, (code, out, err)
     assert_foreseen(err)
@@ -707,9 +715,9 @@ def test_resuming_a_trace_of_many_large_records_holds_none_of_them(tmp_path):
     seed = 0
     with open(path, "wb") as fh:
         fh.write(MAGIC)
-        for i, payload in enumerate([head("steps")] + [
+        for payload in [head("steps")] + [
                 record(step=s, phase="data", kind="batch", scope=long, name=long, role=long, note=long)
-                for s in range(2000) for j in range(1)]):
+                for s in range(2000)]:
             check = xxhash.xxh3_64_intdigest(payload, seed=seed)
             fh.write(struct.pack("<I", len(payload)) + payload + struct.pack("<Q", check))
             seed = check
@@ -1000,6 +1008,9 @@ HOSTILE_VERIFY = {
     "header_world_2_63": (framed(head(world_size=2**63, rank=0), ending(0)), (1,)),
     "header_version_2": (framed(msgpack.packb([0, "tensorcanon-trace", 2, "ops", "xxh3-128", 0, 1]), ending(0)),
                          (1,)),
+    "record_tag_true": (framed(head(), msgpack.packb([True, *msgpack.unpackb(record())[1:]]), ending(1)), (1,)),
+    "header_tag_false": (framed(msgpack.packb([False, "tensorcanon-trace", 1, "ops", "xxh3-128", 0, 1]), ending(0)),
+                         (1,)),
     "header_version_true": (framed(msgpack.packb([0, "tensorcanon-trace", True, "ops", "xxh3-128", 0, 1]),
                                    ending(0)), (1,)),
     "header_algorithm_md5": (framed(head(algorithm="md5"), ending(0)), (1,)),
@@ -1126,7 +1137,7 @@ def test_an_html_out_that_cannot_be_the_page_is_exit_2_and_destroys_nothing(tmp_
     assert now["a.trace"] == saved["a.trace"] and now["b.trace"] == saved["b.trace"]
 
 
-# --------------------------------------------------------------------------- arguments of trace() and first_divergence()
+# ------------------------------------------------------------- arguments of trace() and first_divergence()
 
 @pytest.mark.parametrize("kwargs", [dict(capture=7), dict(capture=b"0|op||x|0"), dict(capture=["0|op||x|0"]),
                                     dict(level=None), dict(level=3), dict(level="OPS"), dict(level=b"ops"),

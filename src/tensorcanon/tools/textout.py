@@ -7,9 +7,9 @@ import os
 import shutil
 from typing import Any, TextIO
 
-from ..format import digest
+from ..format import digest, text as format_text
 
-__all__ = ["escaped", "printable", "utf8", "table", "fit_table", "terminal_width"]
+__all__ = ["escaped", "printable", "message", "utf8", "table", "fit_table", "terminal_width"]
 
 
 def escaped(text: str) -> str:
@@ -35,6 +35,14 @@ def printable(text: str, stream: Any) -> str:
     except LookupError:
         pass
     return text
+
+
+def message(text: str, stream: Any) -> str:
+    """An error or warning line for ``stream``: as :func:`printable`, and within each of its lines
+    every control or format character (ESC, CR, a CSI, U+202E...) escaped (``format/text.printable``):
+    a message quotes paths and names from files, which must not move the cursor, erase a line or
+    print a line of their own. The message's own line breaks are kept."""
+    return printable("\n".join(format_text.printable(line) for line in text.split("\n")), stream)
 
 
 def utf8(v: Any) -> Any:
