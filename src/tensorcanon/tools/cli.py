@@ -113,10 +113,10 @@ class _Out:
 
     def error(self, text: str) -> None:
         self.close_bars()
-        print(textout.for_stream(f"{PROG}: error: {text}", self.stderr), file=self.stderr)
+        print(textout.message(f"{PROG}: error: {text}", self.stderr), file=self.stderr)
 
     def warn(self, text: str) -> None:
-        print(textout.for_stream(f"{PROG}: warning: {text}", self.stderr), file=self.stderr)
+        print(textout.message(f"{PROG}: warning: {text}", self.stderr), file=self.stderr)
 
     def wrap(self, verb: str) -> Callable[[Any, int], Any] | None:
         """A file wrapper that draws a progress bar (on a terminal, for large files); None elsewhere."""
@@ -288,6 +288,13 @@ def cmd_verify(args: argparse.Namespace, out: _Out) -> int:
                 code = EXIT_ERROR
                 _error(out, _message(found, path))
                 results.append({"path": path, "status": "error", "error": _message(found)})
+                continue
+            if args.expect is not None and not digest.is_text(found):  # a trace: its records are chained, no digest
+                code = EXIT_ERROR
+                why = (f"{path} is a trace of a training run ({found}): it has no file digest to compare with "
+                       "--expect (its frames are checked by their chain); verify it without --expect")
+                out.error(why)
+                results.append({"path": path, "status": "error", "error": why})
                 continue
             if args.expect is not None and found != args.expect:
                 code = max(code, EXIT_DIFFERENT)
@@ -936,8 +943,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # (a closed pipe shows here, not at exit)
         return code
     except CommandLineError as e:
-        text = f"{PROG} {args.command}: error: {textout.terminal_safe(str(e))}\n(see '{PROG} {args.command} --help')"
-        print(textout.for_stream(text, sys.stderr), file=sys.stderr)
+        text = f"{PROG} {args.command}: error: {e}\n(see '{PROG} {args.command} --help')"
+        print(textout.message(text, sys.stderr), file=sys.stderr)
         return EXIT_ERROR
     except TensorCanonError as e:
         _error(out, str(e))

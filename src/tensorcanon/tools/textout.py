@@ -11,8 +11,8 @@ from typing import Any, TextIO
 
 from ..format.text import printable  # the one rule for text from files (format/text.py)
 
-__all__ = ["escaped", "printable", "terminal_safe", "for_stream", "CONTROLS", "around", "plural", "utf8", "table",
-           "terminal_width"]
+__all__ = ["escaped", "printable", "terminal_safe", "for_stream", "message", "CONTROLS", "around", "plural",
+           "utf8", "table", "terminal_width"]
 
 CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 """The characters ``inspect`` writes as JSON escapes inside a path (whose keys are JSON strings): C0
@@ -74,6 +74,14 @@ def around(ra: str, rb: str, limit: int) -> tuple[str, str]:
 def plural(n: int, noun: str, many: str | None = None) -> str:
     """``1 file``, ``2 files``, ``12,345 files`` (``many``: a plural that is not ``noun + "s"``)."""
     return f"{n:,} {noun if n == 1 else many or noun + 's'}"
+
+
+def message(text: str, stream: Any) -> str:
+    """An error or warning line for ``stream``: within each of its lines every character
+    :func:`printable` escapes (ESC, CR, a CSI, U+202E...) escaped, then as :func:`for_stream` writes
+    it: a message quotes paths and names from files, which must not move the cursor, erase a line or
+    print a line of their own. The message's own line breaks are kept."""
+    return for_stream("\n".join(printable(line) for line in text.split("\n")), stream)
 
 
 def utf8(v: Any) -> Any:

@@ -363,7 +363,7 @@ def first_divergence(a: str | os.PathLike[str], b: str | os.PathLike[str], *, to
     the record. ``grid``: also keep, per (step, grid column), the largest distance (for
     ``diverge --html``; at most GRID_STEPS x GRID_COLUMNS cells)."""
     tolerance = _tolerance(tolerance)
-    pa, pb = os.fspath(a), os.fspath(b)
+    pa, pb = layout.trace_path(a), layout.trace_path(b)
     with layout.Reader(pa, strict=False) as ra, layout.Reader(pb, strict=False) as rb:
         ha, hb = ra.header, rb.header
         result = Divergence(pa, pb, tolerance=tolerance)

@@ -209,10 +209,10 @@ def _record(p: Any, header: Header) -> Record | str:
 
 
 def _header(p: Any) -> Header | str:
-    if type(p) is not list or len(p) != 7 or p[0] != TAG_HEADER or p[1] != FORMAT:
+    if type(p) is not list or len(p) != 7 or not _int(p[0], TAG_HEADER, TAG_HEADER) or p[1] != FORMAT:
         return "the first frame is not a tensorcanon-trace header"
     _, _, version, level, algorithm, rank, world = p
-    if version != VERSION:
+    if not _int(version, VERSION, VERSION):  # (an int: msgpack's true or 1.0 is not the version 1)
         return f"trace format version {version!r}; this tensorcanon reads version {VERSION} (upgrade it?)"
     if level not in LEVELS:
         return f"level {level!r} is not one of {', '.join(LEVELS)}"
@@ -228,21 +228,27 @@ ONE_RECORD_PER_CALL = frozenset({"batch", "rng", "loss", "param", "optim", "grad
 the records of one (phase, kind, scope, name) have the call indices 0, 1, 2, ... in file order."""
 
 
-class _Calls:
-    """The call-index rule, checked by :func:`verify`: for the kinds of ONE_RECORD_PER_CALL, the
-    next call index of each (phase, kind, scope, name) of the current step. Memory: one entry per
-    such name in one step (its xxh3-128, not its texts), never more than the step's records."""
+class Calls:
+    """The call-index rule, checked by :func:`verify` and on the records a resume keeps: records
+    are in step order (a step never goes back: else a step's calls could be counted from 0 twice,
+    and the counters of every step would have to be kept), and for the kinds of
+    ONE_RECORD_PER_CALL, the next call index of each (phase, kind, scope, name) of the current
+    step. Memory: one entry per such name in one step (its xxh3-128, not its texts), never more
+    than the step's records."""
 
     def __init__(self) -> None:
         self.step = -1
         self.next: dict[int, int] = {}
 
     def problem(self, r: Record) -> str:
-        if r.kind not in ONE_RECORD_PER_CALL:
-            return ""
+        if r.step < self.step:
+            return (f"a record of step {r.step} after one of step {self.step} (records are in step order: a "
+                    "step's calls are counted once, from 0)")
         if r.step != self.step:
             self.step = r.step
             self.next.clear()
+        if r.kind not in ONE_RECORD_PER_CALL:
+            return ""
         key = xxhash.xxh3_128_intdigest(msgpack.packb((r.phase, r.kind, r.scope, r.name)))
         want = self.next.get(key, 0)
         if r.call != want:
@@ -251,6 +257,23 @@ class _Calls:
                     "of the same step, phase, kind, scope and name before it)")
         self.next[key] = want + 1
         return ""
+
+
+def trace_path(path: Any) -> str:
+    """A trace argument as a path text: a ``str``, a path object or ``bytes`` (decoded as the file
+    system does); anything else (an int, which ``open`` would take as a file descriptor, None, a
+    list) or an empty path or one holding NUL is a :class:`UsageError`."""
+    try:
+        p = os.fspath(path) if not isinstance(path, (int, float)) else None
+    except TypeError:
+        p = None
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if type(p) is not str:
+        raise UsageError(f"a trace path must be a path (a str, bytes or os.PathLike), not a {type(path).__name__}")
+    if not p or "\0" in p:
+        raise UsageError(f"{p!r} is not a trace path (an empty path, or one holding NUL)")
+    return p
 
 
 def is_trace(path: str | os.PathLike[str]) -> bool:
@@ -277,8 +300,8 @@ class Reader:
 
     def __init__(self, path: str | os.PathLike[str], strict: bool = True,
                  start: tuple[int, int, int] | None = None, calls: bool = False) -> None:
-        self.path = os.fspath(path)
-        self.calls = _Calls() if calls else None
+        self.path = trace_path(path)
+        self.calls = Calls() if calls else None
         self.strict = strict
         self.tail = Tail()
         fd = open_fd(self.path, "read", "a tensorcanon trace")  # a regular file: never a FIFO that blocks
@@ -358,14 +381,14 @@ class Reader:
                                       offset=self.offset)
                 return
             p = _unpack(payload, path, index, start)
-            if type(p) is list and p and p[0] == TAG_END:
-                if len(p) != 2 or p[1] != index:
+            if type(p) is list and p and _int(p[0], TAG_END, TAG_END):
+                if len(p) != 2 or not _int(p[1], index, index):  # (an int: not false for 0, nor 0.0)
                     raise _bad(path, index, f"an end frame counting {p[1:]!r} records, not {index}", start)
                 if self.fh.read(1):
                     raise _bad(path, index + 1, "bytes after the end frame", self.offset)
                 tail.complete, tail.stopped = True, ""
                 return
-            if type(p) is not list or not p or p[0] != TAG_RECORD:
+            if type(p) is not list or not p or not _int(p[0], TAG_RECORD, TAG_RECORD):
                 raise _bad(path, index, "a frame that is neither a record nor the end frame", start)
             r = _record(p, header)
             if isinstance(r, str):
@@ -388,7 +411,7 @@ def _unpack(payload: bytes, path: str, index: int | str, offset: int) -> Any:
 
 
 def verify(path: str | os.PathLike[str]) -> tuple[Header, int]:
-    """Check every frame of a trace file, and the call indices (:class:`_Calls`); ``(header,
+    """Check every frame of a trace file, and the call indices (:class:`Calls`); ``(header,
     records)`` when it is complete and intact, else :class:`FormatError` / :class:`IntegrityError`
     naming the file and the record."""
     with Reader(path, strict=True, calls=True) as r:

@@ -20,7 +20,6 @@ operation may change it the next moment.
 from __future__ import annotations
 
 import json
-import operator
 import os
 import platform
 import random
@@ -88,14 +87,17 @@ def _printable(text: str, limit: int = 200) -> str:
 
 
 def _integer(v: Any) -> int | None:
-    """``v`` as an int when it is a whole number (an int, a numpy integer: ``__index__``), never a
-    bool; else None."""
-    if isinstance(v, bool) or not hasattr(type(v), "__index__"):
+    """``v`` as an int when it is a whole number (an int or a numpy integer), never a bool; else
+    None. Not anything with ``__index__``: a torch tensor has one, and a bool tensor's is 1 or 0."""
+    if isinstance(v, bool):
         return None
-    try:
-        return operator.index(v)
-    except (TypeError, ValueError, RuntimeError):  # (a tensor of several elements, ...)
-        return None
+    if isinstance(v, int):
+        return int(v)
+    import numpy as np
+
+    if isinstance(v, np.integer):  # (numpy's bool is not one)
+        return int(v)
+    return None
 
 
 def _whole(arg: str, given: Any, env: str, default: int) -> int:
@@ -324,9 +326,14 @@ class Recorder:
             offset, check, count = r.offset, r.tail.check, 0
             before: tuple[int, int, int] | None = None
             last = -1
+            calls = layout.Calls()  # a kept record is checked as `verify` checks it: the resumed trace verifies
             for rec in r:
                 if rec.step >= k:
                     break
+                why = calls.problem(rec)
+                if why:
+                    raise FormatError(f"{self.path}: trace record {count}: {why}; the trace cannot be continued "
+                                      "(`tensorcanon verify` checks it); nothing was changed", offset=offset)
                 if rec.step == k - 1 and before is None:
                     before = (offset, check, count)
                 last = max(last, rec.step)
