@@ -64,6 +64,7 @@ _LAZY = {
     "ResumableSampler": "training.data", "SamplerStateError": "training.data", "seed_worker": "training.data",
     "SeededDataset": "training.seeded", "SeededCollator": "training.seeded",
     "open": "io.lazy", "LazyFile": "io.lazy",
+    "Store": "store",  # a content-addressed store of many checkpoints (docs/STORE.md)
 }
 
 
