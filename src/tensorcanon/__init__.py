@@ -47,7 +47,7 @@ __version__ = "0.4.0.dev0"  # the next release, 0.4.0, in development (CHANGELOG
 __all__ = [
     "save", "load", "dumps", "loads", "fingerprint", "verify", "read_metadata",
     "open", "LazyFile",
-    "diff", "DiffResult",
+    "diff", "DiffResult", "Store",
     "trace", "first_divergence",
     "register", "unregister", "register_builtin_codecs", "Limits", "FORMAT_VERSION",
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",

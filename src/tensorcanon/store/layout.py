@@ -3,7 +3,7 @@
 Every rule a reader of a store checks lives here, used by the writer and every reader:
 which names are tags, blobs, markers; how a blob's header is written and what a reader
 requires of it before it allocates anything; what a tag record holds. Nothing here does
-I/O: backend.py moves bytes, codecs.py turns payloads into tensor bytes, store.py puts
+I/O: backend.py moves bytes, compress.py turns payloads into tensor bytes, store.py puts
 them together.
 """
 

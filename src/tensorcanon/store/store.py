@@ -4,7 +4,7 @@ A store holds *blobs*, one per distinct tensor, named by the tensor digest of
 docs/FORMAT.md §7.1, and *tag records*, one per saved object, each the header of the file
 ``tensorcanon.save`` writes for it (manifest, table with every tensor digest, devices).
 Saving writes only the tensors the store does not hold, compressed losslessly where that
-pays (codecs.py), then the record (atomically). Loading, verifying and exporting read a tag
+pays (compress.py), then the record (atomically). Loading, verifying and exporting read a tag
 as that file: its header from the record, its data section from the blobs, through the one
 reader every file goes through (io/reader.CheckedFile), so a tag is checked exactly as the
 file would be. docs/STORE.md is the user's guide and the layout's specification.
@@ -38,7 +38,7 @@ from ..format.limits import DEFAULT, Limits
 from ..format.tensorbytes import host_bytes
 from ..io import placement, reader, writer
 from ..io.source import Source
-from . import backend, codecs, layout
+from . import backend, compress, layout
 
 if TYPE_CHECKING:
     import torch
@@ -255,7 +255,7 @@ class Store:
                     except MissingFileError:
                         raise IntegrityError(f"{where} is a delta against {layout.show(base_raw)}, which the "
                                              "store does not hold; the store is damaged") from None
-            codecs.decode_into(h, blob.whole(), out.data, base, where)
+            compress.decode_into(h, blob.whole(), out.data, base, where)
             self._check_decoded(raw, h, out, where)
             return out
         finally:
@@ -285,7 +285,7 @@ class Store:
                     base_bytes = self._decode(base[0], prefix, base[1])
                 except TensorCanonError:
                     base, base_bytes = None, None  # an unusable base: store the tensor whole
-        enc = codecs.encode(data, s.dtype.itemsize, base_bytes)
+        enc = compress.encode(data, s.dtype.itemsize, base_bytes)
         is_delta = enc.codec == layout.DELTA
         depth = base[1] + 1 if is_delta and base is not None else 0
         head = layout.header_bytes(enc.codec, depth, prefix, len(data),
@@ -298,7 +298,7 @@ class Store:
             blob = b"".join([head, *(bytes(memoryview(p).cast("B")) for p in enc.pieces)])
             h = layout.parse_header(blob[: layout.HEAD], len(blob), "a blob being written")
             check = np.empty(h.size, dtype=np.uint8)
-            codecs.decode_into(h, blob, check.data, (lambda: base_bytes) if is_delta else None,
+            compress.decode_into(h, blob, check.data, (lambda: base_bytes) if is_delta else None,
                                "a blob being written")
             self._check_decoded(raw, h, check, "a blob being written")
             del check
@@ -325,10 +325,15 @@ class Store:
         tag = layout.tag_of(newest.rsplit("/", 1)[-1])
         assert tag is not None
         try:
-            with self._tag_file(tag) as cf:
+            with self._tag_file(tag, blobs=False) as cf:
                 return {r.name: r.digest for r in cf.rows}
         except TensorCanonError:
             return {}
+
+    def _summary(self, tag: str) -> tuple[str, int]:
+        """A tag's digest and the size of its file, from its record alone."""
+        with self._tag_file(tag, blobs=False) as cf:
+            return cf.digest or "", cf.src.size or 0
 
     def _record(self, tag: str) -> bytes:
         """The header a tag's record holds, the record checked (a tensorcanon file, its digest)."""
@@ -347,8 +352,9 @@ class Store:
         return layout.record_header(obj, tag, f"tag {tag!r} (record {where!r})")
 
     @contextlib.contextmanager
-    def _tag_file(self, tag: str, limits: Limits = DEFAULT) -> Iterator[reader.CheckedFile]:
-        """The file of ``tag`` (header from its record, data from its blobs), checked by CheckedFile."""
+    def _tag_file(self, tag: str, limits: Limits = DEFAULT, *, blobs: bool = True) -> Iterator[reader.CheckedFile]:
+        """The file of ``tag`` (header from its record, data from its blobs), checked by CheckedFile;
+        ``blobs=False``: its header only (the rows), no blob opened, no data to read."""
         header = self._record(layout.check_tag(tag))
         prefix, raw = header[: container.LENGTH_SIZE], header[container.LENGTH_SIZE :]
         where = f"tag {tag!r}"
@@ -365,7 +371,8 @@ class Store:
                 raise type(e)(*_prefixed(e, f"{where}: ")) from None
             if not cf.is_tensorcanon:
                 raise FormatError(f"{where}: its record holds a plain safetensors header, not a tensorcanon one")
-            vf.attach(cf.rows)
+            if blobs:
+                vf.attach(cf.rows)
             yield cf
         finally:
             vf.close()
@@ -414,7 +421,7 @@ class Store:
                             base = (old, depth)
                     self._write_blob(s, raw, data, base, refresh)
                     if kept + len(data) <= BASE_CACHE:
-                        copies[raw] = np.array(codecs.as_u8(data))  # a copy: the tensor will change
+                        copies[raw] = np.array(compress.as_u8(data))  # a copy: the tensor will change
                         kept += len(data)
                 header, manifest_raw = p.header()
                 record = api.dumps(layout.record_object(tag, header))
@@ -452,20 +459,39 @@ class Store:
         if tag is not None:
             with self._tag_file(tag) as cf:
                 return self._verify_file(tag, cf)
-        self._check_root()
         out: dict[str, str] = {}
+        for kind, name, result in self.checks():
+            if isinstance(result, BaseException):
+                raise result
+            if kind == "tag":
+                out[name] = result
+        return out
+
+    def checks(self) -> Iterator[tuple[str, str, Any]]:
+        """Every check of the whole store, one at a time: ``("tag", tag, digest or the error)`` for
+        each tag, then ``("blob", name, None or the error)`` for each blob no tag used (a tag's
+        check decodes its own blobs). For reports that go on past the first damage."""
+        self._check_root()
         seen: set[bytes] = set()
         for t in self.tags():
-            with self._tag_file(t) as cf:
-                out[t] = self._verify_file(t, cf)
-                seen.update(r.digest for r in cf.rows)
+            try:
+                with self._tag_file(t, blobs=False) as cf:
+                    seen.update(r.digest for r in cf.rows)
+                with self._tag_file(t) as cf:
+                    result: Any = self._verify_file(t, cf)
+            except (FormatError, IntegrityError) as e:
+                result = e
+            yield "tag", t, result
         for rel in sorted(self._b.listing(layout.BLOBS)):
             raw = layout.blob_digest(rel)
-            if raw is None:
+            if raw is None or raw in seen:
                 continue
-            if raw not in seen:
+            try:
                 self._decode(raw)
-        return out
+                result = None
+            except (FormatError, IntegrityError) as e:
+                result = e
+            yield "blob", self._b.display(rel), result
 
     def _verify_file(self, tag: str, cf: reader.CheckedFile) -> str:
         try:
@@ -540,8 +566,8 @@ class Store:
                         self._b.delete(rel)
                 live: set[bytes] = set()
                 for tag in self.tags():
-                    with self._tag_file(tag) as cf:
-                        live.update(r.digest for r in cf.rows)
+                    with self._tag_file(tag, blobs=False) as cf:
+                        live.update(r.digest for r in cf.rows if r.nbytes)
                 todo = list(live)
                 while todo:  # the delta bases the live blobs need, and theirs
                     raw = todo.pop()
