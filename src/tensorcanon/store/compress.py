@@ -14,6 +14,7 @@ written raw and a compressed blob is refused with an error naming the extra.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ def _need_zstd(where: str) -> Any:
 
 
 _POOL: list[ThreadPoolExecutor] = []
+if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads: it makes its own pool
+    os.register_at_fork(after_in_child=_POOL.clear)
 
 
 def _pool() -> ThreadPoolExecutor:

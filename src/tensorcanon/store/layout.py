@@ -254,7 +254,7 @@ def record_header(obj: object, tag: str, where: str) -> bytes:
         raise FormatError(f"{where}: layout {obj['layout']!r:.30}; this tensorcanon reads layout {LAYOUT} "
                           "(a newer tensorcanon is needed)")
     if obj["tag"] != tag:
-        raise FormatError(f"{where}: the record is tag {obj['tag']!r:.220}'s, not {tag!r}: a record was "
+        raise FormatError(f"{where}: the record is of tag {obj['tag']!r:.220}, not {tag!r}: a record was "
                           "renamed or copied; delete it or save the tag again")
     header = obj["header"]
     if type(header) is not bytes or len(header) < container.LENGTH_SIZE + 2:

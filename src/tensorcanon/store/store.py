@@ -355,6 +355,8 @@ class Store:
     def _tag_file(self, tag: str, limits: Limits = DEFAULT, *, blobs: bool = True) -> Iterator[reader.CheckedFile]:
         """The file of ``tag`` (header from its record, data from its blobs), checked by CheckedFile;
         ``blobs=False``: its header only (the rows), no blob opened, no data to read."""
+        if not self._ready:
+            self._check_root()
         header = self._record(layout.check_tag(tag))
         prefix, raw = header[: container.LENGTH_SIZE], header[container.LENGTH_SIZE :]
         where = f"tag {tag!r}"
