@@ -26,6 +26,9 @@ MARKER_TEXT = b"tensorcanon-store layout 1\n"
 ALGORITHM = digest.DEFAULT
 DIGEST_SIZE = digest.size(ALGORITHM)
 
+#: Rewritten (a random token) by every collection when it ends: a saver that sees another token than at
+#: its last save knows blobs may have gone since, and forgets which ones it believed present.
+EPOCH = "gc-epoch"
 BLOBS = f"blobs/{ALGORITHM}"
 TAGS = "tags"
 PENDING = "pending"

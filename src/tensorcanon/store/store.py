@@ -87,6 +87,7 @@ class Store:
         self._last: dict[str, bytes] | None = None  # the last tag this object saved: tensor name -> digest
         self._copies: dict[bytes, np.ndarray] = {}  # digest -> its bytes: the next save's delta bases
         self._ready = False
+        self._epoch: bytes | None = None         # the collection epoch (layout.EPOCH) seen at the last save
 
     def __repr__(self) -> str:
         return f"tensorcanon.Store({self._b.display()!r})"
@@ -118,7 +119,9 @@ class Store:
             self._check_root()
         else:
             b = self._b
-            if isinstance(b, backend.Local) and b.root_exists() and any(True for _ in os.scandir(b.root)):
+            ours = {layout.MARKER, layout.EPOCH, layout.TAGS, layout.PENDING, layout.GC, layout.TMP,
+                    layout.BLOBS.split("/")[0]}  # (another process creating the store at the same time)
+            if isinstance(b, backend.Local) and b.root_exists() and any(e.name not in ours for e in os.scandir(b.root)):
                 raise UsageError(f"{self._b.display()!r} is a folder that is not empty and not a tensorcanon "
                                  "store: give a new or empty folder as a store's root")
             self._b.ensure()
@@ -158,6 +161,18 @@ class Store:
         finally:
             with contextlib.suppress(TensorCanonError):
                 self._b.delete(me)
+
+    def _since_gc(self) -> None:
+        """Forget which blobs exist (and their depths) if a collection ran since this object's last save:
+        it may have deleted blobs this object wrote or saw (no collection runs during a save)."""
+        try:
+            epoch = self._b.get(layout.EPOCH, 64)
+        except MissingFileError:
+            epoch = b""
+        if epoch != self._epoch:
+            self._known.clear()
+            self._depth.clear()
+            self._epoch = epoch
 
     # ------------------------------------------------------------------ hashing, with the cache
     def _key(self, s: Any) -> tuple | None:
@@ -395,6 +410,7 @@ class Store:
         with self._lock:
             self._create()
             with self._saving() as refresh:
+                self._since_gc()
                 names = self._base_names()
                 hashed: dict[tuple, tuple[Any, int, int, bytes]] = {}
                 copies: dict[bytes, np.ndarray] = {}
@@ -597,6 +613,10 @@ class Store:
                 for rel, (size, when) in self._b.listing(layout.TMP).items():
                     if self._stale_temp(rel, when) and self._b.delete(rel):
                         freed += size
+                token = secrets.token_hex(16).encode()
+                self._b.put(layout.EPOCH, [token], len(token))  # (before the marker goes: saves still wait)
+                self._known.clear()
+                self._depth.clear()
             finally:
                 with contextlib.suppress(TensorCanonError):
                     self._b.delete(me)
