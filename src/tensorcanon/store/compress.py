@@ -84,12 +84,19 @@ def as_u8(data: Any) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
+_BLOCK = 1 << 16  # elements transposed at a time: both sides stay in the cache
+
+
 def split(a: np.ndarray, k: int) -> list[np.ndarray]:
     """The ``k`` byte planes of flat uint8 array ``a`` (element size ``k``), each contiguous."""
     if k == 1:
         return [a]
     grid = a.reshape(-1, k)
-    return [np.ascontiguousarray(grid[:, i]) for i in range(k)]
+    n = len(grid)
+    out = np.empty((k, n), dtype=np.uint8)
+    for s in range(0, n, _BLOCK):
+        out[:, s : s + _BLOCK] = grid[s : s + _BLOCK].T
+    return list(out)
 
 
 def xor(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -115,14 +122,18 @@ def _grouped(z: Any, a: np.ndarray, k: int, pool: bool) -> tuple[list[tuple[int,
     return [(c, len(p)) for c, p in done], [p for _, p in done]
 
 
-def _sample(a: np.ndarray, k: int) -> np.ndarray | slice:
+def _sample(a: np.ndarray, k: int) -> list[slice]:
     """Where the sample lies: the whole of a small tensor, else three element-aligned windows."""
     n = len(a)
     if n <= 3 * WINDOW:
-        return slice(0, n)
+        return [slice(0, n)]
     mid = (n // 2) // k * k
     end = (n - WINDOW) // k * k
-    return np.concatenate([np.arange(0, WINDOW), np.arange(mid, mid + WINDOW), np.arange(end, end + WINDOW)])
+    return [slice(0, WINDOW), slice(mid, mid + WINDOW), slice(end, end + WINDOW)]
+
+
+def _take(a: np.ndarray, where: list[slice]) -> np.ndarray:
+    return a[where[0]] if len(where) == 1 else np.concatenate([a[w] for w in where])
 
 
 def choose(a: np.ndarray, k: int, base: np.ndarray | None) -> int:
@@ -131,12 +142,12 @@ def choose(a: np.ndarray, k: int, base: np.ndarray | None) -> int:
     if z is None or len(a) < MIN_COMPRESS:
         return layout.RAW
     where = _sample(a, k)
-    s = a[where] if isinstance(where, slice) else a.take(where)
+    s = _take(a, where)
     sizes = {layout.ZSTD: len(z.ZstdCompressor(level=LEVEL).compress(s))}
     if k > 1:
         sizes[layout.GROUPED] = sum(n for _, n in _grouped(z, s, k, False)[0])
     if base is not None:
-        b = base[where] if isinstance(where, slice) else base.take(where)
+        b = _take(base, where)
         sizes[layout.DELTA] = sum(n for _, n in _grouped(z, np.bitwise_xor(s, b), k, False)[0])
     best = min(sizes, key=lambda c: (sizes[c], c))
     return best if sizes[best] < PAYS * len(s) else layout.RAW

@@ -149,7 +149,7 @@ class Store:
         """Hold a pending-save marker for the block, after waiting out any running collection."""
         me = self._marker(layout.PENDING)
         while True:
-            self._b.put(me, [b""], 0)
+            self._b.put(me, [b""], 0, durable=False)  # (a marker matters while its process lives)
             running = self._live(layout.GC)
             if not running:
                 break
@@ -321,7 +321,7 @@ class Store:
         else:
             pieces = [head, data]
         total = len(head) + enc.payload_size if enc.codec == layout.RAW else len(pieces[0])
-        self._b.put(layout.blob_path(raw), pieces, total, durable=True)
+        self._b.put(layout.blob_path(raw), pieces, total, durable=False)  # (made durable before the record)
         self._known.add(raw)
         self._depth[raw] = depth
         refresh()
@@ -414,6 +414,7 @@ class Store:
                 names = self._base_names()
                 hashed: dict[tuple, tuple[Any, int, int, bytes]] = {}
                 copies: dict[bytes, np.ndarray] = {}
+                written: list[str] = []
                 kept = 0
                 for s in p.ordered:
                     raw = self._cached(s)
@@ -438,9 +439,11 @@ class Store:
                         if depth is not None and depth < CHAIN:
                             base = (old, depth)
                     self._write_blob(s, raw, data, base, refresh)
+                    written.append(layout.blob_path(raw))
                     if kept + len(data) <= BASE_CACHE:
                         copies[raw] = np.array(compress.as_u8(data))  # a copy: the tensor will change
                         kept += len(data)
+                self._b.sync(written)  # every blob durable before the record that names them
                 header, manifest_raw = p.header()
                 record = api.dumps(layout.record_object(tag, header))
                 self._b.put(layout.tag_path(tag), [record], len(record))
@@ -568,7 +571,7 @@ class Store:
         with self._lock:
             self._b.ensure()
             me = self._marker(layout.GC)
-            self._b.put(me, [b""], 0)
+            self._b.put(me, [b""], 0, durable=False)
             refresh = _Refresher(self._b, me)
             try:
                 waited_for = set(self._live(layout.PENDING))
@@ -614,7 +617,7 @@ class Store:
                     if self._stale_temp(rel, when) and self._b.delete(rel):
                         freed += size
                 token = secrets.token_hex(16).encode()
-                self._b.put(layout.EPOCH, [token], len(token))  # (before the marker goes: saves still wait)
+                self._b.put(layout.EPOCH, [token], len(token), durable=False)  # (before the marker goes: saves still wait)
                 self._known.clear()
                 self._depth.clear()
             finally:
@@ -671,7 +674,7 @@ class _Refresher:
 
     def __call__(self) -> None:
         if time.monotonic() - self._at > REFRESH:
-            self._b.put(self._rel, [b""], 0)
+            self._b.put(self._rel, [b""], 0, durable=False)
             self._at = time.monotonic()
 
 
