@@ -61,12 +61,12 @@ def tensors_of(obj):
     return out
 
 
-def timed(fn, repeat=1):
+def timed(fn, *args, repeat=1):
     best = float("inf")
     out = None
     for _ in range(repeat):
         start = time.perf_counter()
-        out = fn()
+        out = fn(*args)
         best = min(best, time.perf_counter() - start)
     return best, out
 
@@ -119,12 +119,12 @@ def workload_frozen(make, saves, steps) -> dict:
                 opt.zero_grad()
             state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
             before = stored(os.path.join(root, "s")) if k else 0
-            t_store, _ = timed(lambda: store.save(f"step-{k}", state))
+            t_store, _ = timed(store.save, f"step-{k}", state)
             after = stored(os.path.join(root, "s"))
             trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
             changed = {"trainable": trainable, "optimizer": opt.state_dict()}
             changed_bytes = sum(t.numel() * t.element_size() for t in tensors_of(changed))
-            t_plain, _ = timed(lambda: tc.save(changed, changed_file), 3)
+            t_plain, _ = timed(tc.save, changed, changed_file, repeat=3)
             rows.append({"save": k, "stored_bytes": after - before, "changed_bytes": changed_bytes,
                          "store_save_s": t_store, "plain_save_of_changed_s": t_plain,
                          "logical_bytes": len(tc.dumps(state))})
@@ -182,14 +182,14 @@ def workload_training(dtype, saves, every) -> dict:
             state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
             raw = sum(t.numel() * t.element_size() for t in tensors_of(state))
             before = stored(os.path.join(root, "s"))
-            t_save, digest = timed(lambda: store.save(f"step-{(k + 1) * every}", state))
+            t_save, digest = timed(store.save, f"step-{(k + 1) * every}", state)
             rows.append({"step": (k + 1) * every, "raw_bytes": raw, "stored_bytes": stored(os.path.join(root, "s"))
                          - before, "grouped_zstd_bytes": grouped_size(state), "save_s": t_save,
                          "logical_bytes": len(tc.dumps(state))})
             states.append((f"step-{(k + 1) * every}", digest))
         fresh = tc.Store(os.path.join(root, "s"))
         exact = all(tc.fingerprint(fresh.load(tag)) == digest for tag, digest in states)
-        t_load, _ = timed(lambda: fresh.load(states[-1][0]), 3)
+        t_load, _ = timed(fresh.load, states[-1][0], repeat=3)
         stats = fresh.stats()
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -214,18 +214,18 @@ def throughput(mib: int) -> dict:
     root = tempfile.mkdtemp(prefix="store-bench-")
     out: dict = {"logical_mib": mib}
     try:
-        t_plain, _ = timed(lambda: tc.save(c, os.path.join(root, "plain.safetensors")), 3)
+        t_plain, _ = timed(tc.save, c, os.path.join(root, "plain.safetensors"), repeat=3)
         store = tc.Store(os.path.join(root, "s"))
         store.save("a", a)
-        t_b, _ = timed(lambda: store.save("b", b))  # delta against a: the compressed path
-        t_load, _ = timed(lambda: tc.Store(os.path.join(root, "s")).load("b"), 3)
-        t_raw_load, _ = timed(lambda: tc.load(os.path.join(root, "plain.safetensors")), 3)
+        t_b, _ = timed(store.save, "b", b)  # delta against a: the compressed path
+        t_load, _ = timed(lambda: tc.Store(os.path.join(root, "s")).load("b"), repeat=3)
+        t_raw_load, _ = timed(tc.load, os.path.join(root, "plain.safetensors"), repeat=3)
         real = compress.zstd
         compress.zstd = lambda: None  # no compression: every blob raw
         try:
             raw = tc.Store(os.path.join(root, "raw"))
-            t_c, _ = timed(lambda: raw.save("c", c))
-            t_raw_store_load, _ = timed(lambda: tc.Store(os.path.join(root, "raw")).load("c"), 3)
+            t_c, _ = timed(raw.save, "c", c)
+            t_raw_store_load, _ = timed(lambda: tc.Store(os.path.join(root, "raw")).load("c"), repeat=3)
         finally:
             compress.zstd = real
         size = mib * (1 << 20)
@@ -260,7 +260,8 @@ def main() -> None:
         print(f"{w['workload']}: stored/changed {w['stored_over_changed']:.3f} (target <= 1.05), "
               f"save time / tc.save of changed {w['time_over_plain']:.2f} (target <= 1.2)")
     for w in results["training"]:
-        print(f"AdamW {w['dtype']}: stored/raw {w['stored_over_raw']:.3f}, grouped zstd/raw {w['grouped_over_raw']:.3f}, "
+        print(f"AdamW {w['dtype']}: stored/raw {w['stored_over_raw']:.3f}, "
+              f"grouped zstd/raw {w['grouped_over_raw']:.3f}, "
               f"stored/grouped {w['stored_over_grouped']:.3f} (target <= 0.95); save {w['save_mb_s']:.0f} MB/s, "
               f"load {w['load_gb_s']:.2f} GB/s; bit-exact {w['every_load_bit_exact']}; codecs {w['codecs']}")
     t = results["throughput"]

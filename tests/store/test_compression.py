@@ -128,5 +128,5 @@ def test_compress_round_trip_on_odd_sizes():
             blob = head + b"".join(bytes(memoryview(p).cast("B")) for p in enc.pieces)
             h = layout.parse_header(blob[: layout.HEAD], len(blob), "t")
             out = np.empty(n, np.uint8)
-            compress.decode_into(h, blob, out.data, lambda: base, "t")
+            compress.decode_into(h, blob, out.data, lambda b=base: b, "t")
             assert bytes(out) == bytes(data)

@@ -8,7 +8,6 @@ import sys
 import threading
 import time
 
-import pytest
 import torch
 
 import tensorcanon as tc
@@ -17,7 +16,7 @@ from tensorcanon.store import compress, layout
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD = os.path.join(HERE, "store_child.py")
 sys.path.insert(0, HERE)
-import store_child  # noqa: E402
+import store_child
 
 
 def env():

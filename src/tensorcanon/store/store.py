@@ -617,7 +617,8 @@ class Store:
                     if self._stale_temp(rel, when) and self._b.delete(rel):
                         freed += size
                 token = secrets.token_hex(16).encode()
-                self._b.put(layout.EPOCH, [token], len(token), durable=False)  # (before the marker goes: saves still wait)
+                # (before the marker goes: saves still wait)
+                self._b.put(layout.EPOCH, [token], len(token), durable=False)
                 self._known.clear()
                 self._depth.clear()
             finally:

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, out: Any) -> int:
         for tag in store.tags():
             digest, size = store._summary(tag)
             rows.append({"tag": tag, "digest": digest, "logical_bytes": size})
-        width = max((len(r["tag"]) for r in rows), default=3)
+        width = max((len(tag) for tag in store.tags()), default=3)
         for r in rows:
             out.line(f"{r['tag']:<{width}}  {r['digest']}  {r['logical_bytes']:>14,} bytes")
         out.json({"root": root, "tags": rows})
