@@ -58,6 +58,9 @@ STALE = 3600.0
 REFRESH = 600.0
 #: What a record may weigh: its header is a file header (limits.max_header_bytes) plus a few bytes.
 _RECORD_LIMIT = DEFAULT.max_header_bytes + (1 << 20)
+#: The names a store's root holds.
+_OURS = frozenset({layout.MARKER, layout.EPOCH, layout.TAGS, layout.PENDING, layout.GC, layout.TMP,
+                   layout.BLOBS.split("/")[0]})
 
 
 class Store:
@@ -106,6 +109,10 @@ class Store:
         try:
             text = self._b.get(layout.MARKER, 4096)
         except MissingFileError:
+            b = self._b
+            if isinstance(b, backend.Local) and all(e.name in _OURS for e in os.scandir(b.root)):
+                raise MissingFileError(f"no store at {b.display()!r} yet: it is being created (or its creation "
+                                       "was interrupted: save to it to finish)", filename=b.display()) from None
             raise FormatError(f"{self._b.display()!r} is not a tensorcanon store: it has no "
                               f"{layout.MARKER!r} file") from None
         if text != layout.MARKER_TEXT:
@@ -118,10 +125,9 @@ class Store:
         if self._b.root_exists() and self._b.exists(layout.MARKER):
             self._check_root()
         else:
-            b = self._b
-            ours = {layout.MARKER, layout.EPOCH, layout.TAGS, layout.PENDING, layout.GC, layout.TMP,
-                    layout.BLOBS.split("/")[0]}  # (another process creating the store at the same time)
-            if isinstance(b, backend.Local) and b.root_exists() and any(e.name not in ours for e in os.scandir(b.root)):
+            b = self._b  # (names of ours: another process may be creating the store at the same time)
+            local = isinstance(b, backend.Local) and b.root_exists()
+            if local and any(e.name not in _OURS for e in os.scandir(b.root)):  # type: ignore[union-attr]
                 raise UsageError(f"{self._b.display()!r} is a folder that is not empty and not a tensorcanon "
                                  "store: give a new or empty folder as a store's root")
             self._b.ensure()
