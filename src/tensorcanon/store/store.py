@@ -369,7 +369,8 @@ class Store:
         try:
             obj = api.loads(data)
         except TensorCanonError as e:
-            raise type(e)(*_prefixed(e, f"tag {tag!r} (record {where!r}): ")) from None
+            _prefixed(e, f"tag {tag!r} (record {where!r}): ")
+            raise
         return layout.record_header(obj, tag, f"tag {tag!r} (record {where!r})")
 
     @contextlib.contextmanager
@@ -384,14 +385,16 @@ class Store:
         try:
             parsed = container.parse_raw(prefix, raw, None, limits)
         except TensorCanonError as e:
-            raise type(e)(*_prefixed(e, f"{where}: ")) from None
+            _prefixed(e, f"{where}: ")
+            raise
         size = len(header) + max((e.end for e in parsed.entries), default=0)
         vf = _TagFile(self, tag, header, size)
         try:
             try:
                 cf = reader.CheckedFile(Source(cast(Any, vf), name=f"{self._b.display()} tag {tag}"), limits)
             except TensorCanonError as e:
-                raise type(e)(*_prefixed(e, f"{where}: ")) from None
+                _prefixed(e, f"{where}: ")
+                raise
             if not cf.is_tensorcanon:
                 raise FormatError(f"{where}: its record holds a plain safetensors header, not a tensorcanon one")
             if blobs:
@@ -524,7 +527,8 @@ class Store:
         try:
             return cf.verify()
         except TensorCanonError as e:
-            raise type(e)(*_prefixed(e, f"tag {tag!r}: ")) from None
+            _prefixed(e, f"tag {tag!r}: ")
+            raise
 
     def export(self, tag: str, path: str | os.PathLike[str], *, storage_options: Any = None) -> str:
         """Write ``tag`` as one file at ``path`` (a path or URL): the bytes ``tensorcanon.save``
@@ -697,12 +701,11 @@ def _few(tags: list[str]) -> str:
     return shown + (f" and {len(tags) - 5} more" if len(tags) > 5 else "")
 
 
-def _prefixed(e: TensorCanonError, prefix: str) -> tuple:
-    """``e``'s arguments with its message prefixed (for re-raising with the tag named)."""
-    args = list(e.args)
-    if args and isinstance(args[0], str):
-        args[0] = prefix + args[0]
-    return tuple(args)
+def _prefixed(e: TensorCanonError, prefix: str) -> TensorCanonError:
+    """``e`` with its message prefixed (to re-raise it with the tag named), its attributes kept."""
+    if e.args and isinstance(e.args[0], str):
+        e.args = (prefix + e.args[0], *e.args[1:])
+    return e
 
 
 class _TagFile(io.RawIOBase):
