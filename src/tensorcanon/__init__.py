@@ -47,7 +47,7 @@ __version__ = "0.4.0.dev0"  # the next release, 0.4.0, in development (CHANGELOG
 __all__ = [
     "save", "load", "dumps", "loads", "fingerprint", "verify", "read_metadata",
     "open", "LazyFile",
-    "diff", "DiffResult",
+    "diff", "DiffResult", "Store",
     "trace", "first_divergence",
     "register", "unregister", "register_builtin_codecs", "Limits", "FORMAT_VERSION",
     "TensorCanonError", "FormatError", "LimitError", "IntegrityError",
@@ -64,6 +64,7 @@ _LAZY = {
     "ResumableSampler": "training.data", "SamplerStateError": "training.data", "seed_worker": "training.data",
     "SeededDataset": "training.seeded", "SeededCollator": "training.seeded",
     "open": "io.lazy", "LazyFile": "io.lazy",
+    "Store": "store",  # a content-addressed store of many checkpoints (docs/STORE.md)
 }
 
 

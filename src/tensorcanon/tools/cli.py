@@ -56,7 +56,7 @@ from ..io import reader, storage, writer
 from ..io.source import open_path
 from ..trace import command as trace_command
 from ..trace.command import nonnegative  # (the lower layer's argparse type: diverge's --tolerance too)
-from . import diffview, lockfile, textout, versions
+from . import diffview, lockfile, store_cli, textout, versions
 from .diff import detect_format, diff, load_file, open_lazily
 from .progress import BinaryReader, Progress, ProgressFile
 
@@ -926,6 +926,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_repro)
 
     trace_command.add_parser(sub, common, trace_command.run)  # diverge (docs/TRACE.md)
+    store_cli.add_parser(sub, common)  # store ls|verify|export|gc|stats (docs/STORE.md)
     return parser
 
 

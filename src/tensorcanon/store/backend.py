@@ -1,0 +1,404 @@
+"""Where a store's objects live: a local folder, or a prefix of an fsspec store (``s3://``, ``memory://``).
+
+Both give the same few operations on names relative to the root (``tags/a.safetensors``):
+``get`` (a whole object, its size bounded first), ``blob`` (an object to read ranges of, or
+map), ``put`` (an object made visible complete or not at all: a temp file renamed over the
+name locally, one PUT or a completed multipart upload in a store), ``listing`` (names under a
+prefix, with sizes and modification times), ``delete``, ``exists``. Every failure is the
+library's :class:`FileAccessError` (a :class:`MissingFileError` for a missing object)
+naming the object, with no credential in it (storage.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError
+from ..io import storage
+from . import layout
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def host() -> str:
+    """This machine's name as a marker may hold it (``[A-Za-z0-9_-]``, at most 64 characters)."""
+    name = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())[:64]
+    return name or "host"
+
+
+class Local:
+    """A store in a local folder. Objects are written to ``tmp/`` and renamed into place (after an
+    fsync), so that a crash leaves every name either absent or complete; names are never followed
+    through a symlink."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.is_local = True
+
+    def display(self, rel: str = "") -> str:
+        return os.path.join(self.root, rel) if rel else self.root
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, *rel.split("/"))
+
+    def _error(self, e: OSError, doing: str, rel: str) -> FileAccessError:
+        where = self.display(rel)
+        if isinstance(e, FileNotFoundError):
+            return MissingFileError(f"cannot {doing} {where!r}: no such file", filename=where)
+        if e.errno == errno.ELOOP:
+            return FileAccessError(f"cannot {doing} {where!r}: it is a symbolic link, which a store never "
+                                   "follows (every name of a store is a regular file inside its root)",
+                                   filename=where, errno=e.errno)
+        return FileAccessError(f"cannot {doing} {where!r}: {e.strerror or e}", filename=where, errno=e.errno)
+
+    def root_exists(self) -> bool:
+        return os.path.isdir(self.root)
+
+    def exists(self, rel: str) -> bool:
+        return os.path.lexists(self.path(rel))
+
+    def open_fd(self, rel: str) -> int:
+        """A descriptor of the regular file ``rel`` (never a symlink, FIFO or device)."""
+        import stat
+
+        name = self.path(rel)
+        try:
+            fd = os.open(name, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise self._error(e, "read", rel) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise FileAccessError(f"cannot read {name!r}: not a regular file", filename=name)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def get(self, rel: str, limit: int) -> bytes:
+        fd = self.open_fd(rel)
+        try:
+            size = os.fstat(fd).st_size
+            if size > limit:
+                raise FormatError(f"{self.display(rel)!r} is {size} bytes, more than the {limit} such an "
+                                  "object may hold")
+            return os.pread(fd, size, 0) if size else b""
+        finally:
+            os.close(fd)
+
+    def blob(self, rel: str) -> Blob:
+        fd = self.open_fd(rel)
+        return Blob(self.display(rel), os.fstat(fd).st_size, fd=fd)
+
+    def ensure(self) -> None:
+        for rel in (layout.BLOBS, layout.TAGS, layout.PENDING, layout.GC, layout.TMP):
+            try:
+                os.makedirs(self.path(rel), exist_ok=True)
+            except OSError as e:
+                raise self._error(e, "create", rel) from None
+
+    def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True) -> None:
+        """Write ``pieces`` as object ``rel``: a temp file in ``tmp/``, flushed (and fsynced when
+        ``durable``), then renamed over the name."""
+        target = self.path(rel)
+        folder = os.path.dirname(target)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f"{host()}.{os.getpid()}.", suffix=".tmp", dir=self.path(layout.TMP))
+        except OSError as e:
+            raise self._error(e, "write", rel) from None
+        try:
+            with os.fdopen(fd, "wb", buffering=0) as f:
+                for piece in pieces:
+                    view = memoryview(piece).cast("B")
+                    done = 0
+                    while done < len(view):
+                        done += f.write(view[done:]) or 0
+                if durable:
+                    os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        except BaseException as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            if isinstance(e, OSError) and not isinstance(e, TensorCanonError):
+                raise self._error(e, "write", rel) from None
+            raise
+        if durable:
+            self.sync_dir(folder)
+
+    def sync(self, rels: list[str]) -> None:
+        """Make objects written with ``durable=False`` durable: every file and the folders that name
+        them fsynced, on several threads at once (the file system commits them together)."""
+        if not rels:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(path: str, folder: bool) -> None:
+            try:
+                fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+            except OSError:
+                return  # (gone: deleted by a collection, which only deletes what no tag needs)
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                if not folder:
+                    raise self._error(e, "write", os.path.relpath(path, self.root)) from None
+            finally:
+                os.close(fd)
+
+        files = [self.path(r) for r in rels]
+        folders = sorted({os.path.dirname(f) for f in files})
+        with ThreadPoolExecutor(min(16, len(files) + len(folders))) as pool:
+            for f in [pool.submit(one, f, False) for f in files] + [pool.submit(one, d, True) for d in folders]:
+                f.result()
+
+    def sync_dir(self, folder: str) -> None:
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def listing(self, prefix: str) -> dict[str, tuple[int, float]]:
+        """Every regular file under ``prefix``: relative name -> (size, modification time)."""
+        out: dict[str, tuple[int, float]] = {}
+        top = self.path(prefix)
+        if not os.path.isdir(top):
+            return out
+        for folder, _dirs, files in os.walk(top):  # (os.walk never follows symlinked folders)
+            for f in files:
+                full = os.path.join(folder, f)
+                try:
+                    st = os.lstat(full)
+                except OSError:
+                    continue
+                import stat
+
+                if stat.S_ISREG(st.st_mode):
+                    rel = os.path.relpath(full, self.root).replace(os.sep, "/")
+                    out[rel] = (st.st_size, st.st_mtime)
+        return out
+
+    def delete(self, rel: str) -> bool:
+        try:
+            os.unlink(self.path(rel))
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise self._error(e, "delete", rel) from None
+
+    def mtime(self, rel: str) -> float | None:
+        try:
+            return os.lstat(self.path(rel)).st_mtime
+        except OSError:
+            return None
+
+    def now(self) -> float:
+        return time.time()
+
+
+class Remote:
+    """A store under a prefix of an fsspec filesystem (storage.Store: deadlines, redacted errors)."""
+
+    def __init__(self, url: str, options: Any) -> None:
+        self.url = url.rstrip("/")
+        self.store, self.prefix = storage.open_store(self.url, options)
+        self.prefix = self.prefix.rstrip("/")
+        self.is_local = False
+
+    def display(self, rel: str = "") -> str:
+        return storage.redact(f"{self.url}/{rel}" if rel else self.url)
+
+    def path(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}"
+
+    def root_exists(self) -> bool:
+        return self.store.exists(self.path(layout.MARKER))
+
+    def exists(self, rel: str) -> bool:
+        return self.store.exists(self.path(rel))
+
+    def get(self, rel: str, limit: int) -> bytes:
+        reader = self.store.reader(self.path(rel))
+        try:
+            if reader.size > limit:
+                raise FormatError(f"{self.display(rel)!r} is {reader.size} bytes, more than the {limit} such "
+                                  "an object may hold")
+            return reader.fetch(0, reader.size)
+        finally:
+            reader.close()
+
+    def blob(self, rel: str) -> Blob:
+        reader = self.store.reader(self.path(rel))
+        return Blob(self.display(rel), reader.size, reader=reader)
+
+    def ensure(self) -> None:
+        return None  # object stores have no folders
+
+    def sync(self, rels: list[str]) -> None:
+        return None  # an object is durable once its PUT (or its multipart upload) completed
+
+    def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True) -> None:
+        from ..io import remote
+
+        path = self.path(rel)
+        if total <= remote.PART:
+            data = b"".join(bytes(memoryview(p).cast("B")) for p in pieces)
+            self.store.put(path, data)
+            return
+
+        def fill(f: Any) -> None:
+            for piece in pieces:
+                f.write(memoryview(piece).cast("B"))
+
+        remote.write_object(self.store, path, fill, hold=0, total=total)
+
+    def listing(self, prefix: str) -> dict[str, tuple[int, float]]:
+        top = self.path(prefix)
+        with self.store.errors("list", top):
+            self.store.fs.invalidate_cache(top)
+        try:
+            found = self.store.call("list", top, "find", top, detail=True)
+        except MissingFileError:
+            return {}
+        out: dict[str, tuple[int, float]] = {}
+        base = self.prefix + "/"
+        for path, info in found.items():
+            if info.get("type") == "directory" or not path.startswith(base):
+                continue
+            try:
+                size = storage.claimed_size(info, self.display(path[len(base):]))
+            except FileAccessError:
+                continue
+            out[path[len(base):]] = (size, _mtime(info))
+        return out
+
+    def delete(self, rel: str) -> bool:
+        try:
+            self.store.delete(self.path(rel))
+            return True
+        except MissingFileError:
+            return False
+
+    def mtime(self, rel: str) -> float | None:
+        try:
+            info = self.store.call("look up", self.path(rel), "info", self.path(rel))
+        except MissingFileError:
+            return None
+        return _mtime(info)
+
+    def now(self) -> float:
+        return time.time()
+
+
+def _mtime(info: Any) -> float:
+    """A modification time from what a store says of an object (s3: LastModified; memory: created)."""
+    for key in ("LastModified", "mtime", "created", "last_modified", "updated"):
+        v = info.get(key)
+        if v is None:
+            continue
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+        ts = getattr(v, "timestamp", None)
+        if callable(ts):
+            try:
+                return float(ts())
+            except (TypeError, ValueError, OverflowError, OSError):
+                continue
+    return 0.0
+
+
+class Blob:
+    """One object opened for reading: its size, ranged reads, and (local files) a read-only map."""
+
+    def __init__(self, where: str, size: int, *, fd: int | None = None, reader: Any = None) -> None:
+        self.where = where
+        self.size = size
+        self.fd = fd
+        self.reader = reader
+        self._map: mmap.mmap | None = None
+
+    def read(self, start: int, end: int) -> bytes:
+        end = min(end, self.size)
+        if end <= start:
+            return b""
+        if self.fd is not None:
+            try:
+                data = os.pread(self.fd, end - start, start)
+            except OSError as e:
+                raise FileAccessError(f"cannot read {self.where!r}: {e.strerror or e}", filename=self.where) from None
+            if len(data) != end - start:
+                raise FormatError(f"{self.where!r} ended at byte {start + len(data)} while being read "
+                                  f"(it was {self.size} bytes when opened)", offset=start + len(data))
+            return data
+        return bytes(self.reader.fetch(start, end))
+
+    def readinto(self, start: int, out: memoryview) -> None:
+        """Fill ``out`` with the bytes at ``start`` (a local file: straight into ``out``)."""
+        if self.fd is None:
+            out[:] = self.read(start, start + len(out))
+            return
+        done = 0
+        while done < len(out):
+            try:
+                n = os.preadv(self.fd, [out[done:]], start + done)
+            except OSError as e:
+                raise FileAccessError(f"cannot read {self.where!r}: {e.strerror or e}", filename=self.where) from None
+            if not n:
+                raise FormatError(f"{self.where!r} ended at byte {start + done} while being read "
+                                  f"(it was {self.size} bytes when opened)", offset=start + done)
+            done += n
+
+    def whole(self) -> Any:
+        """Every byte of the object: a read-only map of a local file, else the bytes fetched."""
+        if self.fd is not None and self.size:
+            if self._map is None:
+                try:
+                    self._map = mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ)
+                except (OSError, ValueError) as e:
+                    raise FileAccessError(f"cannot map {self.where!r}: {e}", filename=self.where) from None
+            return self._map
+        return self.read(0, self.size)
+
+    def close(self) -> None:
+        m, self._map = self._map, None
+        if m is not None:
+            try:
+                m.close()
+            except BufferError:  # views of it remain; unmapped with the last one
+                pass
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+        r, self.reader = self.reader, None
+        if r is not None:
+            r.close()
+
+
+def open_backend(root: Any, storage_options: Any) -> Local | Remote:
+    """The backend of a store root: a folder (a path or ``file://`` URL), or any other URL."""
+    resolved = storage.resolve(os.fspath(root) if isinstance(root, os.PathLike) else root, storage_options)
+    if isinstance(resolved, storage.Location):
+        return Remote(resolved.url, resolved.options)
+    if not isinstance(resolved, str):
+        from ..format.errors import UsageError
+
+        raise UsageError(f"a store's root is a folder or a URL, not {type(root).__name__}")
+    return Local(resolved)

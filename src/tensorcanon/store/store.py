@@ -1,0 +1,865 @@
+"""``tensorcanon.Store``: many checkpoints in one folder or bucket, each tensor stored once.
+
+A store holds *blobs*, one per distinct tensor, named by the tensor digest of
+docs/FORMAT.md §7.1, and *tag records*, one per saved object, each the header of the file
+``tensorcanon.save`` writes for it (manifest, table with every tensor digest, devices).
+Saving writes only the tensors the store does not hold, compressed losslessly where that
+pays (compress.py), then the record (atomically). Loading, verifying and exporting read a tag
+as that file: its header from the record, its data section from the blobs, through the one
+reader every file goes through (io/reader.CheckedFile), so a tag is checked exactly as the
+file would be. docs/STORE.md is the user's guide and the layout's specification.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import io
+import os
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from .. import api
+from ..format import container, digest, optional, paths
+from ..format.errors import (
+    FormatError,
+    IntegrityError,
+    MissingFileError,
+    TensorCanonError,
+    UsageError,
+)
+from ..format.limits import DEFAULT, Limits
+from ..format.tensorbytes import host_bytes
+from ..io import placement, reader, writer
+from ..io.source import Source
+from . import backend, compress, layout
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = optional.torch_module(globals())
+
+#: A delta chain is at most this many links: the tensor after a blob of this depth is stored
+#: whole again (grouped or zstd), so loading a tensor reads at most CHAIN + 1 blobs.
+CHAIN = 8
+#: Bytes of the last save's changed tensors kept in memory as the bases of the next save's deltas.
+#: Beyond it, a base is read back from the store (CHAIN + 1 blobs at most).
+BASE_CACHE = 4 << 30
+#: A marker (a pending save's, a running collection's) older than this is taken as left by a
+#: process that died (one on this machine whose process is gone is taken as such at once).
+STALE = 3600.0
+#: A live marker is rewritten (its time renewed) at least this often.
+REFRESH = 600.0
+#: What a record may weigh: its header is a file header (limits.max_header_bytes) plus a few bytes.
+_RECORD_LIMIT = DEFAULT.max_header_bytes + (1 << 20)
+#: The names a store's root holds.
+_OURS = frozenset({layout.MARKER, layout.EPOCH, layout.TAGS, layout.PENDING, layout.GC, layout.TMP,
+                   layout.BLOBS.split("/")[0]})
+
+
+class Store:
+    """A content-addressed, verifiable store of checkpoints (docs/STORE.md).
+
+    ``root`` is a folder (created on the first save) or a URL of object storage
+    (``s3://bucket/prefix``, ``memory://…``, any fsspec protocol; ``storage_options`` go to
+    fsspec, as for :func:`tensorcanon.save`).
+
+    Example::
+
+        store = tensorcanon.Store("ckpts")
+        digest = store.save("step-100", {"model": model.state_dict(), "opt": opt.state_dict()})
+        state = store.load("step-100", map_location="cpu")
+        store.verify()            # every record and blob against its digest
+        store.export("step-100", "step-100.safetensors")   # the bytes tensorcanon.save writes
+    """
+
+    def __init__(self, root: str | os.PathLike[str], storage_options: Any = None) -> None:
+        self._b = backend.open_backend(root, storage_options)
+        self._lock = threading.Lock()
+        # storage (data_ptr, offset, dtype, shape, stride, device) -> (weakref to the storage, its
+        # nbytes, the tensor's version counter, digest): tensors unchanged since this process hashed them
+        self._hashed: dict[tuple, tuple[Any, int, int, bytes]] = {}
+        self._known: set[bytes] = set()          # blobs this process wrote or found in the store
+        self._depth: dict[bytes, int] = {}       # blob digest -> its delta depth, where known
+        self._last: dict[str, bytes] | None = None  # the last tag this object saved: tensor name -> digest
+        self._copies: dict[bytes, np.ndarray] = {}  # digest -> its bytes: the next save's delta bases
+        self._ready = False
+        self._epoch: bytes | None = None         # the collection epoch (layout.EPOCH) seen at the last save
+
+    def __repr__(self) -> str:
+        return f"tensorcanon.Store({self._b.display()!r})"
+
+    @property
+    def root(self) -> str:
+        """The store's folder or URL (credentials hidden)."""
+        return self._b.display()
+
+    # ------------------------------------------------------------------ the root
+    def _check_root(self) -> None:
+        """Refuse a root that is not a store (no marker), or a marker of another layout."""
+        if not self._b.root_exists():
+            raise MissingFileError(f"no store at {self._b.display()!r}: nothing was saved there yet "
+                                   "(Store.save creates it)", filename=self._b.display())
+        try:
+            text = self._b.get(layout.MARKER, 4096)
+        except MissingFileError:
+            b = self._b
+            if isinstance(b, backend.Local) and all(e.name in _OURS for e in os.scandir(b.root)):
+                raise MissingFileError(f"no store at {b.display()!r} yet: it is being created (or its creation "
+                                       "was interrupted: save to it to finish)", filename=b.display()) from None
+            raise FormatError(f"{self._b.display()!r} is not a tensorcanon store: it has no "
+                              f"{layout.MARKER!r} file") from None
+        if text != layout.MARKER_TEXT:
+            raise FormatError(f"{self._b.display(layout.MARKER)!r} says {text[:60]!r}: not a store of layout "
+                              f"{layout.LAYOUT} (a newer tensorcanon may read it)")
+
+    def _create(self) -> None:
+        if self._ready:
+            return
+        if self._b.root_exists() and self._b.exists(layout.MARKER):
+            self._check_root()
+        else:
+            b = self._b  # (names of ours: another process may be creating the store at the same time)
+            local = isinstance(b, backend.Local) and b.root_exists()
+            if local and any(e.name not in _OURS for e in os.scandir(b.root)):  # type: ignore[union-attr]
+                raise UsageError(f"{self._b.display()!r} is a folder that is not empty and not a tensorcanon "
+                                 "store: give a new or empty folder as a store's root")
+            self._b.ensure()
+            self._b.put(layout.MARKER, [layout.MARKER_TEXT], len(layout.MARKER_TEXT))
+        self._b.ensure()
+        self._ready = True
+
+    # ------------------------------------------------------------------ markers (docs/STORE.md, "gc")
+    def _marker(self, folder: str) -> str:
+        return f"{folder}/{backend.host()}.{os.getpid()}.{secrets.token_hex(8)}"
+
+    def _stale(self, rel: str, mtime: float) -> bool:
+        m = layout.MARKER_RE.match(rel.rsplit("/", 1)[-1])
+        if m is None:
+            return True
+        if m.group(1) == backend.host() and not writer._pid_alive(int(m.group(2))):
+            return True
+        return self._b.now() - mtime > STALE
+
+    def _live(self, folder: str) -> dict[str, float]:
+        return {rel: t for rel, (_, t) in self._b.listing(folder).items() if not self._stale(rel, t)}
+
+    @contextlib.contextmanager
+    def _saving(self) -> Iterator[_Refresher]:
+        """Hold a pending-save marker for the block, after waiting out any running collection."""
+        me = self._marker(layout.PENDING)
+        while True:
+            self._b.put(me, [b""], 0, durable=False)  # (a marker matters while its process lives)
+            running = self._live(layout.GC)
+            if not running:
+                break
+            self._b.delete(me)  # a collection runs: step back until it ends (it waits for no one)
+            while self._live(layout.GC):
+                time.sleep(0.2)
+        try:
+            yield _Refresher(self._b, me)
+        finally:
+            with contextlib.suppress(TensorCanonError):
+                self._b.delete(me)
+
+    def _since_gc(self) -> None:
+        """Forget which blobs exist (and their depths) if a collection ran since this object's last save:
+        it may have deleted blobs this object wrote or saw (no collection runs during a save)."""
+        try:
+            epoch = self._b.get(layout.EPOCH, 64)
+        except MissingFileError:
+            epoch = b""
+        if epoch != self._epoch:
+            self._known.clear()
+            self._depth.clear()
+            self._epoch = epoch
+
+    # ------------------------------------------------------------------ hashing, with the cache
+    def _key(self, s: Any) -> tuple | None:
+        v = s.value
+        if s.kind == "ndarray" or type(v).__name__ == "Stored" or not s.nbytes:
+            return None
+        try:
+            st = v.untyped_storage()
+            if st is not v.untyped_storage():  # a torch that does not keep one object per storage
+                return None
+            return (st.data_ptr(), v.storage_offset(), v.dtype, tuple(v.shape), tuple(v.stride()), str(v.device),
+                    v.is_conj(), v.is_neg())
+        except (RuntimeError, NotImplementedError, AttributeError):
+            return None
+
+    def _cached(self, s: Any) -> bytes | None:
+        key = self._key(s)
+        if key is None:
+            return None
+        hit = self._hashed.get(key)
+        if hit is None:
+            return None
+        ref, nbytes, version, raw = hit
+        try:
+            st = s.value.untyped_storage()
+            same = ref() is st and st.nbytes() == nbytes and s.value._version == version
+        except (RuntimeError, AttributeError):
+            return None
+        return raw if same else None
+
+    def _remember(self, s: Any, raw: bytes, keep: dict) -> None:
+        key = self._key(s)
+        if key is None:
+            return
+        try:
+            st = s.value.untyped_storage()
+            keep[key] = (weakref.ref(st), st.nbytes(), s.value._version, raw)
+        except (RuntimeError, AttributeError, TypeError):
+            return
+
+    # ------------------------------------------------------------------ blobs
+    def _blob_exists(self, raw: bytes) -> bool:
+        if raw in self._known:
+            return True
+        if self._b.exists(layout.blob_path(raw)):
+            self._known.add(raw)
+            return True
+        return False
+
+    def _open_blob(self, raw: bytes) -> tuple[backend.Blob, layout.BlobHeader]:
+        """Blob ``raw`` opened, its header checked (nothing allocated for its claims)."""
+        rel = layout.blob_path(raw)
+        blob = self._b.blob(rel)
+        try:
+            head = blob.read(0, min(blob.size, layout.HEAD))
+            h = layout.parse_header(head, blob.size, f"blob {blob.where!r}")
+        except BaseException:
+            blob.close()
+            raise
+        self._depth[raw] = h.depth
+        return blob, h
+
+    def _depth_of(self, raw: bytes) -> int | None:
+        if raw not in self._depth:
+            try:
+                blob, _ = self._open_blob(raw)
+            except TensorCanonError:
+                return None
+            blob.close()
+        return self._depth.get(raw)
+
+    def _decode(self, raw: bytes, prefix: bytes | None = None, depth: int | None = None) -> np.ndarray:
+        """Blob ``raw`` decoded (its delta base first, recursively) and checked against ``raw``."""
+        blob, h = self._open_blob(raw)
+        try:
+            where = f"blob {blob.where!r}"
+            if prefix is not None and h.prefix != prefix:
+                raise IntegrityError(f"{where} holds a {h.prefix.decode()} tensor where a {prefix.decode()} one "
+                                     "is expected (a delta's base must have its dtype and shape); the store is "
+                                     "damaged: run `tensorcanon store verify`", expected=prefix.decode(),
+                                     actual=h.prefix.decode())
+            if depth is not None and h.depth != depth:
+                raise IntegrityError(f"{where} has delta depth {h.depth}, but the blob it is the base of needs "
+                                     f"depth {depth}: a delta chain that lies (or loops) is refused",
+                                     expected=str(depth), actual=str(h.depth))
+            out = np.empty(h.size, dtype=np.uint8)
+            base = None
+            if h.codec == layout.DELTA:
+                assert h.base is not None
+                base_raw = h.base
+
+                def base() -> np.ndarray:
+                    try:
+                        return self._decode(base_raw, h.prefix, h.depth - 1)
+                    except MissingFileError:
+                        raise IntegrityError(f"{where} is a delta against {layout.show(base_raw)}, which the "
+                                             "store does not hold; the store is damaged") from None
+            compress.decode_into(h, blob.whole(), out.data, base, where)
+            self._check_decoded(raw, h, out, where)
+            return out
+        finally:
+            blob.close()
+
+    def _check_decoded(self, raw: bytes, h: layout.BlobHeader | bytes, data: Any, where: str) -> None:
+        """Raise unless ``data`` (with the prefix of header ``h``, or prefix ``h``) hashes to ``raw``."""
+        prefix = h if isinstance(h, bytes) else h.prefix
+        base_raw = None if isinstance(h, bytes) else h.base
+        hasher = digest.constructor(layout.ALGORITHM)(prefix)
+        hasher.update(data)
+        got = hasher.digest()
+        if got != raw:
+            base = f" (a delta against {layout.show(base_raw)})" if base_raw is not None else ""
+            raise IntegrityError(f"{where}{base} decodes to bytes whose digest is {layout.show(got)}, not the "
+                                 f"{layout.show(raw)} it is named by; the blob is damaged (or its delta base "
+                                 "lies)", expected=layout.show(raw), actual=layout.show(got))
+
+    def _write_blob(self, s: Any, raw: bytes, data: Any, base: tuple[bytes, int] | None, refresh: _Refresher) -> None:
+        """Encode tensor ``s`` (bytes ``data``, digest ``raw``) and write its blob."""
+        prefix = digest.tensor_prefix(s.dtype.name, s.shape)
+        base_bytes = None
+        if base is not None:
+            base_bytes = self._copies.get(base[0])
+            if base_bytes is None:
+                try:
+                    base_bytes = self._decode(base[0], prefix, base[1])
+                except TensorCanonError:
+                    base, base_bytes = None, None  # an unusable base: store the tensor whole
+        enc = compress.encode(data, s.dtype.itemsize, base_bytes)
+        is_delta = enc.codec == layout.DELTA
+        depth = base[1] + 1 if is_delta and base is not None else 0
+        head = layout.header_bytes(enc.codec, depth, prefix, len(data),
+                                   base[0] if is_delta and base is not None else None, enc.planes)
+        # The bytes written are hashed again: a tensor changed since it was hashed (by another thread,
+        # or behind its version counter) is refused rather than stored under the wrong name.
+        self._check_decoded(raw, prefix, data, f"the tensor at {paths.join(s.path)} (changed while it was being "
+                            "saved, or written behind its version counter: save it again)")
+        if enc.codec != layout.RAW:  # the writer never writes a blob its reader refuses
+            blob = b"".join([head, *(bytes(memoryview(p).cast("B")) for p in enc.pieces)])
+            h = layout.parse_header(blob[: layout.HEAD], len(blob), "a blob being written")
+            check = np.empty(h.size, dtype=np.uint8)
+            compress.decode_into(h, blob, check.data, (lambda: base_bytes) if is_delta else None,
+                               "a blob being written")
+            self._check_decoded(raw, h, check, "a blob being written")
+            del check
+            pieces: list[Any] = [blob]
+        else:
+            pieces = [head, data]
+        total = len(head) + enc.payload_size if enc.codec == layout.RAW else len(pieces[0])
+        self._b.put(layout.blob_path(raw), pieces, total, durable=False)  # (made durable before the record)
+        self._known.add(raw)
+        self._depth[raw] = depth
+        refresh()
+
+    # ------------------------------------------------------------------ records
+    def _base_names(self) -> dict[str, bytes]:
+        """Tensor name -> digest in the tag a delta is taken against: the last one this object saved,
+        else the store's most recently written tag."""
+        if self._last is not None:
+            return self._last
+        found = {rel: t for rel, (_, t) in self._b.listing(layout.TAGS).items()
+                 if layout.tag_of(rel.rsplit("/", 1)[-1]) is not None}
+        if not found:
+            return {}
+        newest = max(found, key=lambda r: (found[r], r))
+        tag = layout.tag_of(newest.rsplit("/", 1)[-1])
+        assert tag is not None
+        try:
+            with self._tag_file(tag, blobs=False) as cf:
+                return {r.name: r.digest for r in cf.rows}
+        except TensorCanonError:
+            return {}
+
+    def _summary(self, tag: str) -> tuple[str, int]:
+        """A tag's digest and the size of its file, from its record alone."""
+        with self._tag_file(tag, blobs=False) as cf:
+            return cf.digest or "", cf.src.size or 0
+
+    def _record(self, tag: str) -> bytes:
+        """The header a tag's record holds, the record checked (a tensorcanon file, its digest)."""
+        rel = layout.tag_path(tag)
+        where = self._b.display(rel)
+        try:
+            data = self._b.get(rel, _RECORD_LIMIT)
+        except MissingFileError:
+            self._check_root()
+            raise MissingFileError(f"the store {self._b.display()!r} has no tag {tag!r} (its tags: "
+                                   f"{_few(self.tags())})", filename=where) from None
+        try:
+            obj = api.loads(data)
+        except TensorCanonError as e:
+            _prefixed(e, f"tag {tag!r} (record {where!r}): ")
+            raise
+        return layout.record_header(obj, tag, f"tag {tag!r} (record {where!r})")
+
+    @contextlib.contextmanager
+    def _tag_file(self, tag: str, limits: Limits = DEFAULT, *, blobs: bool = True) -> Iterator[reader.CheckedFile]:
+        """The file of ``tag`` (header from its record, data from its blobs), checked by CheckedFile;
+        ``blobs=False``: its header only (the rows), no blob opened, no data to read."""
+        if not self._ready:
+            self._check_root()
+        header = self._record(layout.check_tag(tag))
+        prefix, raw = header[: container.LENGTH_SIZE], header[container.LENGTH_SIZE :]
+        where = f"tag {tag!r}"
+        try:
+            parsed = container.parse_raw(prefix, raw, None, limits)
+        except TensorCanonError as e:
+            _prefixed(e, f"{where}: ")
+            raise
+        size = len(header) + max((e.end for e in parsed.entries), default=0)
+        vf = _TagFile(self, tag, header, size)
+        try:
+            try:
+                cf = reader.CheckedFile(Source(cast(Any, vf), name=f"{self._b.display()} tag {tag}"), limits)
+            except TensorCanonError as e:
+                _prefixed(e, f"{where}: ")
+                raise
+            if not cf.is_tensorcanon:
+                raise FormatError(f"{where}: its record holds a plain safetensors header, not a tensorcanon one")
+            if blobs:
+                vf.attach(cf.rows)
+            yield cf
+        finally:
+            vf.close()
+
+    # ------------------------------------------------------------------ the public names
+    def save(self, tag: str, obj: Any, *, metadata: dict | None = None) -> str:
+        """Save ``obj`` under ``tag`` and return its digest (``tensorcanon.fingerprint(obj)``).
+
+        Writes only the tensors the store does not hold (by tensor digest), each compressed
+        losslessly where that pays, then the tag's record, atomically: a tag is listed complete or
+        not at all, and saving a tag again replaces it. Tensors unchanged since this object last
+        hashed them (same storage, same version counter) are not hashed again. ``metadata`` as in
+        :func:`tensorcanon.save`.
+        """
+        tag = layout.check_tag(tag)
+        p = writer.plan(obj, metadata)
+        writer.refuse_skip_data(p, "Store.save")
+        with self._lock:
+            self._create()
+            with self._saving() as refresh:
+                self._since_gc()
+                names = self._base_names()
+                hashed: dict[tuple, tuple[Any, int, int, bytes]] = {}
+                copies: dict[bytes, np.ndarray] = {}
+                written: list[str] = []
+                kept = 0
+                for s in p.ordered:
+                    raw = self._cached(s)
+                    data = None
+                    if raw is None:
+                        data = _bytes_of(s)
+                        h = p.hasher(s)
+                        h.update(data)
+                        raw = h.digest()
+                    self._remember(s, raw, hashed)
+                    s.digest = raw
+                    if not s.nbytes or self._blob_exists(raw):
+                        if raw in self._copies:
+                            copies[raw] = self._copies[raw]
+                        continue
+                    if data is None:
+                        data = _bytes_of(s)
+                    base = None
+                    old = names.get(s.name)
+                    if old is not None and old != raw:
+                        depth = self._depth_of(old)
+                        if depth is not None and depth < CHAIN:
+                            base = (old, depth)
+                    self._write_blob(s, raw, data, base, refresh)
+                    written.append(layout.blob_path(raw))
+                    if kept + len(data) <= BASE_CACHE:
+                        copies[raw] = np.array(compress.as_u8(data))  # a copy: the tensor will change
+                        kept += len(data)
+                self._b.sync(written)  # every blob durable before the record that names them
+                header, manifest_raw = p.header()
+                record = api.dumps(layout.record_object(tag, header))
+                self._b.put(layout.tag_path(tag), [record], len(record))
+                self._hashed = hashed
+                self._copies = copies
+                self._last = {s.name: s.digest for s in p.tensors}
+        return p.file_digest(manifest_raw)
+
+    def load(self, tag: str, *, map_location: Any = None, mmap: bool = False) -> Any:
+        """The object saved under ``tag``, every tensor checked against its digest.
+
+        ``map_location`` as in :func:`tensorcanon.load`. ``mmap=True``: tensors whose blob is stored
+        raw in a local store view a private, copy-on-write map of it (hashed in place first);
+        the others are decoded into memory.
+        """
+        if mmap is not False and mmap is not True:
+            raise UsageError(f"mmap must be True or False, not {mmap!r}")
+        with self._tag_file(tag) as cf:
+            if not mmap:
+                return cf.load(map_location=map_location)
+            placement.check_all(cf.rows, map_location, cf.tensor_path)
+            vf = cf.src.f
+            assert isinstance(vf, _TagFile)
+            values = [vf.mapped(r, map_location, cf) for r in cf.rows]
+            values = [v if v is not None else cf.read(r.index, map_location=map_location)
+                      for r, v in zip(cf.rows, values, strict=True)]
+            return cf._decode(values)[0]
+
+    def verify(self, tag: str | None = None) -> Any:
+        """Check ``tag`` (its record, every blob it uses and its delta bases, decoded and hashed, and
+        its object tree) and return its digest; with no tag, check the whole store (every tag and
+        every blob, used or not) and return ``{tag: digest}``. Raises :class:`IntegrityError` (or
+        :class:`FormatError`) naming the tag and blob that failed."""
+        if tag is not None:
+            with self._tag_file(tag) as cf:
+                return self._verify_file(tag, cf)
+        out: dict[str, str] = {}
+        for kind, name, result in self.checks():
+            if isinstance(result, BaseException):
+                raise result
+            if kind == "tag":
+                out[name] = result
+        return out
+
+    def checks(self) -> Iterator[tuple[str, str, Any]]:
+        """Every check of the whole store, one at a time: ``("tag", tag, digest or the error)`` for
+        each tag, then ``("blob", name, None or the error)`` for each blob no tag used (a tag's
+        check decodes its own blobs). For reports that go on past the first damage."""
+        self._check_root()
+        seen: set[bytes] = set()
+        for t in self.tags():
+            try:
+                with self._tag_file(t, blobs=False) as cf:
+                    seen.update(r.digest for r in cf.rows)
+                with self._tag_file(t) as cf:
+                    result: Any = self._verify_file(t, cf)
+            except (FormatError, IntegrityError) as e:
+                result = e
+            yield "tag", t, result
+        for rel in sorted(self._b.listing(layout.BLOBS)):
+            raw = layout.blob_digest(rel)
+            if raw is None or raw in seen:
+                continue
+            try:
+                self._decode(raw)
+                result = None
+            except (FormatError, IntegrityError) as e:
+                result = e
+            yield "blob", self._b.display(rel), result
+
+    def _verify_file(self, tag: str, cf: reader.CheckedFile) -> str:
+        try:
+            return cf.verify()
+        except TensorCanonError as e:
+            _prefixed(e, f"tag {tag!r}: ")
+            raise
+
+    def export(self, tag: str, path: str | os.PathLike[str], *, storage_options: Any = None) -> str:
+        """Write ``tag`` as one file at ``path`` (a path or URL): the bytes ``tensorcanon.save``
+        writes for the object, every tensor checked on the way; returns its digest."""
+        with self._tag_file(tag) as cf:
+            cf.check_tree()
+            vf = cf.src.f
+            assert isinstance(vf, _TagFile)
+            target = api.storage.resolve(path, storage_options)
+
+            def fill(f: Any) -> str:
+                vf.write_to(f, cf)
+                return cf.digest or ""
+
+            if isinstance(target, api.storage.Location):
+                from ..io import remote
+
+                store, obj = api.storage.open_store(target.url, target.options)
+                return remote.write_object(store, obj, fill, hold=0, total=vf.size)
+            return writer.replace_atomically(target, lambda f, tmp: fill(f))
+
+    def tags(self) -> list[str]:
+        """Every tag of the store, sorted."""
+        if not self._b.root_exists():
+            return []
+        out = []
+        for rel in self._b.listing(layout.TAGS):
+            tag = layout.tag_of(rel.rsplit("/", 1)[-1])
+            if tag is not None and rel == layout.tag_path(tag):
+                out.append(tag)
+        return sorted(out)
+
+    def delete(self, tag: str) -> None:
+        """Remove ``tag`` (its record); its blobs stay until :meth:`gc` finds no tag uses them."""
+        rel = layout.tag_path(tag)
+        self._check_root()
+        with self._lock:
+            if not self._b.delete(rel):
+                raise MissingFileError(f"the store {self._b.display()!r} has no tag {tag!r}",
+                                       filename=self._b.display(rel))
+            if self._last is not None:
+                self._last = None  # (its blobs may go: take the next delta's base from what remains)
+
+    def gc(self) -> dict[str, int]:
+        """Delete every blob no tag needs (directly, or as a delta base), and what dead processes
+        left (temp files, markers). Safe while other processes save (docs/STORE.md, "gc"): it
+        announces itself, waits for the saves under way, and saves that start meanwhile wait
+        for it. Returns counts: ``deleted_blobs``, ``freed_bytes``, ``kept_blobs``."""
+        self._check_root()
+        with self._lock:
+            self._b.ensure()
+            me = self._marker(layout.GC)
+            self._b.put(me, [b""], 0, durable=False)
+            refresh = _Refresher(self._b, me)
+            try:
+                waited_for = set(self._live(layout.PENDING))
+                while waited_for:
+                    time.sleep(0.1)
+                    refresh()
+                    waited_for &= set(self._live(layout.PENDING))
+                for rel, (_, when) in self._b.listing(layout.PENDING).items():
+                    if self._stale(rel, when):
+                        self._b.delete(rel)
+                for rel, (_, when) in self._b.listing(layout.GC).items():
+                    if rel != me and self._stale(rel, when):
+                        self._b.delete(rel)
+                live: set[bytes] = set()
+                for tag in self.tags():
+                    with self._tag_file(tag, blobs=False) as cf:
+                        live.update(r.digest for r in cf.rows if r.nbytes)
+                todo = list(live)
+                while todo:  # the delta bases the live blobs need, and theirs
+                    raw = todo.pop()
+                    try:
+                        blob, h = self._open_blob(raw)
+                    except MissingFileError:
+                        continue  # (verify reports it; nothing to keep)
+                    blob.close()
+                    if h.base is not None and h.base not in live:
+                        live.add(h.base)
+                        todo.append(h.base)
+                deleted = freed = kept = 0
+                for rel, (size, _) in sorted(self._b.listing(layout.BLOBS).items()):
+                    named = layout.blob_digest(rel)
+                    if named is not None and named in live:
+                        kept += 1
+                        continue
+                    refresh()
+                    if self._b.delete(rel):
+                        deleted += 1
+                        freed += size
+                    if named is not None:
+                        self._known.discard(named)
+                        self._copies.pop(named, None)
+                for rel, (size, when) in self._b.listing(layout.TMP).items():
+                    if self._stale_temp(rel, when) and self._b.delete(rel):
+                        freed += size
+                token = secrets.token_hex(16).encode()
+                # (before the marker goes: saves still wait)
+                self._b.put(layout.EPOCH, [token], len(token), durable=False)
+                self._known.clear()
+                self._depth.clear()
+            finally:
+                with contextlib.suppress(TensorCanonError):
+                    self._b.delete(me)
+        return {"deleted_blobs": deleted, "freed_bytes": freed, "kept_blobs": kept}
+
+    def _stale_temp(self, rel: str, mtime: float) -> bool:
+        parts = rel.rsplit("/", 1)[-1].split(".")
+        if len(parts) >= 3 and parts[0] == backend.host() and parts[1].isdigit():
+            return not writer._pid_alive(int(parts[1]))
+        return self._b.now() - mtime > STALE
+
+    def stats(self) -> dict[str, Any]:
+        """Sizes and counts: ``logical_bytes`` (what saving every tag as its own file would take),
+        ``stored_bytes`` (what the store takes: blobs and records), ``tags``, ``blobs``,
+        ``blob_bytes``, ``record_bytes``, ``tensor_bytes`` (the decoded size of every blob),
+        ``codecs`` (blobs per codec) and ``max_depth`` (the longest delta chain)."""
+        if not self._b.root_exists():
+            return {"tags": 0, "blobs": 0, "logical_bytes": 0, "stored_bytes": 0, "blob_bytes": 0,
+                    "record_bytes": 0, "tensor_bytes": 0, "codecs": {}, "max_depth": 0}
+        self._check_root()
+        tags = self.tags()
+        logical = record_bytes = 0
+        records = self._b.listing(layout.TAGS)
+        for t in tags:
+            header = self._record(t)
+            parsed = container.parse_raw(header[:8], header[8:], None, DEFAULT)
+            logical += len(header) + max((e.end for e in parsed.entries), default=0)
+            record_bytes += records.get(layout.tag_path(t), (0, 0))[0]
+        blobs = {rel: size for rel, (size, _) in self._b.listing(layout.BLOBS).items()
+                 if layout.blob_digest(rel) is not None}
+        kinds: dict[str, int] = {}
+        tensor_bytes = max_depth = 0
+        for rel in sorted(blobs):
+            raw = layout.blob_digest(rel)
+            assert raw is not None
+            blob, h = self._open_blob(raw)
+            blob.close()
+            kinds[h.codec_name] = kinds.get(h.codec_name, 0) + 1
+            tensor_bytes += h.size
+            max_depth = max(max_depth, h.depth)
+        blob_bytes = sum(blobs.values())
+        return {"tags": len(tags), "blobs": len(blobs), "logical_bytes": logical,
+                "stored_bytes": blob_bytes + record_bytes, "blob_bytes": blob_bytes, "record_bytes": record_bytes,
+                "tensor_bytes": tensor_bytes, "codecs": dict(sorted(kinds.items())), "max_depth": max_depth}
+
+
+class _Refresher:
+    """Rewrites a marker when it is older than REFRESH, so that no one takes it for a dead one's."""
+
+    def __init__(self, b: Any, rel: str) -> None:
+        self._b, self._rel, self._at = b, rel, time.monotonic()
+
+    def __call__(self) -> None:
+        if time.monotonic() - self._at > REFRESH:
+            self._b.put(self._rel, [b""], 0, durable=False)
+            self._at = time.monotonic()
+
+
+def _bytes_of(s: Any) -> memoryview:
+    """A tensor's canonical bytes (a copy to the host for a tensor on another device)."""
+    return host_bytes(s.value, s.kind)
+
+
+def _few(tags: list[str]) -> str:
+    if not tags:
+        return "none"
+    shown = ", ".join(repr(t) for t in tags[:5])
+    return shown + (f" and {len(tags) - 5} more" if len(tags) > 5 else "")
+
+
+def _prefixed(e: TensorCanonError, prefix: str) -> TensorCanonError:
+    """``e`` with its message prefixed (to re-raise it with the tag named), its attributes kept."""
+    if e.args and isinstance(e.args[0], str):
+        e.args = (prefix + e.args[0], *e.args[1:])
+    return e
+
+
+class _TagFile(io.RawIOBase):
+    """A tag as the file ``tensorcanon.save`` writes: the header from its record, the data section
+    from its blobs, read at any offset. A raw blob of a local store is read straight into the
+    caller's buffer; any other is decoded (and checked against its digest) once, when first read."""
+
+    def __init__(self, store: Store, tag: str, header: bytes, size: int) -> None:
+        super().__init__()
+        self._s = store
+        self.tag = tag
+        self._header = header
+        self.size = size
+        self._pos = 0
+        self._rows: list[Any] = []
+        self._begins: list[int] = []
+        self._opened: dict[bytes, tuple[backend.Blob, layout.BlobHeader]] = {}
+        self._decoded: tuple[bytes, np.ndarray] | None = None
+
+    def attach(self, rows: list[Any]) -> None:
+        """The tag's table rows (proven by CheckedFile): every blob is opened and its header
+        checked against its row before any byte of data is read or allocated."""
+        order = sorted((r for r in rows if r.end > r.begin), key=lambda r: r.begin)
+        self._rows = order
+        self._begins = [r.begin for r in order]
+        for r in order:
+            if r.digest in self._opened:
+                continue
+            try:
+                blob, h = self._s._open_blob(r.digest)
+            except MissingFileError:
+                raise IntegrityError(f"tag {self.tag!r}: the blob of tensor {r.name!r} ({layout.show(r.digest)}) "
+                                     "is missing from the store; the tag cannot be loaded (delete it, or save it "
+                                     "again)", expected=layout.show(r.digest)) from None
+            self._opened[r.digest] = (blob, h)
+            expected = digest.tensor_prefix(r.dtype.name, r.shape)
+            if h.prefix != expected:
+                raise IntegrityError(f"tag {self.tag!r}: the blob of tensor {r.name!r} ({blob.where!r}) holds a "
+                                     f"{h.prefix.decode()} tensor, not {expected.decode()}; the store is damaged",
+                                     expected=expected.decode(), actual=h.prefix.decode())
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        out = memoryview(b).cast("B")
+        n = max(0, min(len(out), self.size - self._pos))
+        done = 0
+        while done < n:
+            done += self._fill(self._pos + done, out[done:n])
+        self._pos += n
+        return n
+
+    def _fill(self, pos: int, out: memoryview) -> int:
+        """Copy bytes at ``pos`` into ``out``, up to the end of the piece holding ``pos``; the count."""
+        hl = len(self._header)
+        if pos < hl:
+            k = min(len(out), hl - pos)
+            out[:k] = self._header[pos : pos + k]
+            return k
+        off = pos - hl
+        i = bisect.bisect_right(self._begins, off) - 1
+        r = self._rows[i]
+        k = min(len(out), r.end - off)
+        blob, h = self._opened[r.digest]
+        if h.codec == layout.RAW:
+            blob.readinto(h.payload + off - r.begin, out[:k])
+        else:
+            data = self._data(r.digest)
+            out[:k] = data.data[off - r.begin : off - r.begin + k]
+        return k
+
+    def _data(self, raw: bytes) -> np.ndarray:
+        if self._decoded is None or self._decoded[0] != raw:
+            self._decoded = None
+            self._decoded = (raw, self._s._decode(raw))
+        return self._decoded[1]
+
+    def mapped(self, r: Any, map_location: Any, cf: reader.CheckedFile) -> Any:
+        """Tensor ``r`` as a view of a private map of its raw local blob (hashed in place first), or None."""
+        if not r.nbytes:
+            return None
+        opened = self._opened.get(r.digest)
+        if opened is None or opened[1].codec != layout.RAW or opened[0].fd is None or r.dtype.torch is None:
+            return None
+        if not placement.stays_on_cpu(r.kind, r.device, map_location):
+            device = placement.target(r.device, map_location)
+            if device is not None and device.type != "cpu":
+                return None
+        from ..format import tensorbytes
+        from ..io.source import map_file
+
+        blob, h = opened
+        b = self._s._b
+        assert isinstance(b, backend.Local)
+        src = map_file(b.path(layout.blob_path(r.digest)))
+        try:
+            view = src.tensor(h.payload, h.size)
+            data = src.view(h.payload, h.size)
+            if view is None or data is None:
+                return None
+            self._s._check_decoded(r.digest, h, data, f"blob {blob.where!r}")
+            tensorbytes.check_bool(view, r.dtype, r.name)
+            value = tensorbytes.viewed(view, r.dtype, r.shape, r.kind)
+        finally:
+            src.release()
+        if value is None:
+            return None
+        return placement.as_recorded(value, r, map_location, lambda: cf.tensor_path(r.index))
+
+    def write_to(self, f: Any, cf: reader.CheckedFile) -> None:
+        """Write the whole file to ``f``: the header, then every tensor in data order, each checked
+        against its digest before it is written."""
+        writer._write_all(f, self._header)
+        hashers = digest.Hashers(layout.ALGORITHM)
+        for r in self._rows:
+            h = hashers(r.dtype.name, r.shape)
+            blob, bh = self._opened[r.digest]
+            if bh.codec == layout.RAW:
+                buf = bytearray(min(r.nbytes, 16 << 20))
+                view = memoryview(buf)
+                at = 0
+                while at < r.nbytes:
+                    k = min(len(view), r.nbytes - at)
+                    blob.readinto(bh.payload + at, view[:k])
+                    h.update(view[:k])
+                    writer._write_all(f, view[:k])
+                    at += k
+                got = h.digest()
+                if got != r.digest:
+                    raise IntegrityError(f"tag {self.tag!r}: blob {blob.where!r} of tensor {cf.tensor_path(r.index)} "
+                                         f"hashes to {layout.show(got)}, not {layout.show(r.digest)}; the blob is "
+                                         "damaged", path=cf.tensor_path(r.index), expected=layout.show(r.digest),
+                                         actual=layout.show(got))
+            else:
+                data = self._data(r.digest)  # (checked against its digest when decoded)
+                writer._write_all(f, data.data)
+        if not self._rows and len(self._header) != self.size:
+            raise FormatError(f"tag {self.tag!r}: its header describes no data but the file would be {self.size} bytes")
+
+    def close(self) -> None:
+        for blob, _ in self._opened.values():
+            blob.close()
+        self._opened.clear()
+        self._decoded = None
+        super().close()

@@ -1,0 +1,105 @@
+"""``tensorcanon store ls|verify|export|gc|stats ROOT …``: a checkpoint store from the command line
+(docs/STORE.md, docs/CLI.md). Exit status as ``verify``: 0 every check passed, 1 something is damaged,
+2 an error (a usage mistake, a store that cannot be read)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..format.errors import FormatError, IntegrityError
+
+EXIT_OK, EXIT_DAMAGED, EXIT_ERROR = 0, 1, 2
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``store`` subcommand's parser, with its own subcommands."""
+    p = sub.add_parser("store", parents=[common], help="list, verify, export and clean a checkpoint store",
+                       description="A store of many checkpoints (tensorcanon.Store: docs/STORE.md). ROOT is its "
+                                   "folder or URL (credentials from the environment, as for every command).")
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    a = actions.add_parser("ls", parents=[common], help="the tags, with their digests and sizes")
+    a.add_argument("root", metavar="ROOT")
+    a = actions.add_parser("verify", parents=[common], help="check tags (default: the whole store, every blob)")
+    a.add_argument("root", metavar="ROOT")
+    a.add_argument("tags", nargs="*", metavar="TAG", help="only these tags (default: every tag and every blob)")
+    a = actions.add_parser("export", parents=[common], help="write a tag as the file tensorcanon.save writes")
+    a.add_argument("root", metavar="ROOT")
+    a.add_argument("tag", metavar="TAG")
+    a.add_argument("output", metavar="OUT", help="the file (or URL) to write, atomically")
+    a = actions.add_parser("gc", parents=[common], help="delete the blobs no tag needs")
+    a.add_argument("root", metavar="ROOT")
+    a = actions.add_parser("stats", parents=[common], help="logical and stored bytes, blobs per codec")
+    a.add_argument("root", metavar="ROOT")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace, out: Any) -> int:
+    from ..io import storage
+    from ..store import Store
+
+    store = Store(args.root)
+    root = storage.redact(args.root)
+    store._check_root()  # (every action reads a store that exists)
+    if args.action == "ls":
+        rows = []
+        for tag in store.tags():
+            digest, size = store._summary(tag)
+            rows.append({"tag": tag, "digest": digest, "logical_bytes": size})
+        width = max((len(tag) for tag in store.tags()), default=3)
+        for r in rows:
+            out.line(f"{r['tag']:<{width}}  {r['digest']}  {r['logical_bytes']:>14,} bytes")
+        out.json({"root": root, "tags": rows})
+        return EXIT_OK
+    if args.action == "verify":
+        return _verify(store, root, args.tags, out)
+    if args.action == "export":
+        digest = store.export(args.tag, args.output)
+        out.line(f"{args.tag} -> {storage.redact(args.output)}  {digest}")
+        out.json({"tag": args.tag, "output": storage.redact(args.output), "digest": digest})
+        return EXIT_OK
+    if args.action == "gc":
+        found = store.gc()
+        out.line(f"deleted {found['deleted_blobs']} blobs ({found['freed_bytes']:,} bytes), kept {found['kept_blobs']}")
+        out.json({"root": root, **found})
+        return EXIT_OK
+    stats = store.stats()
+    ratio = stats["stored_bytes"] / stats["logical_bytes"] if stats["logical_bytes"] else 0.0
+    out.line(f"tags           {stats['tags']}")
+    codecs = ", ".join(f"{k} {v}" for k, v in stats["codecs"].items()) or "none"
+    out.line(f"blobs          {stats['blobs']}  ({codecs})")
+    out.line(f"logical bytes  {stats['logical_bytes']:,}")
+    out.line(f"stored bytes   {stats['stored_bytes']:,}  ({ratio:.3f} of logical)")
+    out.json({"root": root, **stats})
+    return EXIT_OK
+
+
+def _verify(store: Any, root: str, tags: list[str], out: Any) -> int:
+    code, results = EXIT_OK, []
+    if tags:
+        checks = []
+        for tag in tags:
+            try:
+                checks.append(("tag", tag, store.verify(tag)))
+            except (FormatError, IntegrityError) as e:
+                checks.append(("tag", tag, e))
+    else:
+        checks = list(store.checks())
+    for kind, name, result in checks:
+        if isinstance(result, BaseException):
+            code = EXIT_DAMAGED
+            results.append({kind: name, "status": "damaged", "error": str(result)})
+            out.line(f"DAMAGED  {kind} {name}: {result}")
+        elif kind == "tag":
+            results.append({"tag": name, "status": "ok", "digest": result})
+            out.line(f"OK       tag {name}  {result}")
+        else:
+            results.append({"blob": name, "status": "ok"})
+    if not tags:
+        n_tags, blobs = (sum(1 for k, _, _ in checks if k == what) for what in ("tag", "blob"))
+        out.line(f"{'DAMAGED' if code else 'OK'}: {root}: {n_tags} tag{'s' * (n_tags != 1)} checked, and "
+                 f"{blobs} blob{'s' * (blobs != 1)} that no tag uses")
+    out.json({"root": root, "results": results})
+    return code

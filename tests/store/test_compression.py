@@ -1,0 +1,132 @@
+"""The store's lossless codecs: chosen per tensor by content, exact for every dtype, delta chains bounded."""
+
+import numpy as np
+import pytest
+import torch
+
+import tensorcanon as tc
+from tensorcanon.store import compress, layout, store as store_module
+
+
+def codec_of(root, t):
+    from tensorcanon.format import digest
+
+    h = digest.tensor_hasher(str(t.dtype).removeprefix("torch."), tuple(t.shape))
+    h.update(t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype.itemsize else b"")
+    path = root / layout.blob_path(h.digest())
+    head = path.read_bytes()[: layout.HEAD]
+    return layout.parse_header(head, path.stat().st_size, str(path))
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int16,
+          torch.uint8, torch.int8, torch.bool, torch.complex64, torch.complex128, torch.float8_e4m3fn]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_codec_gives_back_the_exact_bytes(tmp_path, dtype):
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(300, 257, generator=g, dtype=torch.float64)
+    values = [base, base + 1e-6 * torch.randn(300, 257, generator=g, dtype=torch.float64),
+              torch.zeros(300, 257, dtype=torch.float64)]
+    store = tc.Store(tmp_path / "s")
+    for i, v in enumerate(values):
+        t = (v > 0) if dtype is torch.bool else (v * 1000).to(dtype) if not dtype.is_floating_point and \
+            not dtype.is_complex else v.to(dtype)
+        assert store.save(f"t{i}", {"t": t}) == tc.fingerprint({"t": t})
+    for i in range(3):
+        back = store.load(f"t{i}")["t"]
+        assert back.dtype == dtype
+    assert store.verify() and len(store.verify()) == 3
+
+
+def test_the_choice_follows_the_content(tmp_path):
+    root = tmp_path / "s"
+    store = tc.Store(root)
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randint(0, 256, (1 << 16,), dtype=torch.uint8, generator=g)   # incompressible
+    zeros = torch.zeros(1 << 16)                                                # zstd
+    floats = torch.randn(1 << 16, generator=g)                                  # exponents compress: grouped
+    tiny = torch.arange(3.0)                                                    # too small to pay
+    store.save("a", {"noise": noise, "zeros": zeros, "floats": floats, "tiny": tiny})
+    assert codec_of(root, noise).codec == layout.RAW
+    assert codec_of(root, zeros).codec == layout.ZSTD
+    assert codec_of(root, floats).codec == layout.GROUPED
+    assert codec_of(root, tiny).codec == layout.RAW
+    moved = floats + 1e-4 * torch.randn(1 << 16, generator=g)                   # close to the last tag's
+    store.save("b", {"noise": noise, "zeros": zeros, "floats": moved, "tiny": tiny})
+    h = codec_of(root, moved)
+    assert h.codec == layout.DELTA and h.depth == 1 and h.base is not None
+    assert h.base == _digest_of(floats)
+    unrelated = torch.randn(1 << 16, generator=g)                               # XOR would not pay
+    store.save("c", {"noise": noise, "zeros": zeros, "floats": unrelated, "tiny": tiny})
+    assert codec_of(root, unrelated).codec == layout.GROUPED
+
+
+def _digest_of(t):
+    from tensorcanon.format import digest
+
+    h = digest.tensor_hasher(str(t.dtype).removeprefix("torch."), tuple(t.shape))
+    h.update(t.numpy().tobytes())
+    return h.digest()
+
+
+def test_delta_chains_are_bounded(tmp_path):
+    root = tmp_path / "s"
+    store = tc.Store(root)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1 << 15, generator=g)
+    saved = []
+    for i in range(2 * store_module.CHAIN + 3):
+        w = w + 1e-5 * torch.randn(1 << 15, generator=g)
+        saved.append(w.clone())
+        store.save(f"t{i:02d}", {"w": saved[-1]})
+    depths = [codec_of(root, t).depth for t in saved]
+    assert max(depths) == store_module.CHAIN
+    assert depths[: store_module.CHAIN + 2] == list(range(store_module.CHAIN + 1)) + [0]  # a full copy
+    fresh = tc.Store(root)  # another process's view: every tag decodes through its chain
+    for i, t in enumerate(saved):
+        assert torch.equal(fresh.load(f"t{i:02d}")["w"], t)
+
+
+def test_a_new_store_object_takes_deltas_against_the_newest_tag(tmp_path):
+    root = tmp_path / "s"
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1 << 15, generator=g)
+    tc.Store(root).save("a", {"w": w})
+    w2 = w + 1e-5 * torch.randn(1 << 15, generator=g)
+    tc.Store(root).save("b", {"w": w2})  # a new object: the base is read back from the store
+    assert codec_of(root, w2).codec == layout.DELTA
+    assert torch.equal(tc.Store(root).load("b")["w"], w2)
+
+
+def test_without_zstandard_blobs_are_raw_and_compressed_ones_are_refused(tmp_path, monkeypatch):
+    root = tmp_path / "s"
+    tc.Store(root).save("z", {"w": torch.zeros(1 << 14)})
+    monkeypatch.setattr(compress, "zstd", lambda: None)
+    store = tc.Store(root)
+    store.save("r", {"w": torch.ones(1 << 14)})
+    assert codec_of(root, torch.ones(1 << 14)).codec == layout.RAW
+    assert torch.equal(store.load("r")["w"], torch.ones(1 << 14))
+    with pytest.raises(tc.MissingDependencyError, match="zstandard"):
+        store.load("z")
+
+
+def test_compress_round_trip_on_odd_sizes():
+    rng = np.random.default_rng(0)
+    for k in (1, 2, 4, 8, 16):
+        for n in (k, 7 * k, 4096 * k + k):
+            data = rng.integers(0, 4, n, dtype=np.uint8)  # compressible
+            base = data.copy()
+            base[::3] ^= 1
+            enc = compress.encode(data, k, base)
+            if enc.codec == layout.RAW:
+                continue
+            dtype = {1: "uint8", 2: "int16", 4: "int32", 8: "int64", 16: "complex128"}[k]
+            prefix = f"{dtype}[{n // k}]".encode()
+            head = layout.header_bytes(enc.codec, 1 if enc.codec == layout.DELTA else 0, prefix, n,
+                                       b"\0" * 16 if enc.codec == layout.DELTA else None, enc.planes)
+            blob = head + b"".join(bytes(memoryview(p).cast("B")) for p in enc.pieces)
+            h = layout.parse_header(blob[: layout.HEAD], len(blob), "t")
+            out = np.empty(n, np.uint8)
+            compress.decode_into(h, blob, out.data, lambda b=base: b, "t")
+            assert bytes(out) == bytes(data)
