@@ -8,8 +8,9 @@ import pytest
 # With TENSORCANON_ONLY_CUDA_SKIPS=1 (.ci/run sets it), a test skipped for any reason but the lack
 # of a CUDA device fails the run: a skipped test proves nothing, and the integration and
 # distributed tests must run wherever CI runs.
-# The one other: torchao, whose releases follow torch's, is tested with the torch of constraints.txt,
-# not on the floors (tests/test_ecosystem_torchao.py says so in its reason).
+# The one other: what the floors' torch (2.4) lacks, whose tests say "not tested on the floors" in their
+# reason: torchao, whose releases follow torch's (tests/test_ecosystem_torchao.py), and the cached lengths
+# a jagged tensor is given by hand (tests/test_lossless_kinds.py).
 _ALLOWED_SKIP = ("CUDA", "not tested on the floors")
 _skipped: list = []
 

@@ -127,7 +127,8 @@ def _seqlens(t):
 
 
 HINTS = {"min_seqlen", "max_seqlen"} <= set(inspect.signature(torch.nested.nested_tensor_from_jagged).parameters)
-needs_hints = pytest.mark.skipif(not HINTS, reason="this torch's nested_tensor_from_jagged takes no min/max_seqlen")
+needs_hints = pytest.mark.skipif(not HINTS, reason="this torch's nested_tensor_from_jagged takes no min/max_seqlen (so no jagged "
+                                                               "tensor caches given lengths): not tested on the floors")
 
 
 def _jagged(**hints):
