@@ -127,8 +127,9 @@ def _seqlens(t):
 
 
 HINTS = {"min_seqlen", "max_seqlen"} <= set(inspect.signature(torch.nested.nested_tensor_from_jagged).parameters)
-needs_hints = pytest.mark.skipif(not HINTS, reason="this torch's nested_tensor_from_jagged takes no min/max_seqlen (so no jagged "
-                                                               "tensor caches given lengths): not tested on the floors")
+needs_hints = pytest.mark.skipif(not HINTS, reason=(
+    "this torch's nested_tensor_from_jagged takes no min/max_seqlen (so no jagged tensor caches given lengths): "
+    "not tested on the floors"))
 
 
 def _jagged(**hints):
