@@ -59,7 +59,7 @@ def by_hand(out: str, rank: int, other: bool = False) -> None:
             # a flat bucket from empty, written through views by out= ops and in-place ops
             bucket = torch.empty(sum(sizes))
             views = bucket.split(sizes)
-            for v, p in zip(views, params):
+            for v, p in zip(views, params, strict=True):
                 torch.mul(p.grad.reshape(-1), 1.0, out=v)
             views[0].mul_(1.0)
             work = dist.all_reduce(bucket, async_op=True)
@@ -76,7 +76,7 @@ def by_hand(out: str, rank: int, other: bool = False) -> None:
             work.wait()
             for v in views:
                 v.div_(2)              # in place on the bucket's views, after the wait
-            for v, p in zip(views, params):
+            for v, p in zip(views, params, strict=True):
                 p.grad.copy_(v.view_as(p.grad))
             g_work.wait()
             s_work.wait()

@@ -211,20 +211,24 @@ class Recorder:
         self.kinds = layout.kinds_of(level)
         self.algorithm = digests.check(algorithm)
         group = _process_group()
-        world = _whole("world_size", world_size, "WORLD_SIZE", 1 if group is None else group[1])
-        self.rank = _whole("rank", rank, "RANK", 0 if group is None else group[0])
+        world = _whole("world_size", world_size, "WORLD_SIZE", 1)
+        self.rank = _whole("rank", rank, "RANK", 0)
         if not (1 <= world <= layout.MAX_WORLD and 0 <= self.rank < world):
             raise UsageError(f"rank {self.rank} is not a rank of world size {world} (a world size is in "
                              f"[1, {layout.MAX_WORLD}], a rank in [0, world size); from rank=/world_size= or "
                              "$RANK/$WORLD_SIZE)")
-        if group is not None and (self.rank, world) != group:
+        # a rank or world size given (rank=/world_size=, $RANK/$WORLD_SIZE) must be this process's
+        # place in an initialized process group: else two ranks write one file. Nothing given keeps
+        # rank 0 of 1 (a process may trace a run of its own under a live group; docs/TRACE.md)
+        told = (rank, world_size) != (None, None) or bool(os.environ.get("RANK") or os.environ.get("WORLD_SIZE"))
+        if group is not None and told and (self.rank, world) != group:
             said = " and ".join(_source(arg, given, env) for arg, given, env, mine, theirs in (
                 ("rank", rank, "RANK", self.rank, group[0]), ("world_size", world_size, "WORLD_SIZE", world, group[1]))
                 if mine != theirs)
             raise UsageError(f"rank {self.rank} of world size {world} (from {said}) is not this process's place in "
                              f"torch.distributed's default process group, rank {group[0]} of {group[1]}: two ranks "
-                             "would write one trace file; leave rank=/world_size= and $RANK/$WORLD_SIZE unset to "
-                             "take the process group's, or give its values")
+                             "would write one trace file; give the group's values (torch.distributed's "
+                             "get_rank() and get_world_size())")
         self.world_size = world
         self.path = rank_path(_trace_path(path, path_from), self.rank, world)
         if resume_at is not None:
