@@ -317,8 +317,20 @@ def collective_verdict(res: Divergence, ha: layout.Header, hb: layout.Header) ->
 
 def _other_ranks(a: str, b: str, ha: layout.Header, hb: layout.Header) -> str:
     """What to run next: ``tensorcanon diverge`` on the traces of another rank of the same runs
-    (their names guessed from the recorder's: ``run.rank0.trace`` -> ``run.rank1.trace``)."""
+    (their names guessed from the recorder's: ``run.rank0.trace`` -> ``run.rank1.trace``). Only for
+    two traces of one rank of one world size: for any other pair, rewriting each path by its own rank
+    named a trace of the pair again (A rank 0, B rank 1: ``b.rank1.trace`` is B) or ranks one run never
+    had (``a.rank2.trace`` of a world of 2)."""
     world = max(ha.world_size, hb.world_size)
+    if ha.world_size != hb.world_size:
+        return (f"but A is rank {ha.rank} of {ha.world_size} and B rank {hb.rank} of {hb.world_size}: runs of "
+                "different world sizes split their data and reduce their gradients differently, so no rank's "
+                "traces of the two are expected to match; compare the traces of one rank of two runs of the "
+                "same world size")
+    if ha.rank != hb.rank:
+        return (f"but these are the traces of different ranks (A rank {ha.rank}, B rank {hb.rank} of {world}), "
+                "each fed its own batch: compare the traces of one rank of the two runs (run A's and run B's "
+                f"traces of rank {ha.rank}, then those of each other rank)")
     if world <= 1:
         return ("compare the other ranks' traces (these say world size 1: each rank writes a trace of its own "
                 "when told its rank, by rank= and world_size= or $RANK and $WORLD_SIZE)")

@@ -105,7 +105,13 @@ class Header:
     world_size: int
 
     def payload(self) -> list[Any]:
-        return [TAG_HEADER, FORMAT, VERSION, self.level, self.algorithm, self.rank, self.world_size]
+        """The header frame's items; a header its reader (``_header``) would refuse is a UsageError
+        here, so no writer writes one."""
+        items = [TAG_HEADER, FORMAT, VERSION, self.level, self.algorithm, self.rank, self.world_size]
+        problem = _header(items)
+        if isinstance(problem, str):
+            raise UsageError(f"trace header: {problem}")
+        return items
 
 
 def canonical_float(x: float) -> float:

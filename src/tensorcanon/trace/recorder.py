@@ -119,6 +119,24 @@ def _whole(arg: str, given: Any, env: str, default: int) -> int:
     return int(text)
 
 
+def _process_group() -> tuple[int, int] | None:
+    """(rank, world size) of this process in torch.distributed's default process group when one is
+    initialized, else None (torch is not imported for this: a process that has not imported it has
+    no process group)."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _source(arg: str, given: Any, env: str) -> str:
+    """Where a rank or world size came from, for a message."""
+    if given is not None:
+        return f"{arg}="
+    return f"${env}" if os.environ.get(env) else "the default"
+
+
 def _trace_path(path: Any, source: str) -> str:
     """The trace path as a text, or a :class:`UsageError` naming where it came from."""
     try:
@@ -192,12 +210,25 @@ class Recorder:
         self.level = level
         self.kinds = layout.kinds_of(level)
         self.algorithm = digests.check(algorithm)
+        group = _process_group()
         world = _whole("world_size", world_size, "WORLD_SIZE", 1)
         self.rank = _whole("rank", rank, "RANK", 0)
         if not (1 <= world <= layout.MAX_WORLD and 0 <= self.rank < world):
             raise UsageError(f"rank {self.rank} is not a rank of world size {world} (a world size is in "
                              f"[1, {layout.MAX_WORLD}], a rank in [0, world size); from rank=/world_size= or "
                              "$RANK/$WORLD_SIZE)")
+        # a rank or world size given (rank=/world_size=, $RANK/$WORLD_SIZE) must be this process's
+        # place in an initialized process group: else two ranks write one file. Nothing given keeps
+        # rank 0 of 1 (a process may trace a run of its own under a live group; docs/TRACE.md)
+        told = (rank, world_size) != (None, None) or bool(os.environ.get("RANK") or os.environ.get("WORLD_SIZE"))
+        if group is not None and told and (self.rank, world) != group:
+            said = " and ".join(_source(arg, given, env) for arg, given, env, mine, theirs in (
+                ("rank", rank, "RANK", self.rank, group[0]), ("world_size", world_size, "WORLD_SIZE", world, group[1]))
+                if mine != theirs)
+            raise UsageError(f"rank {self.rank} of world size {world} (from {said}) is not this process's place in "
+                             f"torch.distributed's default process group, rank {group[0]} of {group[1]}: two ranks "
+                             "would write one trace file; give the group's values (torch.distributed's "
+                             "get_rank() and get_world_size())")
         self.world_size = world
         self.path = rank_path(_trace_path(path, path_from), self.rank, world)
         if resume_at is not None:
