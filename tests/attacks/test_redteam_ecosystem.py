@@ -293,6 +293,15 @@ CASES = [
      lambda: _args(lr_scheduler_kwargs=str(PLANTED)), "load_rejects"),
     ("args_fsdp_config_deep_json", "transformers.TrainingArguments",
      lambda: _args(fsdp_config="{" + '"a":[' * 100000), "load_rejects"),
+    ("args_fsdp_xla_dtype_names", "transformers.TrainingArguments",
+     lambda: _args(fsdp="full_shard", fsdp_config={"xla": True, "xla_fsdp_settings": {"compute_dtype": "save"}}),
+     "load_rejects"),
+    ("args_fsdp_xla_dtype_names_json", "transformers.TrainingArguments",
+     lambda: _args(fsdp="full_shard",
+                   fsdp_config='{"fsdp_xla": true, "fsdp_xla_fsdp_settings": {"buffer_dtype": "_inductor"}}'),
+     "load_rejects"),
+    ("args_fsdp_sets_environment", "transformers.TrainingArguments",
+     lambda: _args(fsdp="full_shard", fsdp_config={"cpu_ram_efficient_loading": "true"}), "either"),
     ("args_unknown_field", "transformers.TrainingArguments", lambda: _args(redeco_field=1), "load_rejects"),
     ("args_state_list", "transformers.TrainingArguments", lambda: [1], "load_rejects"),
     ("args_token_field", "transformers.TrainingArguments", lambda: _args(hub_token="stolen"), "load_rejects"),
@@ -384,7 +393,24 @@ def test_with_the_libraries_imported(case_id, files, spy_resolver, monkeypatch):
         assert loaded == "ok", loaded_v
         assert verified == "ok", verified_v
     assert not spy_resolver, "an interpolation was resolved while reading the file"
-    assert os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING") is None or case_id != "args_fsdp_config_path"
+
+
+def test_loading_training_arguments_leaves_the_environment_as_it_was(files, monkeypatch):
+    """TrainingArguments(fsdp=..., fsdp_config=...) sets FSDP_CPU_RAM_EFFICIENT_LOADING from the config:
+    a file must not change the loading process's environment (it steers later model loading)."""
+    monkeypatch.delenv("FSDP_CPU_RAM_EFFICIENT_LOADING", raising=False)
+    before = dict(os.environ)
+    args = tensorcanon.loads(files["args_fsdp_sets_environment"][1])
+    assert args.fsdp_config["cpu_ram_efficient_loading"] == "true"
+    assert dict(os.environ) == before
+
+
+def test_training_arguments_naming_xla_dtypes_are_refused_when_saving(files):
+    """The writer refuses what the reader refuses (the dtype names would be looked up on torch)."""
+    cfg = {"xla": True, "xla_fsdp_settings": {"compute_dtype": "bfloat16"}}
+    args = transformers.TrainingArguments(output_dir="out", report_to="none", fsdp="full_shard", fsdp_config=cfg)
+    with pytest.raises(tensorcanon.UnsupportedTypeError, match="xla_fsdp_settings"):
+        tensorcanon.dumps(args)
 
 
 def test_interpolations_resolve_only_on_access(files, spy_resolver, monkeypatch):

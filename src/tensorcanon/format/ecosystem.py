@@ -33,6 +33,7 @@ import collections
 import dataclasses
 import enum
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -107,7 +108,29 @@ _READS_FILES = ("accelerator_config", "fsdp_config", "deepspeed", "gradient_chec
                 "activation_checkpointing_kwargs", "lr_scheduler_kwargs", "optim_args")
 
 
+def _xla_dtype_names(value: Any) -> bool:
+    """Whether an ``fsdp_config`` (a dict, or JSON text the constructor parses) names dtypes in its
+    ``xla_fsdp_settings``, which the constructor resolves with ``getattr(torch, name)``: a name from
+    the file looked up as an attribute (``torch._inductor`` imports a module), which §6.6 forbids."""
+    config = value
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            config = json.loads(value)
+        except (ValueError, RecursionError):  # the constructor refuses such text itself
+            return False
+    if not isinstance(config, dict):
+        return False
+    for key in ("xla_fsdp_settings", "fsdp_xla_fsdp_settings"):  # it strips a leading "fsdp_"
+        settings = config.get(key)
+        if isinstance(settings, dict) and ("compute_dtype" in settings or "buffer_dtype" in settings):
+            return True
+    return False
+
+
 def _arguments_problem(state: dict[str, Any]) -> str:
+    if _xla_dtype_names(state.get("fsdp_config")):
+        return ("its fsdp_config names dtypes in xla_fsdp_settings, which building it would look up as "
+                "attributes of torch: set them again after loading")
     for name in _READS_FILES:
         value = state.get(name)
         if name == "deepspeed" and value:
@@ -117,6 +140,14 @@ def _arguments_problem(state: dict[str, Any]) -> str:
             return (f"its {name} is {value[:80]!r}, a file name that building it would read: pass the config "
                     "as a dict instead")
     return ""
+
+
+def _restore_environment(saved: dict[str, str]) -> None:
+    for key in [k for k in os.environ if k not in saved]:
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 def training_arguments_codec(cls: type) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
@@ -140,7 +171,12 @@ def training_arguments_codec(cls: type) -> tuple[Callable[[Any], Any], Callable[
         why = _arguments_problem(state)
         if why:
             raise ValueError(why)
-        return cls(**state)
+        environment = dict(os.environ)
+        try:
+            return cls(**state)
+        finally:  # the constructor sets variables from fields (FSDP_CPU_RAM_EFFICIENT_LOADING from
+            # fsdp_config): loading a file leaves the process environment as it was
+            _restore_environment(environment)
 
     return encode, decode
 
