@@ -84,6 +84,7 @@ def _watched(fn, *args):
     """Run fn(*args) with the audit hook on; return (outcome, value or exception, events)."""
     _AUDIT["events"] = []
     before = {m.split(".")[0] for m in sys.modules}
+    named_before = {m for m in NAMED if m in sys.modules}
     _AUDIT["on"] = True
     try:
         try:
@@ -95,6 +96,7 @@ def _watched(fn, *args):
     # a package that was not imported before (a library's own lazy submodule, such as OmegaConf's
     # vendored parser, is the library's business; a new package is not)
     new_modules = {m.split(".")[0] for m in sys.modules} - before
+    new_modules |= {m for m in NAMED if m in sys.modules and m not in named_before}
     return out, list(_AUDIT["events"]), new_modules
 
 
