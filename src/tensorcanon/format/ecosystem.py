@@ -361,7 +361,7 @@ def _torchao_name(module: Any, name: str) -> registry.Registration | None:
 def _omegaconf_state(state: Any, top: type, what: str) -> dict[str, Any]:
     """The structure of a DictConfig's (``top`` OrderedDict) or ListConfig's (``top`` list) state, as a
     verifying reader checks it without OmegaConf: the content's type, every mapping in it an
-    OrderedDict, and each flags entry's key path leading to a container the content holds."""
+    OrderedDict, and each flags entry's key path leading to a value the content holds."""
     state = _dict_state(state, ("content", "flags"), "an OmegaConf container")
     flags, content = state["flags"], state["content"]
     if type(content) is not top:
