@@ -33,6 +33,7 @@ import collections
 import dataclasses
 import enum
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -107,7 +108,29 @@ _READS_FILES = ("accelerator_config", "fsdp_config", "deepspeed", "gradient_chec
                 "activation_checkpointing_kwargs", "lr_scheduler_kwargs", "optim_args")
 
 
+def _xla_dtype_names(value: Any) -> bool:
+    """Whether an ``fsdp_config`` (a dict, or JSON text the constructor parses) names dtypes in its
+    ``xla_fsdp_settings``, which the constructor resolves with ``getattr(torch, name)``: a name from
+    the file looked up as an attribute (``torch._inductor`` imports a module), which §6.6 forbids."""
+    config = value
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            config = json.loads(value)
+        except (ValueError, RecursionError):  # the constructor refuses such text itself
+            return False
+    if not isinstance(config, dict):
+        return False
+    for key in ("xla_fsdp_settings", "fsdp_xla_fsdp_settings"):  # it strips a leading "fsdp_"
+        settings = config.get(key)
+        if isinstance(settings, dict) and ("compute_dtype" in settings or "buffer_dtype" in settings):
+            return True
+    return False
+
+
 def _arguments_problem(state: dict[str, Any]) -> str:
+    if _xla_dtype_names(state.get("fsdp_config")):
+        return ("its fsdp_config names dtypes in xla_fsdp_settings, which building it would look up as "
+                "attributes of torch: set them again after loading")
     for name in _READS_FILES:
         value = state.get(name)
         if name == "deepspeed" and value:
@@ -117,6 +140,14 @@ def _arguments_problem(state: dict[str, Any]) -> str:
             return (f"its {name} is {value[:80]!r}, a file name that building it would read: pass the config "
                     "as a dict instead")
     return ""
+
+
+def _restore_environment(saved: dict[str, str]) -> None:
+    for key in [k for k in os.environ if k not in saved]:
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 def training_arguments_codec(cls: type) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
@@ -140,7 +171,12 @@ def training_arguments_codec(cls: type) -> tuple[Callable[[Any], Any], Callable[
         why = _arguments_problem(state)
         if why:
             raise ValueError(why)
-        return cls(**state)
+        environment = dict(os.environ)
+        try:
+            return cls(**state)
+        finally:  # the constructor sets variables from fields (FSDP_CPU_RAM_EFFICIENT_LOADING from
+            # fsdp_config): loading a file leaves the process environment as it was
+            _restore_environment(environment)
 
     return encode, decode
 
@@ -265,6 +301,13 @@ def _packed_sequence_state(state: Any) -> list[Any]:
     if type(state) is not list or len(state) != 4:
         raise ValueError("the state of a PackedSequence is a list of 4: data, batch_sizes, sorted_indices, "
                          "unsorted_indices")
+    data, batch_sizes, sorted_indices, unsorted_indices = state
+    for what, t in (("data", data), ("batch_sizes", batch_sizes)):
+        if not registry.is_tensor(t):
+            raise ValueError(f"'{what}' must be a tensor")
+    for what, t in (("sorted_indices", sorted_indices), ("unsorted_indices", unsorted_indices)):
+        if t is not None and not registry.is_tensor(t):
+            raise ValueError(f"'{what}' must be a tensor or nil")
     return state
 
 
@@ -275,13 +318,6 @@ def _packed_sequence_codec(cls: type) -> tuple[Callable[[Any], Any], Callable[[A
 
     def decode(state: Any) -> Any:
         data, batch_sizes, sorted_indices, unsorted_indices = _packed_sequence_state(state)
-        torch = sys.modules["torch"]
-        for what, t in (("data", data), ("batch_sizes", batch_sizes)):
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"'{what}' must be a tensor")
-        for what, t in (("sorted_indices", sorted_indices), ("unsorted_indices", unsorted_indices)):
-            if t is not None and not isinstance(t, torch.Tensor):
-                raise ValueError(f"'{what}' must be a tensor or nil")
         # tuple.__new__: the fields as saved (PackedSequence's own __new__ would derive
         # unsorted_indices from sorted_indices again, and checks nothing a file could break)
         return tuple.__new__(cls, (data, batch_sizes, sorted_indices, unsorted_indices))
@@ -322,14 +358,47 @@ def _torchao_name(module: Any, name: str) -> registry.Registration | None:
 
 # ------------------------------------------------------------------ OmegaConf
 
-def _omegaconf_state(state: Any) -> dict[str, Any]:
+def _omegaconf_state(state: Any, top: type, what: str) -> dict[str, Any]:
+    """The structure of a DictConfig's (``top`` OrderedDict) or ListConfig's (``top`` list) state, as a
+    verifying reader checks it without OmegaConf: the content's type, every mapping in it an
+    OrderedDict, and each flags entry's key path leading to a value the content holds."""
     state = _dict_state(state, ("content", "flags"), "an OmegaConf container")
-    flags = state["flags"]
+    flags, content = state["flags"], state["content"]
+    if type(content) is not top:
+        raise ValueError(f"the content of a {what} must be {'an OrderedDict' if top is not list else 'a list'}")
+    stack = [content]
+    while stack:  # iterative: the manifest's depth limit bounds it, Python's stack does not
+        node = stack.pop()
+        if type(node) is dict:
+            raise ValueError("every mapping in an OmegaConf container's content must be an OrderedDict")
+        if type(node) is collections.OrderedDict:
+            stack.extend(node.values())
+        elif type(node) is list:
+            stack.extend(node)
     if type(flags) is not list or not all(
             type(f) is list and len(f) == 2 and type(f[0]) is list and type(f[1]) is dict
             and all(type(k) is str and (v is None or type(v) is bool) for k, v in f[1].items()) for f in flags):
         raise ValueError("'flags' must be a list of [key path, {flag: bool or nil}] pairs")
+    for path, _ in flags:
+        node = content
+        for k in path:
+            if type(k) not in (str, int, float, bool, bytes):
+                break  # a key that a verifying reader holds as an opaque value (an Enum member): load checks it
+            if type(node) is collections.OrderedDict and k in node:
+                node = node[k]
+            elif type(node) is list and type(k) is int and 0 <= k < len(node):
+                node = node[k]
+            else:
+                raise ValueError(f"flags for {path!r}, which the content does not hold")
     return state
+
+
+def _dict_config_state(state: Any) -> dict[str, Any]:
+    return _omegaconf_state(state, collections.OrderedDict, "DictConfig")
+
+
+def _list_config_state(state: Any) -> dict[str, Any]:
+    return _omegaconf_state(state, list, "ListConfig")
 
 
 def _omegaconf_nodes(node: Any, path: list[Any], oc: Any) -> Iterator[tuple[list[Any], Any]]:
@@ -372,11 +441,8 @@ def _omegaconf_codec(cls: type, oc: Any) -> tuple[Callable[[Any], Any], Callable
         return {"content": content, "flags": flags}
 
     def decode(state: Any) -> Any:
-        state = _omegaconf_state(state)
+        state = (_dict_config_state if cls is oc.DictConfig else _list_config_state)(state)
         content = state["content"]
-        if type(content) is not (collections.OrderedDict if cls is oc.DictConfig else list):
-            raise ValueError(f"the content of a {cls.__name__} must be "
-                             f"{'an OrderedDict' if cls is oc.DictConfig else 'a list'}")
         try:
             value = oc.OmegaConf.create(content)
             for path, flags in state["flags"]:
@@ -497,6 +563,6 @@ registry.provide(registry.Provider("yacs", _yacs_type, _yacs_name, lambda name: 
 # the states whose structure the format fixes: verify checks them without any of these libraries
 registry.specify(BATCH_ENCODING, _batch_encoding_state)
 registry.specify(PACKED_SEQUENCE, _packed_sequence_state)
-registry.specify(DICT_CONFIG, _omegaconf_state)
-registry.specify(LIST_CONFIG, _omegaconf_state)
+registry.specify(DICT_CONFIG, _dict_config_state)
+registry.specify(LIST_CONFIG, _list_config_state)
 registry.specify(CFG_NODE, _cfg_node_state)

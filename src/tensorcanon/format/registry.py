@@ -41,6 +41,22 @@ class Registration:
     automatic: bool = False  # the codec is the built-in one for a dataclass, NamedTuple or Enum
 
 
+class UnbuiltTensor:
+    """What a verifying reader, which builds no objects, hands the check of a specified state
+    (:func:`specify`) for a tensor node (``tensor``, ``sparse``, ``nested``, ``meta``, ``tensor.attrs``:
+    tree.Decoder.plain), so that a state the format says holds a tensor can be checked without torch."""
+
+    __slots__ = ()
+
+
+def is_tensor(value: Any) -> bool:
+    """True for a tensor, or for a verifying reader's stand-in for one (:class:`UnbuiltTensor`)."""
+    if isinstance(value, UnbuiltTensor):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
 _BY_TYPE: dict[type, Registration] = {}
 _BY_NAME: dict[str, Registration] = {}
 _BY_MRO: dict[type, Registration | None] = {}  # subclass lookups, cleared on every change

@@ -1156,9 +1156,10 @@ class Decoder:
 
     def plain(self, node: Any) -> Any:
         """The value of a node that :meth:`decode` has checked, built without objects: leaves (big
-        ints included), lists, tuples and dicts as they load; every other node (a tensor, a torch
-        value, a registered object, a set...) a new opaque object, which no specified state
-        accepts where a loaded one would be refused (registry.specify)."""
+        ints included), lists, tuples, dicts and OrderedDicts (without torch's metadata) as they load;
+        a tensor node a :class:`registry.UnbuiltTensor`; every other node (a torch value, a registered
+        object, a set...) a new opaque object, which no specified state accepts where a loaded one
+        would be refused (registry.specify)."""
         t = type(node)
         if t is msgpack.ExtType:
             return self._ext(node)
@@ -1175,7 +1176,16 @@ class Decoder:
             return tuple(self.plain(x) for x in node[1:])
         if tag == "dict":
             return {self.plain(node[i]): self.plain(node[i + 1]) for i in range(first_item("dict"), len(node), 2)}
+        if tag == "odict" and node[1] is None:  # an OrderedDict without torch's metadata, as it loads
+            return _OrderedDict((self.plain(node[i]), self.plain(node[i + 1]))
+                                for i in range(first_item("odict"), len(node), 2))
+        if tag in _TENSOR_TAGS:  # a tensor, which a specified state may hold (a PackedSequence's)
+            return registry.UnbuiltTensor()
         return object()
+
+
+#: the nodes that load as a tensor (docs/FORMAT.md §5.3, §6.12): what Decoder.plain gives a stand-in for
+_TENSOR_TAGS = frozenset(("tensor", "sparse", "nested", "meta", "tensor.attrs"))
 
 
 def _rebuilt(name: str, where: str, rebuild: Callable[[Any], Any], state: Any) -> Any:
