@@ -799,3 +799,22 @@ def test_memory_store_hostile_objects(tmp_path):
     errors_are_ours(lambda: tc.Store(url).load("a"))
     assert cli.main(["store", "ls", url]) == 2
     fs.rm("/redstore-hostile", recursive=True)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_fifos_in_place_of_a_record_or_a_blob_never_block(st, capsys):
+    """A FIFO opened for reading blocks until a writer comes; a store must refuse it unopened."""
+    root, a, _ = st
+    t = a["i"]
+    path = blob_path(root, digest_of(prefix_of(t), raw_bytes(t)))
+    path.unlink()
+    os.mkfifo(path)
+    errors_are_ours(lambda: tc.Store(root).load("a"), match="regular file")
+    code, out, err = run_cli(capsys, "verify", root)
+    assert code == 1, (out, err)
+    rec = root / "tags" / "b.safetensors"
+    rec.unlink()
+    os.mkfifo(rec)
+    errors_are_ours(lambda: tc.Store(root).load("b"))
+    code, out, err = run_cli(capsys, "verify", root)
+    assert code in (1, 2) and "Traceback" not in err, (out, err)
