@@ -111,7 +111,7 @@ def refused(root, tag, match=None):
 
 
 def replace_blob(root, t, blob):
-    p, d = prefix_of(t), digest_of(prefix_of(t), raw_bytes(t))
+    d = digest_of(prefix_of(t), raw_bytes(t))
     path = blob_path(root, d)
     assert path.exists()
     path.write_bytes(blob)
@@ -235,15 +235,12 @@ def test_grouped_blob_lies(st, how):
 
 def test_grouped_plane_claiming_a_terabyte_allocates_nothing(st):
     root, a, _ = st
-    t = torch.zeros(1 << 38, dtype=torch.float32) if False else None  # never built: only its prefix
-    prefix = b"float32[274877906944]"
+    prefix = b"float32[274877906944]"  # 1 TiB of float32: only claimed, never built
     frame = zstd.ZstdCompressor(level=1, write_content_size=True).compress(b"\x00" * 4096)
     frame = bytearray(frame)
     table = struct.pack("<B7xQ", 1, len(frame)) * 4
     blob = head(GROUPED, 0, prefix, 1 << 40) + table + bytes(frame) * 4
-    w = a["w"]
-    replace_blob(root, w, blob)
-    del t
+    replace_blob(root, a["w"], blob)
     tracemalloc.start()
     try:
         for call in (lambda: tc.Store(root).load("a"), lambda: tc.Store(root).verify()):
@@ -259,7 +256,7 @@ def test_grouped_plane_claiming_a_terabyte_allocates_nothing(st):
 def delta_blob(root, b_w, a_w, *, depth=1, base_digest=None, base_prefix=None):
     """b_w stored as a delta on a_w's blob."""
     prefix = prefix_of(b_w)
-    x = bytes(p ^ q for p, q in zip(raw_bytes(b_w), raw_bytes(a_w)))
+    x = bytes(p ^ q for p, q in zip(raw_bytes(b_w), raw_bytes(a_w), strict=True))
     base = base_digest or digest_of(base_prefix or prefix_of(a_w), raw_bytes(a_w))
     return head(DELTA, depth, prefix, len(x), base) + planes_of(x, b_w.element_size())
 
@@ -427,13 +424,12 @@ def test_a_record_claiming_a_digest_with_control_characters(st, tmp_path, capsys
     n = struct.unpack("<Q", h[:8])[0]
     text = h[8:8 + n].decode()
     start = text.index("xxh3-128:") + len("xxh3-128:")
-    evil = text[:start] + "\\u001b]0;x\\u0007" + text[start + 19:]  # same length in JSON escapes? no: pad
-    evil = evil.ljust(n)
+    evil = (text[:start] + "\\u001b]0;x\\u0007" + text[start + 19:]).ljust(n)  # JSON escapes of ESC, BEL
     hdr = struct.pack("<Q", len(evil.encode())) + evil.encode()
     tc.save(hostile_record("a", hdr), root / "tags" / "a.safetensors")
     for argv in (("ls", root), ("ls", "--json", root), ("verify", root), ("stats", root)):
         code, out, err = run_cli(capsys, *argv)
-        assert code in (1, 2) or argv[0] == "stats" or (argv[0] == "ls" and code != 0), (argv, code, out, err)
+        assert code != 0 or argv[0] == "stats", (argv, code, out, err)
         assert "\x1b" not in out + err and "\x07" not in out + err, (argv, out, err)
 
 
@@ -765,7 +761,7 @@ def test_cli_exit_codes_and_json_on_a_healthy_store(st, capsys):
     import json
 
     for act in ("ls", "verify", "stats"):
-        code, out, err = run_cli(capsys, "--json", act, root) if False else run_cli(capsys, act, "--json", root)
+        code, out, err = run_cli(capsys, act, "--json", root)
         assert code == 0, (act, err)
         json.loads(out)
     code, out, err = run_cli(capsys, "verify", root, "nope")
