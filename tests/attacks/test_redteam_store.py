@@ -814,3 +814,25 @@ def test_fifos_in_place_of_a_record_or_a_blob_never_block(st, capsys):
     errors_are_ours(lambda: tc.Store(root).load("b"))
     code, out, err = run_cli(capsys, "verify", root)
     assert code in (1, 2) and "Traceback" not in err, (out, err)
+
+
+def test_gc_refuses_rather_than_drop_the_blobs_of_a_renamed_record(st):
+    root, a, _ = st
+    (root / "tags" / "a.safetensors").replace(root / "tags" / "c.safetensors")
+    before = sorted(p.name for p in (root / "blobs").rglob("*") if p.is_file())
+    errors_are_ours(lambda: tc.Store(root).gc(), match="'c'")
+    assert sorted(p.name for p in (root / "blobs").rglob("*") if p.is_file()) == before
+
+
+def test_a_store_object_outlived_by_anothers_gc_still_writes_what_it_needs(st):
+    """STORE.md: after a collection, a Store object forgets which blobs it believed present."""
+    root, a, b = st
+    s1 = tc.Store(root)
+    x = torch.randn(333, generator=torch.Generator().manual_seed(11))
+    s1.save("x1", {"x": x})
+    s2 = tc.Store(root)
+    s2.delete("x1")
+    s2.gc()  # x's blob is gone
+    s1.save("x2", {"x": x})  # s1 saw x's blob at its last save
+    assert torch.equal(tc.Store(root).load("x2")["x"], x)
+    assert cli.main(["store", "verify", str(root)]) == 0
