@@ -58,6 +58,29 @@ class Local:
                                    filename=where, errno=e.errno)
         return FileAccessError(f"cannot {doing} {where!r}: {e.strerror or e}", filename=where, errno=e.errno)
 
+    def folders_real(self, rel: str, *, whole: bool = False) -> None:
+        """Raise unless every folder between the root and ``rel`` (``rel`` itself too when ``whole``)
+        is a real folder: a symlinked ``tags/``, ``blobs/…`` or ``tmp/`` would let a hostile store
+        send reads, and gc's deletions, outside its root. A missing folder passes (the caller's own
+        open or listing says so)."""
+        import stat
+
+        parts = rel.split("/") if whole else rel.split("/")[:-1]
+        path = self.root
+        for part in parts:
+            path = os.path.join(path, part)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                return
+            except OSError as e:
+                raise self._error(e, "read", os.path.relpath(path, self.root)) from None
+            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+                what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a folder"
+                raise FileAccessError(f"cannot use {path!r}: it is {what}, where a store has a folder of its own "
+                                      "(a store never follows a link out of its root); remove it, or restore the "
+                                      "store from a copy", filename=path, errno=errno.ELOOP)
+
     def root_exists(self) -> bool:
         return os.path.isdir(self.root)
 
@@ -69,14 +92,15 @@ class Local:
         import stat
 
         name = self.path(rel)
+        self.folders_real(rel)
         try:
             fd = os.open(name, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
             raise self._error(e, "read", rel) from None
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise FileAccessError(f"cannot read {name!r}: not a regular file", filename=name)
+            if not stat.S_ISREG(st.st_mode):  # (a folder or FIFO where a store holds a file: damage)
+                raise FormatError(f"cannot read {name!r}: not a regular file, which every object of a store is")
             os.set_blocking(fd, True)
         except BaseException:
             os.close(fd)
@@ -104,12 +128,15 @@ class Local:
                 os.makedirs(self.path(rel), exist_ok=True)
             except OSError as e:
                 raise self._error(e, "create", rel) from None
+            self.folders_real(rel, whole=True)
 
     def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True) -> None:
         """Write ``pieces`` as object ``rel``: a temp file in ``tmp/``, flushed (and fsynced when
         ``durable``), then renamed over the name."""
         target = self.path(rel)
         folder = os.path.dirname(target)
+        self.folders_real(rel)
+        self.folders_real(layout.TMP, whole=True)
         try:
             os.makedirs(folder, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f"{host()}.{os.getpid()}.", suffix=".tmp", dir=self.path(layout.TMP))
@@ -179,6 +206,7 @@ class Local:
         """Every regular file under ``prefix``: relative name -> (size, modification time)."""
         out: dict[str, tuple[int, float]] = {}
         top = self.path(prefix)
+        self.folders_real(prefix.rstrip("/"), whole=True)
         if not os.path.isdir(top):
             return out
         for folder, _dirs, files in os.walk(top):  # (os.walk never follows symlinked folders)
@@ -196,6 +224,7 @@ class Local:
         return out
 
     def delete(self, rel: str) -> bool:
+        self.folders_real(rel)
         try:
             os.unlink(self.path(rel))
             return True

@@ -554,6 +554,7 @@ class Store:
         """Every tag of the store, sorted."""
         if not self._b.root_exists():
             return []
+        self._check_root()  # (layout: a reader MUST refuse a root without the marker, or with other bytes)
         out = []
         for rel in self._b.listing(layout.TAGS):
             tag = layout.tag_of(rel.rsplit("/", 1)[-1])
