@@ -1,6 +1,6 @@
 """The ``tensorcanon`` command line (also ``python -m tensorcanon``).
 
-Commands: hash, verify, inspect, diff, lock, check, convert, consolidate, repro, diverge.
+Commands: hash, verify, inspect, diff, lock, check, convert, consolidate, repro, diverge, store.
 Every command that reads a file also accepts a sharded checkpoint directory
 (tensorcanon.dcp), which it treats as its logical content. Output is
 for people by default and JSON with ``--json``. Exit codes, for CI:
@@ -24,6 +24,7 @@ Commands (``tensorcanon COMMAND --help`` lists each one's arguments)::
     consolidate DIR OUT                     a sharded checkpoint as one file
     repro [--runs N] [--trace LEVEL] --out PATH... -- CMD...
     diverge A B [--json] [--tolerance R] [--html OUT]  the first record where two traces differ
+    store ls|verify|export|gc|stats ROOT ...    a store of many checkpoints (docs/STORE.md)
 
 A lockfile's lines may name files inside its own folder only; ``--allow`` adds folders and URL
 prefixes (``s3://bucket/ckpt``). This docstring is installed with the package

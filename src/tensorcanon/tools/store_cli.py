@@ -17,7 +17,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> argparse.ArgumentPa
     p = sub.add_parser("store", parents=[common], help="list, verify, export and clean a checkpoint store",
                        description="A store of many checkpoints (tensorcanon.Store: docs/STORE.md). ROOT is its "
                                    "folder or URL (credentials from the environment, as for every command).")
-    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", help="what to do with the store")
     actions.required = True
     a = actions.add_parser("ls", parents=[common], help="the tags, with their digests and sizes")
     a.add_argument("root", metavar="ROOT")
