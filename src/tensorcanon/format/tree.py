@@ -267,7 +267,7 @@ class Encoder:
         valid str (the common case) is sorted as it is (code point order is the canonical order of
         such strs: ordering.py) and its leaf values written here, in bulk when there are many; any
         other dict goes through :meth:`enc_container`."""
-        keys: Sequence[str] | None
+        keys: Sequence[Any] | None  # (str keys, or int keys: _int_keys)
         if len(v) <= _SMALL_DICT:  # _str_keys, inline: the key order of a small dict is remembered
             seen = tuple(v)
             keys = self._key_orders.get(seen)

@@ -46,7 +46,7 @@ the file valid after all).
 
 from __future__ import annotations
 
-import binascii
+import base64
 import bisect
 import dataclasses
 import json
@@ -141,7 +141,8 @@ class QuickIndex:
             raise NotQuick
         self._table_end = len(self.manifest) - len(_VERSION_KEY) - 1
         if self._table_end < u.tell() or self.manifest[self._table_end : -1] != _VERSION_KEY \
-                or self.manifest[-1] not in manifest.READABLE_VERSIONS or (not self.count and u.tell() != self._table_end):
+                or self.manifest[-1] not in manifest.READABLE_VERSIONS \
+                or (not self.count and u.tell() != self._table_end):
             raise NotQuick
         self._rows = [u.tell()]  # where rows 0, 1, ... start, as far as they are known
         self._u = u  # at the end of the last row known
@@ -335,7 +336,7 @@ def _metadata(raw: bytes) -> tuple[dict[str, str], bytes, tuple[int, int]]:
         if meta is None or len(meta) != len(pairs) or meta.get(manifest.KEY_MANIFEST) != "" \
                 or not all(type(v) is str for v in meta.values()):
             raise NotQuick  # (a key twice: the full check names it)
-        return meta, binascii.a2b_base64(memoryview(raw)[lo:hi], strict_mode=True), (at, end)
+        return meta, base64.b64decode(raw[lo:hi], validate=True), (at, end)
     except (ValueError, RecursionError):  # (binascii.Error is a ValueError)
         raise NotQuick from None
 

@@ -481,6 +481,7 @@ class CheckedFile(RowReader):
                     values[info.index] = self.read(info.index, map_location=map_location, verify=verify)
             return values
         filled = self._read_large(rows, map_location, verify)
+        parallel = bool(filled)
         if self.src.random_access and self.src.pos != self.data_start:
             self.src.seek(self.data_start)
         cpu = self._cpu_bound(map_location, (r.device for r in self.rows))
@@ -501,6 +502,8 @@ class CheckedFile(RowReader):
             else:
                 values[info.index] = self._read_here(info, map_location, verify)
                 i += 1
+        if parallel:  # where reading every tensor in order leaves the file
+            self.src.seek(self.data_start + rows[-1].end)
         return values
 
     def _read_large(self, rows: list[TensorInfo], map_location: Any,
