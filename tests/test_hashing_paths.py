@@ -33,7 +33,20 @@ def _big(contiguous: bool = True) -> dict:
         obj = {k: v.reshape(1024, 1024).t() for k, v in obj.items()}
     obj["small"] = torch.arange(5.0)
     obj["bf16"] = torch.rand(1 << 19, generator=g).to(torch.bfloat16)  # 1 MiB, viewed as int16: not copied
+    obj["zz"] = torch.arange(7.0)  # small ones after the last large one in file order (float32: after t5)
+    obj["steps"] = [torch.tensor(float(i)) for i in range(3)]
+    obj["mask"] = torch.arange(9, dtype=torch.uint8)  # (1-byte dtypes last)
     return obj
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def _threads(prefix: str) -> list[str]:
@@ -76,7 +89,7 @@ def test_a_large_save_hands_its_contiguous_tensors_to_the_hashing_thread_at_once
     with open(tmp_path / "big.st", "wb") as f:
         written = tensorcanon.save(obj, f)
     monkeypatch.undo()
-    assert led == [["t0", "t1", "t2", "t3", "t4", "t5", "bf16"]]  # one hand-over, in data order
+    assert led == [["t0", "t1", "t2", "t3", "t4", "t5", "bf16"]]  # one hand-over, in data order (the small: here)
     assert handed == []  # none handed over one at a time
     assert hashed_on and all(name.startswith("tensorcanon-hash") for name in hashed_on)
     assert (tmp_path / "big.st").read_bytes() == tensorcanon.dumps(obj)
@@ -163,7 +176,7 @@ def test_an_eager_load_of_a_large_file_reads_and_hashes_on_two_threads(tmp_path,
     out = tensorcanon.load(p)
     monkeypatch.undo()
     assert "MainThread" in readers and any(r.startswith("tensorcanon-read") for r in readers), readers
-    assert out.keys() == obj.keys() and all(torch.equal(out[k], v) and out[k].dtype == v.dtype for k, v in obj.items())
+    assert _same(out, obj)
     assert _threads("tensorcanon-read") == []
     readers.clear()
     helped.clear()
@@ -172,7 +185,7 @@ def test_an_eager_load_of_a_large_file_reads_and_hashes_on_two_threads(tmp_path,
         out = tensorcanon.load(f)
     monkeypatch.undo()
     assert any(r.startswith("tensorcanon-read") for r in readers)
-    assert all(torch.equal(out[k], v) for k, v in obj.items())
+    assert _same(out, obj)
 
 
 def test_the_two_threads_name_the_first_damaged_tensor_in_file_order(tmp_path):
@@ -307,3 +320,53 @@ def test_int_keys_the_fast_path_leaves_alone_are_still_refused_or_written_as_bef
     assert tensorcanon.loads(tensorcanon.dumps({True: 1, 2: 3})) == {True: 1, 2: 3}  # a bool among ints
     with pytest.raises(tensorcanon.UnsupportedTypeError, match="share one Python hash"):
         tensorcanon.dumps({i * (2**61 - 1): i for i in range(100)})  # crowded, as before
+
+
+def _kinds_around_large_ones() -> dict:
+    """Large tensors of every kind the reader makes (Parameter, requires_grad, numpy, bool, bfloat16,
+    channels-last), with small ones before, between and after them in file order."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(7)
+    return {
+        "a_first": torch.arange(3.0),
+        "p": torch.nn.Parameter(torch.rand(1 << 18, generator=g)),  # 1 MiB
+        "b_between": [torch.tensor(float(i)) for i in range(5)],
+        "grad": torch.rand(1 << 18, generator=g).requires_grad_(),
+        "nd": np.arange(1 << 17, dtype=np.float64),  # 1 MiB
+        "mask": torch.rand(1 << 21, generator=g) > 0.5,  # 2 MiB of bool
+        "bf": torch.rand(1 << 19, generator=g).to(torch.bfloat16),
+        "cl": torch.rand(8, 64, 32, 32, generator=g).to(memory_format=torch.channels_last),  # 2 MiB
+        "big": {f"w{i}": torch.rand(1 << 20, generator=g) for i in range(4)},
+        "z_last": torch.arange(4, dtype=torch.int8),
+        "y_int": torch.arange(6, dtype=torch.int64),
+    }
+
+
+def test_two_threads_load_what_one_thread_loads(tmp_path, monkeypatch):
+    import numpy as np
+
+    obj = _kinds_around_large_ones()
+    p = tmp_path / "k.st"
+    tensorcanon.save(obj, p)
+    two = tensorcanon.load(p)
+    monkeypatch.setattr(reader.CheckedFile, "_read_large", lambda *a: {})
+    one = tensorcanon.load(p)
+    monkeypatch.undo()
+
+    def same(a, b):
+        if isinstance(a, np.ndarray):
+            return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+        if isinstance(a, torch.Tensor):
+            return (type(a) is type(b) and a.dtype == b.dtype and torch.equal(a, b)
+                    and a.requires_grad == b.requires_grad and a.stride() == b.stride())
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, list):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return a == b
+
+    assert same(two, one) and same(two, obj)
+    assert two["cl"].is_contiguous(memory_format=torch.channels_last)
+    assert type(two["p"]) is torch.nn.Parameter and two["grad"].requires_grad
+    assert tensorcanon.load(p, verify=False).keys() == obj.keys()

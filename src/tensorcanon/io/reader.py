@@ -489,13 +489,13 @@ class CheckedFile(RowReader):
         simple = self._simple
         while i < n:
             info = rows[i]
-            if filled:
+            if parallel:
                 done = filled.pop(info.index, None)
                 if done is not None:  # read (and hashed) on two threads: checked here, in file order
                     values[info.index] = self._finish_large(info, map_location, *done)
                     i += 1
                     continue
-                if self.src.pos != self.data_start + info.begin:
+                if self.src.pos != self.data_start + info.begin:  # (after tensors read by position)
                     self.src.seek(self.data_start + info.begin)
             if simple(info, cpu):
                 i = self._run(rows, i, values, verify, cpu)
