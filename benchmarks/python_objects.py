@@ -38,6 +38,7 @@ import random
 import statistics
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -92,6 +93,44 @@ def vocabulary(size: int) -> dict[str, int]:
     return {w: i for i, w in enumerate(ordered)}
 
 
+def config() -> dict:
+    """A run's config, as training scripts save it beside the weights: a transformers-style model
+    config (with ``id2label`` and ``label2id`` of 10 classes) and the training arguments, ~120
+    values in nested dicts and lists."""
+    labels = [f"label_{i}" for i in range(10)]
+    model = {"model_type": "gpt2", "architectures": ["GPT2ForSequenceClassification"], "vocab_size": 50257,
+             "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None,
+             "activation_function": "gelu_new", "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1,
+             "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "summary_type": "cls_index",
+             "summary_use_proj": True, "scale_attn_weights": True, "use_cache": True, "bos_token_id": 50256,
+             "eos_token_id": 50256, "torch_dtype": "float32", "transformers_version": "4.57.0",
+             "id2label": dict(enumerate(labels)), "label2id": {name: i for i, name in enumerate(labels)},
+             "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}}}
+    training = {"output_dir": "runs/gpt2-cls", "learning_rate": 5e-5, "adam_beta1": 0.9, "adam_beta2": 0.999,
+                "adam_epsilon": 1e-8, "weight_decay": 0.01, "num_train_epochs": 3.0, "max_steps": -1,
+                "lr_scheduler_type": "linear", "warmup_ratio": 0.0, "warmup_steps": 500, "logging_steps": 50,
+                "save_steps": 500, "save_total_limit": 3, "seed": 42, "data_seed": None, "bf16": False,
+                "fp16": False, "per_device_train_batch_size": 16, "per_device_eval_batch_size": 32,
+                "gradient_accumulation_steps": 2, "max_grad_norm": 1.0, "eval_strategy": "steps",
+                "report_to": ["tensorboard"], "dataloader_num_workers": 4, "remove_unused_columns": True,
+                "label_names": ["labels"], "optim": "adamw_torch", "group_by_length": False}
+    return {"model": model, "training": training, "git_sha": "990e5c5", "world_size": 8}
+
+
+def label_map(classes: int) -> dict[int, str]:
+    """An image classifier's ``id2label``: ``classes`` class ids to names (ImageNet-like)."""
+    r = random.Random(3)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return {i: "".join(r.choice(letters) for _ in range(r.randint(4, 14))) + f", n{i:08d}" for i in range(classes)}
+
+
+def small_workloads() -> dict:
+    """Small Python-heavy objects (issue 41): where a save's fixed cost per call weighs most."""
+    return {"config (~120 values)": config(),
+            "log history (100 entries)": log_history(100),
+            "label map (1,000 classes, int -> str)": label_map(1000)}
+
+
 def workloads(quick: bool) -> dict:
     if quick:
         return {"log history (1,000 entries)": log_history(1000),
@@ -141,6 +180,28 @@ def check_round_trips(obj) -> None:
     assert tensorcanon.loads(tensorcanon.dumps(obj)) == obj
     assert torch.load(io.BytesIO(torch_bytes(obj)), weights_only=True) == obj
     assert pickle.loads(pickle.dumps(obj)) == obj
+
+
+def batched(fn, k: int):
+    """``fn`` called ``k`` times: one timing of a small object's operation is a few microseconds,
+    too short for a clock read and a collection before it (run.py's rounds) to leave it alone."""
+    def run():
+        for _ in range(k):
+            fn()
+    return run
+
+
+def calls_per_timing(ops: dict, seconds: float = 0.02) -> int:
+    """How many calls of the slowest save of ``ops`` take about ``seconds`` (each run once first)."""
+    slowest = 0.0
+    for name, fn in ops.items():
+        if "save" not in name and "dumps" not in name:
+            continue
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        slowest = max(slowest, time.perf_counter() - t0)
+    return max(1, min(1000, int(seconds / max(slowest, 1e-6))))
 
 
 def cpu_ratio(t: bench_run.Timings, a: str, b: str) -> float:
@@ -199,6 +260,35 @@ def report(results: list[tuple[str, bench_run.Timings, dict]], runs: int, quick:
     return "\n".join(lines) + "\n"
 
 
+SMALL_TARGET = 1.0  # issue 41: a small object's save, vs torch.save's (median over the workloads)
+SMALL_PAIRS = (("tensorcanon.save(file object)", "torch.save(file object)"),
+               ("tensorcanon.dumps", "torch.save(BytesIO)"),
+               ("tensorcanon.loads", "torch.load(weights_only=True)"))
+
+
+def small_report(results: list[tuple[str, bench_run.Timings, dict, int]], runs: int) -> str:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    lines = ["### Small Python-heavy objects (issue 41): a save's fixed cost", "",
+             f"{runs} rounds; each timing is a batch of calls (the column says how many), reported per call; "
+             f"load average at the end {load}.", "",
+             "| workload | calls per timing | operation | median µs per call | vs | ratio, wall | ratio, CPU |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    per_pair: dict[str, list[float]] = {a: [] for a, _ in SMALL_PAIRS}
+    for name, t, _, k in results:
+        for a, b in SMALL_PAIRS:
+            r = t.ratio(a, b)
+            per_pair[a].append(r)
+            lines.append(f"| {name} | {k} | {a} | {t[a] / k * 1e6:.1f} | {b}: {t[b] / k * 1e6:.1f} µs | "
+                         f"{r:.2f}× | {cpu_ratio(t, a, b):.2f}× |")
+    lines += ["", "| target (issue 41) | measured: median over the workloads (wall) | per workload | verdict |",
+              "| --- | --- | --- | --- |"]
+    a, b = SMALL_PAIRS[0]
+    m = statistics.median(per_pair[a])
+    lines.append(f"| {a} ≤ {SMALL_TARGET}× {b} | {m:.2f}× | {', '.join(f'{r:.2f}×' for r in per_pair[a])} | "
+                 f"{verdict(m, SMALL_TARGET)} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 3 rounds: a smoke test")
@@ -206,17 +296,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="where save to a file object writes (default: /dev/shm if it "
                     "exists, else the system temp dir)")
     ap.add_argument("--out", default=None, help="also write the markdown here")
+    ap.add_argument("--small-only", action="store_true", help="only the small objects of issue 41")
     args = ap.parse_args(argv)
     runs = args.runs or (3 if args.quick else 9)
     base_dir = args.dir or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
-    results = []
+    results, small = [], []
     with tempfile.TemporaryDirectory(prefix="tc-pyobj-", dir=base_dir) as tmp:
-        for name, obj in workloads(args.quick).items():
+        for name, obj in ({} if args.small_only else workloads(args.quick)).items():
             check_round_trips(obj)
             ops, sizes = operations(obj, tmp)
             results.append((name, bench_run.interleaved_medians(ops, runs), sizes))
             print(f"{name}: done", file=sys.stderr)
-    text = report(results, runs, args.quick)
+        for name, obj in small_workloads().items():
+            check_round_trips(obj)
+            ops, sizes = operations(obj, tmp)
+            k = 3 if args.quick else calls_per_timing(ops)
+            small.append((name, bench_run.interleaved_medians({op: batched(fn, k) for op, fn in ops.items()},
+                                                              runs), sizes, k))
+            print(f"{name}: done", file=sys.stderr)
+    text = (report(results, runs, args.quick) + "\n" if results else "") + small_report(small, runs)
     print(text)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:

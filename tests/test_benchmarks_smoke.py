@@ -69,3 +69,43 @@ def test_python_objects_benchmark_runs_and_reports_every_workload(tmp_path):
     assert "| log history (1,000 entries) | size ≤ 1.2× torch.save's |" in text
     assert "| vocabulary (5,000 entries) | tensorcanon.loads ≤ 1.0× torch.load(weights_only=True) |" in text
     assert [p.name for p in tmp_path.iterdir()] == ["python_objects.md"], "the benchmark must clean up its files"
+
+
+def _compare(tmp_path, *args):
+    out = tmp_path / "compare.md"
+    files = tmp_path / "files"
+    files.mkdir()
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "compare.py"), *args, "--runs", "1", "--inner", "1",
+         "--large-mib", "2", "--small-count", "40", "--dir", str(files), "--out", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert list(files.iterdir()) == [], "compare.py must clean up its files"
+    text = out.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| workload")]
+    labels = [line.split(" | ")[0].removeprefix("| ") for line in rows if not line.startswith("| ---")]
+    return text, labels
+
+
+def test_compare_runs_across_format_versions_comparing_operations_not_bytes(tmp_path):
+    """issue 41, item 4: the previous release (0.3.0, 7c8aba2) writes format version 2, this tree 3;
+    compare.py times the same operations on both, checks that both loaded equal values, and compares
+    bytes only within one format version."""
+    text, labels = _compare(tmp_path, "--base", "7c8aba2")
+    assert "Both sides loaded equal values (config, large, loads, small" in text
+    assert ("Written in different format versions (large: version 2 in base, 3 in head, small: version 2 in "
+            "base, 3 in head, dumps: version 2 in base, 3 in head)") in text
+    assert "**" not in text  # nothing in bold: no disagreement
+    assert "open a file of 1,000 tensors + read 1 by path" in labels
+    assert "save a small config to a file object" in labels
+    assert len(labels) == 12 and "—" not in text  # every workload timed on both sides
+
+
+def test_compare_takes_a_directory_as_a_side_and_compares_bytes_within_a_version(tmp_path):
+    """A worktree (any directory holding src/tensorcanon) as the base: here this checkout against
+    itself, so both sides write format version 3, and their files must be byte-identical."""
+    text, _ = _compare(tmp_path, "--base", ROOT)
+    assert f"base the directory {ROOT}" in text
+    assert "Written in the same format version on both sides (large, small, dumps: version 3): byte-identical" in text
+    assert "Both sides loaded equal values" in text and "**" not in text

@@ -215,6 +215,24 @@ def _numpy_of(t: torch.Tensor) -> np.ndarray:
     return t.numpy() if t.dim() <= numpy_max_dims() else t.view(-1).numpy()
 
 
+def host_view(value: Any, kind: str) -> memoryview | None:
+    """:func:`host_bytes` of ``value`` where they are its own memory (a flat uint8 view, no copy):
+    a contiguous CPU tensor numpy can view, not lazily conjugated or negated, or a
+    :class:`Stored`; None where :func:`host_bytes` would copy (or for an array). Bytes that are
+    the value's own memory can be read at any time, by any thread, without holding a copy."""
+    if type(value) is Stored:
+        return value.data
+    if kind == "ndarray" or not (value.is_cpu and value.is_contiguous() and not value.is_conj()
+                                 and not value.is_neg() and value.numel() and not value._is_zerotensor()):
+        return None
+    if value.dtype in numpy_viewable():
+        # The common case, kept cheap for checkpoints of many small tensors: no copy, no reshape.
+        return _numpy_of(value.detach() if value.requires_grad else value).data.cast("B")
+    if value.dtype is torch.bool or same_size_int().get(value.dtype.itemsize) is None:
+        return None  # (bool: its bytes are checked, and may be copied, by _canonical)
+    return _canonical(value)  # (bfloat16, float8...: viewed as the int of their size, not copied)
+
+
 def host_bytes(value: Any, kind: str) -> memoryview:
     """A flat uint8 view of ``value``'s canonical bytes, copying only when needed.
 
@@ -222,8 +240,9 @@ def host_bytes(value: Any, kind: str) -> memoryview:
     not contiguous, a lazily conjugated/negated tensor or one on another device
     is copied once, tensor by tensor.
     """
-    if type(value) is Stored:
-        return value.data
+    view = host_view(value, kind)
+    if view is not None:
+        return view
     if kind == "ndarray":
         a = value
         if a.dtype.byteorder == ">":
@@ -232,10 +251,12 @@ def host_bytes(value: Any, kind: str) -> memoryview:
         if a.dtype == np.uint8 and value.dtype == np.bool_ and a.size and a.max() > 1:
             a = (a != 0).view(np.uint8)
         return a.data
-    if (value.is_cpu and value.dtype in numpy_viewable() and value.is_contiguous()
-            and not value.is_conj() and not value.is_neg() and value.numel() and not value._is_zerotensor()):
-        # The common case, kept cheap for checkpoints of many small tensors: no copy, no reshape.
-        return _numpy_of(value.detach() if value.requires_grad else value).data.cast("B")
+    return _canonical(value)
+
+
+def _canonical(value: torch.Tensor) -> memoryview:
+    """:func:`host_bytes` of a tensor, by the general path: copied where it must be (another
+    device, not contiguous, lazily conjugated or negated, bool bytes other than 0/1), else viewed."""
     t = resolved(value)
     if t.device.type != "cpu":
         t = t.cpu()

@@ -267,7 +267,7 @@ class Encoder:
         valid str (the common case) is sorted as it is (code point order is the canonical order of
         such strs: ordering.py) and its leaf values written here, in bulk when there are many; any
         other dict goes through :meth:`enc_container`."""
-        keys: Sequence[str] | None
+        keys: Sequence[Any] | None  # (str keys, or int keys: _int_keys)
         if len(v) <= _SMALL_DICT:  # _str_keys, inline: the key order of a small dict is remembered
             seen = tuple(v)
             keys = self._key_orders.get(seen)
@@ -276,7 +276,10 @@ class Encoder:
         else:
             keys = _str_keys(v, self._key_orders)
         if keys is None:
-            return self.enc_container(v, depth)
+            keys = _int_keys(v)
+            if keys is None:
+                return self.enc_container(v, depth)
+            self._not_crowded(keys, "dict")  # (ints hash to themselves: a crafted dict could crowd)
         if len(keys) >= _BULK:
             values = list(map(v.__getitem__, keys))
             if _as_they_are(values, set(map(type, values))):
@@ -533,6 +536,7 @@ _PLAIN = frozenset({float, bool, type(None), bytes})  # leaves written as they a
 _LEAF_TYPES = _PLAIN | {str, int}
 _INTS = frozenset({int, bool})
 _STRS = frozenset({str})
+_INT = {int}
 _BULK = 16  # from this many items, a container's leaves are checked in bulk (a few C calls)
 _ORDERS_KEPT = 1024  # small dicts' key orders remembered per Encoder (the same keys recur: records)
 _SMALL_DICT = 32  # at most this many keys: the dict's key order is remembered
@@ -603,6 +607,15 @@ def _str_keys(d: dict, orders: dict[tuple, tuple]) -> Sequence[str] | None:
     if len(orders) < _ORDERS_KEPT:
         orders[seen] = known
     return known
+
+
+def _int_keys(d: dict) -> list[int] | None:
+    """``d``'s keys in canonical order when every one is an int (exactly: not a bool) of 64 bits,
+    which :meth:`Encoder.encode` writes as it is (a label map's class ids); None otherwise. Numbers
+    sort by value (ordering.py), and distinct ints never tie."""
+    if not d or set(map(type, d)) != _INT or min(d) < INT_MIN or max(d) > INT_MAX:
+        return None
+    return sorted(d)
 
 
 _KIND = {"dict": "dict", "odict": "OrderedDict", "set": "set", "frozenset": "frozenset", "counter": "Counter",

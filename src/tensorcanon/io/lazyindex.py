@@ -6,8 +6,8 @@ rebuilt, the object tree walked. Reading one tensor of a thousand needs far
 less to be proven, so :class:`QuickIndex` checks, before ``open`` returns:
 
 - the header length (against the limits and the file size);
-- ``__metadata__`` as a canonical header holds it (fastparse.find_metadata: the
-  first ``"__metadata__":{...}`` in the header's bytes, its values str): its
+- ``__metadata__`` as a canonical header holds it (as fastparse.find_metadata finds it: the
+  first ``"__metadata__":{...}`` in the header's bytes, its values str, no key twice): its
   keys, no memory formats, and that the manifest its base64 holds is the one
   the recorded file digest was computed from (so every table row and the whole
   object tree are exactly what was saved);
@@ -56,11 +56,11 @@ from typing import Any
 
 import msgpack
 
-from ..format import container, digest, dtypes, fastparse, manifest, paths
+from ..format import container, digest, dtypes, manifest, paths
 from ..format.errors import FormatError
 from ..format.limits import Limits
 from ..format.manifest import TensorInfo
-from ..format.tree import first_item, items
+from ..format.tree import first_item
 from ..format.walk import METADATA
 from .source import Source
 
@@ -87,13 +87,12 @@ class QuickIndex:
         self._max_ndim, self._max_depth = limits.max_ndim, limits.max_depth
         self.data_start = container.LENGTH_SIZE + len(raw)
         self.file_size = src.size
-        meta = fastparse.find_metadata(raw)
-        if meta is None or not manifest.claims(meta) or manifest.KEY_MEMORY_FORMATS in meta:
+        meta, m, self._meta_span = _metadata(raw)
+        if not manifest.claims(meta) or manifest.KEY_MEMORY_FORMATS in meta:
             raise NotQuick  # (channels-last tensors: rare enough to take the full check)
         try:
             manifest.check_keys(meta)
             self.algorithm, recorded = digest.parse_text(meta[manifest.KEY_DIGEST])
-            m = base64.b64decode(meta[manifest.KEY_MANIFEST], validate=True)
         except (ValueError, TypeError):  # FormatError is a ValueError too
             raise NotQuick from None
         self.digest = digest.manifest_digest(m, self.algorithm)
@@ -111,7 +110,13 @@ class QuickIndex:
         self._root: Any = None
 
     def _outline(self, limits: Limits) -> None:
-        """Where the root and each table row are in the manifest; the algorithm and version."""
+        """Where the root and the table are in the manifest; the algorithm and version.
+
+        The rows are found as they are needed (:meth:`_row_start`): to read row 500 of 1,000,
+        the first 500 are skipped, not all 1,000. The version, which follows the table, is
+        read from the manifest's last bytes (``"version"`` and a positive fixint, as a canonical
+        manifest ends); that the table ends exactly there is checked once every row is skipped.
+        """
         u = manifest.unpacker(self.manifest)
 
         def key(name: str) -> None:
@@ -134,15 +139,27 @@ class QuickIndex:
         self.count = u.read_array_header()
         if self.count > limits.max_tensors:
             raise NotQuick
-        rows = [u.tell()]
-        for _ in range(self.count):
-            u.skip()
-            rows.append(u.tell())
-        self._rows = rows
-        key("version")
-        version = u.unpack()
-        if type(version) is not int or version not in manifest.READABLE_VERSIONS or u.tell() != len(self.manifest):
+        self._table_end = len(self.manifest) - len(_VERSION_KEY) - 1
+        if self._table_end < u.tell() or self.manifest[self._table_end : -1] != _VERSION_KEY \
+                or self.manifest[-1] not in manifest.READABLE_VERSIONS \
+                or (not self.count and u.tell() != self._table_end):
             raise NotQuick
+        self._rows = [u.tell()]  # where rows 0, 1, ... start, as far as they are known
+        self._u = u  # at the end of the last row known
+
+    def _row_start(self, i: int) -> int:
+        """Where row ``i`` starts (``i == count``: where the table ends), skipping the rows before
+        it that are not known yet."""
+        rows = self._rows
+        if i >= len(rows):
+            skip, tell = self._u.skip, self._u.tell
+            try:
+                rows += [skip() or tell() for _ in range(i + 1 - len(rows))]  # (skip returns None)
+            except Exception:  # noqa: BLE001 - msgpack raises many types for malformed input
+                raise NotQuick from None
+            if rows[-1] > self._table_end or (len(rows) == self.count + 1 and rows[-1] != self._table_end):
+                raise NotQuick  # rows over the version, or not ending where it starts
+        return rows[i]
 
     # ------------------------------------------------------------------ finding a tensor
     def index_of(self, key: Any) -> int | None:
@@ -172,10 +189,9 @@ class QuickIndex:
             if tag == "dict" or tag == "odict":
                 if (tag == "odict" and c == METADATA) or (len(node) - first_item(tag)) % 2:
                     return None  # the metadata slot shares its path with a key of that name
-                found = [v for k, v in items(node) if type(k) is type(c) and k == c]
-                if len(found) != 1:
+                node = _value_of(node, first_item(tag), c)
+                if node is _NONE:
                     return None
-                node = found[0]
             elif tag == "list" or tag == "tuple":
                 if type(c) is not int or not 0 <= c < len(node) - 1:
                     return None
@@ -195,18 +211,23 @@ class QuickIndex:
         except (ValueError, UnicodeEncodeError):
             return None
         rows, found = self._rows, []
-        at = self.manifest.find(pattern, rows[0])
-        while 0 <= at < rows[-1]:
+        at = self.manifest.find(pattern, rows[0], self._table_end)
+        while at >= 0:
+            while rows[-1] <= at and len(rows) <= self.count:  # the rows up to the one it is in
+                self._row_start(min(len(rows) + 63, self.count))
             i = bisect.bisect_right(rows, at) - 1
+            if i >= self.count:
+                break  # (past the last row: the table ends before the version; _row_start checked)
             row = self._row_object(i)
             if type(row) is dict and row.get("name") == name and type(row.get("name")) is str:
                 found.append(i)
-            at = self.manifest.find(pattern, rows[i + 1])  # each row decoded once, however often it matches
+            at = self.manifest.find(pattern, rows[i + 1], self._table_end)  # each row decoded once
         return found[0] if len(found) == 1 else None
 
     def _row_object(self, i: int) -> Any:
+        lo, hi = self._row_start(i), self._row_start(i + 1)
         try:
-            return msgpack.unpackb(self.manifest[self._rows[i] : self._rows[i + 1]], **manifest.UNPACK_OPTIONS)
+            return msgpack.unpackb(self.manifest[lo:hi], **manifest.UNPACK_OPTIONS)
         except Exception:  # noqa: BLE001 - any failure: the full checks name the problem
             raise NotQuick from None
 
@@ -228,13 +249,18 @@ class QuickIndex:
         which must be canonical."""
         raw = self.raw
         key = (encode_basestring(info.name) + _OFFSETS).encode("utf-8")
-        at, where = raw.find(key), -1
-        while at >= 0:
-            if raw[at - 1 : at] in (b"{", b","):  # a member name, not text inside a string
-                if where >= 0:
-                    raise NotQuick  # twice
-                where = at
-            at = raw.find(key, at + 1)
+        # Not looked for inside __metadata__ (its first ``}`` ends it: no member starts there), which
+        # is most of the header: its values are JSON strs (no unescaped ``"``), which the key has.
+        meta_at, meta_end = self._meta_span
+        where = -1
+        for lo, hi in ((0, meta_at), (meta_end, len(raw))):
+            at = raw.find(key, lo, hi)
+            while at >= 0:
+                if raw[at - 1 : at] in (b"{", b","):  # a member name, not text inside a string
+                    if where >= 0:
+                        raise NotQuick  # twice
+                    where = at
+                at = raw.find(key, at + 1, hi)
         if where < 0:
             raise NotQuick
         close = raw.find(b"]", where + len(key))
@@ -257,6 +283,62 @@ class QuickIndex:
                 or self.data_start + end > self.file_size:
             raise NotQuick
         return begin, end
+
+
+_NONE = object()
+
+
+def _value_of(node: tuple, start: int, key: Any) -> Any:
+    """The value of the one key of the mapping node ``node`` (pairs from ``start``) that is ``key``
+    and of its type; :data:`_NONE` when there is no such key or more than one. (Found in C: a file
+    of a thousand tensors has a thousand keys to look through.)"""
+    keys = node[start::2]
+    n = keys.count(key)  # every key == key: of its type or another (1 == 1.0 == True)
+    if n == 0:
+        return _NONE
+    at = keys.index(key)
+    if n != 1 or type(keys[at]) is not type(key):
+        # another type equal to it, or a repeat: the general rule (a key of its type, exactly once)
+        found = [v for k, v in zip(keys, node[start + 1 :: 2], strict=False) if type(k) is type(key) and k == key]
+        return found[0] if len(found) == 1 else _NONE
+    return node[start + 1 + 2 * at]
+
+
+_META_OPEN = b'"' + container.META.encode("ascii") + b'":{'
+_PAIRS = json.JSONDecoder(object_pairs_hook=tuple)  # an object's (key, value) pairs, repeats kept
+_VERSION_KEY = msgpack.packb("version")  # what a manifest ends with, but for the version's one byte
+_MANIFEST_AT = b'"' + manifest.KEY_MANIFEST.encode("ascii") + b'":"'
+
+
+def _metadata(raw: bytes) -> tuple[dict[str, str], bytes, tuple[int, int]]:
+    """``(__metadata__ without the manifest's text, the manifest's bytes, where the object's
+    ``"__metadata__":{`` starts and its ``}`` is)`` of header bytes as a canonical header holds
+    them (:func:`fastparse.find_metadata`), else :class:`NotQuick`.
+
+    The manifest's base64 text (most of the header: 150 KB for a thousand tensors) is decoded
+    where it lies in ``raw``, not decoded as JSON first: the rest of the object is decoded as JSON
+    with that value left empty (``""``), which must then be the value the object holds for the
+    manifest's key (a JSON string holds no unescaped ``"``, and base64 holds no ``\\``, so the text
+    between the quotes is the value JSON would give)."""
+    at = raw.find(_META_OPEN)
+    end = raw.find(b"}", at) if at >= 0 else -1
+    key = raw.find(_MANIFEST_AT, at, end) if end >= 0 else -1
+    if raw[:1] != b"{" or key < 0:
+        raise NotQuick
+    lo = key + len(_MANIFEST_AT)
+    hi = raw.find(b'"', lo, end)
+    if hi < 0:
+        raise NotQuick
+    rest = raw[at + len(_META_OPEN) - 1 : lo] + raw[hi : end + 1]
+    try:
+        pairs = _PAIRS.decode(rest.decode("utf-8"))  # (a canonical header is UTF-8)
+        meta = dict(pairs) if type(pairs) is tuple else None
+        if meta is None or len(meta) != len(pairs) or meta.get(manifest.KEY_MANIFEST) != "" \
+                or not all(type(v) is str for v in meta.values()):
+            raise NotQuick  # (a key twice: the full check names it)
+        return meta, base64.b64decode(raw[lo:hi], validate=True), (at, end)
+    except (ValueError, RecursionError):  # (binascii.Error is a ValueError)
+        raise NotQuick from None
 
 
 def _unwrap(node: Any, depth: int) -> tuple[Any, int]:

@@ -223,8 +223,10 @@ class RowReader:
         while j < n and (m := rows[j].end - rows[j].begin) <= _RUN - total and self._simple(rows[j], cpu):
             total += m
             j += 1
-        if self._run_buf is None:
-            self._run_buf = bytearray(_RUN)
+        if self._run_buf is None or len(self._run_buf) < total:
+            # The last run (or tensorcanon.open's one tensor) gets a buffer of its size: a MiB made
+            # and zeroed for every file read cost a small file more than reading its tensors.
+            self._run_buf = bytearray(total if j >= n else _RUN)
             self._run_view = memoryview(self._run_buf)  # also keeps the buffer from being resized
             self._run_addr = tensorbytes.address(self._run_buf)
         view, addr = self._run_view, self._run_addr
@@ -474,6 +476,8 @@ class CheckedFile(RowReader):
                 if values[info.index] is None:
                     values[info.index] = self.read(info.index, map_location=map_location, verify=verify)
             return values
+        filled = self._read_large(rows, map_location, verify)
+        parallel = bool(filled)
         if self.src.random_access and self.src.pos != self.data_start:
             self.src.seek(self.data_start)
         cpu = self._cpu_bound(map_location, (r.device for r in self.rows))
@@ -481,12 +485,102 @@ class CheckedFile(RowReader):
         simple = self._simple
         while i < n:
             info = rows[i]
+            if parallel:
+                done = filled.pop(info.index, None)
+                if done is not None:  # read (and hashed) on two threads: checked here, in file order
+                    values[info.index] = self._finish_large(info, map_location, *done)
+                    i += 1
+                    continue
+                if self.src.pos != self.data_start + info.begin:  # (after tensors read by position)
+                    self.src.seek(self.data_start + info.begin)
             if simple(info, cpu):
                 i = self._run(rows, i, values, verify, cpu)
             else:
                 values[info.index] = self._read_here(info, map_location, verify)
                 i += 1
+        if parallel:  # where reading every tensor in order leaves the file
+            self.src.seek(self.data_start + rows[-1].end)
         return values
+
+    def _read_large(self, rows: list[TensorInfo], map_location: Any,
+                    verify: bool) -> dict[int, tuple[Any, bool, bytes | None]]:
+        """Read the large CPU tensors of ``rows`` (file order) on two threads, when the file is a
+        regular file and there is much to read: ``{table index: (buffer, whether the buffer is
+        the tensor, digest or None)}``; ``{}`` when it is read in order on one thread instead.
+
+        Each thread reads its tensors with positional reads straight into their new buffers, a
+        piece at a time, hashing each piece while it is still in the CPU cache (reading and
+        hashing release the GIL): one thread from the front, the other from the back, until they
+        meet; the two share nothing else until both are done. Nothing is checked or returned
+        here: the caller checks each digest in file order, so the tensor an error names is the
+        first damaged one in the file, as one thread reading in order would name.
+        """
+        if self.src.size is None or map_location is not None:
+            return {}
+        big = [r for r in rows if r.end - r.begin >= _THREAD_MIN and r.device == "cpu"]
+        if len(big) < 2 or sum(r.end - r.begin for r in big) < _THREADS_FROM:
+            return {}
+        fd = self._os_file()
+        if fd is None:
+            return {}
+        base = self.src.file_base + self.data_start
+        slots: dict[int, tuple[Any, memoryview, bool]] = {}
+        for info in big:  # made here, in file order; their pages are touched as they are read
+            ready = tensorbytes.empty_tensor(info.dtype, info.shape, info.kind)
+            buf, mv = ready if ready is not None else tensorbytes.empty_buffer(info.nbytes, info.kind)
+            slots[info.index] = (buf, mv, ready is not None)
+        digests: dict[int, bytes | None] = {}
+        lock = threading.Lock()
+        ends = [0, len(big)]  # big[ends[0] : ends[1]] are not taken yet
+        failed: list[BaseException] = []
+
+        def take(front: bool) -> TensorInfo | None:
+            with lock:
+                if ends[0] >= ends[1] or failed:
+                    return None
+                if front:
+                    ends[0] += 1
+                    return big[ends[0] - 1]
+                ends[1] -= 1
+                return big[ends[1]]
+
+        def work(front: bool) -> None:
+            try:
+                while (info := take(front)) is not None:
+                    mv = slots[info.index][1]
+                    h = self._hasher(info, verify)
+                    at = base + info.begin
+                    for lo in range(0, len(mv), _HASH_CHUNK):
+                        piece = mv[lo : lo + _HASH_CHUNK]
+                        got = 0
+                        while got < len(piece):
+                            k = os.preadv(fd, [piece[got:]], at + lo + got)
+                            if not k:
+                                raise FormatError(f"file ends inside the data of tensor {info.name!r}: "
+                                                  f"{len(mv) - lo - got} bytes missing",
+                                                  offset=at + lo + got - self.src.file_base)
+                            got += k
+                        if h is not None:
+                            h.update(piece)
+                    digests[info.index] = h.digest() if h is not None else None
+            except BaseException as e:  # noqa: BLE001 - raised by the calling thread below
+                failed.append(e)
+
+        with ThreadPoolExecutor(1, thread_name_prefix="tensorcanon-read") as pool:
+            other = pool.submit(work, False)
+            work(True)
+            other.result()
+        if failed:
+            raise failed[0]
+        return {i: (buf, is_tensor, digests[i]) for i, (buf, _, is_tensor) in slots.items()}
+
+    def _finish_large(self, info: TensorInfo, map_location: Any, buf: Any, is_tensor: bool,
+                      actual: bytes | None) -> Any:
+        """The tensor :meth:`_read_large` read for ``info``: its digest checked, typed and placed."""
+        if actual is not None and actual != info.digest:
+            raise self.integrity_error(info, actual)
+        value = buf if is_tensor else tensorbytes.finish(buf, info.dtype, info.shape, info.kind, info.name)
+        return placement.as_recorded(value, info, map_location, lambda: self._where(info))
 
     def stored(self) -> dict[str, tensorbytes.Stored]:
         """A plain safetensors file's tensors as their bytes, by name in name order: what

@@ -42,7 +42,7 @@ from ..format.errors import (
     UsageError,
 )
 from ..format.limits import DEFAULT, Limits, exceeds
-from ..format.tensorbytes import host_bytes
+from ..format.tensorbytes import host_bytes, host_view
 from ..format.tree import Encoder, TensorSource
 from . import preallocate
 
@@ -110,9 +110,20 @@ class Plan:
 
     def hasher(self, s: TensorSource) -> digest.Hasher:
         """A hasher for ``s``, fed its dtype and shape (each (dtype, shape) prefix built once)."""
+        return self._hashers_now()(s.dtype.name, s.shape)  # shapes here are tuples of ints from torch or numpy
+
+    def prefix(self, s: TensorSource) -> bytes:
+        """What :meth:`hasher` feeds a hasher first for ``s``: ``hasher_new()(prefix(s))`` is ``hasher(s)``."""
+        return self._hashers_now().prefix(s.dtype.name, s.shape)
+
+    def hasher_new(self) -> Callable[[bytes], digest.Hasher]:
+        """The constructor of this plan's hashers (see :meth:`prefix`)."""
+        return self._hashers_now().new
+
+    def _hashers_now(self) -> digest.Hashers:
         if self._hashers is None or self._hashers.algorithm != self.algorithm:
             self._hashers = digest.Hashers(self.algorithm)
-        return self._hashers(s.dtype.name, s.shape)  # shapes here are tuples of ints from torch or numpy
+        return self._hashers
 
     def file_digest(self, raw: bytes) -> str:
         """The file digest, as text, of manifest bytes ``raw``."""
@@ -263,6 +274,9 @@ _PIECE = 1 << 20  # hash a piece, then write it while it is still in the CPU cac
 _STAGED = 64 << 10  # tensors up to this size are copied into one buffer, written a MiB at a time
 
 
+_NO_BUFFER = memoryview(bytearray())
+
+
 class _Staging:
     """Small tensors' bytes gathered in one buffer: one write per MiB instead of one per tensor.
 
@@ -270,15 +284,21 @@ class _Staging:
     hashed: the bytes hashed are exactly the bytes written.
     """
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, size: int = _PIECE) -> None:
+        """``size``: at least the largest tensor staged (at most :data:`_STAGED`); a MiB at most."""
         self.f = f
-        self.view = memoryview(bytearray(_PIECE))
+        # The buffer is made on first use, of the data's size when that is less than a MiB: a MiB
+        # made (and zeroed) for every save cost a save of a small config more than its own bytes.
+        self.size = min(size, _PIECE)
+        self.view = _NO_BUFFER
         self.n = 0
 
     def stage(self, data: memoryview) -> memoryview:
         m = len(data)
         if self.n + m > len(self.view):
             self.flush()
+            if m > len(self.view):
+                self.view = memoryview(bytearray(max(self.size, m)))
         copy = self.view[self.n : self.n + m]
         copy[:] = data
         self.n += m
@@ -322,15 +342,21 @@ def _hash(src: TensorSource, p: Plan, out: _Staging | None = None) -> bytes:
 
 
 class _Lane:
-    """A second thread that hashes large CPU tensors, in order, while the saving thread writes them.
+    """A second thread that hashes large CPU tensors while the saving thread writes them.
 
     Hashing and writing both release the GIL, so a save costs about what the
-    write alone costs. Handing a tensor over is a queue put, and the saving
-    thread waits for nothing until :meth:`close` (a future per tensor, waited
-    for at the end of each, made large saves about 5% slower). At most
-    ``ahead`` tensors are handed over and not yet hashed: with a hash slower
-    than the write (sha256 on a fast disk) the writer waits for the lane, and
-    no more than ``ahead`` copies of non-contiguous tensors are kept alive for it.
+    write alone costs. The tensors whose bytes are their own memory (contiguous
+    CPU tensors, the common case) are handed over all at once before the first
+    is written (:meth:`lead`): the lane hashes them in order while the writer
+    writes, and neither waits for the other until :meth:`close`. Handing them
+    over one at a time cost a wake-up of the lane per tensor, each a switch of
+    threads that a busy machine (other processes on the cores) made cost up to a
+    millisecond. The others (copies: non-contiguous, lazily conjugated) are handed
+    over one at a time (:meth:`hash`, a queue put; a future per tensor, waited
+    for at the end of each, made large saves about 5% slower), at most ``ahead``
+    of them handed over and not yet hashed: with a hash slower than the write
+    (sha256 on a fast disk) the writer waits for the lane, and no more than
+    ``ahead`` copies are kept alive for it.
     """
 
     def __init__(self, ahead: int = 2) -> None:
@@ -350,8 +376,28 @@ class _Lane:
         :meth:`reserve`)."""
         self._work.put((src, h, data))
 
+    def lead(self, new: Callable[[bytes], digest.Hasher], views: list[tuple[TensorSource, bytes, memoryview]]) -> None:
+        """Hash every ``(src, prefix, data)`` of ``views`` (bytes that are the tensor's own memory,
+        :func:`host_view`), in order, as ``new(prefix)`` fed ``data``, recording ``src.digest``; they
+        take no room (no copy is held for them)."""
+        if views:
+            self._work.put((new, views))
+
     def _run(self) -> None:
         while (item := self._work.get()) is not None:
+            if len(item) == 2:  # lead(): every tensor that is its own memory, in one hand-over
+                new, views = item
+                for src, prefix, data in views:
+                    if self._error is not None:
+                        break
+                    try:
+                        h = new(prefix)
+                        h.update(data)
+                        src.digest = h.digest()
+                    except BaseException as e:  # noqa: BLE001 - handed to the saving thread by close()
+                        self._error = e
+                item = views = src = data = None
+                continue
             try:
                 if self._error is None:  # after an error the rest is skipped: the save fails anyway
                     src, h, data = item
@@ -388,7 +434,23 @@ def _stream(p: Plan, out: _Staging, lane: _Lane | None) -> None:
     tensors hashed on ``lane`` (when given) while this thread writes them, the others here."""
     error = None
     try:
+        led: dict[int, memoryview] = {}  # id(src) -> its bytes, for the tensors the lane leads on
+        if lane is not None:
+            views = []
+            for src in p.ordered:
+                if src.nbytes > _STAGED and src.device == "cpu" \
+                        and (view := host_view(src.value, src.kind)) is not None:
+                    views.append((src, p.prefix(src), view))
+                    led[id(src)] = view
+            lane.lead(p.hasher_new(), views)
+            del views
         for src in p.ordered:
+            view = led.pop(id(src), None) if led else None
+            if view is not None:  # hashed by the lane, in its own time
+                out.flush()
+                _write_all(out.f, view)
+                del view
+                continue
             if lane is None or src.nbytes <= _STAGED or src.device != "cpu":
                 src.digest = _hash(src, p, out)
                 continue
@@ -437,7 +499,7 @@ def write(p: Plan, f: BinaryIO) -> str:
         seekable = f.seekable() and not _appends(f)
     except (AttributeError, OSError):
         pass
-    out = _Staging(f)
+    out = _Staging(f, p.data_size)
     if not p.ordered:  # no tensor data, so no digest to wait for: the header is final, written once
         header, raw = p.header()
         _write_all(f, header)
