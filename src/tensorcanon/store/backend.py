@@ -33,6 +33,21 @@ def host() -> str:
     return name or "host"
 
 
+#: fsyncs run on this many threads at once (the file system commits them together).
+SYNC_THREADS = 16
+_SYNC: list[Any] = []
+if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads: it makes its own pool
+    os.register_at_fork(after_in_child=_SYNC.clear)
+
+
+def _sync_pool() -> Any:
+    if not _SYNC:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _SYNC.append(ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="tensorcanon-store-sync"))
+    return _SYNC[0]
+
+
 class Local:
     """A store in a local folder. Objects are written to ``tmp/`` and renamed into place (after an
     fsync), so that a crash leaves every name either absent or complete; names are never followed
@@ -107,12 +122,17 @@ class Local:
 
     def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True) -> None:
         """Write ``pieces`` as object ``rel``: a temp file in ``tmp/``, flushed (and fsynced when
-        ``durable``), then renamed over the name."""
+        ``durable``), then renamed over the name. Folders are made only where they are missing
+        (a failed rename says so), not checked at every write."""
         target = self.path(rel)
         folder = os.path.dirname(target)
+        tmp_folder = self.path(layout.TMP)
         try:
-            os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f"{host()}.{os.getpid()}.", suffix=".tmp", dir=self.path(layout.TMP))
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f"{host()}.{os.getpid()}.", suffix=".tmp", dir=tmp_folder)
+            except FileNotFoundError:
+                os.makedirs(tmp_folder, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=f"{host()}.{os.getpid()}.", suffix=".tmp", dir=tmp_folder)
         except OSError as e:
             raise self._error(e, "write", rel) from None
         try:
@@ -125,7 +145,11 @@ class Local:
                 if durable:
                     os.fsync(f.fileno())
             os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
+            try:
+                os.replace(tmp, target)
+            except FileNotFoundError:  # its folder does not exist yet
+                os.makedirs(folder, exist_ok=True)
+                os.replace(tmp, target)
         except BaseException as e:
             try:
                 os.unlink(tmp)
@@ -142,7 +166,6 @@ class Local:
         them fsynced, on several threads at once (the file system commits them together)."""
         if not rels:
             return
-        from concurrent.futures import ThreadPoolExecutor
 
         def one(path: str, folder: bool) -> None:
             try:
@@ -159,9 +182,15 @@ class Local:
 
         files = [self.path(r) for r in rels]
         folders = sorted({os.path.dirname(f) for f in files})
-        with ThreadPoolExecutor(min(16, len(files) + len(folders))) as pool:
-            for f in [pool.submit(one, f, False) for f in files] + [pool.submit(one, d, True) for d in folders]:
-                f.result()
+        if len(files) + len(folders) <= 2:
+            for f in files:
+                one(f, False)
+            for d in folders:
+                one(d, True)
+            return
+        pool = _sync_pool()
+        for f in [pool.submit(one, f, False) for f in files] + [pool.submit(one, d, True) for d in folders]:
+            f.result()
 
     def sync_dir(self, folder: str) -> None:
         try:

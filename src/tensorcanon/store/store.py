@@ -728,6 +728,17 @@ def _workers() -> ThreadPoolExecutor:
     return _WORKERS[0]
 
 
+_AHEAD: list[ThreadPoolExecutor] = []
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_AHEAD.clear)
+
+
+def _ahead_pool() -> ThreadPoolExecutor:
+    if not _AHEAD:
+        _AHEAD.append(ThreadPoolExecutor(1, thread_name_prefix="tensorcanon-store-load"))
+    return _AHEAD[0]
+
+
 def _done(fn: Callable[..., Any], *args: Any) -> Future[Any]:
     """``fn(*args)`` run here, as a finished future (its result or its exception)."""
     f: Future[Any] = Future()
@@ -785,6 +796,8 @@ class _TagFile(io.RawIOBase):
         self._begins: list[int] = []
         self._opened: dict[bytes, tuple[backend.Blob, layout.BlobHeader]] = {}
         self._decoded: tuple[bytes, np.ndarray] | None = None
+        self._next: dict[bytes, bytes] = {}  # a compressed blob -> the next one in data order
+        self._ahead: tuple[bytes, Future[np.ndarray]] | None = None  # that one, decoding on another thread
 
     def attach(self, rows: list[Any]) -> None:
         """The tag's table rows (proven by CheckedFile): every blob is opened and its header
@@ -807,6 +820,10 @@ class _TagFile(io.RawIOBase):
                 raise IntegrityError(f"tag {self.tag!r}: the blob of tensor {r.name!r} ({blob.where!r}) holds a "
                                      f"{h.prefix.decode()} tensor, not {expected.decode()}; the store is damaged",
                                      expected=expected.decode(), actual=h.prefix.decode())
+        coded = [r.digest for r in order if self._opened[r.digest][1].codec != layout.RAW]
+        for a, b in zip(coded, coded[1:], strict=False):
+            if a != b:
+                self._next.setdefault(a, b)
 
     def readable(self) -> bool:
         return True
@@ -851,9 +868,16 @@ class _TagFile(io.RawIOBase):
         return k
 
     def _data(self, raw: bytes) -> np.ndarray:
+        """Blob ``raw`` decoded and checked; the next compressed blob in data order starts decoding
+        on another thread meanwhile (zstd, numpy and xxhash release the GIL)."""
         if self._decoded is None or self._decoded[0] != raw:
             self._decoded = None
-            self._decoded = (raw, self._s._decode(raw))
+            ahead, self._ahead = self._ahead, None
+            data = ahead[1].result() if ahead is not None and ahead[0] == raw else self._s._decode(raw)
+            self._decoded = (raw, data)
+            nxt = self._next.get(raw)
+            if nxt is not None:
+                self._ahead = (nxt, _ahead_pool().submit(self._s._decode, nxt))
         return self._decoded[1]
 
     def mapped(self, r: Any, map_location: Any, cf: reader.CheckedFile) -> Any:
@@ -923,4 +947,7 @@ class _TagFile(io.RawIOBase):
             blob.close()
         self._opened.clear()
         self._decoded = None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[1].cancel()  # (or it finishes, unread: it holds only its own blobs)
         super().close()
