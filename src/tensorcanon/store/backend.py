@@ -48,6 +48,13 @@ def _sync_pool() -> Any:
     return _SYNC[0]
 
 
+def _fsync_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Local:
     """A store in a local folder. Objects are written to ``tmp/`` and renamed into place (after an
     fsync), so that a crash leaves every name either absent or complete; names are never followed
@@ -120,10 +127,13 @@ class Local:
             except OSError as e:
                 raise self._error(e, "create", rel) from None
 
-    def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True) -> None:
+    def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True,
+            later: list | None = None) -> None:
         """Write ``pieces`` as object ``rel``: a temp file in ``tmp/``, flushed (and fsynced when
         ``durable``), then renamed over the name. Folders are made only where they are missing
-        (a failed rename says so), not checked at every write."""
+        (a failed rename says so), not checked at every write. ``later`` (with ``durable=False``):
+        the file's fsync starts at once on another thread and is added to ``later``, for
+        :meth:`settle` to wait for (with the fsyncs of the folders that name the files)."""
         target = self.path(rel)
         folder = os.path.dirname(target)
         tmp_folder = self.path(layout.TMP)
@@ -144,6 +154,8 @@ class Local:
                         done += f.write(view[done:]) or 0
                 if durable:
                     os.fsync(f.fileno())
+                elif later is not None:
+                    later.append((_sync_pool().submit(_fsync_close, os.dup(f.fileno())), folder, rel))
             os.chmod(tmp, 0o644)
             try:
                 os.replace(tmp, target)
@@ -190,6 +202,23 @@ class Local:
             return
         pool = _sync_pool()
         for f in [pool.submit(one, f, False) for f in files] + [pool.submit(one, d, True) for d in folders]:
+            f.result()
+
+    def settle(self, later: list) -> None:
+        """Wait for the fsyncs :meth:`put` started (``later``), then fsync every folder naming those
+        files: the objects are then durable."""
+        folders = set()
+        first: BaseException | None = None
+        for job, folder, rel in later:
+            folders.add(folder)
+            try:
+                job.result()
+            except OSError as e:
+                first = first or self._error(e, "write", rel)
+        if first is not None:
+            raise first
+        pool = _sync_pool()
+        for f in [pool.submit(self.sync_dir, d) for d in sorted(folders)]:
             f.result()
 
     def sync_dir(self, folder: str) -> None:
@@ -284,7 +313,11 @@ class Remote:
     def sync(self, rels: list[str]) -> None:
         return None  # an object is durable once its PUT (or its multipart upload) completed
 
-    def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True) -> None:
+    def settle(self, later: list) -> None:
+        return None  # (nothing is started later: every PUT is durable when it returns)
+
+    def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True,
+            later: list | None = None) -> None:
         from ..io import remote
 
         path = self.path(rel)

@@ -302,7 +302,7 @@ class Store:
                                  "lies)", expected=layout.show(raw), actual=layout.show(got))
 
     def _write_blob(self, s: Any, raw: bytes, data: Any, base: tuple[bytes, int] | None, fresh: bool,
-                    keep: bool, pool: bool) -> tuple[int, np.ndarray | None]:
+                    keep: bool, pool: bool, later: list) -> tuple[int, np.ndarray | None]:
         """Encode tensor ``s`` (bytes ``data``, digest ``raw``) and write its blob (not yet durable).
         Returns its delta depth, and (``keep``) its bytes, proven to hash to ``raw``: a later save's
         delta base. ``fresh``: ``raw`` was computed from ``data`` in this save. Runs on a worker
@@ -345,7 +345,8 @@ class Store:
             del check
             pieces = [blob]
             total = len(blob)
-        self._b.put(layout.blob_path(raw), pieces, total, durable=False)  # (made durable before the record)
+        # (its fsync starts now, on another thread; every blob is durable before the record is written)
+        self._b.put(layout.blob_path(raw), pieces, total, durable=False, later=later)
         return depth, copy
 
     # ------------------------------------------------------------------ records
@@ -439,13 +440,13 @@ class Store:
                 names = self._base_names()
                 hashed: dict[tuple, tuple[Any, int, int, bytes]] = {}
                 copies: dict[bytes, np.ndarray] = {}
-                written: list[str] = []
                 kept = 0
                 # New blobs are encoded and written on WORKERS threads (zstd, xxhash and file writes
                 # release the GIL), a few at a time, while this thread hashes the next tensors.
                 jobs: list[tuple[bytes, Future[tuple[int, np.ndarray | None]]]] = []
                 queued: set[bytes] = set()
                 inflight: list[Future[Any]] = []
+                later: list[Any] = []  # the blobs' fsyncs under way
                 try:
                     for s in p.ordered:
                         raw = self._cached(s)
@@ -477,22 +478,21 @@ class Store:
                         keep = kept + len(data) <= BASE_CACHE  # (a copy: the tensor will change)
                         kept += len(data) if keep else 0
                         big = len(data) >= PARALLEL
-                        job = _workers().submit(self._write_blob, s, raw, data, base, fresh, keep, False) \
-                            if not big else _done(self._write_blob, s, raw, data, base, fresh, keep, True)
+                        job = _workers().submit(self._write_blob, s, raw, data, base, fresh, keep, False, later) \
+                            if not big else _done(self._write_blob, s, raw, data, base, fresh, keep, True, later)
                         jobs.append((raw, job))
                         inflight.append(job)
                         queued.add(raw)
-                        written.append(layout.blob_path(raw))
                         refresh()
                 finally:
-                    wait([f for _, f in jobs])
+                    wait([f for _, f in jobs])  # (fsyncs started by a failed save finish on their own)
                 for raw, f in jobs:
                     depth, copy = f.result()  # (the first failure raised, in the order of the tensors)
                     self._depth[raw] = depth
                     self._known.add(raw)
                     if copy is not None:
                         copies[raw] = copy
-                self._b.sync(written)  # every blob durable before the record that names them
+                self._b.settle(later)  # every blob durable before the record that names them
                 header, manifest_raw = p.header()
                 record = api.dumps(layout.record_object(tag, header))
                 self._b.put(layout.tag_path(tag), [record], len(record))
