@@ -744,7 +744,7 @@ def _done(fn: Callable[..., Any], *args: Any) -> Future[Any]:
     f: Future[Any] = Future()
     try:
         f.set_result(fn(*args))
-    except BaseException as e:
+    except Exception as e:  # noqa: BLE001 (re-raised by result(); an interrupt propagates at once)
         f.set_exception(e)
     return f
 
