@@ -447,6 +447,7 @@ class Store:
                 queued: set[bytes] = set()
                 inflight: list[Future[Any]] = []
                 later: list[Any] = []  # the blobs' fsyncs under way
+                can_delta = compress.zstd() is not None
                 try:
                     for s in p.ordered:
                         raw = self._cached(s)
@@ -467,7 +468,7 @@ class Store:
                             data = _bytes_of(s)
                         base = None
                         old = names.get(s.name)
-                        if old is not None and old != raw:
+                        if can_delta and old is not None and old != raw:
                             depth = self._depth_of(old)
                             if depth is not None and depth < CHAIN:
                                 base = (old, depth)
@@ -475,7 +476,8 @@ class Store:
                             wait(inflight, return_when=FIRST_COMPLETED)
                             inflight = [f for f in inflight if not f.done()]
                             refresh()
-                        keep = kept + len(data) <= BASE_CACHE  # (a copy: the tensor will change)
+                        # (a copy: the tensor will change; without zstd there are no deltas to take)
+                        keep = can_delta and kept + len(data) <= BASE_CACHE
                         kept += len(data) if keep else 0
                         big = len(data) >= PARALLEL
                         job = _workers().submit(self._write_blob, s, raw, data, base, fresh, keep, False, later) \
