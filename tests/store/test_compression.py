@@ -130,3 +130,51 @@ def test_compress_round_trip_on_odd_sizes():
             out = np.empty(n, np.uint8)
             compress.decode_into(h, blob, out.data, lambda b=base: b, "t")
             assert bytes(out) == bytes(data)
+
+
+class _Counting:
+    """The zstandard module with its compressor counting the bytes it is given."""
+
+    def __init__(self, z):
+        self._z = z
+        self.fed = 0
+        outer = self
+
+        class Compressor:
+            def __init__(self, level):
+                self._c = z.ZstdCompressor(level=level)
+
+            def compress(self, data):
+                outer.fed += len(memoryview(data).cast("B"))
+                return self._c.compress(data)
+
+        self.ZstdCompressor = Compressor
+
+    def __getattr__(self, name):
+        return getattr(self._z, name)
+
+
+def test_a_small_tensor_is_compressed_once_and_a_large_one_sampled(monkeypatch):
+    # Choosing a codec compresses a sample with every candidate; where the sample is the whole
+    # tensor, the winner's output is the blob's (it used to be compressed again). A large tensor is
+    # compressed on a sample (a few windows) and once whole.
+    counting = _Counting(compress.zstd())
+    monkeypatch.setattr(compress, "zstd", lambda: counting)
+    g = torch.Generator().manual_seed(3)
+    small = torch.randn(4096, generator=g).numpy().view(np.uint8)   # 16 KiB: its own sample
+    base = (torch.from_numpy(small.view(np.float32).copy()) + 1e-4).numpy().view(np.uint8)
+    enc = compress.encode(small, 4, base)
+    assert enc.codec != layout.RAW
+    # zstd, grouped and delta: each fed the 16 KiB once, nothing more
+    assert counting.fed == 3 * len(small)
+    out = np.empty(len(small), dtype=np.uint8)
+    blob = b"".join([layout.header_bytes(enc.codec, 1 if enc.codec == layout.DELTA else 0, b"float32[4096]",
+                                         len(small), b"\0" * 16 if enc.codec == layout.DELTA else None, enc.planes),
+                     *enc.pieces])
+    h = layout.parse_header(blob[: layout.HEAD], len(blob), "t")
+    compress.decode_into(h, blob, out.data, lambda: base, "t")
+    assert out.tobytes() == small.tobytes()
+    counting.fed = 0
+    large = torch.randn(1 << 20, generator=g).numpy().view(np.uint8)  # 4 MiB
+    compress.encode(large, 4, None)
+    assert counting.fed <= len(large) + 2 * 3 * compress.WINDOW

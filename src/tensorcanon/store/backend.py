@@ -33,6 +33,28 @@ def host() -> str:
     return name or "host"
 
 
+#: fsyncs run on this many threads at once (the file system commits them together).
+SYNC_THREADS = 16
+_SYNC: list[Any] = []
+if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads: it makes its own pool
+    os.register_at_fork(after_in_child=_SYNC.clear)
+
+
+def _sync_pool() -> Any:
+    if not _SYNC:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _SYNC.append(ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="tensorcanon-store-sync"))
+    return _SYNC[0]
+
+
+def _fsync_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Local:
     """A store in a local folder. Objects are written to ``tmp/`` and renamed into place (after an
     fsync), so that a crash leaves every name either absent or complete; names are never followed
@@ -130,16 +152,24 @@ class Local:
                 raise self._error(e, "create", rel) from None
             self.folders_real(rel, whole=True)
 
-    def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True) -> None:
+    def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True,
+            later: list | None = None) -> None:
         """Write ``pieces`` as object ``rel``: a temp file in ``tmp/``, flushed (and fsynced when
-        ``durable``), then renamed over the name."""
+        ``durable``), then renamed over the name. Folders are made only where they are missing
+        (a failed rename says so), not checked at every write. ``later`` (with ``durable=False``):
+        the file's fsync starts at once on another thread and is added to ``later``, for
+        :meth:`settle` to wait for (with the fsyncs of the folders that name the files)."""
         target = self.path(rel)
         folder = os.path.dirname(target)
         self.folders_real(rel)
         self.folders_real(layout.TMP, whole=True)
+        tmp_folder = self.path(layout.TMP)
         try:
-            os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f"{host()}.{os.getpid()}.", suffix=".tmp", dir=self.path(layout.TMP))
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f"{host()}.{os.getpid()}.", suffix=".tmp", dir=tmp_folder)
+            except FileNotFoundError:
+                os.makedirs(tmp_folder, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=f"{host()}.{os.getpid()}.", suffix=".tmp", dir=tmp_folder)
         except OSError as e:
             raise self._error(e, "write", rel) from None
         try:
@@ -151,8 +181,14 @@ class Local:
                         done += f.write(view[done:]) or 0
                 if durable:
                     os.fsync(f.fileno())
+                elif later is not None:
+                    later.append((_sync_pool().submit(_fsync_close, os.dup(f.fileno())), folder, rel))
             os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
+            try:
+                os.replace(tmp, target)
+            except FileNotFoundError:  # its folder does not exist yet
+                os.makedirs(folder, exist_ok=True)
+                os.replace(tmp, target)
         except BaseException as e:
             try:
                 os.unlink(tmp)
@@ -169,7 +205,6 @@ class Local:
         them fsynced, on several threads at once (the file system commits them together)."""
         if not rels:
             return
-        from concurrent.futures import ThreadPoolExecutor
 
         def one(path: str, folder: bool) -> None:
             try:
@@ -186,9 +221,32 @@ class Local:
 
         files = [self.path(r) for r in rels]
         folders = sorted({os.path.dirname(f) for f in files})
-        with ThreadPoolExecutor(min(16, len(files) + len(folders))) as pool:
-            for f in [pool.submit(one, f, False) for f in files] + [pool.submit(one, d, True) for d in folders]:
-                f.result()
+        if len(files) + len(folders) <= 2:
+            for f in files:
+                one(f, False)
+            for d in folders:
+                one(d, True)
+            return
+        pool = _sync_pool()
+        for f in [pool.submit(one, f, False) for f in files] + [pool.submit(one, d, True) for d in folders]:
+            f.result()
+
+    def settle(self, later: list) -> None:
+        """Wait for the fsyncs :meth:`put` started (``later``), then fsync every folder naming those
+        files: the objects are then durable."""
+        folders = set()
+        first: BaseException | None = None
+        for job, folder, rel in later:
+            folders.add(folder)
+            try:
+                job.result()
+            except OSError as e:
+                first = first or self._error(e, "write", rel)
+        if first is not None:
+            raise first
+        pool = _sync_pool()
+        for f in [pool.submit(self.sync_dir, d) for d in sorted(folders)]:
+            f.result()
 
     def sync_dir(self, folder: str) -> None:
         try:
@@ -284,7 +342,11 @@ class Remote:
     def sync(self, rels: list[str]) -> None:
         return None  # an object is durable once its PUT (or its multipart upload) completed
 
-    def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True) -> None:
+    def settle(self, later: list) -> None:
+        return None  # (nothing is started later: every PUT is durable when it returns)
+
+    def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True,
+            later: list | None = None) -> None:
         from ..io import remote
 
         path = self.path(rel)

@@ -15,6 +15,7 @@ written raw and a compressed blob is refused with an error naming the extra.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ LEVEL = 1
 #: Tensors smaller than this are stored raw: a blob header and a frame header cost more than they save.
 MIN_COMPRESS = 512
 #: The sample the choice is made on: up to three windows of this many bytes (start, middle, end).
-WINDOW = 64 << 10
+WINDOW = 16 << 10
 #: A codec is chosen only if its sample is smaller than this fraction of the raw bytes.
 PAYS = 0.97
 #: The planes of one tensor are compressed on this many threads (zstandard releases the GIL).
@@ -57,8 +58,31 @@ def _need_zstd(where: str) -> Any:
 
 
 _POOL: list[ThreadPoolExecutor] = []
-if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads: it makes its own pool
-    os.register_at_fork(after_in_child=_POOL.clear)
+_LOCAL = threading.local()  # one zstd compressor and decompressor per thread: making one costs more
+                            # than compressing a small tensor
+
+
+def _forget() -> None:  # a forked child has none of its parent's threads: it makes its own pool
+    _POOL.clear()
+    global _LOCAL
+    _LOCAL = threading.local()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget)
+
+
+def _cctx(z: Any) -> Any:
+    c = getattr(_LOCAL, "c", None)
+    if c is None or getattr(_LOCAL, "z", None) is not z:
+        _LOCAL.c, _LOCAL.d, _LOCAL.z = z.ZstdCompressor(level=LEVEL), z.ZstdDecompressor(), z
+        c = _LOCAL.c
+    return c
+
+
+def _dctx(z: Any) -> Any:
+    _cctx(z)
+    return _LOCAL.d
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -107,7 +131,7 @@ def xor(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _compress_plane(z: Any, plane: np.ndarray) -> tuple[int, Any]:
-    frame = z.ZstdCompressor(level=LEVEL).compress(plane)
+    frame = _cctx(z).compress(plane)
     if len(frame) >= len(plane):
         return layout.STORED, plane
     return layout.PLANE_ZSTD, frame
@@ -136,39 +160,62 @@ def _take(a: np.ndarray, where: list[slice]) -> np.ndarray:
     return a[where[0]] if len(where) == 1 else np.concatenate([a[w] for w in where])
 
 
+def _candidates(a: np.ndarray, k: int, base: np.ndarray | None, z: Any) -> dict[int, Encoded]:
+    """Every candidate codec's encoding of flat uint8 ``a`` (``base``: a delta's base bytes)."""
+    out = {layout.ZSTD: Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])}
+    if k > 1:
+        planes, pieces = _grouped(z, a, k, False)
+        out[layout.GROUPED] = Encoded(layout.GROUPED, planes, pieces)
+    if base is not None:
+        planes, pieces = _grouped(z, xor(a, base), k, False)
+        out[layout.DELTA] = Encoded(layout.DELTA, planes, pieces)
+    return out
+
+
+def _size(e: Encoded) -> int:
+    return sum(n for _, n in e.planes) if e.planes is not None else e.payload_size
+
+
+def _best(a: np.ndarray, k: int, base: np.ndarray | None, z: Any) -> tuple[int, Encoded | None]:
+    """The codec whose output is smallest on a sample of ``a``, or RAW; with its encoding of the
+    whole of ``a`` where the sample was the whole (a small tensor is compressed once, not twice)."""
+    where = _sample(a, k)
+    whole = len(where) == 1
+    s = _take(a, where)
+    found = _candidates(s, k, _take(base, where) if base is not None else None, z)
+    best = min(found, key=lambda c: (_size(found[c]), c))
+    if _size(found[best]) >= PAYS * len(s):
+        return layout.RAW, None
+    return best, found[best] if whole else None
+
+
 def choose(a: np.ndarray, k: int, base: np.ndarray | None) -> int:
     """The codec whose output is smallest on a sample of ``a`` (``base``: a delta's base bytes), or RAW."""
     z = zstd()
     if z is None or len(a) < MIN_COMPRESS:
         return layout.RAW
-    where = _sample(a, k)
-    s = _take(a, where)
-    sizes = {layout.ZSTD: len(z.ZstdCompressor(level=LEVEL).compress(s))}
-    if k > 1:
-        sizes[layout.GROUPED] = sum(n for _, n in _grouped(z, s, k, False)[0])
-    if base is not None:
-        b = _take(base, where)
-        sizes[layout.DELTA] = sum(n for _, n in _grouped(z, np.bitwise_xor(s, b), k, False)[0])
-    best = min(sizes, key=lambda c: (sizes[c], c))
-    return best if sizes[best] < PAYS * len(s) else layout.RAW
+    return _best(a, k, base, z)[0]
 
 
-def encode(data: Any, k: int, base: Any = None) -> Encoded:
+def encode(data: Any, k: int, base: Any = None, *, pool: bool = True) -> Encoded:
     """``data`` (a tensor's flat bytes, element size ``k``) encoded with the codec :func:`choose`
-    picks; ``base``: the bytes of the tensor a delta would be taken against (same length), if any."""
+    picks; ``base``: the bytes of the tensor a delta would be taken against (same length), if any.
+    ``pool``: a large tensor's planes are compressed on the module's threads."""
     a = as_u8(data)
     b = as_u8(base) if base is not None else None
-    codec = choose(a, k, b)
+    z = zstd()
+    if z is None or len(a) < MIN_COMPRESS:
+        return Encoded(layout.RAW, None, [data])
+    codec, out = _best(a, k, b, z)
     if codec == layout.RAW:
         return Encoded(layout.RAW, None, [data])
-    z = zstd()
-    if codec == layout.ZSTD:
-        frame = z.ZstdCompressor(level=LEVEL).compress(a)
-        out = Encoded(layout.ZSTD, None, [frame])
-    else:
-        src = a if codec == layout.GROUPED else xor(a, b)  # type: ignore[arg-type]
-        planes, pieces = _grouped(z, src, k, True)
-        out = Encoded(codec, planes, pieces)
+    if out is None:
+        if codec == layout.ZSTD:
+            out = Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])
+        else:
+            src = a if codec == layout.GROUPED else xor(a, b)  # type: ignore[arg-type]
+            planes, pieces = _grouped(z, src, k, pool)
+            out = Encoded(codec, planes, pieces)
     if out.payload_size + (16 * k if out.planes else 0) >= len(a):
         return Encoded(layout.RAW, None, [data])
     return out
@@ -186,7 +233,7 @@ def _frame(z: Any, frame: Any, size: int, where: str) -> bytes:
     if claimed != size:
         raise FormatError(f"{where}: a zstd frame of {claimed} bytes where {size} are expected")
     try:
-        out = z.ZstdDecompressor().decompress(frame, max_output_size=size)
+        out = _dctx(z).decompress(frame, max_output_size=size)
     except z.ZstdError as e:
         raise FormatError(f"{where}: its zstd frame is damaged ({e})") from None
     if len(out) != size:
@@ -195,9 +242,10 @@ def _frame(z: Any, frame: Any, size: int, where: str) -> bytes:
 
 
 def decode_into(h: layout.BlobHeader, blob: Any, out: memoryview, base: Callable[[], Any] | None,
-                where: str) -> None:
+                where: str, *, pool: bool = True) -> None:
     """Decode the blob whose bytes are ``blob`` (its header ``h``, checked) into ``out`` (``h.size``
-    bytes); ``base()`` gives a delta's base bytes, decoded and checked against its digest."""
+    bytes); ``base()`` gives a delta's base bytes, decoded and checked against its digest.
+    ``pool``: a large blob's planes are decoded on the module's threads."""
     data = memoryview(blob).cast("B")
     o = as_u8(out)
     if h.codec == layout.RAW:
@@ -217,7 +265,7 @@ def decode_into(h: layout.BlobHeader, blob: Any, out: memoryview, base: Callable
         src = piece if codec == layout.STORED else _frame(z, piece, n, f"{where} (plane {i})")
         grid[:, i] = np.frombuffer(src, dtype=np.uint8)
 
-    if h.size >= 4 * WINDOW and k > 1:
+    if pool and h.size >= 4 * WINDOW and k > 1:
         list(_pool().map(plane, range(k)))
     else:
         for i in range(k):

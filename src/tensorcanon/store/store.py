@@ -20,7 +20,8 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -59,6 +60,11 @@ REFRESH = 600.0
 #: What a record may weigh: its header is a file header (limits.max_header_bytes) plus a few bytes.
 _RECORD_LIMIT = DEFAULT.max_header_bytes + (1 << 20)
 #: The names a store's root holds.
+#: New blobs of a save are encoded and written on this many threads at once.
+WORKERS = 2
+#: A tensor of at least this many bytes is encoded on the saving thread, its byte planes on
+#: compress.py's threads (one large tensor then uses both cores too).
+PARALLEL = 64 << 20
 _OURS = frozenset({layout.MARKER, layout.EPOCH, layout.TAGS, layout.PENDING, layout.GC, layout.TMP,
                    layout.BLOBS.split("/")[0]})
 
@@ -295,9 +301,15 @@ class Store:
                                  f"{layout.show(raw)} it is named by; the blob is damaged (or its delta base "
                                  "lies)", expected=layout.show(raw), actual=layout.show(got))
 
-    def _write_blob(self, s: Any, raw: bytes, data: Any, base: tuple[bytes, int] | None, refresh: _Refresher) -> None:
-        """Encode tensor ``s`` (bytes ``data``, digest ``raw``) and write its blob."""
+    def _write_blob(self, s: Any, raw: bytes, data: Any, base: tuple[bytes, int] | None, fresh: bool,
+                    keep: bool, pool: bool, later: list) -> tuple[int, np.ndarray | None]:
+        """Encode tensor ``s`` (bytes ``data``, digest ``raw``) and write its blob (not yet durable).
+        Returns its delta depth, and (``keep``) its bytes, proven to hash to ``raw``: a later save's
+        delta base. ``fresh``: ``raw`` was computed from ``data`` in this save. Runs on a worker
+        thread: it changes nothing of the object but the blobs' depths it learns."""
         prefix = digest.tensor_prefix(s.dtype.name, s.shape)
+        where = (f"the tensor at {paths.join(s.path)} (changed while it was being saved, or written behind its "
+                 "version counter: save it again)")
         base_bytes = None
         if base is not None:
             base_bytes = self._copies.get(base[0])
@@ -306,31 +318,36 @@ class Store:
                     base_bytes = self._decode(base[0], prefix, base[1])
                 except TensorCanonError:
                     base, base_bytes = None, None  # an unusable base: store the tensor whole
-        enc = compress.encode(data, s.dtype.itemsize, base_bytes)
+        enc = compress.encode(data, s.dtype.itemsize, base_bytes, pool=pool)
         is_delta = enc.codec == layout.DELTA
         depth = base[1] + 1 if is_delta and base is not None else 0
         head = layout.header_bytes(enc.codec, depth, prefix, len(data),
                                    base[0] if is_delta and base is not None else None, enc.planes)
-        # The bytes written are hashed again: a tensor changed since it was hashed (by another thread,
-        # or behind its version counter) is refused rather than stored under the wrong name.
-        self._check_decoded(raw, prefix, data, f"the tensor at {paths.join(s.path)} (changed while it was being "
-                            "saved, or written behind its version counter: save it again)")
-        if enc.codec != layout.RAW:  # the writer never writes a blob its reader refuses
-            blob = b"".join([head, *(bytes(memoryview(p).cast("B")) for p in enc.pieces)])
+        # What is written must hash to its name: a tensor changed since it was hashed (by another
+        # thread, or behind its version counter) is refused rather than stored under the wrong name.
+        copy = None
+        if enc.codec == layout.RAW:
+            if keep:  # (the copy is what is hashed and written: the bytes kept are those proven)
+                copy = np.array(compress.as_u8(data))
+                data = copy
+            if keep or not fresh:  # (fresh, not kept: hashed from these very bytes a moment ago)
+                self._check_decoded(raw, prefix, data, where)
+            pieces: list[Any] = [head, data]
+            total = len(head) + len(data)
+        else:  # decoded and hashed as a reader would: the writer never writes a blob its reader refuses
+            blob = b"".join([head, *enc.pieces])
             h = layout.parse_header(blob[: layout.HEAD], len(blob), "a blob being written")
             check = np.empty(h.size, dtype=np.uint8)
             compress.decode_into(h, blob, check.data, (lambda: base_bytes) if is_delta else None,
-                               "a blob being written")
-            self._check_decoded(raw, h, check, "a blob being written")
+                                 "a blob being written", pool=pool)
+            self._check_decoded(raw, h, check, where)
+            copy = check if keep else None
             del check
-            pieces: list[Any] = [blob]
-        else:
-            pieces = [head, data]
-        total = len(head) + enc.payload_size if enc.codec == layout.RAW else len(pieces[0])
-        self._b.put(layout.blob_path(raw), pieces, total, durable=False)  # (made durable before the record)
-        self._known.add(raw)
-        self._depth[raw] = depth
-        refresh()
+            pieces = [blob]
+            total = len(blob)
+        # (its fsync starts now, on another thread; every blob is durable before the record is written)
+        self._b.put(layout.blob_path(raw), pieces, total, durable=False, later=later)
+        return depth, copy
 
     # ------------------------------------------------------------------ records
     def _base_names(self) -> dict[str, bytes]:
@@ -423,36 +440,61 @@ class Store:
                 names = self._base_names()
                 hashed: dict[tuple, tuple[Any, int, int, bytes]] = {}
                 copies: dict[bytes, np.ndarray] = {}
-                written: list[str] = []
                 kept = 0
-                for s in p.ordered:
-                    raw = self._cached(s)
-                    data = None
-                    if raw is None:
-                        data = _bytes_of(s)
-                        h = p.hasher(s)
-                        h.update(data)
-                        raw = h.digest()
-                    self._remember(s, raw, hashed)
-                    s.digest = raw
-                    if not s.nbytes or self._blob_exists(raw):
-                        if raw in self._copies:
-                            copies[raw] = self._copies[raw]
-                        continue
-                    if data is None:
-                        data = _bytes_of(s)
-                    base = None
-                    old = names.get(s.name)
-                    if old is not None and old != raw:
-                        depth = self._depth_of(old)
-                        if depth is not None and depth < CHAIN:
-                            base = (old, depth)
-                    self._write_blob(s, raw, data, base, refresh)
-                    written.append(layout.blob_path(raw))
-                    if kept + len(data) <= BASE_CACHE:
-                        copies[raw] = np.array(compress.as_u8(data))  # a copy: the tensor will change
-                        kept += len(data)
-                self._b.sync(written)  # every blob durable before the record that names them
+                # New blobs are encoded and written on WORKERS threads (zstd, xxhash and file writes
+                # release the GIL), a few at a time, while this thread hashes the next tensors.
+                jobs: list[tuple[bytes, Future[tuple[int, np.ndarray | None]]]] = []
+                queued: set[bytes] = set()
+                inflight: list[Future[Any]] = []
+                later: list[Any] = []  # the blobs' fsyncs under way
+                can_delta = compress.zstd() is not None
+                try:
+                    for s in p.ordered:
+                        raw = self._cached(s)
+                        data = None
+                        fresh = raw is None
+                        if raw is None:
+                            data = _bytes_of(s)
+                            h = p.hasher(s)
+                            h.update(data)
+                            raw = h.digest()
+                        self._remember(s, raw, hashed)
+                        s.digest = raw
+                        if not s.nbytes or raw in queued or self._blob_exists(raw):
+                            if raw in self._copies:
+                                copies[raw] = self._copies[raw]
+                            continue
+                        if data is None:
+                            data = _bytes_of(s)
+                        base = None
+                        old = names.get(s.name)
+                        if can_delta and old is not None and old != raw:
+                            depth = self._depth_of(old)
+                            if depth is not None and depth < CHAIN:
+                                base = (old, depth)
+                        while len(inflight) >= 2 * WORKERS:  # (bounded: each holds its encoded bytes)
+                            wait(inflight, return_when=FIRST_COMPLETED)
+                            inflight = [f for f in inflight if not f.done()]
+                            refresh()
+                        # (a copy: the tensor will change; without zstd there are no deltas to take)
+                        keep = can_delta and kept + len(data) <= BASE_CACHE
+                        kept += len(data) if keep else 0
+                        big = len(data) >= PARALLEL
+                        job = _workers().submit(self._write_blob, s, raw, data, base, fresh, keep, False, later) \
+                            if not big else _done(self._write_blob, s, raw, data, base, fresh, keep, True, later)
+                        jobs.append((raw, job))
+                        inflight.append(job)
+                        queued.add(raw)
+                        refresh()
+                finally:
+                    wait([f for _, f in jobs])  # (fsyncs started by a failed save finish on their own)
+                for raw, f in jobs:
+                    depth, copy = f.result()  # (the first failure raised, in the order of the tensors)
+                    self._depth[raw] = depth
+                    self._known.add(raw)
+                    if copy is not None:
+                        copies[raw] = copy
+                self._b.settle(later)  # every blob durable before the record that names them
                 header, manifest_raw = p.header()
                 record = api.dumps(layout.record_object(tag, header))
                 self._b.put(layout.tag_path(tag), [record], len(record))
@@ -678,6 +720,38 @@ class Store:
                 "tensor_bytes": tensor_bytes, "codecs": dict(sorted(kinds.items())), "max_depth": max_depth}
 
 
+_WORKERS: list[ThreadPoolExecutor] = []
+if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads: it makes its own
+    os.register_at_fork(after_in_child=_WORKERS.clear)
+
+
+def _workers() -> ThreadPoolExecutor:
+    if not _WORKERS:
+        _WORKERS.append(ThreadPoolExecutor(WORKERS, thread_name_prefix="tensorcanon-store-save"))
+    return _WORKERS[0]
+
+
+_AHEAD: list[ThreadPoolExecutor] = []
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_AHEAD.clear)
+
+
+def _ahead_pool() -> ThreadPoolExecutor:
+    if not _AHEAD:
+        _AHEAD.append(ThreadPoolExecutor(1, thread_name_prefix="tensorcanon-store-load"))
+    return _AHEAD[0]
+
+
+def _done(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``fn(*args)`` run here, as a finished future (its result or its exception)."""
+    f: Future[Any] = Future()
+    try:
+        f.set_result(fn(*args))
+    except Exception as e:  # noqa: BLE001 (re-raised by result(); an interrupt propagates at once)
+        f.set_exception(e)
+    return f
+
+
 class _Refresher:
     """Rewrites a marker when it is older than REFRESH, so that no one takes it for a dead one's."""
 
@@ -725,6 +799,8 @@ class _TagFile(io.RawIOBase):
         self._begins: list[int] = []
         self._opened: dict[bytes, tuple[backend.Blob, layout.BlobHeader]] = {}
         self._decoded: tuple[bytes, np.ndarray] | None = None
+        self._next: dict[bytes, bytes] = {}  # a compressed blob -> the next one in data order
+        self._ahead: tuple[bytes, Future[np.ndarray]] | None = None  # that one, decoding on another thread
 
     def attach(self, rows: list[Any]) -> None:
         """The tag's table rows (proven by CheckedFile): every blob is opened and its header
@@ -747,6 +823,10 @@ class _TagFile(io.RawIOBase):
                 raise IntegrityError(f"tag {self.tag!r}: the blob of tensor {r.name!r} ({blob.where!r}) holds a "
                                      f"{h.prefix.decode()} tensor, not {expected.decode()}; the store is damaged",
                                      expected=expected.decode(), actual=h.prefix.decode())
+        coded = [r.digest for r in order if self._opened[r.digest][1].codec != layout.RAW]
+        for a, b in zip(coded, coded[1:], strict=False):
+            if a != b:
+                self._next.setdefault(a, b)
 
     def readable(self) -> bool:
         return True
@@ -791,9 +871,16 @@ class _TagFile(io.RawIOBase):
         return k
 
     def _data(self, raw: bytes) -> np.ndarray:
+        """Blob ``raw`` decoded and checked; the next compressed blob in data order starts decoding
+        on another thread meanwhile (zstd, numpy and xxhash release the GIL)."""
         if self._decoded is None or self._decoded[0] != raw:
             self._decoded = None
-            self._decoded = (raw, self._s._decode(raw))
+            ahead, self._ahead = self._ahead, None
+            data = ahead[1].result() if ahead is not None and ahead[0] == raw else self._s._decode(raw)
+            self._decoded = (raw, data)
+            nxt = self._next.get(raw)
+            if nxt is not None:
+                self._ahead = (nxt, _ahead_pool().submit(self._s._decode, nxt))
         return self._decoded[1]
 
     def mapped(self, r: Any, map_location: Any, cf: reader.CheckedFile) -> Any:
@@ -863,4 +950,7 @@ class _TagFile(io.RawIOBase):
             blob.close()
         self._opened.clear()
         self._decoded = None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[1].cancel()  # (or it finishes, unread: it holds only its own blobs)
         super().close()
