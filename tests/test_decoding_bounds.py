@@ -141,9 +141,11 @@ def test_maps_where_none_may_be_are_refused_before_they_are_built(tmp_path):
                  lambda: tensorcanon.load(path, mmap=True), lambda: tensorcanon.open(path).keys()):
         peak, raised = _peak(read)
         assert isinstance(raised, FormatError) and "holds a map" in str(raised), raised
-        # (the header's copies: its bytes, the base64 text, the decoded manifest: 4.75x on Python 3.11
-        # with msgpack 1.2.4, 9.8x on the floors, Python 3.10 with msgpack 1.2.0; 64x before the fix)
-        assert peak < 12 * len(data), f"{peak / len(data):.1f} times the file"
+        # (the header's copies: its bytes, the base64 text, the decoded manifest: 4.8x on Python 3.11
+        # with msgpack 1.2.4, 9.8x on the floors, Python 3.10 with msgpack 1.2.0; 64x before the fix;
+        # since issue 38, telling a damaged file from a malformed one checks the digest of the
+        # manifest's bytes once more, after the failed decoding is freed: 10.8x to 12.3x on the floors)
+        assert peak < 13 * len(data), f"{peak / len(data):.1f} times the file"
 
 
 def test_verify_records_no_path_per_tensor_use():
