@@ -325,17 +325,24 @@ def _packed_sequence_codec(cls: type) -> tuple[Callable[[Any], Any], Callable[[A
     return encode, decode
 
 
-def _torch_type(module: Any, cls: type) -> registry.Registration | None:
-    rnn = sys.modules.get("torch.nn.utils.rnn")
-    if rnn is not None and cls is getattr(rnn, "PackedSequence", None):
-        return _install(cls, PACKED_SEQUENCE, _packed_sequence_codec(cls))
-    return None
+def _one_class(module_name: str, attr: str, name: str,
+               codec: Callable[[Any], tuple[Callable[[Any], Any], Callable[[Any], Any]]]) -> tuple[Any, Any]:
+    """``(for_type, for_name)`` of a provider whose one class is ``module_name.attr``, recorded as
+    ``name``: found in ``sys.modules`` only (the library imported it, or no value of it exists)."""
+    def cls_now() -> Any:
+        return getattr(sys.modules.get(module_name), attr, None)
+
+    def for_type(module: Any, cls: type) -> registry.Registration | None:
+        return _install(cls, name, codec(cls)) if cls is cls_now() else None
+
+    def for_name(module: Any, wanted: str) -> registry.Registration | None:
+        cls = cls_now()
+        return for_type(module, cls) if cls is not None and wanted == name else None
+
+    return for_type, for_name
 
 
-def _torch_name(module: Any, name: str) -> registry.Registration | None:
-    rnn = sys.modules.get("torch.nn.utils.rnn")
-    cls = getattr(rnn, "PackedSequence", None)
-    return _torch_type(module, cls) if cls is not None and name == PACKED_SEQUENCE else None
+_torch_type, _torch_name = _one_class("torch.nn.utils.rnn", "PackedSequence", PACKED_SEQUENCE, _packed_sequence_codec)
 
 
 def _torchao_type(module: Any, cls: type) -> registry.Registration | None:
@@ -529,17 +536,7 @@ def _cfg_node_codec(cls: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any
     return encode, decode
 
 
-def _yacs_type(module: Any, cls: type) -> registry.Registration | None:
-    config = sys.modules.get("yacs.config")
-    if config is not None and cls is getattr(config, "CfgNode", None):
-        return _install(cls, CFG_NODE, _cfg_node_codec(cls))
-    return None
-
-
-def _yacs_name(module: Any, name: str) -> registry.Registration | None:
-    config = sys.modules.get("yacs.config")
-    cls = getattr(config, "CfgNode", None)
-    return _yacs_type(module, cls) if cls is not None and name == CFG_NODE else None
+_yacs_type, _yacs_name = _one_class("yacs.config", "CfgNode", CFG_NODE, _cfg_node_codec)
 
 
 # ------------------------------------------------------------------ the providers
