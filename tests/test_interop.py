@@ -48,6 +48,9 @@ def test_safetensors_reads_every_golden_file(path):
     assert set(plain) == set(header) - {"__metadata__"}
     # values: every tensor safetensors returns is the canonical bytes of the one tensorcanon loads
     if not vectors.buildable(path.stem):  # torch 2.4, the floor, lacks some dtypes of dtypes_u8:
+        if path.stem == "tensor_kinds_kept":  # (a torch that cannot give jagged tensors cached lengths
+            assert tc.fingerprint(tc.load(path)) == tc.verify(path)  # still loads the file, whole)
+            return
         with pytest.raises(TypeError, match="which this torch"):  # tensorcanon refuses it by name
             tc.load(path)
         return

@@ -224,8 +224,23 @@ def _host_tensors(value: Any) -> list:
 CASES = _cases()
 
 
+
+
+def _numpy_cannot_make(case: Case) -> bool:
+    """numpy before 2.0 holds at most 32 dimensions: an array past that (the default max_ndim's 64,
+    a string array of 33) cannot be made there, so there is no such value to save or refuse."""
+    try:
+        case.value()
+    except ValueError as e:
+        assert "maximum supported dimension" in str(e) and int(np.__version__.split(".")[0]) < 2, e
+        return True
+    return False
+
+
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.limit}-{c.kind}-{'at' if c.at else 'past'}" for c in CASES])
 def test_save_refuses_exactly_what_the_reader_rejects(case: Case) -> None:
+    if _numpy_cannot_make(case):
+        return
     unwritten = _unwritten(case)
     reader_refuses = _reader_refuses(unwritten, case.limits)
     try:
@@ -256,9 +271,10 @@ def test_every_limit_is_generated_at_and_past_for_several_kinds() -> None:
 
 
 def test_the_two_cases_of_issue_37_are_refused_naming_the_path_and_the_limit() -> None:
-    with pytest.raises(TensorCanonError, match=r"33 dimensions.*at most 32") as info:
-        tc.dumps({"s": np.array(["x"]).reshape((1,) * 33)})
-    assert info.value.path == '$["s"]'
+    if int(np.__version__.split(".")[0]) >= 2:  # (numpy 1.x makes no array of 33 dimensions)
+        with pytest.raises(TensorCanonError, match=r"33 dimensions.*at most 32") as info:
+            tc.dumps({"s": np.array(["x"]).reshape((1,) * 33)})
+        assert info.value.path == '$["s"]'
     with pytest.raises(TensorCanonError, match=r"2\^63") as info:
         tc.dumps({"m": torch.empty(0, 2**61, device="meta")})
     assert info.value.path == '$["m"]'
