@@ -224,8 +224,6 @@ def _host_tensors(value: Any) -> list:
 CASES = _cases()
 
 
-
-
 def _numpy_cannot_make(case: Case) -> bool:
     """numpy before 2.0 holds at most 32 dimensions: an array past that (the default max_ndim's 64,
     a string array of 33) cannot be made there, so there is no such value to save or refuse."""
