@@ -18,24 +18,18 @@ Example::
     tcd.consolidate("ckpt/step100", "step100.safetensors")      # == tensorcanon.dumps(full)
 """
 
-from ..sharded import (
-    CheckpointError,
-    CheckpointNotFoundError,
-    ReplicaMismatchError,
-    consolidate,
-    load_unsharded,
-    logical_digest,
-    verify,
-)
+from ..sharded import CheckpointError, CheckpointNotFoundError, ReplicaMismatchError
 from .api import async_save, load, save
 from .load_planner import LoadPlanner
 from .perrank import PerRank
 from .reader import Reader
 from .save_planner import SavePlanner
+from .store import StoreTag, consolidate, export, load_unsharded, logical_digest, verify
 from .writer import CheckpointExistsError, Writer
 
 __all__ = [
     "save", "load", "async_save", "load_unsharded", "consolidate", "verify", "logical_digest",
+    "StoreTag", "export",
     "PerRank", "Writer", "Reader", "SavePlanner", "LoadPlanner",
     "CheckpointNotFoundError", "ReplicaMismatchError", "CheckpointError", "CheckpointExistsError",
 ]

@@ -22,13 +22,14 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ..format import digest as _digest
-from ..format.errors import TensorCanonError
+from ..format.errors import TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..sharded.errors import CheckpointError
 from . import _compat
 from .load_planner import LoadPlanner
 from .reader import Reader
 from .save_planner import SavePlanner
+from .store import StoreTag
 from .writer import LOGICAL_DIGEST, Writer
 
 _T = TypeVar("_T")
@@ -105,7 +106,8 @@ def _quiet(single_process: bool) -> Iterator[None]:
         yield
 
 
-def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: dist.ProcessGroup | None = None,
+def save(state_dict: dict, checkpoint_dir: str | os.PathLike | StoreTag, *,
+         process_group: dist.ProcessGroup | None = None,
          algorithm: str = _digest.DEFAULT, overwrite: bool = True, limits: Limits = DEFAULT,
          storage_options: dict | None = None) -> str:
     """Save a (sharded) state dict as a canonical checkpoint directory; return its logical digest.
@@ -121,6 +123,9 @@ def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: 
     (:class:`CheckpointExistsError`, on every rank, before any rank writes).
     ``checkpoint_dir`` may be a directory URL of object storage (``s3://bucket/run/step100``),
     reached with ``storage_options`` (docs/STORAGE.md); so may :func:`load`'s and :func:`async_save`'s.
+    It may also be a :class:`StoreTag` (a tag of a ``tensorcanon.Store``): each rank's tensors are then
+    stored as the store's blobs, each distinct one once (across ranks and steps), and the checkpoint
+    as one tag, written last (docs/DISTRIBUTED.md, "In a store").
 
     Example::
 
@@ -138,7 +143,7 @@ def save(state_dict: dict, checkpoint_dir: str | os.PathLike, *, process_group: 
     return md.storage_data[LOGICAL_DIGEST]
 
 
-def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
+def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike | StoreTag, *,
                process_group: dist.ProcessGroup | None = None, executor: str = "thread",
                algorithm: str = _digest.DEFAULT, overwrite: bool = True,
                limits: Limits = DEFAULT, storage_options: dict | None = None) -> concurrent.futures.Future:
@@ -159,6 +164,9 @@ def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
         digest = fut.result()
     """
     kind = _compat.async_kwargs(executor)
+    if isinstance(checkpoint_dir, StoreTag) and executor == "process":
+        raise UsageError("async_save(executor='process') cannot save into a store (the StoreTag's Store stays in "
+                         "this process): use executor='thread'")
     if _compat.AsyncCheckpointerType is not None and \
             kind.get("async_checkpointer_type") is _compat.AsyncCheckpointerType.PROCESS:
         _compat.check_spawn_safe_main()
@@ -185,7 +193,7 @@ def async_save(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
     return out
 
 
-def load(state_dict: dict, checkpoint_dir: str | os.PathLike, *,
+def load(state_dict: dict, checkpoint_dir: str | os.PathLike | StoreTag, *,
          process_group: dist.ProcessGroup | None = None, keep_per_rank_on_resize: bool = False,
          allow_partial_load: bool = False, limits: Limits = DEFAULT, storage_options: dict | None = None) -> None:
     """Load a checkpoint into ``state_dict`` in place, verifying every chunk it reads.

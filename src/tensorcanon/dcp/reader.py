@@ -36,7 +36,8 @@ from ..format.limits import DEFAULT, Limits
 from ..sharded import layout
 from ..sharded.files import SubtreeDecoder, with_context
 from ..sharded.read import RankFiles, bound_sizes, chunk_info, read_tensor
-from . import _compat
+from . import _compat, store as dcp_store
+from .store import StoreTag
 from .views import CheckpointInfo, FailedIndex, NodeFinder, ValueRef, dcp_view
 
 _OWN_LOAD_BYTES = (
@@ -60,32 +61,44 @@ class Reader(StorageReader):
                  planner=tensorcanon.dcp.LoadPlanner())
     """
 
-    def __init__(self, path: str | os.PathLike, *, limits: Limits = DEFAULT, storage_options: dict | None = None,
-                 **dcp_options: Any) -> None:
+    def __init__(self, path: str | os.PathLike | StoreTag, *, limits: Limits = DEFAULT,
+                 storage_options: dict | None = None, **dcp_options: Any) -> None:
         _compat.refuse_storage_options("Reader", dcp_options)
         super().__init__()
         self._storage_options = storage_options
-        self.path, self.options = layout.where(path, storage_options)  # options: None for a local directory
+        self.target: StoreTag | None = None  # a checkpoint in a tensorcanon.Store (dcp/store.py)
+        self._at(path)
         self.limits = limits
         self.index: layout.Index | None = None
         self.storage: dict = {}
 
-    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+    def _at(self, path: Any) -> None:
+        if isinstance(path, StoreTag):
+            dcp_store.refuse_options(path, self._storage_options, "tensorcanon.dcp.Reader")
+            self.target, self.path, self.options = path, str(path), None
+        else:
+            self.target = None
+            self.path, self.options = layout.where(path, self._storage_options)  # options: None for a local dir
+
+    def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id:
-            self.path, self.options = layout.where(checkpoint_id, self._storage_options)
+            self._at(checkpoint_id)
         self.index, self.storage = None, {}
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return isinstance(checkpoint_id, (str, os.PathLike))
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike, StoreTag))
 
     @property
-    def checkpoint_id(self) -> str:
-        return self.path
+    def checkpoint_id(self) -> Any:
+        return self.target if self.target is not None else self.path
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         try:
-            index = layout.read(self.path, self.limits, self.options)
+            if self.target is not None:  # each rank file read from the store when first used
+                index = dcp_store.store_index(self.target, self.limits)
+            else:
+                index = layout.read(self.path, self.limits, self.options)
             # DCP builds tensors of the shapes it is given (_load_state_dict_from_keys, its planners)
             # before it asks for any data: give it only shapes the rank files back
             bound_sizes(index, self.limits)

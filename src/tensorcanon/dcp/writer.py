@@ -36,6 +36,7 @@ import errno
 import functools
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +55,10 @@ from ..io import storage, writer
 from ..sharded import layout, tiling
 from ..sharded.errors import CheckpointError
 from ..sharded.files import RankFile
-from . import _compat
+from . import _compat, store as dcp_store
 from .save_planner import LocalInfo, SavePlanner
 from .staging import staged_copy
+from .store import StoreTag
 
 OUTCOME_FQN = "@tensorcanon.rank"  # the WriteResult that carries a rank's file digest
 LOGICAL_DIGEST = "tensorcanon.logical_digest"  # key in the Metadata.storage_data every rank gets back
@@ -91,6 +93,7 @@ class RankOutcome:
     rank: int
     file_digest: str
     tensor_digests: dict[str, bytes]
+    stored: dcp_store.RankWrite | None = None  # a save into a store: the rank file's header and blobs
 
 
 class Writer(StorageWriter):
@@ -110,25 +113,38 @@ class Writer(StorageWriter):
                  planner=tensorcanon.dcp.SavePlanner())
     """
 
-    def __init__(self, path: str | os.PathLike, *, process_group: dist.ProcessGroup | None = None,
+    def __init__(self, path: str | os.PathLike | StoreTag, *, process_group: dist.ProcessGroup | None = None,
                  algorithm: str = _digest.DEFAULT, overwrite: bool = True, limits: Limits = DEFAULT,
                  storage_options: dict | None = None, **dcp_options: Any) -> None:
         _compat.refuse_storage_options("Writer", dcp_options)
         super().__init__()
         _compat.check_process_group(process_group)  # before any collective, also for a direct dcp.save
         self._storage_options = storage_options
-        self.path, self.options = layout.where(path, storage_options)  # options: None for a local directory
+        self.target: StoreTag | None = None  # a checkpoint in a tensorcanon.Store (dcp/store.py)
+        self._epoch = b""
+        self._at(path)
         self.process_group = process_group
         self.algorithm = _digest.check(algorithm)
+        if self.target is not None and self.algorithm != dcp_store.ALGORITHM:
+            raise UsageError(f"a checkpoint in a store uses {dcp_store.ALGORITHM} digests (the store names its "
+                             f"blobs by them), not {self.algorithm}")
         self.overwrite = overwrite
         self.limits = limits
         self.is_coordinator = False
         self._planner: SavePlanner | None = None
 
     # -------------------------------------------------------------- set-up
-    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+    def _at(self, path: Any) -> None:
+        if isinstance(path, StoreTag):
+            dcp_store.refuse_options(path, self._storage_options, "tensorcanon.dcp.Writer")
+            self.target, self.path, self.options = path, str(path), None
+        else:
+            self.target = None
+            self.path, self.options = layout.where(path, self._storage_options)  # options: None for a local dir
+
+    def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id:
-            self.path, self.options = layout.where(checkpoint_id, self._storage_options)
+            self._at(checkpoint_id)
         self._planner = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -146,12 +162,12 @@ class Writer(StorageWriter):
         return None  # DCP's holds a fresh uuid and the path: neither belongs in a canonical file
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return isinstance(checkpoint_id, (str, os.PathLike))
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike, StoreTag))
 
     @property
-    def checkpoint_id(self) -> str:
-        return self.path
+    def checkpoint_id(self) -> Any:
+        return self.target if self.target is not None else self.path
 
     if not _compat.DCP_STAGES_FAITHFULLY:
         # This DCP copies a state dict for async_save lossily (see staging.py): the Writer is
@@ -181,14 +197,20 @@ class Writer(StorageWriter):
         if not isinstance(plan.planner_data, LocalInfo):
             raise UsageError("tensorcanon.dcp.Writer needs tensorcanon.dcp.SavePlanner (pass "
                              "planner=tensorcanon.dcp.SavePlanner() to dcp.save)")
-        if self.options is None:  # (an object store has no directories)
+        if self.options is None and self.target is None:  # (an object store has no directories)
             os.makedirs(self.path, exist_ok=True)
         return dataclasses.replace(plan, storage_data=self.algorithm)
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         # One look, by the coordinator, before any rank writes: every rank gets its answer.
-        if not self.overwrite and (os.path.exists(layout.index_path(self.path)) if self.options is None
-                                   else layout.is_checkpoint(self.path, self.options)):
+        if self.target is not None:
+            # the store's collection epoch before any rank looks for a blob (Store._put_record)
+            self._epoch = self.target.store._epoch_now()
+            exists = not self.overwrite and self.target.exists()
+        else:
+            exists = not self.overwrite and (os.path.exists(layout.index_path(self.path)) if self.options is None
+                                             else layout.is_checkpoint(self.path, self.options))
+        if exists:
             raise CheckpointExistsError(
                 f"{storage.redact(self.path)} already holds a checkpoint (its {layout.INDEX_NAME}) and "
                 "overwrite=False: save into another directory, remove that checkpoint first, or pass "
@@ -207,6 +229,8 @@ class Writer(StorageWriter):
         results: list[WriteResult] = []
         own: dict[tuple, torch.Tensor] = {}
         file_digest = None
+        stored: dcp_store.RankWrite | None = None
+        chunk_digests: dict[str, bytes] = {}
         failure: Exception | None = None
         try:
             if not isinstance(planner, SavePlanner):
@@ -224,9 +248,13 @@ class Writer(StorageWriter):
             per_rank = planner.planned().per_rank
             for (_, value), key in zip(per_rank, layout.per_rank_keys([p for p, _ in per_rank]), strict=True):
                 obj[key] = value
-            remote = () if self.options is None else (self.options,)  # (a local save: the same call as ever)
-            file_digest, chunk_digests = write_rank_file(self.path, job.rank, job.world_size, obj,
-                                                         job.algorithm, self.limits, *remote)
+            if self.target is not None:  # its tensors as blobs of the store, its header to the coordinator
+                stored = dcp_store.write_rank(self.target, obj, job.algorithm, self.limits)
+                file_digest, chunk_digests = stored.file_digest, stored.chunk_digests
+            else:
+                remote = () if self.options is None else (self.options,)  # (a local save: the same call as ever)
+                file_digest, chunk_digests = write_rank_file(self.path, job.rank, job.world_size, obj,
+                                                             job.algorithm, self.limits, *remote)
             for item in plan.items:
                 offsets = tuple(item.index.offset or ())
                 key = layout.chunk_key(item.index.fqn, offsets)
@@ -234,27 +262,34 @@ class Writer(StorageWriter):
         except Exception as e:  # noqa: BLE001 - reported to the others first, then raised
             failure = e
         file_digests: list = [None] * job.world_size
+        chunks_of: list = [None] * job.world_size  # (a store: each rank's chunk digests, to read its chunks)
         if job.exchange:
-            mine = (file_digest, None if failure is None else f"{type(failure).__name__}: {failure}")
+            mine = (file_digest, None if failure is None else f"{type(failure).__name__}: {failure}",
+                    chunk_digests if self.target is not None else None)
             gathered: list = [None] * job.world_size
             dist.all_gather_object(gathered, mine, group=self.process_group)
             if failure is not None:
                 raise failure
-            for r, (d, err) in enumerate(gathered):
+            for r, (d, err, theirs) in enumerate(gathered):
                 if err is not None:
                     elsewhere = CheckpointError(f"rank {r} could not write its rank file: {err}")
                     elsewhere.secondary = True  # the rank that failed reports the cause itself
                     raise elsewhere
                 file_digests[r] = d
+                chunks_of[r] = theirs
         elif failure is not None:
             raise failure
         # No failure on any rank: the try above set both.
         assert file_digest is not None and isinstance(planner, SavePlanner)
         tensor_digests = {}
         if job.tasks:
-            tensor_digests = run_hash_tasks(self.path, job, planner, own, file_digests, self.limits, self.options)
+            target = self.target
+            fetch = None if target is None else \
+                (lambda rank, key: dcp_store.chunk_bytes(target, chunks_of[rank][key]))
+            tensor_digests = run_hash_tasks(self.path, job, planner, own, file_digests, self.limits, self.options,
+                                            fetch)
         results.append(WriteResult(MetadataIndex(OUTCOME_FQN, [job.rank]), 0,
-                                   RankOutcome(job.rank, file_digest, tensor_digests)))
+                                   RankOutcome(job.rank, file_digest, tensor_digests, stored)))
         fut: Future = Future()
         fut.set_result(results)
         return fut
@@ -266,6 +301,7 @@ class Writer(StorageWriter):
             raise UsageError("tensorcanon.dcp.Writer.finish called without a planned save")
         logical = planner.logical
         files: dict[int, str] = {}
+        stored: dict[int, dcp_store.RankWrite | None] = {}
         chunk_digest: dict[tuple, bytes] = {}
         chunks: dict[str, list[layout.Chunk]] = {name: [] for name in logical.names}
         tensor_digests: dict[str, bytes] = {}
@@ -275,6 +311,7 @@ class Writer(StorageWriter):
         for rank_results in results:
             outcome = next(wr.storage_data for wr in rank_results if wr.index.fqn == OUTCOME_FQN)
             files[outcome.rank] = outcome.file_digest
+            stored[outcome.rank] = outcome.stored
             tensor_digests.update(outcome.tensor_digests)
             algorithm = _digest.algorithm_of(outcome.file_digest)
             for wr in rank_results:
@@ -305,7 +342,15 @@ class Writer(StorageWriter):
         index_obj = layout.build(logical_raw, file_list, table_chunks, [p for p, _ in logical.per_rank])
         index_plan = writer.plan(index_obj, None, self.limits, algorithm)
         keep = {layout.rank_file_name(r, world, d) for r, d in enumerate(file_list)}
-        if self.options is None:
+        if self.target is not None:  # one record, after every rank's blobs are durable: the commit
+            writes = [stored[r] for r in range(world)]
+            if any(w is None for w in writes):
+                raise CheckpointError("a rank saved no blobs into the store: give every rank's Writer the same "
+                                      "StoreTag")
+            dcp_store.commit(self.target, self._epoch, dcp_store.index_bytes(index_plan),
+                             [w.header for w in writes if w is not None],
+                             [b for w in writes if w is not None for b in w.blobs], self.limits)
+        elif self.options is None:
             writer.write_atomic(index_plan, layout.index_path(self.path))
             remove_unreferenced(self.path, keep)
         else:  # one object, after every rank file: the commit marker; then the cleanup (FORMAT.md §14.7)
@@ -384,8 +429,10 @@ def write_rank_file(folder: str, rank: int, world: int, obj: dict, algorithm: st
 
 
 def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, digests: list,
-                   limits: Limits, options: dict | None = None) -> dict[str, bytes]:
-    """Digest each assigned tensor: its bytes in C order across its chunks, read once."""
+                   limits: Limits, options: dict | None = None,
+                   fetch: Callable[[int, str], memoryview] | None = None) -> dict[str, bytes]:
+    """Digest each assigned tensor: its bytes in C order across its chunks, read once. ``fetch(rank,
+    key)``: another rank's chunk, where there are no rank files (a checkpoint in a store)."""
     by_name = {s.name: s for s in planner.planned().plan.tensors}
     opened: dict[int, RankFile] = {}
     out = {}
@@ -397,6 +444,9 @@ def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, d
             for rank, offsets, _ in task.chunks:
                 if rank == job.rank:
                     views.append(tensorbytes.host_bytes(own[(task.name, offsets)], "tensor"))
+                    continue
+                if fetch is not None:
+                    views.append(fetch(rank, layout.chunk_key(task.name, offsets)))
                     continue
                 f = opened.get(rank)
                 if f is None:

@@ -115,6 +115,29 @@ class RankFile(reader.CheckedFile):
         except BaseException:
             stack.close()
             raise
+        return f._opened(path, expected, remote)
+
+    @classmethod
+    def over(cls, src: Any, path: str, expected: str | None, limits: Limits, closer: contextlib.ExitStack) -> RankFile:
+        """A rank file read from ``src`` (a Source over any seekable file object, read like a rank file
+        in object storage: each chunk fetched and hashed when it is used); ``closer`` is closed with it.
+        (tensorcanon.dcp reads a checkpoint kept in a tensorcanon.Store so: each rank file is its header
+        and the store's blobs.)"""
+        try:
+            f = cls(src, limits, closer=closer)
+            if not f.is_tensorcanon:
+                raise FormatError("is a plain safetensors file, not a tensorcanon rank file")
+            f.check_tree()
+        except TensorCanonError as e:
+            closer.close()
+            raise with_context(e, f"rank file {path}: ") from None
+        except BaseException:
+            closer.close()
+            raise
+        return f._opened(path, expected, True)
+
+    def _opened(self, path: str, expected: str | None, remote: bool) -> RankFile:
+        f = self
         f.path = path
         f._verified = set()
         f._remote = remote

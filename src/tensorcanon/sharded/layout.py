@@ -107,6 +107,9 @@ class Index:
     # the checks on logical tensors' values that the logical tree asks for (sparse indices, jagged
     # offsets: docs/FORMAT.md §6.12), which verify runs on the verified bytes (tensorkinds.run_deferred)
     value_checks: list[tensorkinds.Deferred] = field(default_factory=list)
+    # opens rank ``r``'s file where it is not a file of ``folder`` (a checkpoint kept in a
+    # tensorcanon.Store: its header in the store's record, its data the store's blobs; dcp/store.py)
+    opener: Callable[[int], Any] | None = None  # -> files.RankFile
 
     @property
     def world_size(self) -> int:

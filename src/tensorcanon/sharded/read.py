@@ -39,8 +39,11 @@ class RankFiles:
         f = self._open.get(rank)
         if f is None:
             try:
-                f = RankFile.open(self.index.file_path(rank), self.index.files[rank], self.limits,
-                                  self.index.options)
+                if self.index.opener is not None:
+                    f = self.index.opener(rank)
+                else:
+                    f = RankFile.open(self.index.file_path(rank), self.index.files[rank], self.limits,
+                                      self.index.options)
             except TensorCanonError as e:
                 raise with_context(e, self._holds(rank)) from None
             self._open[rank] = f

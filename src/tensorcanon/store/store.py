@@ -397,6 +397,15 @@ class Store:
         if not self._ready:
             self._check_root()
         header = self._record(layout.check_tag(tag))
+        with self._header_file(header, tag, limits, blobs=blobs) as cf:
+            yield cf
+
+    @contextlib.contextmanager
+    def _header_file(self, header: bytes, tag: str, limits: Limits = DEFAULT, *,
+                     blobs: bool = True) -> Iterator[reader.CheckedFile]:
+        """The file whose header is ``header`` and whose data section is blobs of this store, checked by
+        CheckedFile; ``tag`` names it in errors. (:meth:`_tag_file` after reading the record; tensorcanon.dcp
+        reads a sharded checkpoint's rank files, whose headers its record holds, through it.)"""
         prefix, raw = header[: container.LENGTH_SIZE], header[container.LENGTH_SIZE :]
         where = f"tag {tag!r}"
         try:
@@ -433,6 +442,12 @@ class Store:
         tag = layout.check_tag(tag)
         p = writer.plan(obj, metadata)
         writer.refuse_skip_data(p, "Store.save")
+        return self._put(p, tag)[0]
+
+    def _put(self, p: writer.Plan, tag: str | None) -> tuple[str, bytes]:
+        """:meth:`save` of plan ``p``: its new blobs, then the record of ``tag``; returns the file's digest
+        and header. ``tag=None`` writes the blobs only, durable (tensorcanon.dcp: one rank's file of a
+        sharded checkpoint, whose record the coordinator writes last, with :meth:`_put_record`)."""
         with self._lock:
             self._create()
             with self._saving() as refresh:
@@ -496,12 +511,13 @@ class Store:
                         copies[raw] = copy
                 self._b.settle(later)  # every blob durable before the record that names them
                 header, manifest_raw = p.header()
-                record = api.dumps(layout.record_object(tag, header))
-                self._b.put(layout.tag_path(tag), [record], len(record))
+                if tag is not None:
+                    record = api.dumps(layout.record_object(tag, header))
+                    self._b.put(layout.tag_path(tag), [record], len(record))
                 self._hashed = hashed
                 self._copies = copies
                 self._last = {s.name: s.digest for s in p.tensors}
-        return p.file_digest(manifest_raw)
+        return p.file_digest(manifest_raw), header
 
     def load(self, tag: str, *, map_location: Any = None, mmap: bool = False) -> Any:
         """The object saved under ``tag``, every tensor checked against its digest.
@@ -718,6 +734,40 @@ class Store:
         return {"tags": len(tags), "blobs": len(blobs), "logical_bytes": logical,
                 "stored_bytes": blob_bytes + record_bytes, "blob_bytes": blob_bytes, "record_bytes": record_bytes,
                 "tensor_bytes": tensor_bytes, "codecs": dict(sorted(kinds.items())), "max_depth": max_depth}
+
+    # ------------------------------------------------------------------ for tensorcanon.dcp (dcp/store.py)
+    # A sharded checkpoint in a store: each rank writes its rank file's blobs (_put with no tag), the
+    # coordinator then writes one record naming every blob, last (_put_record); rank files are read back
+    # through _header_file and split tensors' chunks through _blob_bytes. docs/DISTRIBUTED.md.
+    def _epoch_now(self) -> bytes:
+        """The collection epoch (layout.EPOCH) now: b"" before any collection (or any store)."""
+        try:
+            return self._b.get(layout.EPOCH, 64)
+        except MissingFileError:
+            return b""
+
+    def _put_record(self, tag: str, header: bytes, blobs: list[bytes], epoch: bytes) -> None:
+        """Write the record of ``tag``, whose file header ``header`` names ``blobs``: blobs that other
+        processes made durable with :meth:`_put` after this store's epoch was ``epoch``. If a
+        collection ran since (it may have deleted them before any record named them), each is looked
+        for first, and a missing one refuses the record."""
+        tag = layout.check_tag(tag)
+        with self._lock:
+            self._create()
+            with self._saving():  # (no collection runs from here until the record is written)
+                if self._epoch_now() != epoch:
+                    for raw in blobs:
+                        if not self._b.exists(layout.blob_path(raw)):
+                            raise IntegrityError(
+                                f"tag {tag!r}: blob {layout.show(raw)} that a rank wrote is gone: `gc` ran while "
+                                "the checkpoint was being saved, before its record could name it; save it again",
+                                expected=layout.show(raw))
+                record = api.dumps(layout.record_object(tag, header))
+                self._b.put(layout.tag_path(tag), [record], len(record))
+
+    def _blob_bytes(self, raw: bytes) -> np.ndarray:
+        """The decoded bytes of blob ``raw`` (delta bases first), checked against its digest."""
+        return self._decode(raw)
 
 
 _WORKERS: list[ThreadPoolExecutor] = []

@@ -1,0 +1,425 @@
+"""Sharded checkpoints kept in a :class:`tensorcanon.Store` (docs/DISTRIBUTED.md, "In a store").
+
+``tcd.save(state, tcd.StoreTag(store, "step100"))`` writes what ``tcd.save(state, dir)`` writes,
+without writing the same tensor twice: each rank stores its rank file's tensors as blobs of the
+store (content-addressed: a chunk saved again at the next step, or held by two ranks, is stored
+once, and compressed where that pays), and the coordinator then writes one record, last, as the
+directory save writes its index last. The record is an ordinary store tag (``store.tags()`` lists
+it, ``store verify`` checks every blob it names, ``store gc`` keeps them) whose object is::
+
+    {"blobs": [<one tensor per distinct blob, sorted by digest>],   # what gc keeps, verify checks
+     "format": "tensorcanon-dcp-checkpoint",
+     "index": <bytes: the index file the directory save writes>,
+     "layout": 1,
+     "ranks": [<bytes: rank r's file header (its first 8 + N bytes)>, ...]}
+
+Rank ``r``'s file is its header followed by the blobs its table names, in data order, byte for
+byte the file the directory save writes (:func:`export` writes that directory). Loading, verifying
+and consolidating read the checkpoint through those files: every function of tensorcanon.dcp
+that takes a checkpoint directory takes a :class:`StoreTag`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+from ..format import digest as _digest, dtypes
+from ..format.errors import FormatError, IntegrityError, MissingFileError, TensorCanonError, UsageError
+from ..format.limits import DEFAULT, Limits
+from ..format.tensorbytes import Stored
+from ..format.tree import items, tag_of
+from ..io import writer
+from ..io.source import Source
+from ..sharded import layout, read
+from ..sharded.errors import CheckpointNotFoundError
+from ..sharded.files import RankFile, SubtreeDecoder, with_context
+from ..store import Store
+
+FORMAT = "tensorcanon-dcp-checkpoint"
+LAYOUT = 1
+_KEYS = ["blobs", "format", "index", "layout", "ranks"]
+#: The digest algorithm of a checkpoint in a store: a store names its blobs by XXH3-128 digests.
+ALGORITHM = "xxh3-128"
+
+
+class StoreTag:
+    """A sharded checkpoint kept in a :class:`tensorcanon.Store` under ``tag``.
+
+    Pass it wherever tensorcanon.dcp takes a checkpoint directory: ``save``, ``async_save``,
+    ``load``, ``load_unsharded``, ``consolidate``, ``verify``, ``logical_digest``, ``Writer``,
+    ``Reader``. ``store`` is a ``Store`` or its root (a folder or URL; ``storage_options`` for fsspec).
+
+    Example::
+
+        store = tensorcanon.Store("ckpts")
+        digest = tcd.save(state, tcd.StoreTag(store, "step100"))   # every rank; tensors stored once
+        tcd.load(state, tcd.StoreTag(store, "step100"))            # any world size
+    """
+
+    def __init__(self, store: Store | str | os.PathLike[str], tag: str, *, storage_options: Any = None) -> None:
+        if isinstance(store, Store):
+            if storage_options is not None:
+                raise UsageError("StoreTag: storage_options go to the Store (tensorcanon.Store(root, "
+                                 "storage_options)), not with a Store object")
+            self.store = store
+        elif isinstance(store, (str, os.PathLike)):
+            self.store = Store(store, storage_options)
+        else:
+            raise UsageError(f"StoreTag: expected a tensorcanon.Store or a store's root (a folder or URL), "
+                             f"not {type(store).__name__}")
+        if type(tag) is not str:
+            raise UsageError(f"StoreTag: the tag must be a str, not {type(tag).__name__}")
+        from ..store import layout as store_layout
+
+        self.tag = store_layout.check_tag(tag)
+
+    def __repr__(self) -> str:
+        return f"tensorcanon.dcp.StoreTag({self.store.root!r}, {self.tag!r})"
+
+    def __str__(self) -> str:
+        return f"tag {self.tag!r} of the store {self.store.root!r}"
+
+    def __reduce__(self) -> Any:
+        raise UsageError("a StoreTag cannot be sent to another process (its Store holds open state): "
+                         "use async_save's thread executor with a store")
+
+    def exists(self) -> bool:
+        return self.tag in self.store.tags()
+
+
+def refuse_options(target: StoreTag, storage_options: Any, call: str) -> None:
+    if storage_options is not None:
+        raise UsageError(f"{call}: storage_options go to the Store of a StoreTag "
+                         "(tensorcanon.Store(root, storage_options)), not to this call")
+
+
+# ---------------------------------------------------------------------------- saving
+
+
+@dataclass
+class RankWrite:
+    """What one rank wrote into the store: its rank file's digest and header, and its blobs."""
+
+    file_digest: str
+    header: bytes
+    chunk_digests: dict[str, bytes]                    # top-level key -> tensor digest
+    blobs: list[tuple[bytes, str, tuple[int, ...]]]    # (digest, dtype name, shape), tensors with bytes
+
+
+def write_rank(target: StoreTag, obj: dict, algorithm: str, limits: Limits) -> RankWrite:
+    """Store rank file ``obj``'s tensors as blobs (durable when this returns; no record)."""
+    if algorithm != ALGORITHM:
+        raise UsageError(f"a checkpoint in a store uses {ALGORITHM} digests (the store names its blobs by them), "
+                         f"not {algorithm}: save with algorithm={ALGORITHM!r}")
+    p = writer.plan(obj, None, limits, algorithm)
+    file_digest, header = target.store._put(p, None)
+    digests = {}
+    for key, node in items(p.root):  # a flat dict: key -> node
+        if type(node) is list and node and node[0] == "tensor":
+            digests[key] = p.tensors[node[1]].digest
+    blobs = [(s.digest, s.dtype.name, tuple(s.shape)) for s in p.ordered if s.nbytes]
+    return RankWrite(file_digest, header, digests, blobs)
+
+
+def chunk_bytes(target: StoreTag, raw: bytes) -> memoryview:
+    """The bytes of a chunk another rank stored (for the digest of a split tensor), checked."""
+    return target.store._blob_bytes(raw).data
+
+
+def commit(target: StoreTag, epoch: bytes, index: bytes, headers: list[bytes],
+           blobs: list[tuple[bytes, str, tuple[int, ...]]], limits: Limits = DEFAULT) -> None:
+    """Write the checkpoint's record (the coordinator, after every rank's blobs are durable)."""
+    distinct: dict[bytes, tuple[str, tuple[int, ...]]] = {}
+    for raw, dtype, shape in blobs:
+        distinct.setdefault(raw, (dtype, shape))
+    order = sorted(distinct)
+    placeholders = [Stored(dtypes.BY_NAME[distinct[raw][0]], distinct[raw][1], memoryview(b"")) for raw in order]
+    obj = {"blobs": placeholders, "format": FORMAT, "index": index, "layout": LAYOUT, "ranks": list(headers)}
+    p = writer.plan(obj, None, limits, ALGORITHM)
+    by_id = {id(v): raw for v, raw in zip(placeholders, order, strict=True)}
+    for s in p.tensors:
+        s.digest = by_id[id(s.value)]
+    header, _ = p.header()
+    target.store._put_record(target.tag, header, order, epoch)
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+@dataclass
+class Record:
+    index: bytes            # the index file
+    headers: list[bytes]    # each rank file's header, by rank
+    blobs: set[bytes]       # the blobs the record names (what gc keeps)
+
+
+def read_record(target: StoreTag, limits: Limits = DEFAULT) -> Record:
+    """The checkpoint's record, checked as a store tag and field by field."""
+    where = str(target)
+    try:
+        cm = target.store._tag_file(target.tag, limits, blobs=False)
+        with cm as cf:
+            cf.check_tree()
+            assert cf.manifest is not None  # (a store refuses a record that is not a tensorcanon file)
+            root = cf.manifest.root
+            pairs = list(items(root)) if tag_of(root) == "dict" else []
+            fields = dict(pairs) if all(type(k) is str for k, _ in pairs) else {}
+            if sorted(fields, key=str) != _KEYS:
+                raise FormatError(f"{where} is not a sharded checkpoint (saved with tensorcanon.dcp.save to a "
+                                  "StoreTag): read it with store.load")
+            rows = cf.rows
+            dec = SubtreeDecoder(len(rows), limits)
+
+            def no_tensor(i: int) -> Any:
+                raise FormatError(f"{where}: its record holds a tensor where a value is expected")
+
+            values = {k: dec.decode(fields[k], no_tensor) for k in ("format", "index", "layout", "ranks")}
+            blob_nodes = fields["blobs"]
+            named = {rows[i].digest for i in _tensor_indices(blob_nodes, where)}
+            blobs = {r.digest for r in rows if r.nbytes}
+    except MissingFileError as e:
+        raise CheckpointNotFoundError(f"{where} does not exist: {e}", filename=str(target)) from None
+    if values["format"] != FORMAT:
+        raise FormatError(f"{where} is not a sharded checkpoint: its record says format {values['format']!r}")
+    if values["layout"] != LAYOUT or type(values["layout"]) is not int:
+        raise FormatError(f"{where}: layout {values['layout']!r} is not supported (this tensorcanon reads layout "
+                          f"{LAYOUT}); upgrade tensorcanon to read it")
+    index, headers = values["index"], values["ranks"]
+    if type(index) is not bytes or type(headers) is not list or not headers or \
+            not all(type(h) is bytes for h in headers):
+        raise FormatError(f"{where}: its record's 'index' must be bytes and 'ranks' a non-empty list of bytes")
+    if len(headers) > layout.MAX_WORLD_SIZE:
+        raise FormatError(f"{where}: its record holds {len(headers)} ranks, more than {layout.MAX_WORLD_SIZE}")
+    if named != blobs:
+        raise FormatError(f"{where}: its record's 'blobs' must hold every tensor of the record")
+    return Record(index, headers, blobs)
+
+
+def _tensor_indices(node: Any, where: str) -> list[int]:
+    if tag_of(node) != "list":
+        raise FormatError(f"{where}: its record's 'blobs' must be a list of tensors")
+    out = []
+    for n in node[1:]:
+        if tag_of(n) != "tensor" or len(n) != 2 or type(n[1]) is not int:
+            raise FormatError(f"{where}: its record's 'blobs' must be a list of tensors")
+        out.append(n[1])
+    return out
+
+
+def export(target: StoreTag, folder: str | os.PathLike[str], *, limits: Limits = DEFAULT) -> str:
+    """Write the checkpoint as the directory ``tcd.save(state, folder)`` writes, byte for byte: each
+    rank file from its header and its blobs (every blob checked against its digest on the way), the
+    index last. Returns the logical digest. The folder must not hold a checkpoint already."""
+    folder = os.fspath(folder)
+    if layout.is_remote(folder):
+        raise UsageError(f"export writes a local directory, not {folder!r}: export, then copy it")
+    if os.path.exists(layout.index_path(folder)):
+        raise FormatError(f"{folder!r} already holds a checkpoint (its {layout.INDEX_NAME}): export into a new "
+                          "or empty directory")
+    record = read_record(target, limits)
+    os.makedirs(folder, exist_ok=True)
+    world = len(record.headers)
+    for rank in range(world):
+        _export_rank(target, record, rank, folder, limits)
+    writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
+    return layout.read(folder, limits).logical_digest
+
+
+def _export_rank(target: StoreTag, record: Record, rank: int, folder: str, limits: Limits) -> None:
+    world = len(record.headers)
+    what = f"{target}: rank {rank}'s file"
+    store = target.store
+    with store._header_file(record.headers[rank], f"{target.tag} (rank {rank} of {world})", limits) as cf:
+        cf.check_tree()
+        missing = {r.digest for r in cf.rows if r.nbytes} - record.blobs
+        if missing:
+            raise FormatError(f"{what} names blobs its record does not (gc would not keep them); the record "
+                              "is damaged")
+        file_digest = cf.digest or ""
+        if _digest.algorithm_of(file_digest) != ALGORITHM:
+            raise FormatError(f"{what} is not a {ALGORITHM} file")
+        vf = cast(Any, cf.src.f)  # (the store's file object: the header, then the blobs)
+        name = layout.rank_file_name(rank, world, file_digest)
+        try:
+            writer.replace_atomically(os.path.join(folder, name), lambda f, tmp: vf.write_to(f, cf))
+        except IntegrityError as e:
+            raise _name_damage(target, cf, e, what) from None
+
+
+def _name_damage(target: StoreTag, cf: Any, e: IntegrityError, what: str) -> TensorCanonError:
+    """``e`` (a blob that fails its digest), naming the chunk that uses it."""
+    store = target.store
+    for r in cf.rows:
+        if not r.nbytes:
+            continue
+        try:
+            store._blob_bytes(r.digest)
+        except TensorCanonError as found:
+            return IntegrityError(f"{what}: the chunk {r.name!r} (tensor {r.name.rpartition('@')[0]!r}) is "
+                                  f"damaged in the store: {found}", path=r.name)
+    return IntegrityError(f"{what}: {e}")
+
+
+@contextlib.contextmanager
+def materialized(target: StoreTag, limits: Limits = DEFAULT, *, index_only: bool = False) -> Iterator[str]:
+    """The checkpoint exported into a temporary directory (removed afterwards); ``index_only``:
+    only its index (enough for the logical digest)."""
+    folder = tempfile.mkdtemp(prefix="tensorcanon-dcp-")
+    try:
+        if index_only:
+            record = read_record(target, limits)
+            writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
+        else:
+            export(target, folder, limits=limits)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def materialize(target: StoreTag, limits: Limits = DEFAULT) -> str:
+    """The checkpoint exported into a new temporary directory (the caller removes it)."""
+    folder = tempfile.mkdtemp(prefix="tensorcanon-dcp-")
+    try:
+        export(target, folder, limits=limits)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
+def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
+    """The checkpoint's index (validated as any index) whose rank files are read from the store:
+    each opened when a reader first uses it, as its header (from the record) and the blobs its
+    table names, every chunk hashed against its digest when it is read (Index.opener)."""
+    record = read_record(target, limits)
+    with tempfile.TemporaryDirectory(prefix="tensorcanon-dcp-") as folder:
+        writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
+        try:
+            index = layout.read(folder, limits)
+        except TensorCanonError as e:
+            raise with_context(e, f"{target}: ") from None
+    index.folder = str(target)
+    world = index.world_size
+    if world != len(record.headers):
+        raise FormatError(f"{target}: its index names {world} rank files, its record holds "
+                          f"{len(record.headers)}; the record is damaged")
+
+    def opener(rank: int) -> RankFile:
+        what = f"{target}: rank {rank}'s file"
+        stack = contextlib.ExitStack()
+        try:
+            cf = stack.enter_context(target.store._header_file(record.headers[rank], f"{target.tag} (rank {rank} "
+                                                               f"of {world})", limits))
+            if {r.digest for r in cf.rows if r.nbytes} - record.blobs:
+                raise FormatError(f"{what} names blobs its record does not (gc would not keep them); the record "
+                                  "is damaged")
+        except BaseException:
+            stack.close()
+            raise
+        vf = cast(Any, cf.src.f)  # (the store's file object: read again from its start, as a rank file)
+        vf.seek(0)
+        return RankFile.over(Source(vf, name=cf.src.name), what, index.files[rank], limits, stack)
+
+    index.opener = opener
+    return index
+
+
+def index_bytes(p: writer.Plan) -> bytes:
+    """The bytes of an index file (what the directory save writes for plan ``p``)."""
+    buf = io.BytesIO()
+    writer.write(p, buf)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------- the one-process functions
+
+
+def _named(target: StoreTag, e: TensorCanonError, folder: str) -> TensorCanonError:
+    """``e`` from reading the exported copy in ``folder``, worded as about ``target``."""
+    return with_context(e, f"{target} (read through a temporary copy {folder}): ")
+
+
+def load_unsharded(checkpoint: Any, *, rank: int | None = None, map_location: Any = None,
+                   limits: Limits = DEFAULT, storage_options: Any = None) -> Any:
+    """The whole logical state of a checkpoint in one process (with ``rank=r``, also rank ``r``'s
+    per-rank values). ``checkpoint``: a directory (or directory URL, with ``storage_options``) or a
+    :class:`StoreTag`.
+
+    Example::
+
+        full = tensorcanon.dcp.load_unsharded("ckpt/step100")
+    """
+    if not isinstance(checkpoint, StoreTag):
+        return read.load_unsharded(checkpoint, rank=rank, map_location=map_location, limits=limits,
+                                   storage_options=storage_options)
+    refuse_options(checkpoint, storage_options, "load_unsharded")
+    with materialized(checkpoint, limits) as folder:
+        try:
+            return read.load_unsharded(folder, rank=rank, map_location=map_location, limits=limits)
+        except TensorCanonError as e:
+            raise _named(checkpoint, e, folder) from None
+
+
+def verify(checkpoint: Any, *, expect: str | None = None, limits: Limits = DEFAULT,
+           storage_options: Any = None) -> str:
+    """Check every byte of a checkpoint (a directory, a directory URL or a :class:`StoreTag`: there,
+    its record and every blob it names too) and return its logical digest.
+
+    Example::
+
+        tensorcanon.dcp.verify("ckpt/step100", expect=digest)
+    """
+    if not isinstance(checkpoint, StoreTag):
+        return read.verify(checkpoint, expect=expect, limits=limits, storage_options=storage_options)
+    refuse_options(checkpoint, storage_options, "verify")
+    with materialized(checkpoint, limits) as folder:
+        try:
+            return read.verify(folder, expect=expect, limits=limits)
+        except TensorCanonError as e:
+            raise _named(checkpoint, e, folder) from None
+
+
+def consolidate(checkpoint: Any, out: str | os.PathLike[str], *, limits: Limits = DEFAULT,
+                storage_options: Any = None) -> str:
+    """Write the checkpoint's logical state as one tensorcanon file (``tensorcanon.dumps`` of it,
+    byte for byte) and return its digest. ``checkpoint``: a directory, a directory URL or a
+    :class:`StoreTag` (``storage_options`` then reach ``out`` only).
+
+    Example::
+
+        tensorcanon.dcp.consolidate("ckpt/step100", "step100.safetensors")
+    """
+    if not isinstance(checkpoint, StoreTag):
+        return read.consolidate(checkpoint, out, limits=limits, storage_options=storage_options)
+    with materialized(checkpoint, limits) as folder:
+        try:
+            return read.consolidate(folder, out, limits=limits, storage_options=storage_options)
+        except TensorCanonError as e:
+            raise _named(checkpoint, e, folder) from None
+
+
+def logical_digest(checkpoint: Any, *, limits: Limits = DEFAULT, storage_options: Any = None) -> str:
+    """The checkpoint's logical digest, from its validated index, without reading tensor data.
+
+    Example::
+
+        tensorcanon.dcp.logical_digest("ckpt/step100")
+    """
+    if not isinstance(checkpoint, StoreTag):
+        return read.logical_digest(checkpoint, limits=limits, storage_options=storage_options)
+    refuse_options(checkpoint, storage_options, "logical_digest")
+    with materialized(checkpoint, limits, index_only=True) as folder:
+        try:
+            return read.logical_digest(folder, limits=limits)
+        except TensorCanonError as e:
+            raise _named(checkpoint, e, folder) from None
+
+
+__all__ = ["StoreTag", "export", "load_unsharded", "verify", "consolidate", "logical_digest"]
