@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ..format import digest as _digest, dtypes
+from ..format import dtypes
 from ..format.errors import FormatError, IntegrityError, MissingFileError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.tensorbytes import Stored
@@ -224,15 +224,15 @@ def export(target: StoreTag, folder: str | os.PathLike[str], *, limits: Limits =
         raise FormatError(f"{folder!r} already holds a checkpoint (its {layout.INDEX_NAME}): export into a new "
                           "or empty directory")
     record = read_record(target, limits)
+    index = checked_index(target, record, limits)   # (before anything is written)
     os.makedirs(folder, exist_ok=True)
-    world = len(record.headers)
-    for rank in range(world):
-        _export_rank(target, record, rank, folder, limits)
+    for rank in range(index.world_size):
+        _export_rank(target, record, rank, folder, index.files[rank], limits)
     writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
-    return layout.read(folder, limits).logical_digest
+    return index.logical_digest
 
 
-def _export_rank(target: StoreTag, record: Record, rank: int, folder: str, limits: Limits) -> None:
+def _export_rank(target: StoreTag, record: Record, rank: int, folder: str, expected: str, limits: Limits) -> None:
     world = len(record.headers)
     what = f"{target}: rank {rank}'s file"
     store = target.store
@@ -243,8 +243,9 @@ def _export_rank(target: StoreTag, record: Record, rank: int, folder: str, limit
             raise FormatError(f"{what} names blobs its record does not (gc would not keep them); the record "
                               "is damaged")
         file_digest = cf.digest or ""
-        if _digest.algorithm_of(file_digest) != ALGORITHM:
-            raise FormatError(f"{what} is not a {ALGORITHM} file")
+        if file_digest != expected:
+            raise IntegrityError(f"{what} has digest {file_digest}, but the index records {expected}: the record "
+                                 "is damaged", expected=expected, actual=file_digest)
         vf = cast(Any, cf.src.f)  # (the store's file object: the header, then the blobs)
         name = layout.rank_file_name(rank, world, file_digest)
         try:
@@ -268,16 +269,11 @@ def _name_damage(target: StoreTag, cf: Any, e: IntegrityError, what: str) -> Ten
 
 
 @contextlib.contextmanager
-def materialized(target: StoreTag, limits: Limits = DEFAULT, *, index_only: bool = False) -> Iterator[str]:
-    """The checkpoint exported into a temporary directory (removed afterwards); ``index_only``:
-    only its index (enough for the logical digest)."""
+def materialized(target: StoreTag, limits: Limits = DEFAULT) -> Iterator[str]:
+    """The checkpoint exported into a temporary directory (removed afterwards)."""
     folder = tempfile.mkdtemp(prefix="tensorcanon-dcp-")
     try:
-        if index_only:
-            record = read_record(target, limits)
-            writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
-        else:
-            export(target, folder, limits=limits)
+        export(target, folder, limits=limits)
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -294,22 +290,36 @@ def materialize(target: StoreTag, limits: Limits = DEFAULT) -> str:
     return folder
 
 
-def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
-    """The checkpoint's index (validated as any index) whose rank files are read from the store:
-    each opened when a reader first uses it, as its header (from the record) and the blobs its
-    table names, every chunk hashed against its digest when it is read (Index.opener)."""
-    record = read_record(target, limits)
+def checked_index(target: StoreTag, record: Record, limits: Limits = DEFAULT) -> layout.Index:
+    """The record's index, validated as any index (layout.read), naming as many rank files as the
+    record holds headers."""
     with tempfile.TemporaryDirectory(prefix="tensorcanon-dcp-") as folder:
         writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
         try:
             index = layout.read(folder, limits)
         except TensorCanonError as e:
-            raise with_context(e, f"{target}: ") from None
+            raise with_context(_replaced(e, layout.index_path(folder), "its index"), f"{target}: its index: ") \
+                from None
     index.folder = str(target)
+    if index.world_size != len(record.headers):
+        raise FormatError(f"{target}: its index names {index.world_size} rank files, its record holds "
+                          f"{len(record.headers)} headers; the record is damaged")
+    return index
+
+
+def _replaced(e: TensorCanonError, old: str, new: str) -> TensorCanonError:
+    """``e`` with ``old`` (a temporary path) replaced by ``new`` in its message."""
+    rebuild, (cls, _, state) = e.__reduce__()
+    return rebuild(cls, (str(e).replace(f"index {old}: ", "").replace(old, new),), state)
+
+
+def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
+    """The checkpoint's index (validated as any index) whose rank files are read from the store:
+    each opened when a reader first uses it, as its header (from the record) and the blobs its
+    table names, every chunk hashed against its digest when it is read (Index.opener)."""
+    record = read_record(target, limits)
+    index = checked_index(target, record, limits)
     world = index.world_size
-    if world != len(record.headers):
-        raise FormatError(f"{target}: its index names {world} rank files, its record holds "
-                          f"{len(record.headers)}; the record is damaged")
 
     def opener(rank: int) -> RankFile:
         what = f"{target}: rank {rank}'s file"
@@ -415,11 +425,7 @@ def logical_digest(checkpoint: Any, *, limits: Limits = DEFAULT, storage_options
     if not isinstance(checkpoint, StoreTag):
         return read.logical_digest(checkpoint, limits=limits, storage_options=storage_options)
     refuse_options(checkpoint, storage_options, "logical_digest")
-    with materialized(checkpoint, limits, index_only=True) as folder:
-        try:
-            return read.logical_digest(folder, limits=limits)
-        except TensorCanonError as e:
-            raise _named(checkpoint, e, folder) from None
+    return checked_index(checkpoint, read_record(checkpoint, limits), limits).logical_digest
 
 
 __all__ = ["StoreTag", "export", "load_unsharded", "verify", "consolidate", "logical_digest"]

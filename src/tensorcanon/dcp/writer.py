@@ -441,12 +441,12 @@ def run_hash_tasks(folder: str, job: RankJob, planner: SavePlanner, own: dict, d
             src = by_name[task.name]
             itemsize = src.dtype.itemsize
             views = []
-            for rank, offsets, _ in task.chunks:
+            for rank, offsets, sizes in task.chunks:
                 if rank == job.rank:
                     views.append(tensorbytes.host_bytes(own[(task.name, offsets)], "tensor"))
                     continue
-                if fetch is not None:
-                    views.append(fetch(rank, layout.chunk_key(task.name, offsets)))
+                if fetch is not None:  # (a chunk without bytes has no blob)
+                    views.append(fetch(rank, layout.chunk_key(task.name, offsets)) if all(sizes) else memoryview(b""))
                     continue
                 f = opened.get(rank)
                 if f is None:
