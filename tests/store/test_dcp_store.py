@@ -234,7 +234,7 @@ def test_refusals(tmp_path):
     with pytest.raises(tc.UsageError, match="thread"):
         tcd.async_save({"w": torch.ones(2)}, tcd.StoreTag(store, "t"), executor="process")
     assert tcd.save({"w": torch.ones(2)}, tcd.StoreTag(store, "t")) == tc.fingerprint({"w": torch.ones(2)})
-    with pytest.raises(tcd.CheckpointExistsError):
+    with pytest.raises(tcd.CheckpointExistsError, match="already holds the tag 't'"):
         tcd.save({"w": torch.zeros(2)}, tcd.StoreTag(store, "t"), overwrite=False)
     testing.assert_identical(tcd.load_unsharded(tcd.StoreTag(store, "t")), {"w": torch.ones(2)})
     os.makedirs(tmp_path / "full")
@@ -274,3 +274,27 @@ def test_dcp_directly(tmp_path):
         testing.assert_identical(dict(model), dict(logical_state()["model"]))   # (DCP's planner: no _metadata)
         testing.assert_identical(again, logical_state()["model"])
     assert tcd.verify(tcd.StoreTag(tc.Store(root), "direct")) == logical_digest()
+
+
+def test_a_collection_between_the_ranks_blobs_and_the_record_refuses_the_record(tmp_path, monkeypatch):
+    """gc may run after the ranks stored their blobs and before the coordinator's record names
+    them (no marker is held in between): the coordinator then looks for every blob, and refuses a
+    record that would name a deleted one (docs/DISTRIBUTED.md, "In a store")."""
+    root = str(tmp_path / "store")
+    real = dcp_store.commit
+
+    def collected_first(*args, **kw):
+        tc.Store(root).gc()                                    # deletes the blobs no tag names yet
+        return real(*args, **kw)
+
+    monkeypatch.setattr(dcp_store, "commit", collected_first)
+    errors = raised(2, lambda r: tcd.save(sharded_state(2, r), tcd.StoreTag(tc.Store(root), "s")))
+    assert all(isinstance(e, tc.IntegrityError) and "gc" in str(e) for e in errors), errors
+    assert tc.Store(root).tags() == []
+    # the same, when an earlier tag keeps every blob: the record is written, and whole
+    monkeypatch.setattr(dcp_store, "commit", real)
+    run_ranks(2, lambda r: tcd.save(sharded_state(2, r), tcd.StoreTag(tc.Store(root), "first")))
+    monkeypatch.setattr(dcp_store, "commit", collected_first)
+    run_ranks(2, lambda r: tcd.save(sharded_state(2, r), tcd.StoreTag(tc.Store(root), "second")))
+    assert tc.Store(root).tags() == ["first", "second"]
+    assert tcd.verify(tcd.StoreTag(tc.Store(root), "second")) == logical_digest()

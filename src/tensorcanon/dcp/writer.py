@@ -210,6 +210,11 @@ class Writer(StorageWriter):
         else:
             exists = not self.overwrite and (os.path.exists(layout.index_path(self.path)) if self.options is None
                                              else layout.is_checkpoint(self.path, self.options))
+        if exists and self.target is not None:
+            raise CheckpointExistsError(
+                f"the store {self.target.store.root!r} already holds the tag {self.target.tag!r} and overwrite=False: "
+                "save under another tag, delete that one first (store.delete), or pass overwrite=True (the new "
+                "checkpoint then replaces it: old or new, never a mix)", filename=self.path, errno=errno.EEXIST)
         if exists:
             raise CheckpointExistsError(
                 f"{storage.redact(self.path)} already holds a checkpoint (its {layout.INDEX_NAME}) and "
