@@ -279,17 +279,6 @@ def materialized(target: StoreTag, limits: Limits = DEFAULT) -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def materialize(target: StoreTag, limits: Limits = DEFAULT) -> str:
-    """The checkpoint exported into a new temporary directory (the caller removes it)."""
-    folder = tempfile.mkdtemp(prefix="tensorcanon-dcp-")
-    try:
-        export(target, folder, limits=limits)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    return folder
-
-
 def checked_index(target: StoreTag, record: Record, limits: Limits = DEFAULT) -> layout.Index:
     """The record's index, validated as any index (layout.read), naming as many rank files as the
     record holds headers."""
