@@ -183,6 +183,22 @@ def test_a_flipped_byte_is_found_and_named(tmp_path):
     assert all(isinstance(e, tc.IntegrityError) and "model.layer.weight" in str(e) for e in raised(2, load))
 
 
+def test_a_damaged_compressed_blob_is_named_by_its_chunk(tmp_path):
+    root = tmp_path / "store"
+    tcd.save({"zeros": torch.zeros(4096), "noise": torch.randn(100)}, tcd.StoreTag(tc.Store(root), "t"))
+    magic = b"\x28\xb5\x2f\xfd"                              # a zstd frame: the zeros' blob (noise stays raw)
+    hits = [p for p in sorted(root.rglob("*")) if p.is_file() and "tags" not in p.parts and magic in p.read_bytes()]
+    assert len(hits) == 1
+    data = bytearray(hits[0].read_bytes())
+    data[data.find(magic) + 8] ^= 0xFF
+    hits[0].write_bytes(bytes(data))
+    target = tcd.StoreTag(tc.Store(root), "t")
+    for call in (lambda: tcd.verify(target), lambda: tcd.load_unsharded(target),
+                 lambda: tcd.export(target, tmp_path / "out"), lambda: tcd.consolidate(target, tmp_path / "one")):
+        with pytest.raises(tc.TensorCanonError, match=r"chunk 'zeros@0' \(tensor 'zeros'\)"):
+            call()
+
+
 def test_no_tag_until_every_rank_is_done_and_gc_takes_the_orphans(tmp_path, monkeypatch):
     root = str(tmp_path / "store")
     real = dcp_store.write_rank

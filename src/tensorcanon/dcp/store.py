@@ -24,9 +24,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import shutil
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -250,12 +248,12 @@ def _export_rank(target: StoreTag, record: Record, rank: int, folder: str, expec
         name = layout.rank_file_name(rank, world, file_digest)
         try:
             writer.replace_atomically(os.path.join(folder, name), lambda f, tmp: vf.write_to(f, cf))
-        except IntegrityError as e:
+        except (IntegrityError, FormatError) as e:
             raise _name_damage(target, cf, e, what) from None
 
 
-def _name_damage(target: StoreTag, cf: Any, e: IntegrityError, what: str) -> TensorCanonError:
-    """``e`` (a blob that fails its digest), naming the chunk that uses it."""
+def _name_damage(target: StoreTag, cf: Any, e: TensorCanonError, what: str) -> TensorCanonError:
+    """``e`` (a blob that fails its digest, or cannot be decoded), naming the chunk that uses it."""
     store = target.store
     for r in cf.rows:
         if not r.nbytes:
@@ -263,20 +261,25 @@ def _name_damage(target: StoreTag, cf: Any, e: IntegrityError, what: str) -> Ten
         try:
             store._blob_bytes(r.digest)
         except TensorCanonError as found:
-            return IntegrityError(f"{what}: the chunk {r.name!r} (tensor {r.name.rpartition('@')[0]!r}) is "
-                                  f"damaged in the store: {found}", path=r.name)
-    return IntegrityError(f"{what}: {e}")
+            return with_context(found, f"{what}: {_chunk(r.name)} is damaged in the store: ")
+    return with_context(e, f"{what}: ")
 
 
-@contextlib.contextmanager
-def materialized(target: StoreTag, limits: Limits = DEFAULT) -> Iterator[str]:
-    """The checkpoint exported into a temporary directory (removed afterwards)."""
-    folder = tempfile.mkdtemp(prefix="tensorcanon-dcp-")
-    try:
-        export(target, folder, limits=limits)
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def _chunk(key: str) -> str:
+    """Words for a rank file's key: a chunk (``name@offsets``) or a per-rank value's tensor."""
+    name, _, offsets = key.rpartition("@")
+    return f"the chunk {key!r} (tensor {name!r})" if name and offsets != "rank" else f"the tensor {key!r}"
+
+
+class _StoreRankFile(RankFile):
+    """A rank file whose data are a store's blobs: a blob that cannot be read or decoded names the
+    chunk it holds (a blob's own errors name only the blob)."""
+
+    def raw(self, info: Any) -> memoryview:
+        try:
+            return super().raw(info)
+        except (IntegrityError, FormatError) as e:
+            raise with_context(e, f"{self.path}: {_chunk(info.name)}: ") from None
 
 
 def checked_index(target: StoreTag, record: Record, limits: Limits = DEFAULT) -> layout.Index:
@@ -324,7 +327,7 @@ def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
             raise
         vf = cast(Any, cf.src.f)  # (the store's file object: read again from its start, as a rank file)
         vf.seek(0)
-        return RankFile.over(Source(vf, name=cf.src.name), what, index.files[rank], limits, stack)
+        return _StoreRankFile.over(Source(vf, name=cf.src.name), what, index.files[rank], limits, stack)
 
     index.opener = opener
     return index
@@ -338,11 +341,6 @@ def index_bytes(p: writer.Plan) -> bytes:
 
 
 # ---------------------------------------------------------------------------- the one-process functions
-
-
-def _named(target: StoreTag, e: TensorCanonError, folder: str) -> TensorCanonError:
-    """``e`` from reading the exported copy in ``folder``, worded as about ``target``."""
-    return with_context(e, f"{target} (read through a temporary copy {folder}): ")
 
 
 def load_unsharded(checkpoint: Any, *, rank: int | None = None, map_location: Any = None,
@@ -359,11 +357,7 @@ def load_unsharded(checkpoint: Any, *, rank: int | None = None, map_location: An
         return read.load_unsharded(checkpoint, rank=rank, map_location=map_location, limits=limits,
                                    storage_options=storage_options)
     refuse_options(checkpoint, storage_options, "load_unsharded")
-    with materialized(checkpoint, limits) as folder:
-        try:
-            return read.load_unsharded(folder, rank=rank, map_location=map_location, limits=limits)
-        except TensorCanonError as e:
-            raise _named(checkpoint, e, folder) from None
+    return read.load_unsharded(store_index(checkpoint, limits), rank=rank, map_location=map_location, limits=limits)
 
 
 def verify(checkpoint: Any, *, expect: str | None = None, limits: Limits = DEFAULT,
@@ -378,11 +372,7 @@ def verify(checkpoint: Any, *, expect: str | None = None, limits: Limits = DEFAU
     if not isinstance(checkpoint, StoreTag):
         return read.verify(checkpoint, expect=expect, limits=limits, storage_options=storage_options)
     refuse_options(checkpoint, storage_options, "verify")
-    with materialized(checkpoint, limits) as folder:
-        try:
-            return read.verify(folder, expect=expect, limits=limits)
-        except TensorCanonError as e:
-            raise _named(checkpoint, e, folder) from None
+    return read.verify(store_index(checkpoint, limits), expect=expect, limits=limits)
 
 
 def consolidate(checkpoint: Any, out: str | os.PathLike[str], *, limits: Limits = DEFAULT,
@@ -397,11 +387,7 @@ def consolidate(checkpoint: Any, out: str | os.PathLike[str], *, limits: Limits 
     """
     if not isinstance(checkpoint, StoreTag):
         return read.consolidate(checkpoint, out, limits=limits, storage_options=storage_options)
-    with materialized(checkpoint, limits) as folder:
-        try:
-            return read.consolidate(folder, out, limits=limits, storage_options=storage_options)
-        except TensorCanonError as e:
-            raise _named(checkpoint, e, folder) from None
+    return read.consolidate(store_index(checkpoint, limits), out, limits=limits, storage_options=storage_options)
 
 
 def logical_digest(checkpoint: Any, *, limits: Limits = DEFAULT, storage_options: Any = None) -> str:

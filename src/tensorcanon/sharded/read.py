@@ -200,6 +200,8 @@ def read_tensor(index: layout.Index, files: RankFiles, t: int, map_location: Any
 
 
 def _open(folder: Any, limits: Limits, storage_options: Any = None) -> layout.Index:
+    if isinstance(folder, layout.Index):  # read already (a checkpoint in a store: tensorcanon.dcp.StoreTag)
+        return folder
     return layout.read(folder, limits, storage_options)
 
 
@@ -208,7 +210,7 @@ def logical_digest(folder: str | os.PathLike, *, limits: Limits = DEFAULT, stora
     return _open(folder, limits, storage_options).logical_digest
 
 
-def load_unsharded(folder: str | os.PathLike, *, rank: int | None = None, map_location: Any = None,
+def load_unsharded(folder: str | os.PathLike | layout.Index, *, rank: int | None = None, map_location: Any = None,
                    limits: Limits = DEFAULT, storage_options: Any = None) -> Any:
     """The whole state of a checkpoint in one process: full tensors, original containers, verified.
 
@@ -252,7 +254,7 @@ def _insert(root: Any, path: tuple, value: Any) -> None:
     parent[path[-1]] = value
 
 
-def verify(folder: str | os.PathLike, *, expect: str | None = None, limits: Limits = DEFAULT,
+def verify(folder: str | os.PathLike | layout.Index, *, expect: str | None = None, limits: Limits = DEFAULT,
            storage_options: Any = None) -> str:
     """Check every byte of a checkpoint and return its logical digest.
 
@@ -356,7 +358,7 @@ def _refuse_own_object(index: layout.Index, out: str | os.PathLike, options: Any
             storage.refuse_shadowing(store, path)
 
 
-def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Limits = DEFAULT,
+def consolidate(folder: str | os.PathLike | layout.Index, out: str | os.PathLike, *, limits: Limits = DEFAULT,
                 storage_options: Any = None) -> str:
     """Write the checkpoint as one ordinary tensorcanon file; return its digest (the logical digest).
 
@@ -368,7 +370,7 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike, *, limits: Li
     one object, which appears only complete (docs/STORAGE.md).
     """
     out_url = storage.is_url(os.fspath(out)) and storage.local_path(os.fspath(out)) is None
-    if not out_url and not layout.is_remote(folder):
+    if not out_url and not layout.is_remote(folder) and not isinstance(folder, layout.Index):
         _refuse_own_file(os.fspath(folder), storage.local_path(os.fspath(out)) or os.fspath(out))
     index = _open(folder, limits, storage_options if layout.is_remote(folder) or not out_url else None)
     _refuse_own_object(index, out, storage_options)
