@@ -272,14 +272,28 @@ def _chunk(key: str) -> str:
 
 
 class _StoreRankFile(RankFile):
-    """A rank file whose data are a store's blobs: a blob that cannot be read or decoded names the
+    """A rank file whose data are a store's blobs: they are looked up (each blob's header read and
+    checked against its row) when data is first read, not when the file is opened (a load opens
+    every rank file to bound sizes, and reads few); a blob that cannot be read or decoded names the
     chunk it holds (a blob's own errors name only the blob)."""
+
+    _blobs: Any = None  # the store's file object, until its blobs are looked up
+
+    def _attach(self) -> None:
+        if self._blobs is not None:
+            vf, self._blobs = self._blobs, None
+            vf.attach(self.rows)
 
     def raw(self, info: Any) -> memoryview:
         try:
+            self._attach()
             return super().raw(info)
         except (IntegrityError, FormatError) as e:
             raise with_context(e, f"{self.path}: {_chunk(info.name)}: ") from None
+
+    def read(self, *args: Any, **kwargs: Any) -> Any:
+        self._attach()
+        return super().read(*args, **kwargs)
 
 
 def checked_index(target: StoreTag, record: Record, limits: Limits = DEFAULT) -> layout.Index:
@@ -318,7 +332,7 @@ def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
         stack = contextlib.ExitStack()
         try:
             cf = stack.enter_context(target.store._header_file(record.headers[rank], f"{target.tag} (rank {rank} "
-                                                               f"of {world})", limits))
+                                                               f"of {world})", limits, blobs=False))
             if {r.digest for r in cf.rows if r.nbytes} - record.blobs:
                 raise FormatError(f"{what} names blobs its record does not (gc would not keep them); the record "
                                   "is damaged")
@@ -327,7 +341,9 @@ def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
             raise
         vf = cast(Any, cf.src.f)  # (the store's file object: read again from its start, as a rank file)
         vf.seek(0)
-        return _StoreRankFile.over(Source(vf, name=cf.src.name), what, index.files[rank], limits, stack)
+        f = _StoreRankFile.over(Source(vf, name=cf.src.name), what, index.files[rank], limits, stack)
+        f._blobs = vf
+        return f
 
     index.opener = opener
     return index
