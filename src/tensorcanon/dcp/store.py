@@ -341,7 +341,8 @@ def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
             raise
         vf = cast(Any, cf.src.f)  # (the store's file object: read again from its start, as a rank file)
         vf.seek(0)
-        f = _StoreRankFile.over(Source(vf, name=cf.src.name), what, index.files[rank], limits, stack)
+        f = cast(_StoreRankFile, _StoreRankFile.over(Source(vf, name=cf.src.name), what, index.files[rank], limits,
+                                                    stack))
         f._blobs = vf
         return f
 
