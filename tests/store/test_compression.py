@@ -13,9 +13,9 @@ def codec_of(root, t):
 
     h = digest.tensor_hasher(str(t.dtype).removeprefix("torch."), tuple(t.shape))
     h.update(t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype.itemsize else b"")
-    path = root / layout.blob_path(h.digest())
-    head = path.read_bytes()[: layout.HEAD]
-    return layout.parse_header(head, path.stat().st_size, str(path))
+    blob, header = tc.Store(root)._open_blob(h.digest())  # (loose, or in a pack)
+    blob.close()
+    return header
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int16,

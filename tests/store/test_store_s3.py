@@ -44,6 +44,7 @@ def test_a_store_in_s3(s3, tmp_path):
     assert set(fresh.verify()) == {"step-0", "step-1", "step-2"}
     stats = fresh.stats()
     assert stats["codecs"].get("delta", 0) >= 1 and stats["stored_bytes"] < 0.7 * stats["logical_bytes"]
+    assert stats["packs"] == 3 and stats["loose_blobs"] == 0  # one object per save (the frozen tensor: once)
     assert fresh.export("step-2", tmp_path / "o.safetensors") == tc.fingerprint(states[2])
     assert (tmp_path / "o.safetensors").read_bytes() == tc.dumps(states[2])
     fresh.delete("step-0")
@@ -56,11 +57,11 @@ def test_a_store_that_stalls_fails_within_the_deadline_naming_the_object(s3):
     direct, proxied, proxy, base = s3
     url = f"{base}/store"
     tc.Store(url, storage_options=direct).save("t", drifting(1)[0])
-    proxy.fault = lambda method, path, query: "hold" if method == "GET" and "/blobs/" in path else None
+    proxy.fault = lambda method, path, query: "hold" if method == "GET" and "/packs/" in path else None
     start = time.monotonic()
     with pytest.raises(tc.FileAccessError) as e:
         tc.Store(url, storage_options=dict(proxied, config_kwargs=FAST_FAIL, tensorcanon_deadline=3)).load("t")
     assert time.monotonic() - start < 60
-    assert "blobs/" in str(e.value) and SECRET not in str(e.value)
+    assert "packs/" in str(e.value) and SECRET not in str(e.value)
     proxy.reset()
     assert tc.Store(url, storage_options=direct).verify("t") == tc.fingerprint(drifting(1)[0])
