@@ -50,6 +50,15 @@ def _sync_pool() -> Any:
     return _SYNC[0]
 
 
+def _finished() -> Any:
+    """A future already done: a step of :meth:`Local.settle` with nothing left to wait for."""
+    from concurrent.futures import Future
+
+    f: Future[None] = Future()
+    f.set_result(None)
+    return f
+
+
 def _fsync_close(fd: int) -> None:
     try:
         os.fsync(fd)
@@ -239,7 +248,8 @@ class Local:
 
     def settle(self, later: list) -> None:
         """Wait for the fsyncs :meth:`put` started (``later``), then fsync every folder naming those
-        files: the objects are then durable."""
+        files (and every folder added to ``later`` by :meth:`LocalAppender.finish` or
+        :meth:`root_later`), at once: the objects are then durable."""
         folders = set()
         first: BaseException | None = None
         for job, folder, rel in later:
@@ -253,6 +263,10 @@ class Local:
         pool = _sync_pool()
         for f in [pool.submit(self.sync_dir, d) for d in sorted(folders)]:
             f.result()
+
+    def root_later(self, later: list) -> None:
+        """Have :meth:`settle` fsync the root folder too (where the marker and the folders are named)."""
+        later.append((_finished(), self.root, layout.MARKER))
 
     def sync_dir(self, folder: str) -> None:
         try:
@@ -350,6 +364,9 @@ class Remote:
 
     def settle(self, later: list) -> None:
         return None  # (nothing is started later: every PUT is durable when it returns)
+
+    def root_later(self, later: list) -> None:
+        return None
 
     def appender(self) -> RemoteAppender:
         """A new object gathered piece by piece, and PUT (or uploaded in parts) under its name when finished."""
@@ -457,7 +474,9 @@ class LocalAppender:
         self._flush()
         self._synced = _sync_pool().submit(os.fsync, self._fd)
 
-    def finish(self, rel: str) -> None:
+    def finish(self, rel: str, later: list | None = None) -> None:
+        """Fsync, rename to ``rel``, fsync its folder (``later``: the folder is added to ``later``
+        instead, for :meth:`Local.settle` to fsync with the others)."""
         b = self._b
         target = b.path(rel)
         try:
@@ -481,7 +500,10 @@ class LocalAppender:
             if isinstance(e, OSError) and not isinstance(e, TensorCanonError):
                 raise b._error(e, "write", rel) from None
             raise
-        b.sync_dir(os.path.dirname(target))
+        if later is not None:
+            later.append((_finished(), os.path.dirname(target), rel))
+        else:
+            b.sync_dir(os.path.dirname(target))
 
     def abort(self) -> None:
         synced, self._synced = self._synced, None
@@ -514,7 +536,7 @@ class RemoteAppender:
     def start_sync(self) -> None:
         return None  # (a PUT is durable when it returns)
 
-    def finish(self, rel: str) -> None:
+    def finish(self, rel: str, later: list | None = None) -> None:
         pieces, self._pieces = self._pieces, []
         self._b.put(rel, pieces, self._size)
 

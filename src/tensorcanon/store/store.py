@@ -119,6 +119,7 @@ class Store:
         self._where: dict[bytes, tuple[str, int, int]] = {}
         self._pack_lock = threading.Lock()
         self._listed = False                     # packs/ listed at least once
+        self._root_synced = False                # the root folder fsynced by a save of this object
         self._loose: set[bytes] | None = None    # object storage: the loose blobs listed during this save
 
     def __repr__(self) -> str:
@@ -152,7 +153,8 @@ class Store:
                           f"{' or '.join(map(str, layout.LAYOUTS))} (the layouts this tensorcanon reads; a newer "
                           "tensorcanon may read it)")
 
-    def _create(self) -> None:
+    def _create(self, later: list) -> None:
+        """Check the store's root, or make it a store (its marker's fsync added to ``later``)."""
         if self._ready:
             return
         if self._b.root_exists() and self._b.exists(layout.MARKER):
@@ -164,7 +166,7 @@ class Store:
                 raise UsageError(f"{self._b.display()!r} is a folder that is not empty and not a tensorcanon "
                                  "store: give a new or empty folder as a store's root")
             self._b.ensure()
-            self._b.put(layout.MARKER, [layout.MARKER_TEXT], len(layout.MARKER_TEXT))
+            self._b.put(layout.MARKER, [layout.MARKER_TEXT], len(layout.MARKER_TEXT), durable=False, later=later)
             self._layout = layout.LAYOUT
         self._b.ensure()
         self._ready = True
@@ -583,7 +585,8 @@ class Store:
         p = writer.plan(obj, metadata)
         writer.refuse_skip_data(p, "Store.save")
         with self._lock:
-            self._create()
+            later: list[Any] = []  # the fsyncs under way: loose blobs, a new marker; folders to fsync
+            self._create(later)
             with self._saving() as refresh:
                 self._since_gc()
                 self._refresh_packs()
@@ -597,7 +600,6 @@ class Store:
                 # thread appends the small ones to the save's pack in the order of the tensors.
                 order: collections.deque[tuple[bytes, Future[Any]]] = collections.deque()
                 queued: set[bytes] = set()
-                later: list[Any] = []  # the loose blobs' fsyncs under way
                 done: list[tuple[bytes, int, np.ndarray | None]] = []
                 packed: list[tuple[str, layout.PackIndex]] = []
                 pack: list[_PackBuilder] = []
@@ -661,10 +663,13 @@ class Store:
                     try:
                         out.write(record)
                         out.start_sync()  # (the record's fsync and the pack's run at once)
-                        if pack:  # the pack renamed and its folder fsynced before the record is renamed
-                            packed.append(pack.pop().finish())
-                        self._b.settle(later)  # every blob durable before the record that names them
+                        if pack:  # (renamed; its folder fsynced by settle, with the others)
+                            packed.append(pack.pop().finish(later))
+                        if not self._root_synced:  # (the marker's and the folders' names, once per object)
+                            self._b.root_later(later)
+                        self._b.settle(later)  # every pack and blob durable before the record that names them
                         out.finish(layout.tag_path(tag))
+                        self._root_synced = True
                     except BaseException:
                         out.abort()
                         raise
@@ -1117,14 +1122,15 @@ class _PackBuilder:
         self._put(layout.pack_tail(self.entries, self._index_at))
         self._out.start_sync()
 
-    def finish(self) -> tuple[str, layout.PackIndex]:
-        """Make the pack durable under its name (sealed first, if it was not); its name and index."""
+    def finish(self, later: list | None = None) -> tuple[str, layout.PackIndex]:
+        """Make the pack durable under its name (sealed first, if it was not); its name and index.
+        ``later``: its folder's fsync is left to ``Local.settle`` (with the other folders')."""
         if not hasattr(self, "_index_at"):
             self.seal()
         rel = layout.pack_path(self._h.digest())
         try:
             self._s._upgrade()  # (a layout-1 store: its marker says layout 2 before it holds a pack)
-            self._out.finish(rel)
+            self._out.finish(rel, later)
         except BaseException:
             self._out.abort()
             raise
