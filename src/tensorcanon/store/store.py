@@ -787,7 +787,7 @@ class Store:
                                   f"{len(layout.PACK_HEADER) - len(layout.PACK_MAGIC)} zero bytes)")
         finally:
             blob.close()
-        handles: dict[str, backend.Blob] = {}
+        handles: dict[str, backend.Blob] = {rel: self._b.blob(rel)}  # (opened once for all its blobs)
         try:
             for raw, (offset, length) in sorted(ix.entries.items(), key=lambda e: e[1]):
                 if raw in seen and self._where.get(raw) == (rel, offset, length):
