@@ -326,7 +326,9 @@ def test_the_command_line(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["store", "stats", str(root), "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
-    assert stats["tags"] == 2 and stats["stored_bytes"] > 0
+    assert stats["tags"] == 2 and stats["stored_bytes"] > 0 and stats["packs"] == 2 and stats["loose_blobs"] == 0
+    assert cli.main(["store", "stats", str(root)]) == 0
+    assert "packs          2  (" in capsys.readouterr().out
     store.delete("step-1")
     assert cli.main(["store", "gc", str(root), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["deleted_blobs"] >= 1
