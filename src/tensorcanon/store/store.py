@@ -173,7 +173,7 @@ class Store:
 
     def _upgrade(self) -> None:
         """Before the first pack goes into a store of layout 1: its marker rewritten (atomically) to
-        the layout that has packs, so that no reader of layout 1 only takes it for a store it reads."""
+        layout 2, so that a reader of layout 1 refuses the store instead of missing the packed blobs."""
         if self._layout is not None and self._layout < 2:
             self._b.put(layout.MARKER, [layout.MARKER_TEXT], len(layout.MARKER_TEXT))
             self._layout = layout.LAYOUT
