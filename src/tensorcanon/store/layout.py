@@ -110,8 +110,16 @@ def show(raw: bytes) -> str:
 # --------------------------------------------------------------------------- blobs
 
 MAGIC = b"tcstore" + bytes([BLOB_VERSION])
-RAW, ZSTD, GROUPED, DELTA = 0, 1, 2, 3
-CODECS = {RAW: "raw", ZSTD: "zstd", GROUPED: "grouped", DELTA: "delta"}
+# --- storecodec: codec 4, delta-sub (docs/STORE.md, "Blobs") ---
+RAW, ZSTD, GROUPED, DELTA, DELTA_SUB = 0, 1, 2, 3, 4
+CODECS = {RAW: "raw", ZSTD: "zstd", GROUPED: "grouped", DELTA: "delta", DELTA_SUB: "delta-sub"}
+#: The codecs whose blob is a delta against a base blob (a base digest, a depth of 1 or more).
+DELTAS = frozenset({DELTA, DELTA_SUB})
+#: The codecs whose payload is a plane table and planes.
+PLANED = frozenset({GROUPED, DELTA, DELTA_SUB})
+#: The element sizes a delta-sub blob may have (its elements are unsigned integers of that size).
+SUB_SIZES = frozenset({1, 2, 4, 8})
+# --- end storecodec ---
 STORED, PLANE_ZSTD = 0, 1
 #: The fixed part of a blob header: magic, codec, depth, prefix length, decoded size.
 _FIXED = struct.Struct("<8sBBHQ")
@@ -209,12 +217,15 @@ def parse_header(head: bytes, total: int, where: str) -> BlobHeader:
     if size != math.prod(shape) * row.itemsize:
         raise FormatError(f"{where}: its header claims {size} decoded bytes, but {prefix.decode()} holds "
                           f"{math.prod(shape) * row.itemsize}", offset=12)
-    is_delta = codec == DELTA
+    is_delta = codec in DELTAS  # (storecodec: delta or delta-sub)
     if is_delta != (depth > 0):
         raise FormatError(f"{where}: depth {depth} with codec {CODECS[codec]} (a delta blob has depth 1 to "
                           f"{MAX_DEPTH}, every other depth 0)", offset=9)
     if depth > MAX_DEPTH:
         raise FormatError(f"{where}: a delta chain of depth {depth}, more than {MAX_DEPTH}", offset=9)
+    if codec == DELTA_SUB and row.itemsize not in SUB_SIZES:  # (storecodec)
+        raise FormatError(f"{where}: a delta-sub blob of {prefix.decode()}, whose elements are "
+                          f"{row.itemsize} bytes (delta-sub takes 1, 2, 4 or 8)", offset=8)
     at = _FIXED.size + plen
     base = None
     if is_delta:
@@ -227,7 +238,7 @@ def parse_header(head: bytes, total: int, where: str) -> BlobHeader:
         raise FormatError(f"{where}: its header padding is not {pad} zero bytes", offset=at)
     at += pad
     planes: list[tuple[int, int, int]] = []
-    if codec in (GROUPED, DELTA):
+    if codec in PLANED:  # (storecodec: delta-sub too)
         k = row.itemsize
         table_end = at + k * _PLANE.size
         if table_end > len(head) or table_end > total:
