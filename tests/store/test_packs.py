@@ -345,3 +345,21 @@ def test_another_marker_is_refused(tmp_path, text):
     with pytest.raises(tc.FormatError, match="not a store of layout 1 or 2"):
         tc.Store(root).load("a")
     assert os.path.exists(root / "tags" / "a.safetensors")
+
+
+def test_gc_copies_no_blob_that_stays_elsewhere(tmp_path):
+    # A blob both in a pack being rewritten and in a pack kept whole is not copied a third time.
+    root = tmp_path / "s"
+    store = tc.Store(root)
+    shared = torch.randn(100)
+    store.save("mixed", {"shared": shared, "junk": torch.randn(20000)})
+    other = tc.Store(root)  # (another object: it has not seen mixed's pack, so writes shared again)
+    other._listed = True
+    other._refresh_packs = lambda: False  # its listing sees no pack
+    other.save("whole", {"shared": shared, "own": torch.randn(200)})
+    assert len(packs(root)) == 2
+    store.delete("mixed")
+    found = tc.Store(root).gc()
+    assert found["deleted_packs"] == 1 and found["written_packs"] == 0  # nothing left to copy
+    assert len(packs(root)) == 1 and len(read_pack(packs(root)[0])[2]) == 2
+    assert torch.equal(tc.Store(root).load("whole")["shared"], shared)

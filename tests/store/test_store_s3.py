@@ -65,3 +65,23 @@ def test_a_store_that_stalls_fails_within_the_deadline_naming_the_object(s3):
     assert "packs/" in str(e.value) and SECRET not in str(e.value)
     proxy.reset()
     assert tc.Store(url, storage_options=direct).verify("t") == tc.fingerprint(drifting(1)[0])
+
+
+def test_a_save_is_one_pack_put_and_a_load_reads_ranges_of_it(s3):
+    direct, proxied, proxy, base = s3
+    url = f"{base}/packs-store"
+    g = torch.Generator().manual_seed(1)
+    big = {f"w{i}": torch.randn(256, 1024, generator=g) for i in range(4)}  # a pack of 4 MiB
+    small = {f"a{i}": torch.randn(300, generator=g) for i in range(40)}
+    store = tc.Store(url, storage_options=proxied)
+    store.save("big", big)
+    proxy.reset()
+    store.save("small", small)
+    puts = [p for m, p, q in proxy.requests if m == "PUT"]
+    assert len([p for p in puts if "/packs/" in p]) == 1 and not [p for p in puts if "/blobs/" in p]
+    assert len([p for p in puts if "/tags/" in p]) == 1  # (and the save's pending marker)
+    proxy.reset()
+    fresh = tc.Store(url, storage_options=proxied)
+    assert tc.fingerprint(fresh.load("small")) == tc.fingerprint(small)
+    assert proxy.bytes_out < 1 << 20  # the big pack's index (its last 64 KiB at most), not its 4 MiB
+    assert fresh.verify("big") == tc.fingerprint(big)

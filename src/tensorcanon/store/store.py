@@ -890,10 +890,12 @@ class Store:
                         live.add(h.base)
                         todo.append(h.base)
                 deleted = freed = kept = 0
+                held: set[bytes] = set()  # live blobs with a copy that stays (loose, or in a pack kept whole)
                 for rel, (size, _) in sorted(self._b.listing(layout.BLOBS).items()):
                     named = layout.blob_digest(rel)
                     if named is not None and named in live:
                         kept += 1
+                        held.add(named)
                         continue
                     refresh()
                     if self._b.delete(rel):
@@ -920,9 +922,10 @@ class Store:
                         rewrite.append((rel, ix, alive))
                     else:
                         kept += len(alive)
+                        held.update(r for _, _, r in alive)
                 written = made = 0
                 if rewrite:
-                    written, made, gone = self._repack(rewrite, refresh)
+                    written, made, gone = self._repack(rewrite, held, refresh)
                     for rel, ix, alive in rewrite:
                         if rel in gone:
                             dropped += 1
@@ -947,13 +950,14 @@ class Store:
                 "written_packs": made}
 
     def _repack(self, rewrite: list[tuple[str, layout.PackIndex, list[tuple[int, int, bytes]]]],
-                refresh: Callable[[], None]) -> tuple[int, int, set[str]]:
-        """Copy the live blobs of packs ``rewrite`` into new packs, make those durable, then delete the
-        old ones. A pack whose bytes do not hash to its name is left as it is (damaged: verify
-        reports it; nothing of it is copied). Returns the bytes and packs written, and the packs deleted."""
+                held: set[bytes], refresh: Callable[[], None]) -> tuple[int, int, set[str]]:
+        """Copy the live blobs of packs ``rewrite`` (but those ``held`` elsewhere) into new packs,
+        make those durable, then delete the old ones. A pack whose bytes do not hash to its name is
+        left as it is (damaged: verify reports it; nothing of it is copied). Returns the bytes and
+        packs written, and the packs deleted."""
         builder: _PackBuilder | None = None
         made: list[tuple[str, layout.PackIndex]] = []
-        copied: set[bytes] = set()
+        copied = set(held)
         sources: list[str] = []
         try:
             for rel, ix, alive in rewrite:
