@@ -26,6 +26,11 @@ else:
 
 _referents = gc.get_referents
 
+_from_memory = ctypes.pythonapi.PyMemoryView_FromMemory
+_from_memory.restype = ctypes.py_object
+_from_memory.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+_PYBUF_READ, _PYBUF_WRITE = 0x100, 0x200
+
 if sys.byteorder != "little":  # pragma: no cover - no such host in CI
     raise ImportError("tensorcanon supports little-endian hosts only")
 
@@ -209,10 +214,17 @@ def numpy_max_dims() -> int:
     return 64 if int(np.__version__.split(".")[0]) >= 2 else 32
 
 
-def _numpy_of(t: torch.Tensor) -> np.ndarray:
-    """``t.numpy()`` of a contiguous CPU tensor, flattened when it has more dimensions than
-    this numpy allows."""
-    return t.numpy() if t.dim() <= numpy_max_dims() else t.view(-1).numpy()
+def memory_of(t: torch.Tensor, *, writable: bool = False) -> memoryview:
+    """The bytes of a contiguous CPU tensor's memory as a flat uint8 memoryview, no copy, without
+    ``t.numpy()``: numpy marks the storage it views as not resizable, for good, and neither a
+    tensor a user saves nor one a load returns may come out of tensorcanon changed (FSDP2 frees a
+    parameter's memory with ``storage.resize_(0)``). The view does not keep ``t`` alive: the
+    caller holds ``t`` for as long as it uses the view."""
+    n = t.numel() * t.element_size()
+    if not n:
+        return memoryview(bytearray() if writable else b"")
+    view: memoryview = _from_memory(t.data_ptr(), n, _PYBUF_WRITE if writable else _PYBUF_READ)
+    return view
 
 
 def host_view(value: Any, kind: str) -> memoryview | None:
@@ -227,7 +239,7 @@ def host_view(value: Any, kind: str) -> memoryview | None:
         return None
     if value.dtype in numpy_viewable():
         # The common case, kept cheap for checkpoints of many small tensors: no copy, no reshape.
-        return _numpy_of(value.detach() if value.requires_grad else value).data.cast("B")
+        return memory_of(value)
     if value.dtype is torch.bool or same_size_int().get(value.dtype.itemsize) is None:
         return None  # (bool: its bytes are checked, and may be copied, by _canonical)
     return _canonical(value)  # (bfloat16, float8...: viewed as the int of their size, not copied)
@@ -270,7 +282,17 @@ def _canonical(value: torch.Tensor) -> memoryview:
     u = flat.view(torch.uint8)
     if value.dtype is torch.bool and u.numel() and bool(u.max() > 1):
         u = (u != 0).view(torch.uint8)
-    return u.numpy().data
+    if _same_memory(u, value):
+        return memory_of(u)  # the caller's own memory: viewed, its storage left as it is
+    return u.numpy().data  # a copy of ours, which the array keeps alive
+
+
+def _same_memory(u: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether ``u`` views ``value``'s own storage (no copy was made on the way)."""
+    try:
+        return value.device.type == "cpu" and u.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass): it was copied
+        return False
 
 
 @functools.cache
@@ -308,7 +330,7 @@ def empty_tensor(dtype: DType, shape: tuple[int, ...], kind: str) -> tuple[torch
     if t not in numpy_viewable() or 0 in shape:
         return None
     value = host_empty(shape, t)
-    return value, _numpy_of(value).data.cast("B")
+    return value, memory_of(value, writable=True)
 
 
 def empty_buffer(nbytes: int, kind: str) -> tuple[Any, memoryview]:
@@ -321,7 +343,7 @@ def empty_buffer(nbytes: int, kind: str) -> tuple[Any, memoryview]:
         arr = np.empty(nbytes, dtype=np.uint8)
         return arr, arr.data
     t = host_empty(nbytes, torch.uint8)
-    return t, t.numpy().data
+    return t, memory_of(t, writable=True)
 
 
 def check_bool(buffer: Any, dtype: DType, name: str) -> None:

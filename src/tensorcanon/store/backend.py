@@ -11,11 +11,13 @@ naming the object, with no credential in it (storage.py).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -46,6 +48,15 @@ def _sync_pool() -> Any:
 
         _SYNC.append(ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="tensorcanon-store-sync"))
     return _SYNC[0]
+
+
+def _finished() -> Any:
+    """A future already done: a step of :meth:`Local.settle` with nothing left to wait for."""
+    from concurrent.futures import Future
+
+    f: Future[None] = Future()
+    f.set_result(None)
+    return f
 
 
 def _fsync_close(fd: int) -> None:
@@ -142,10 +153,10 @@ class Local:
 
     def blob(self, rel: str) -> Blob:
         fd = self.open_fd(rel)
-        return Blob(self.display(rel), os.fstat(fd).st_size, fd=fd)
+        return Blob(self.display(rel), os.fstat(fd).st_size, fd=fd, rel=rel)
 
     def ensure(self) -> None:
-        for rel in (layout.BLOBS, layout.TAGS, layout.PENDING, layout.GC, layout.TMP):
+        for rel in (layout.BLOBS, layout.PACKS, layout.TAGS, layout.PENDING, layout.GC, layout.TMP):
             try:
                 os.makedirs(self.path(rel), exist_ok=True)
             except OSError as e:
@@ -200,6 +211,10 @@ class Local:
         if durable:
             self.sync_dir(folder)
 
+    def appender(self) -> LocalAppender:
+        """A new object written piece by piece (a temp file in ``tmp/``), named when it is finished."""
+        return LocalAppender(self)
+
     def sync(self, rels: list[str]) -> None:
         """Make objects written with ``durable=False`` durable: every file and the folders that name
         them fsynced, on several threads at once (the file system commits them together)."""
@@ -233,7 +248,8 @@ class Local:
 
     def settle(self, later: list) -> None:
         """Wait for the fsyncs :meth:`put` started (``later``), then fsync every folder naming those
-        files: the objects are then durable."""
+        files (and every folder added to ``later`` by :meth:`LocalAppender.finish` or
+        :meth:`root_later`), at once: the objects are then durable."""
         folders = set()
         first: BaseException | None = None
         for job, folder, rel in later:
@@ -247,6 +263,10 @@ class Local:
         pool = _sync_pool()
         for f in [pool.submit(self.sync_dir, d) for d in sorted(folders)]:
             f.result()
+
+    def root_later(self, later: list) -> None:
+        """Have :meth:`settle` fsync the root folder too (where the marker and the folders are named)."""
+        later.append((_finished(), self.root, layout.MARKER))
 
     def sync_dir(self, folder: str) -> None:
         try:
@@ -334,7 +354,7 @@ class Remote:
 
     def blob(self, rel: str) -> Blob:
         reader = self.store.reader(self.path(rel))
-        return Blob(self.display(rel), reader.size, reader=reader)
+        return Blob(self.display(rel), reader.size, reader=reader, rel=rel)
 
     def ensure(self) -> None:
         return None  # object stores have no folders
@@ -344,6 +364,13 @@ class Remote:
 
     def settle(self, later: list) -> None:
         return None  # (nothing is started later: every PUT is durable when it returns)
+
+    def root_later(self, later: list) -> None:
+        return None
+
+    def appender(self) -> RemoteAppender:
+        """A new object gathered piece by piece, and PUT (or uploaded in parts) under its name when finished."""
+        return RemoteAppender(self)
 
     def put(self, rel: str, pieces: Iterable[Any], total: int, *, durable: bool = True,
             later: list | None = None) -> None:
@@ -399,6 +426,124 @@ class Remote:
         return time.time()
 
 
+class LocalAppender:
+    """An object of a local store written piece by piece into a temp file of ``tmp/`` (small pieces
+    gathered into larger writes); :meth:`finish` fsyncs it, renames it to its name and fsyncs the
+    folder (durable when it returns). :meth:`start_sync` starts its fsync on another thread at once,
+    for :meth:`finish` to wait for."""
+
+    _GATHER = 1 << 20
+
+    def __init__(self, b: Local) -> None:
+        self._b = b
+        self._buf = bytearray()
+        self._synced: Any = None
+        b.folders_real(layout.TMP, whole=True)
+        folder = b.path(layout.TMP)
+        try:
+            try:
+                self._fd, self._tmp = tempfile.mkstemp(prefix=f"{host()}.{os.getpid()}.", suffix=".tmp", dir=folder)
+            except FileNotFoundError:
+                os.makedirs(folder, exist_ok=True)
+                self._fd, self._tmp = tempfile.mkstemp(prefix=f"{host()}.{os.getpid()}.", suffix=".tmp", dir=folder)
+        except OSError as e:
+            raise b._error(e, "write", layout.TMP) from None
+
+    def write(self, piece: Any) -> None:
+        view = memoryview(piece).cast("B")
+        if len(view) + len(self._buf) <= self._GATHER:
+            self._buf += view
+            return
+        self._flush()
+        self._write(view)
+
+    def _flush(self) -> None:
+        if self._buf:
+            self._write(memoryview(self._buf))
+            self._buf = bytearray()
+
+    def _write(self, view: memoryview) -> None:
+        done = 0
+        try:
+            while done < len(view):
+                done += os.write(self._fd, view[done:])
+        except OSError as e:
+            raise self._b._error(e, "write", os.path.relpath(self._tmp, self._b.root)) from None
+
+    def start_sync(self) -> None:
+        self._flush()
+        self._synced = _sync_pool().submit(os.fsync, self._fd)
+
+    def finish(self, rel: str, later: list | None = None) -> None:
+        """Fsync, rename to ``rel``, fsync its folder (``later``: the folder is added to ``later``
+        instead, for :meth:`Local.settle` to fsync with the others)."""
+        b = self._b
+        target = b.path(rel)
+        try:
+            b.folders_real(rel)
+            self._flush()
+            synced, self._synced = self._synced, None
+            if synced is not None:
+                synced.result()
+            else:
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            os.chmod(self._tmp, 0o644)
+            try:
+                os.replace(self._tmp, target)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.replace(self._tmp, target)
+        except BaseException as e:
+            self.abort()
+            if isinstance(e, OSError) and not isinstance(e, TensorCanonError):
+                raise b._error(e, "write", rel) from None
+            raise
+        if later is not None:
+            later.append((_finished(), os.path.dirname(target), rel))
+        else:
+            b.sync_dir(os.path.dirname(target))
+
+    def abort(self) -> None:
+        synced, self._synced = self._synced, None
+        if synced is not None:
+            with contextlib.suppress(OSError):
+                synced.result()
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(self._tmp)
+        except OSError:
+            pass
+
+
+class RemoteAppender:
+    """An object of object storage gathered piece by piece (the pieces are kept, not copied) and
+    written whole under its name by :meth:`finish`: one PUT, or a completed multipart upload."""
+
+    def __init__(self, b: Remote) -> None:
+        self._b = b
+        self._pieces: list[Any] = []
+        self._size = 0
+
+    def write(self, piece: Any) -> None:
+        view = memoryview(piece).cast("B")
+        self._pieces.append(view)
+        self._size += len(view)
+
+    def start_sync(self) -> None:
+        return None  # (a PUT is durable when it returns)
+
+    def finish(self, rel: str, later: list | None = None) -> None:
+        pieces, self._pieces = self._pieces, []
+        self._b.put(rel, pieces, self._size)
+
+    def abort(self) -> None:
+        self._pieces = []
+
+
 def _mtime(info: Any) -> float:
     """A modification time from what a store says of an object (s3: LastModified; memory: created)."""
     for key in ("LastModified", "mtime", "created", "last_modified", "updated"):
@@ -417,14 +562,29 @@ def _mtime(info: Any) -> float:
 
 
 class Blob:
-    """One object opened for reading: its size, ranged reads, and (local files) a read-only map."""
+    """One object opened for reading, or one blob inside a pack (:meth:`part`): its size, ranged
+    reads, and (local files) a read-only map. ``start``: where it begins in the object ``rel``."""
 
-    def __init__(self, where: str, size: int, *, fd: int | None = None, reader: Any = None) -> None:
+    def __init__(self, where: str, size: int, *, fd: int | None = None, reader: Any = None, rel: str = "",
+                 start: int = 0, parent: Blob | None = None) -> None:
         self.where = where
         self.size = size
         self.fd = fd
         self.reader = reader
+        self.rel = rel
+        self.start = start
+        self._parent = parent
         self._map: mmap.mmap | None = None
+        self._lock = threading.Lock()
+        self._owns = False
+
+    def part(self, start: int, size: int, where: str, *, owns: bool = False) -> Blob:
+        """Bytes ``[start, start + size)`` of this object as a blob of its own, reading through this
+        one, which must stay open while the part is used: closing the part closes this object only
+        where it ``owns`` it."""
+        part = Blob(where, size, fd=self.fd, reader=self.reader, rel=self.rel, start=self.start + start, parent=self)
+        part._owns = owns
+        return part
 
     def read(self, start: int, end: int) -> bytes:
         end = min(end, self.size)
@@ -432,14 +592,14 @@ class Blob:
             return b""
         if self.fd is not None:
             try:
-                data = os.pread(self.fd, end - start, start)
+                data = os.pread(self.fd, end - start, self.start + start)
             except OSError as e:
                 raise FileAccessError(f"cannot read {self.where!r}: {e.strerror or e}", filename=self.where) from None
             if len(data) != end - start:
                 raise FormatError(f"{self.where!r} ended at byte {start + len(data)} while being read "
                                   f"(it was {self.size} bytes when opened)", offset=start + len(data))
             return data
-        return bytes(self.reader.fetch(start, end))
+        return bytes(self.reader.fetch(self.start + start, self.start + end))
 
     def readinto(self, start: int, out: memoryview) -> None:
         """Fill ``out`` with the bytes at ``start`` (a local file: straight into ``out``)."""
@@ -449,7 +609,7 @@ class Blob:
         done = 0
         while done < len(out):
             try:
-                n = os.preadv(self.fd, [out[done:]], start + done)
+                n = os.preadv(self.fd, [out[done:]], self.start + start + done)
             except OSError as e:
                 raise FileAccessError(f"cannot read {self.where!r}: {e.strerror or e}", filename=self.where) from None
             if not n:
@@ -458,17 +618,28 @@ class Blob:
             done += n
 
     def whole(self) -> Any:
-        """Every byte of the object: a read-only map of a local file, else the bytes fetched."""
+        """Every byte of the blob: a view of a read-only map of a local file, else the bytes fetched."""
+        if self._parent is not None and self.fd is not None:
+            return memoryview(self._parent.whole())[self.start - self._parent.start :][: self.size]
+        if self._parent is not None:
+            return self.read(0, self.size)
         if self.fd is not None and self.size:
-            if self._map is None:
-                try:
-                    self._map = mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ)
-                except (OSError, ValueError) as e:
-                    raise FileAccessError(f"cannot map {self.where!r}: {e}", filename=self.where) from None
+            with self._lock:
+                if self._map is None:
+                    try:
+                        self._map = mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ)
+                    except (OSError, ValueError) as e:
+                        raise FileAccessError(f"cannot map {self.where!r}: {e}", filename=self.where) from None
             return self._map
         return self.read(0, self.size)
 
     def close(self) -> None:
+        if self._parent is not None:  # (a part: its object is closed by whoever opened it)
+            self.fd = self.reader = None
+            parent, self._parent = self._parent, None
+            if self._owns and parent is not None:
+                parent.close()
+            return
         m, self._map = self._map, None
         if m is not None:
             try:

@@ -2,11 +2,16 @@
 
 ``raw`` (the bytes as they are), ``zstd`` (one zstd frame), ``grouped`` (the bytes split into
 one plane per byte of an element, each plane a zstd frame or stored: ZipNN's idea, since the
-exponent bytes of floats compress and the low mantissa bytes do not) and ``delta`` (the bytes
-XORed with those of a base tensor of the same dtype and shape the store holds, then grouped:
-consecutive checkpoints share most high-order bits). :func:`encode` tries the candidates on a
-sample of the tensor and encodes it whole with the best, falling back to raw where nothing
-pays; :func:`decode_into` reverses any of them into a caller's buffer.
+exponent bytes of floats compress and the low mantissa bytes do not), ``delta`` (the bytes
+XORed with those of a base tensor of the same dtype and shape the store holds, then grouped)
+and ``delta-sub`` (each element, read as an unsigned integer, minus the base's element, the
+difference zigzag-mapped so that small changes of either sign have small codes, then grouped:
+consecutive checkpoints differ by a few units in the last place, and a float's integer view
+moves smoothly across a power of two where its XOR flips the exponent and every mantissa bit).
+:func:`encode` tries the candidates on a sample of the tensor and encodes it whole with the best,
+falling back to raw where nothing pays; :func:`decode_into` reverses any of them into a
+caller's buffer. ``delta`` is no longer written (``delta-sub`` is smaller on every workload
+measured) and is read as before.
 
 zstd comes from the ``zstandard`` package (the ``store`` extra); without it every blob is
 written raw and a compressed blob is refused with an error naming the extra.
@@ -26,17 +31,25 @@ import numpy as np
 from ..format.errors import FormatError, MissingDependencyError
 from . import layout
 
-#: zstd level: level 1 compresses the exponent planes of floats as well as level 3 (often better)
-#: at twice the speed, and every other plane is incompressible whatever the level.
+#: zstd level of the trials on a sample (which codec, which planes pay) and of the ``zstd`` codec.
 LEVEL = 1
+#: zstd level of a plane found to pay on the sample: the planes that compress are the exponent
+#: planes and the high planes of a delta, a third or less of the bytes; level 3 saves 1-2% of
+#: the tensor over level 1 there (benchmarks/store_codecs.py). The others are stored untried.
+PLANE_LEVEL = 1
 #: Tensors smaller than this are stored raw: a blob header and a frame header cost more than they save.
 MIN_COMPRESS = 512
 #: The sample the choice is made on: up to three windows of this many bytes (start, middle, end).
 WINDOW = 16 << 10
 #: A codec is chosen only if its sample is smaller than this fraction of the raw bytes.
 PAYS = 0.97
+#: A plane is compressed only if its sample's frame is smaller than this fraction of it.
+PLANE_PAYS = 0.98
 #: The planes of one tensor are compressed on this many threads (zstandard releases the GIL).
 THREADS = 2
+#: Element sizes a ``delta-sub`` blob may have: its elements are little-endian unsigned integers.
+WORDS: dict[int, np.dtype[Any]] = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_SIGNED: dict[int, np.dtype[Any]] = {1: np.dtype("<i1"), 2: np.dtype("<i2"), 4: np.dtype("<i4"), 8: np.dtype("<i8")}
 
 
 def zstd() -> Any:
@@ -58,7 +71,7 @@ def _need_zstd(where: str) -> Any:
 
 
 _POOL: list[ThreadPoolExecutor] = []
-_LOCAL = threading.local()  # one zstd compressor and decompressor per thread: making one costs more
+_LOCAL = threading.local()  # zstd compressors and a decompressor per thread: making one costs more
                             # than compressing a small tensor
 
 
@@ -72,17 +85,28 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget)
 
 
-def _cctx(z: Any) -> Any:
-    c = getattr(_LOCAL, "c", None)
-    if c is None or getattr(_LOCAL, "z", None) is not z:
-        _LOCAL.c, _LOCAL.d, _LOCAL.z = z.ZstdCompressor(level=LEVEL), z.ZstdDecompressor(), z
-        c = _LOCAL.c
+def _contexts(z: Any) -> dict[Any, Any]:
+    found = getattr(_LOCAL, "ctx", None)
+    if found is None or getattr(_LOCAL, "z", None) is not z:
+        found = _LOCAL.ctx = {}
+        _LOCAL.z = z
+    return found
+
+
+def _cctx(z: Any, level: int = LEVEL) -> Any:
+    found = _contexts(z)
+    c = found.get(level)
+    if c is None:
+        c = found[level] = z.ZstdCompressor(level=level)
     return c
 
 
 def _dctx(z: Any) -> Any:
-    _cctx(z)
-    return _LOCAL.d
+    found = _contexts(z)
+    d = found.get("d")
+    if d is None:
+        d = found["d"] = z.ZstdDecompressor()
+    return d
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -130,19 +154,63 @@ def xor(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.bitwise_xor(a, b)
 
 
-def _compress_plane(z: Any, plane: np.ndarray) -> tuple[int, Any]:
-    frame = _cctx(z).compress(plane)
+def sub(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
+    """The ``delta-sub`` transform of flat uint8 ``a`` against ``b`` (element size ``k``, a key of
+    :data:`WORDS`): each element ``zigzag((a - b) mod 2^(8k))`` (docs/STORE.md, "Blobs")."""
+    w = WORDS[k]
+    d = np.subtract(a.view(w), b.view(w))        # (unsigned: wraps modulo 2^(8k))
+    sign = np.right_shift(d.view(_SIGNED[k]), 8 * k - 1)  # (arithmetic: 0, or every bit set)
+    np.left_shift(d, 1, out=d)
+    np.bitwise_xor(d, sign.view(w), out=d)
+    return d.view(np.uint8)
+
+
+def _unsub(g: np.ndarray, b: np.ndarray, k: int, tmp: np.ndarray) -> None:
+    """Reverse :func:`sub` in place: ``g`` (zigzag codes) becomes ``b + unzigzag(g)``; ``tmp`` is
+    scratch of ``g``'s length."""
+    w = WORDS[k]
+    gw, tw = g.view(w), tmp[: len(g)].view(w)
+    np.bitwise_and(gw, 1, out=tw)
+    np.negative(tw.view(_SIGNED[k]), out=tw.view(_SIGNED[k]))  # 0, or every bit set
+    np.right_shift(gw, 1, out=gw)
+    np.bitwise_xor(gw, tw, out=gw)
+    np.add(gw, b.view(w), out=gw)
+
+
+def _delta_codec(k: int) -> int:
+    """The delta codec the writer uses for element size ``k``."""
+    return layout.DELTA_SUB if k in WORDS else layout.DELTA
+
+
+def _transform(codec: int, a: np.ndarray, b: np.ndarray | None, k: int) -> np.ndarray:
+    if codec == layout.GROUPED:
+        return a
+    assert b is not None
+    return sub(a, b, k) if codec == layout.DELTA_SUB else xor(a, b)
+
+
+def _compress_plane(z: Any, plane: np.ndarray, level: int) -> tuple[int, Any]:
+    frame = _cctx(z, level).compress(plane)
     if len(frame) >= len(plane):
         return layout.STORED, plane
     return layout.PLANE_ZSTD, frame
 
 
-def _grouped(z: Any, a: np.ndarray, k: int, pool: bool) -> tuple[list[tuple[int, int]], list[Any]]:
+def _grouped(z: Any, a: np.ndarray, k: int, pool: bool, level: int = PLANE_LEVEL,
+             which: Sequence[bool] | None = None) -> tuple[list[tuple[int, int]], list[Any]]:
+    """The planes of ``a``, each a zstd frame at ``level`` or stored; ``which``: the planes worth
+    trying (the others are stored untried), all where None."""
     planes = split(a, k)
+
+    def one(i: int) -> tuple[int, Any]:
+        if which is not None and not which[i]:
+            return layout.STORED, planes[i]
+        return _compress_plane(z, planes[i], level)
+
     if pool and len(a) >= 4 * WINDOW:
-        done = list(_pool().map(lambda p: _compress_plane(z, p), planes))
+        done = list(_pool().map(one, range(k)))
     else:
-        done = [_compress_plane(z, p) for p in planes]
+        done = [one(i) for i in range(k)]
     return [(c, len(p)) for c, p in done], [p for _, p in done]
 
 
@@ -161,14 +229,16 @@ def _take(a: np.ndarray, where: list[slice]) -> np.ndarray:
 
 
 def _candidates(a: np.ndarray, k: int, base: np.ndarray | None, z: Any) -> dict[int, Encoded]:
-    """Every candidate codec's encoding of flat uint8 ``a`` (``base``: a delta's base bytes)."""
+    """Every candidate codec's encoding of flat uint8 ``a`` (``base``: a delta's base bytes), at the
+    trial level."""
     out = {layout.ZSTD: Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])}
     if k > 1:
-        planes, pieces = _grouped(z, a, k, False)
+        planes, pieces = _grouped(z, a, k, False, LEVEL)
         out[layout.GROUPED] = Encoded(layout.GROUPED, planes, pieces)
     if base is not None:
-        planes, pieces = _grouped(z, xor(a, base), k, False)
-        out[layout.DELTA] = Encoded(layout.DELTA, planes, pieces)
+        codec = _delta_codec(k)
+        planes, pieces = _grouped(z, _transform(codec, a, base, k), k, False, LEVEL)
+        out[codec] = Encoded(codec, planes, pieces)
     return out
 
 
@@ -177,16 +247,15 @@ def _size(e: Encoded) -> int:
 
 
 def _best(a: np.ndarray, k: int, base: np.ndarray | None, z: Any) -> tuple[int, Encoded | None]:
-    """The codec whose output is smallest on a sample of ``a``, or RAW; with its encoding of the
-    whole of ``a`` where the sample was the whole (a small tensor is compressed once, not twice)."""
+    """The codec whose output is smallest on a sample of ``a``, or RAW, with its trial encoding
+    (of the whole of ``a`` where the sample was the whole)."""
     where = _sample(a, k)
-    whole = len(where) == 1
     s = _take(a, where)
     found = _candidates(s, k, _take(base, where) if base is not None else None, z)
     best = min(found, key=lambda c: (_size(found[c]), c))
     if _size(found[best]) >= PAYS * len(s):
         return layout.RAW, None
-    return best, found[best] if whole else None
+    return best, found[best]
 
 
 def choose(a: np.ndarray, k: int, base: np.ndarray | None) -> int:
@@ -200,22 +269,30 @@ def choose(a: np.ndarray, k: int, base: np.ndarray | None) -> int:
 def encode(data: Any, k: int, base: Any = None, *, pool: bool = True) -> Encoded:
     """``data`` (a tensor's flat bytes, element size ``k``) encoded with the codec :func:`choose`
     picks; ``base``: the bytes of the tensor a delta would be taken against (same length), if any.
-    ``pool``: a large tensor's planes are compressed on the module's threads."""
+    ``pool``: a large tensor's planes are compressed on the module's threads.
+
+    The winner's planes that paid on the sample are compressed whole at :data:`PLANE_LEVEL`, the
+    others stored untried (a mantissa plane is noise: compressing it costs time and saves nothing)."""
     a = as_u8(data)
     b = as_u8(base) if base is not None else None
     z = zstd()
     if z is None or len(a) < MIN_COMPRESS:
         return Encoded(layout.RAW, None, [data])
-    codec, out = _best(a, k, b, z)
+    codec, trial = _best(a, k, b, z)
     if codec == layout.RAW:
         return Encoded(layout.RAW, None, [data])
-    if out is None:
-        if codec == layout.ZSTD:
-            out = Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])
-        else:
-            src = a if codec == layout.GROUPED else xor(a, b)  # type: ignore[arg-type]
-            planes, pieces = _grouped(z, src, k, pool)
-            out = Encoded(codec, planes, pieces)
+    assert trial is not None
+    where = _sample(a, k)
+    if len(where) == 1:  # (the sample was the whole: a small tensor is compressed once, not twice)
+        out = trial
+    elif codec == layout.ZSTD:
+        out = Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])
+    else:
+        assert trial.planes is not None
+        sample_plane = 3 * WINDOW // k
+        which = [n < PLANE_PAYS * sample_plane for _, n in trial.planes]
+        planes, pieces = _grouped(z, _transform(codec, a, b, k), k, pool, PLANE_LEVEL, which)
+        out = Encoded(codec, planes, pieces)
     if out.payload_size + (16 * k if out.planes else 0) >= len(a):
         return Encoded(layout.RAW, None, [data])
     return out
@@ -241,6 +318,11 @@ def _frame(z: Any, frame: Any, size: int, where: str) -> bytes:
     return out
 
 
+#: Elements interleaved and combined with a delta's base at a time: the chunk stays in the cache
+#: between the interleaving, the transform and the base's addition.
+_CHUNK = 1 << 16
+
+
 def decode_into(h: layout.BlobHeader, blob: Any, out: memoryview, base: Callable[[], Any] | None,
                 where: str, *, pool: bool = True) -> None:
     """Decode the blob whose bytes are ``blob`` (its header ``h``, checked) into ``out`` (``h.size``
@@ -257,26 +339,60 @@ def decode_into(h: layout.BlobHeader, blob: Any, out: memoryview, base: Callable
         return
     k = h.dtype.itemsize
     n = h.size // k
-    grid = o.reshape(-1, k) if k > 1 else o.reshape(-1, 1)
+    if h.codec == layout.DELTA_SUB and k not in WORDS:  # (parse_header refuses it: a second guard)
+        raise FormatError(f"{where}: a delta-sub blob of {k}-byte elements (1, 2, 4 or 8 only)")
+    threads = pool and h.size >= 4 * WINDOW and k > 1
 
-    def plane(i: int) -> None:
+    def plane(i: int) -> np.ndarray:
         codec, start, length = h.planes[i]
         piece = data[start : start + length]
-        src = piece if codec == layout.STORED else _frame(z, piece, n, f"{where} (plane {i})")
-        grid[:, i] = np.frombuffer(src, dtype=np.uint8)
+        if codec == layout.STORED:
+            return np.frombuffer(piece, dtype=np.uint8)
+        return np.frombuffer(_frame(z, piece, n, f"{where} (plane {i})"), dtype=np.uint8)
 
-    if pool and h.size >= 4 * WINDOW and k > 1:
-        list(_pool().map(plane, range(k)))
+    srcs = list(_pool().map(plane, range(k))) if threads else [plane(i) for i in range(k)]
+    b = as_u8(base()) if h.codec in (layout.DELTA, layout.DELTA_SUB) and base is not None else None
+    if h.codec != layout.GROUPED and b is None:
+        raise FormatError(f"{where}: a delta blob decoded without its base")
+
+    def part(lo: int, hi: int) -> None:
+        """Elements ``lo`` to ``hi``: interleaved from the planes, then combined with the base,
+        a chunk at a time."""
+        tmp = np.empty(_CHUNK * k, dtype=np.uint8) if h.codec == layout.DELTA_SUB else None
+        step = _CHUNK if h.codec != layout.GROUPED or k == 2 else hi - lo  # (nothing follows the interleaving)
+        wide = np.empty(min(step, hi - lo), dtype=WORDS[2]) if k == 2 else None
+        for s in range(lo, hi, step):
+            e = min(hi, s + step)
+            chunk = o[s * k : e * k]
+            if k == 1:
+                chunk[:] = srcs[0][s:e]
+            elif k == 2:  # (as 16-bit words: twice as fast as two strided byte copies)
+                assert wide is not None
+                words, high = chunk.view(WORDS[2]), wide[: e - s]
+                np.copyto(words, srcs[0][s:e])
+                np.copyto(high, srcs[1][s:e])
+                np.left_shift(high, 8, out=high)
+                np.bitwise_or(words, high, out=words)
+            else:
+                grid = chunk.reshape(-1, k)
+                for i in range(k):
+                    grid[:, i] = srcs[i][s:e]
+            if h.codec == layout.DELTA:
+                assert b is not None
+                if len(chunk) % 8 == 0:
+                    np.bitwise_xor(chunk.view(np.uint64), b[s * k : e * k].view(np.uint64),
+                                   out=chunk.view(np.uint64))
+                else:
+                    np.bitwise_xor(chunk, b[s * k : e * k], out=chunk)
+            elif h.codec == layout.DELTA_SUB:
+                assert b is not None and tmp is not None
+                _unsub(chunk, b[s * k : e * k], k, tmp)
+
+    if threads and n >= 4 * _CHUNK:
+        half = (n // 2) // _CHUNK * _CHUNK
+        list(_pool().map(lambda r: part(*r), [(0, half), (half, n)]))
     else:
-        for i in range(k):
-            plane(i)
-    if h.codec == layout.DELTA:
-        assert base is not None
-        b = as_u8(base())
-        if len(o) % 8 == 0:
-            np.bitwise_xor(o.view(np.uint64), b.view(np.uint64), out=o.view(np.uint64))
-        else:
-            np.bitwise_xor(o, b, out=o)
+        part(0, n)
 
 
 def plane_summary(planes: Sequence[tuple[int, int, int]]) -> str:

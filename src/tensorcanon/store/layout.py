@@ -17,11 +17,19 @@ from dataclasses import dataclass
 from ..format import container, digest, dtypes
 from ..format.errors import FormatError, UsageError
 
-#: The layout version (docs/STORE.md): the marker object holds it, every blob header repeats it.
-LAYOUT = 1
-#: The marker object at the root of every store, and its exact content.
+#: The layout version (docs/STORE.md) this tensorcanon writes: the marker object holds it. Layout 2
+#: added packs (many blobs in one object); a layout-1 store is a layout-2 store without packs.
+LAYOUT = 2
+#: The layouts this tensorcanon reads.
+LAYOUTS = (1, 2)
+#: The marker object at the root of every store, and its exact content per layout.
 MARKER = "tensorcanon-store"
-MARKER_TEXT = b"tensorcanon-store layout 1\n"
+MARKER_TEXTS = {v: f"tensorcanon-store layout {v}\n".encode() for v in LAYOUTS}
+MARKER_TEXT = MARKER_TEXTS[LAYOUT]
+#: The version a tag record's ``layout`` field holds: records are unchanged since layout 1.
+RECORD_LAYOUT = 1
+#: The version byte of every blob header: blobs are unchanged since layout 1, in a pack or not.
+BLOB_VERSION = 1
 #: The digest algorithm of every blob name and tag record (the format's default, fingerprint's).
 ALGORITHM = digest.DEFAULT
 DIGEST_SIZE = digest.size(ALGORITHM)
@@ -30,6 +38,8 @@ DIGEST_SIZE = digest.size(ALGORITHM)
 #: its last save knows blobs may have gone since, and forgets which ones it believed present.
 EPOCH = "gc-epoch"
 BLOBS = f"blobs/{ALGORITHM}"
+PACKS = "packs"
+PACK_SUFFIX = ".pack"
 TAGS = "tags"
 PENDING = "pending"
 GC = "gc"
@@ -80,15 +90,36 @@ def blob_digest(name: str) -> bytes | None:
     return bytes.fromhex(parts[-1])
 
 
+def pack_path(raw: bytes) -> str:
+    """The object name of the pack whose bytes hash to ``raw``: ``packs/<hex>.pack``."""
+    return f"{PACKS}/{raw.hex()}{PACK_SUFFIX}"
+
+
+def pack_digest(name: str) -> bytes | None:
+    """The digest a pack's name (``packs/<hex>.pack``) stands for, or None for any other name."""
+    folder, _, last = name.rpartition("/")
+    if folder != PACKS or not last.endswith(PACK_SUFFIX) or not _HEX.match(last[: -len(PACK_SUFFIX)]):
+        return None
+    return bytes.fromhex(last[: -len(PACK_SUFFIX)])
+
+
 def show(raw: bytes) -> str:
     return digest.to_text(raw, ALGORITHM)
 
 
 # --------------------------------------------------------------------------- blobs
 
-MAGIC = b"tcstore" + bytes([LAYOUT])
-RAW, ZSTD, GROUPED, DELTA = 0, 1, 2, 3
-CODECS = {RAW: "raw", ZSTD: "zstd", GROUPED: "grouped", DELTA: "delta"}
+MAGIC = b"tcstore" + bytes([BLOB_VERSION])
+# --- storecodec: codec 4, delta-sub (docs/STORE.md, "Blobs") ---
+RAW, ZSTD, GROUPED, DELTA, DELTA_SUB = 0, 1, 2, 3, 4
+CODECS = {RAW: "raw", ZSTD: "zstd", GROUPED: "grouped", DELTA: "delta", DELTA_SUB: "delta-sub"}
+#: The codecs whose blob is a delta against a base blob (a base digest, a depth of 1 or more).
+DELTAS = frozenset({DELTA, DELTA_SUB})
+#: The codecs whose payload is a plane table and planes.
+PLANED = frozenset({GROUPED, DELTA, DELTA_SUB})
+#: The element sizes a delta-sub blob may have (its elements are unsigned integers of that size).
+SUB_SIZES = frozenset({1, 2, 4, 8})
+# --- end storecodec ---
 STORED, PLANE_ZSTD = 0, 1
 #: The fixed part of a blob header: magic, codec, depth, prefix length, decoded size.
 _FIXED = struct.Struct("<8sBBHQ")
@@ -174,8 +205,8 @@ def parse_header(head: bytes, total: int, where: str) -> BlobHeader:
     magic, codec, depth, plen, size = _FIXED.unpack_from(head)
     if magic != MAGIC:
         if magic[:7] == MAGIC[:7]:
-            raise FormatError(f"{where}: a blob of layout {magic[7]}, which this tensorcanon does not read "
-                              f"(it reads layout {LAYOUT}); a newer tensorcanon is needed")
+            raise FormatError(f"{where}: a blob of version {magic[7]}, which this tensorcanon does not read "
+                              f"(it reads blob version {BLOB_VERSION}); a newer tensorcanon is needed")
         raise FormatError(f"{where}: not a blob of a tensorcanon store (it does not start with {MAGIC!r})")
     if codec not in CODECS:
         raise FormatError(f"{where}: unknown codec {codec} (known: {sorted(CODECS)})", offset=8)
@@ -186,12 +217,15 @@ def parse_header(head: bytes, total: int, where: str) -> BlobHeader:
     if size != math.prod(shape) * row.itemsize:
         raise FormatError(f"{where}: its header claims {size} decoded bytes, but {prefix.decode()} holds "
                           f"{math.prod(shape) * row.itemsize}", offset=12)
-    is_delta = codec == DELTA
+    is_delta = codec in DELTAS  # (storecodec: delta or delta-sub)
     if is_delta != (depth > 0):
         raise FormatError(f"{where}: depth {depth} with codec {CODECS[codec]} (a delta blob has depth 1 to "
                           f"{MAX_DEPTH}, every other depth 0)", offset=9)
     if depth > MAX_DEPTH:
         raise FormatError(f"{where}: a delta chain of depth {depth}, more than {MAX_DEPTH}", offset=9)
+    if codec == DELTA_SUB and row.itemsize not in SUB_SIZES:  # (storecodec)
+        raise FormatError(f"{where}: a delta-sub blob of {prefix.decode()}, whose elements are "
+                          f"{row.itemsize} bytes (delta-sub takes 1, 2, 4 or 8)", offset=8)
     at = _FIXED.size + plen
     base = None
     if is_delta:
@@ -204,7 +238,7 @@ def parse_header(head: bytes, total: int, where: str) -> BlobHeader:
         raise FormatError(f"{where}: its header padding is not {pad} zero bytes", offset=at)
     at += pad
     planes: list[tuple[int, int, int]] = []
-    if codec in (GROUPED, DELTA):
+    if codec in PLANED:  # (storecodec: delta-sub too)
         k = row.itemsize
         table_end = at + k * _PLANE.size
         if table_end > len(head) or table_end > total:
@@ -244,7 +278,7 @@ def parse_header(head: bytes, total: int, where: str) -> BlobHeader:
 def record_object(tag: str, header: bytes) -> dict:
     """The object a tag record holds (saved with tensorcanon.dumps): the tag, and the header
     (length prefix included) of the file ``tensorcanon.save`` writes for the tagged object."""
-    return {"format": RECORD_FORMAT, "header": header, "layout": LAYOUT, "tag": tag}
+    return {"format": RECORD_FORMAT, "header": header, "layout": RECORD_LAYOUT, "tag": tag}
 
 
 def record_header(obj: object, tag: str, where: str) -> bytes:
@@ -253,9 +287,9 @@ def record_header(obj: object, tag: str, where: str) -> bytes:
         raise FormatError(f"{where}: not a tag record (its object is not a dict of format, header, layout, tag)")
     if obj["format"] != RECORD_FORMAT:
         raise FormatError(f"{where}: format {obj['format']!r:.60}, not {RECORD_FORMAT!r}")
-    if type(obj["layout"]) is not int or obj["layout"] != LAYOUT:
-        raise FormatError(f"{where}: layout {obj['layout']!r:.30}; this tensorcanon reads layout {LAYOUT} "
-                          "(a newer tensorcanon is needed)")
+    if type(obj["layout"]) is not int or obj["layout"] != RECORD_LAYOUT:
+        raise FormatError(f"{where}: layout {obj['layout']!r:.30}; this tensorcanon reads records of layout "
+                          f"{RECORD_LAYOUT} (a newer tensorcanon is needed)")
     if obj["tag"] != tag:
         raise FormatError(f"{where}: the record is of tag {obj['tag']!r:.220}, not {tag!r}: a record was "
                           "renamed or copied; delete it or save the tag again")
@@ -266,3 +300,94 @@ def record_header(obj: object, tag: str, where: str) -> bytes:
     if n + container.LENGTH_SIZE != len(header):
         raise FormatError(f"{where}: its header claims {n} bytes but holds {len(header) - container.LENGTH_SIZE}")
     return header
+
+
+# --------------------------------------------------------------------------- packs
+
+#: A pack starts with this magic (the layout that introduced packs), then zero bytes up to byte 64,
+#: and ends with its trailer.
+PACK_MAGIC = b"tcspack" + bytes([2])
+PACK_HEADER = PACK_MAGIC + bytes(PAYLOAD_ALIGN - len(PACK_MAGIC))
+#: An index entry: the blob's digest, its offset in the pack, its length.
+_ENTRY = struct.Struct(f"<{DIGEST_SIZE}sQQ")
+ENTRY_SIZE = _ENTRY.size
+#: The trailer, the pack's last bytes: the index's offset, the entry count, 8 zero bytes, the magic.
+_TRAILER = struct.Struct("<QQ8x8s")
+TRAILER_SIZE = _TRAILER.size
+#: The most entries a pack may hold (a writer starts another pack at this many): bounds what a
+#: reader allocates for an index it has not checked yet.
+MAX_PACK_ENTRIES = 1 << 20
+
+
+@dataclass(frozen=True)
+class PackIndex:
+    """What a pack's trailer and index say, every entry checked (:func:`parse_pack_index`)."""
+
+    size: int                                  # the pack's length in bytes
+    index_at: int                              # where its index starts
+    entries: dict[bytes, tuple[int, int]]      # blob digest -> (offset, length)
+
+
+def pack_tail(entries: list[tuple[bytes, int, int]], index_at: int) -> bytes:
+    """A pack's index and trailer, for blobs ``(digest, offset, length)`` (any order) and an index
+    starting at ``index_at`` (the end of the last blob)."""
+    rows = sorted(entries)
+    out = bytearray()
+    for raw, offset, length in rows:
+        out += _ENTRY.pack(raw, offset, length)
+    out += _TRAILER.pack(index_at, len(rows), PACK_MAGIC)
+    return bytes(out)
+
+
+def pack_trailer(tail: bytes, size: int, where: str) -> tuple[int, int]:
+    """The index offset and entry count the trailer at the end of ``tail`` (a pack's last bytes, at
+    least :data:`TRAILER_SIZE` of them where the pack is that long) states, checked against the
+    pack's ``size`` before anything is allocated for them."""
+    if size < len(PACK_HEADER) + TRAILER_SIZE or len(tail) < TRAILER_SIZE:
+        raise FormatError(f"{where}: {size} bytes, too short for a pack (a header of {len(PACK_HEADER)} and a "
+                          f"trailer of {TRAILER_SIZE} bytes at least)")
+    index_at, count, magic = _TRAILER.unpack_from(tail, len(tail) - TRAILER_SIZE)
+    at = size - TRAILER_SIZE
+    if magic != PACK_MAGIC:
+        raise FormatError(f"{where}: its trailer does not end with {PACK_MAGIC!r}: not a pack, or a truncated one",
+                          offset=at + 24)
+    if bytes(tail[len(tail) - TRAILER_SIZE + 16 : len(tail) - 8]) != bytes(8):
+        raise FormatError(f"{where}: its trailer's reserved bytes are not zero", offset=at + 16)
+    if not 1 <= count <= MAX_PACK_ENTRIES:
+        raise FormatError(f"{where}: its trailer claims {count} blobs (a pack holds 1 to {MAX_PACK_ENTRIES})",
+                          offset=at + 8)
+    if index_at != size - TRAILER_SIZE - count * ENTRY_SIZE or index_at < len(PACK_HEADER):
+        raise FormatError(f"{where}: its trailer puts an index of {count} entries at byte {index_at}, but the pack "
+                          f"is {size} bytes (the index must end where the trailer starts); it is truncated or "
+                          "damaged", offset=at)
+    return index_at, count
+
+
+def parse_pack_index(index: bytes, index_at: int, count: int, size: int, where: str) -> PackIndex:
+    """Check a pack's index (``count`` entries read at ``index_at``) and return it: entries sorted
+    by digest with no two equal, every blob 64-byte aligned inside the pack's blob area (after
+    its header, before its index), no two blobs overlapping."""
+    if len(index) != count * ENTRY_SIZE:
+        raise FormatError(f"{where}: its index is {len(index)} bytes, not {count * ENTRY_SIZE}", offset=index_at)
+    entries: dict[bytes, tuple[int, int]] = {}
+    previous = b""
+    spans = []
+    for i, (raw, offset, length) in enumerate(_ENTRY.iter_unpack(index)):
+        at = index_at + i * ENTRY_SIZE
+        if raw <= previous:
+            raise FormatError(f"{where}: index entry {i} ({show(raw)}) is not after the one before it (entries are "
+                              "sorted by digest, each digest once)", offset=at)
+        previous = raw
+        if offset % PAYLOAD_ALIGN or offset < len(PACK_HEADER) or length < _FIXED.size \
+                or length > index_at - offset:
+            raise FormatError(f"{where}: index entry {i} ({show(raw)}) puts a blob of {length} bytes at byte "
+                              f"{offset}, outside the pack's blobs (bytes {len(PACK_HEADER)} to {index_at}, each "
+                              f"blob at a multiple of {PAYLOAD_ALIGN})", offset=at)
+        entries[raw] = (offset, length)
+        spans.append((offset, length, raw))
+    spans.sort()
+    for (o1, n1, r1), (o2, _, r2) in zip(spans, spans[1:], strict=False):
+        if o1 + n1 > o2:
+            raise FormatError(f"{where}: the blobs {show(r1)} and {show(r2)} overlap (bytes {o1} to {o1 + n1} and "
+                              f"from {o2})")
+    return PackIndex(size, index_at, entries)

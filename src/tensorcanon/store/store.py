@@ -13,6 +13,7 @@ file would be. docs/STORE.md is the user's guide and the layout's specification.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import io
 import os
@@ -21,7 +22,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -65,8 +66,21 @@ WORKERS = 2
 #: A tensor of at least this many bytes is encoded on the saving thread, its byte planes on
 #: compress.py's threads (one large tensor then uses both cores too).
 PARALLEL = 64 << 20
+#: A new blob whose encoded size is under this goes into the save's pack (docs/STORE.md, "Packs");
+#: a larger one is a loose object of its own, whose per-object cost is small beside its bytes.
+PACK_BLOB_LIMIT = 16 << 20
+#: A pack being written is closed, and another started, once it holds this many bytes.
+PACK_SIZE = 256 << 20
+#: gc rewrites a pack whose live blobs take less than this fraction of its bytes.
+REPACK_LIVE = 0.5
+#: gc merges the packs smaller than MERGE_SMALL into one when there are at least MERGE_AT of them
+#: (each save writes a pack: without merging, a reader would read ever more indexes).
+MERGE_SMALL = 16 << 20
+MERGE_AT = 8
+#: Bytes read from a pack's end to find its trailer (and, for most packs, its whole index).
+_TAIL = 64 << 10
 _OURS = frozenset({layout.MARKER, layout.EPOCH, layout.TAGS, layout.PENDING, layout.GC, layout.TMP,
-                   layout.BLOBS.split("/")[0]})
+                   layout.PACKS, layout.BLOBS.split("/")[0]})
 
 
 class Store:
@@ -97,6 +111,16 @@ class Store:
         self._copies: dict[bytes, np.ndarray] = {}  # digest -> its bytes: the next save's delta bases
         self._ready = False
         self._epoch: bytes | None = None         # the collection epoch (layout.EPOCH) seen at the last save
+        self._layout: int | None = None          # the layout the store's marker says
+        # The packs listed (packs/<hex>.pack): their checked indexes, the ones that could not be
+        # read (and why), and where each blob they hold is: digest -> (pack, offset, length).
+        self._packs: dict[str, layout.PackIndex] = {}
+        self._bad_packs: dict[str, TensorCanonError] = {}
+        self._where: dict[bytes, tuple[str, int, int]] = {}
+        self._pack_lock = threading.Lock()
+        self._listed = False                     # packs/ listed at least once
+        self._root_synced = False                # the root folder fsynced by a save of this object
+        self._loose: set[bytes] | None = None    # object storage: the loose blobs listed during this save
 
     def __repr__(self) -> str:
         return f"tensorcanon.Store({self._b.display()!r})"
@@ -121,11 +145,16 @@ class Store:
                                        "was interrupted: save to it to finish)", filename=b.display()) from None
             raise FormatError(f"{self._b.display()!r} is not a tensorcanon store: it has no "
                               f"{layout.MARKER!r} file") from None
-        if text != layout.MARKER_TEXT:
-            raise FormatError(f"{self._b.display(layout.MARKER)!r} says {text[:60]!r}: not a store of layout "
-                              f"{layout.LAYOUT} (a newer tensorcanon may read it)")
+        for version, marker in layout.MARKER_TEXTS.items():
+            if text == marker:
+                self._layout = version
+                return
+        raise FormatError(f"{self._b.display(layout.MARKER)!r} says {text[:60]!r}: not a store of layout "
+                          f"{' or '.join(map(str, layout.LAYOUTS))} (the layouts this tensorcanon reads; a newer "
+                          "tensorcanon may read it)")
 
-    def _create(self) -> None:
+    def _create(self, later: list) -> None:
+        """Check the store's root, or make it a store (its marker's fsync added to ``later``)."""
         if self._ready:
             return
         if self._b.root_exists() and self._b.exists(layout.MARKER):
@@ -137,9 +166,17 @@ class Store:
                 raise UsageError(f"{self._b.display()!r} is a folder that is not empty and not a tensorcanon "
                                  "store: give a new or empty folder as a store's root")
             self._b.ensure()
-            self._b.put(layout.MARKER, [layout.MARKER_TEXT], len(layout.MARKER_TEXT))
+            self._b.put(layout.MARKER, [layout.MARKER_TEXT], len(layout.MARKER_TEXT), durable=False, later=later)
+            self._layout = layout.LAYOUT
         self._b.ensure()
         self._ready = True
+
+    def _upgrade(self) -> None:
+        """Before the first pack goes into a store of layout 1: its marker rewritten (atomically) to
+        layout 2, so that a reader of layout 1 refuses the store instead of missing the packed blobs."""
+        if self._layout is not None and self._layout < 2:
+            self._b.put(layout.MARKER, [layout.MARKER_TEXT], len(layout.MARKER_TEXT))
+            self._layout = layout.LAYOUT
 
     # ------------------------------------------------------------------ markers (docs/STORE.md, "gc")
     def _marker(self, folder: str) -> str:
@@ -186,6 +223,73 @@ class Store:
             self._depth.clear()
             self._epoch = epoch
 
+    # ------------------------------------------------------------------ packs (docs/STORE.md, "Packs")
+    def _refresh_packs(self) -> bool:
+        """List ``packs/``; read and check the index of every pack not seen before; forget the packs
+        gone. Returns whether anything changed. A pack whose trailer or index is refused is kept
+        aside with its error (its blobs count as absent: a save writes them again)."""
+        with self._pack_lock:
+            listed = {rel for rel in self._b.listing(layout.PACKS) if layout.pack_digest(rel) is not None}
+            packs = {rel: ix for rel, ix in self._packs.items() if rel in listed}
+            bad = {rel: e for rel, e in self._bad_packs.items() if rel in listed}
+            gone = len(packs) != len(self._packs)
+            added = []
+            for rel in sorted(listed - set(packs) - set(bad)):
+                try:
+                    packs[rel] = self._read_index(rel)
+                except MissingFileError:
+                    continue  # (deleted since it was listed)
+                except (FormatError, IntegrityError) as e:
+                    bad[rel] = e
+                    continue
+                added.append(rel)
+            if gone:
+                where: dict[bytes, tuple[str, int, int]] = {}
+                for rel in sorted(packs):
+                    for raw, (offset, length) in packs[rel].entries.items():
+                        where.setdefault(raw, (rel, offset, length))
+                self._where = where
+            else:
+                for rel in added:
+                    for raw, (offset, length) in packs[rel].entries.items():
+                        self._where.setdefault(raw, (rel, offset, length))
+            self._packs, self._bad_packs = packs, bad
+            self._listed = True
+            return gone or bool(added)
+
+    def _read_index(self, rel: str) -> layout.PackIndex:
+        """The checked index of pack ``rel``: its trailer first (bounded by the pack's size), then
+        the index it locates (most packs: both in one read of the last 64 KiB)."""
+        blob = self._b.blob(rel)
+        try:
+            where = f"pack {blob.where!r}"
+            tail = blob.read(max(0, blob.size - _TAIL), blob.size)
+            index_at, count = layout.pack_trailer(tail, blob.size, where)
+            n = count * layout.ENTRY_SIZE
+            if n + layout.TRAILER_SIZE <= len(tail):
+                index = tail[len(tail) - layout.TRAILER_SIZE - n : len(tail) - layout.TRAILER_SIZE]
+            else:
+                index = blob.read(index_at, index_at + n)
+            return layout.parse_pack_index(index, index_at, count, blob.size, where)
+        finally:
+            blob.close()
+
+    def _add_packs(self, packs: list[tuple[str, layout.PackIndex]]) -> None:
+        """Packs this object wrote: known without listing them again."""
+        with self._pack_lock:
+            for rel, ix in packs:
+                self._packs[rel] = ix
+                for raw, (offset, length) in ix.entries.items():
+                    self._where.setdefault(raw, (rel, offset, length))
+
+    def _damage_note(self) -> str:
+        """What to add to a missing blob's error where some packs could not be read."""
+        if not self._bad_packs:
+            return ""
+        rel, e = sorted(self._bad_packs.items())[0]
+        more = f" (and {len(self._bad_packs) - 1} more)" if len(self._bad_packs) > 1 else ""
+        return f"; pack {self._b.display(rel)!r}{more} could not be read, and may hold it: {e}"
+
     # ------------------------------------------------------------------ hashing, with the cache
     def _key(self, s: Any) -> tuple | None:
         v = s.value
@@ -227,17 +331,39 @@ class Store:
 
     # ------------------------------------------------------------------ blobs
     def _blob_exists(self, raw: bytes) -> bool:
-        if raw in self._known:
+        """Whether the store holds blob ``raw``: in a pack listed at this save, or a loose object (a
+        local store: looked up; object storage: one listing of the loose blobs per save)."""
+        if raw in self._known or raw in self._where:
             return True
-        if self._b.exists(layout.blob_path(raw)):
+        if self._b.is_local:
+            found = self._b.exists(layout.blob_path(raw))
+        else:
+            if self._loose is None:
+                self._loose = {d for d in map(layout.blob_digest, self._b.listing(layout.BLOBS)) if d is not None}
+            found = raw in self._loose
+        if found:
             self._known.add(raw)
-            return True
-        return False
+        return found
 
-    def _open_blob(self, raw: bytes) -> tuple[backend.Blob, layout.BlobHeader]:
-        """Blob ``raw`` opened, its header checked (nothing allocated for its claims)."""
-        rel = layout.blob_path(raw)
-        blob = self._b.blob(rel)
+    def _open_blob(self, raw: bytes, handles: dict[str, backend.Blob] | None = None, *, share: bool = False,
+                   loc: str | tuple[str, int, int] | None = None) -> tuple[backend.Blob, layout.BlobHeader]:
+        """Blob ``raw`` opened, its header checked (nothing allocated for its claims). It is read from
+        the pack that holds it, else as a loose object; where neither has it (a pack gone since the
+        packs were listed: a collection rewrote it), the packs are listed again, once. ``handles``:
+        packs already open (``share``: packs opened here are added to it); ``loc``: this copy only
+        (``"loose"``, or a pack's ``(name, offset, length)``)."""
+        for attempt in (0, 1):
+            at = self._where.get(raw) if loc is None else (None if loc == "loose" else loc)
+            try:
+                if at is None:
+                    blob = self._b.blob(layout.blob_path(raw))
+                else:
+                    blob = self._open_packed(raw, cast(tuple, at), handles, share)
+            except MissingFileError:
+                if attempt or loc is not None or not self._refresh_packs():
+                    raise
+                continue
+            break
         try:
             head = blob.read(0, min(blob.size, layout.HEAD))
             h = layout.parse_header(head, blob.size, f"blob {blob.where!r}")
@@ -246,6 +372,22 @@ class Store:
             raise
         self._depth[raw] = h.depth
         return blob, h
+
+    def _open_packed(self, raw: bytes, at: tuple[str, int, int], handles: dict[str, backend.Blob] | None,
+                     share: bool) -> backend.Blob:
+        rel, offset, length = at
+        parent = handles.get(rel) if handles is not None else None
+        owns = parent is None and not share
+        if parent is None:
+            parent = self._b.blob(rel)
+            if share and handles is not None:
+                handles[rel] = parent
+        if offset + length > parent.size:
+            if owns:
+                parent.close()
+            raise FormatError(f"pack {parent.where!r} is {parent.size} bytes, shorter than its index says (blob "
+                              f"{raw.hex()} at byte {offset}, {length} bytes); it was truncated")
+        return parent.part(offset, length, f"{parent.where} (blob {raw.hex()} at byte {offset})", owns=owns)
 
     def _depth_of(self, raw: bytes) -> int | None:
         if raw not in self._depth:
@@ -256,9 +398,11 @@ class Store:
             blob.close()
         return self._depth.get(raw)
 
-    def _decode(self, raw: bytes, prefix: bytes | None = None, depth: int | None = None) -> np.ndarray:
+    def _decode(self, raw: bytes, prefix: bytes | None = None, depth: int | None = None,
+                handles: dict[str, backend.Blob] | None = None,
+                loc: str | tuple[str, int, int] | None = None) -> np.ndarray:
         """Blob ``raw`` decoded (its delta base first, recursively) and checked against ``raw``."""
-        blob, h = self._open_blob(raw)
+        blob, h = self._open_blob(raw, handles, loc=loc)
         try:
             where = f"blob {blob.where!r}"
             if prefix is not None and h.prefix != prefix:
@@ -272,16 +416,17 @@ class Store:
                                      expected=str(depth), actual=str(h.depth))
             out = np.empty(h.size, dtype=np.uint8)
             base = None
-            if h.codec == layout.DELTA:
+            if h.codec in layout.DELTAS:  # (storecodec: delta or delta-sub)
                 assert h.base is not None
                 base_raw = h.base
 
                 def base() -> np.ndarray:
                     try:
-                        return self._decode(base_raw, h.prefix, h.depth - 1)
+                        return self._decode(base_raw, h.prefix, h.depth - 1, handles)
                     except MissingFileError:
                         raise IntegrityError(f"{where} is a delta against {layout.show(base_raw)}, which the "
-                                             "store does not hold; the store is damaged") from None
+                                             f"store does not hold; the store is damaged{self._damage_note()}"
+                                             ) from None
             compress.decode_into(h, blob.whole(), out.data, base, where)
             self._check_decoded(raw, h, out, where)
             return out
@@ -302,11 +447,13 @@ class Store:
                                  "lies)", expected=layout.show(raw), actual=layout.show(got))
 
     def _write_blob(self, s: Any, raw: bytes, data: Any, base: tuple[bytes, int] | None, fresh: bool,
-                    keep: bool, pool: bool, later: list) -> tuple[int, np.ndarray | None]:
-        """Encode tensor ``s`` (bytes ``data``, digest ``raw``) and write its blob (not yet durable).
-        Returns its delta depth, and (``keep``) its bytes, proven to hash to ``raw``: a later save's
-        delta base. ``fresh``: ``raw`` was computed from ``data`` in this save. Runs on a worker
-        thread: it changes nothing of the object but the blobs' depths it learns."""
+                    keep: bool, pool: bool, later: list) -> tuple[int, np.ndarray | None, list[Any] | None, int]:
+        """Encode tensor ``s`` (bytes ``data``, digest ``raw``) and check its blob. A blob of
+        PACK_BLOB_LIMIT bytes or more is written as a loose object (not yet durable); a smaller one
+        is returned, for the saving thread to put into the save's pack. Returns its delta depth,
+        (``keep``) its bytes, proven to hash to ``raw``: a later save's delta base, and the blob's
+        pieces (None where written) and length. ``fresh``: ``raw`` was computed from ``data`` in
+        this save. Runs on a worker thread: it changes nothing of the object but the depths it learns."""
         prefix = digest.tensor_prefix(s.dtype.name, s.shape)
         where = (f"the tensor at {paths.join(s.path)} (changed while it was being saved, or written behind its "
                  "version counter: save it again)")
@@ -319,7 +466,7 @@ class Store:
                 except TensorCanonError:
                     base, base_bytes = None, None  # an unusable base: store the tensor whole
         enc = compress.encode(data, s.dtype.itemsize, base_bytes, pool=pool)
-        is_delta = enc.codec == layout.DELTA
+        is_delta = enc.codec in layout.DELTAS  # (storecodec: delta or delta-sub)
         depth = base[1] + 1 if is_delta and base is not None else 0
         head = layout.header_bytes(enc.codec, depth, prefix, len(data),
                                    base[0] if is_delta and base is not None else None, enc.planes)
@@ -345,9 +492,11 @@ class Store:
             del check
             pieces = [blob]
             total = len(blob)
+        if total < PACK_BLOB_LIMIT:
+            return depth, copy, pieces, total
         # (its fsync starts now, on another thread; every blob is durable before the record is written)
         self._b.put(layout.blob_path(raw), pieces, total, durable=False, later=later)
-        return depth, copy
+        return depth, copy, None, total
 
     # ------------------------------------------------------------------ records
     def _base_names(self) -> dict[str, bytes]:
@@ -424,6 +573,8 @@ class Store:
             if not cf.is_tensorcanon:
                 raise FormatError(f"{where}: its record holds a plain safetensors header, not a tensorcanon one")
             if blobs:
+                if not self._listed:  # (then a blob found nowhere lists the packs again: _open_blob)
+                    self._refresh_packs()
                 vf.attach(cf.rows)
             yield cf
         finally:
@@ -449,20 +600,38 @@ class Store:
         and header. ``tag=None`` writes the blobs only, durable (tensorcanon.dcp: one rank's file of a
         sharded checkpoint, whose record the coordinator writes last, with :meth:`_put_record`)."""
         with self._lock:
-            self._create()
+            later: list[Any] = []  # the fsyncs under way: loose blobs, a new marker; folders to fsync
+            self._create(later)
             with self._saving() as refresh:
                 self._since_gc()
+                self._refresh_packs()
+                self._loose = None
                 names = self._base_names()
                 hashed: dict[tuple, tuple[Any, int, int, bytes]] = {}
                 copies: dict[bytes, np.ndarray] = {}
                 kept = 0
-                # New blobs are encoded and written on WORKERS threads (zstd, xxhash and file writes
-                # release the GIL), a few at a time, while this thread hashes the next tensors.
-                jobs: list[tuple[bytes, Future[tuple[int, np.ndarray | None]]]] = []
+                # New blobs are encoded and checked on WORKERS threads (zstd, xxhash and file writes
+                # release the GIL), a few at a time, while this thread hashes the next tensors; this
+                # thread appends the small ones to the save's pack in the order of the tensors.
+                order: collections.deque[tuple[bytes, Future[Any]]] = collections.deque()
                 queued: set[bytes] = set()
-                inflight: list[Future[Any]] = []
-                later: list[Any] = []  # the blobs' fsyncs under way
+                done: list[tuple[bytes, int, np.ndarray | None]] = []
+                packed: list[tuple[str, layout.PackIndex]] = []
+                pack: list[_PackBuilder] = []
                 can_delta = compress.zstd() is not None
+
+                def settle_one() -> None:
+                    raw, job = order.popleft()
+                    depth, copy, pieces, total = job.result()  # (the first failure raised, in tensor order)
+                    done.append((raw, depth, copy))
+                    if pieces is None:
+                        return
+                    if pack and pack[0].full(total):
+                        packed.append(pack.pop().finish())
+                    if not pack:
+                        pack.append(_PackBuilder(self))
+                    pack[0].add(raw, pieces, total)
+
                 try:
                     for s in p.ordered:
                         raw = self._cached(s)
@@ -487,9 +656,8 @@ class Store:
                             depth = self._depth_of(old)
                             if depth is not None and depth < CHAIN:
                                 base = (old, depth)
-                        while len(inflight) >= 2 * WORKERS:  # (bounded: each holds its encoded bytes)
-                            wait(inflight, return_when=FIRST_COMPLETED)
-                            inflight = [f for f in inflight if not f.done()]
+                        while order and (len(order) >= 2 * WORKERS or order[0][1].done()):
+                            settle_one()  # (bounded: each holds its encoded bytes)
                             refresh()
                         # (a copy: the tensor will change; without zstd there are no deltas to take)
                         keep = can_delta and kept + len(data) <= BASE_CACHE
@@ -497,23 +665,42 @@ class Store:
                         big = len(data) >= PARALLEL
                         job = _workers().submit(self._write_blob, s, raw, data, base, fresh, keep, False, later) \
                             if not big else _done(self._write_blob, s, raw, data, base, fresh, keep, True, later)
-                        jobs.append((raw, job))
-                        inflight.append(job)
+                        order.append((raw, job))
                         queued.add(raw)
                         refresh()
-                finally:
-                    wait([f for _, f in jobs])  # (fsyncs started by a failed save finish on their own)
-                for raw, f in jobs:
-                    depth, copy = f.result()  # (the first failure raised, in the order of the tensors)
+                    while order:
+                        settle_one()
+                    header, manifest_raw = p.header()
+                    if pack:
+                        pack[0].seal()
+                    out = self._b.appender() if tag is not None else None  # (no tag: blobs only, for dcp)
+                    try:
+                        if out is not None:
+                            out.write(api.dumps(layout.record_object(cast(str, tag), header)))
+                            out.start_sync()  # (the record's fsync and the pack's run at once)
+                        if pack:  # (renamed; its folder fsynced by settle, with the others)
+                            packed.append(pack.pop().finish(later))
+                        if not self._root_synced:  # (the marker's and the folders' names, once per object)
+                            self._b.root_later(later)
+                        self._b.settle(later)  # every pack and blob durable before the record that names them
+                        if out is not None:
+                            out.finish(layout.tag_path(cast(str, tag)))
+                        self._root_synced = True
+                    except BaseException:
+                        if out is not None:
+                            out.abort()
+                        raise
+                except BaseException:
+                    wait([f for _, f in order])  # (fsyncs started by a failed save finish on their own)
+                    if pack:
+                        pack.pop().abort()
+                    raise
+                for raw, depth, copy in done:
                     self._depth[raw] = depth
                     self._known.add(raw)
                     if copy is not None:
                         copies[raw] = copy
-                self._b.settle(later)  # every blob durable before the record that names them
-                header, manifest_raw = p.header()
-                if tag is not None:
-                    record = api.dumps(layout.record_object(tag, header))
-                    self._b.put(layout.tag_path(tag), [record], len(record))
+                self._add_packs(packed)
                 self._hashed = hashed
                 self._copies = copies
                 self._last = {s.name: s.digest for s in p.tensors}
@@ -557,9 +744,12 @@ class Store:
 
     def checks(self) -> Iterator[tuple[str, str, Any]]:
         """Every check of the whole store, one at a time: ``("tag", tag, digest or the error)`` for
-        each tag, then ``("blob", name, None or the error)`` for each blob no tag used (a tag's
-        check decodes its own blobs). For reports that go on past the first damage."""
+        each tag, then ``("blob", name, None or the error)`` for each loose blob no tag used (a
+        tag's check decodes its own blobs), then ``("pack", name, None or the error)`` for each
+        pack: its bytes against its name, its header and index, and every blob it holds that no
+        tag's check read from it. For reports that go on past the first damage."""
         self._check_root()
+        self._refresh_packs()
         seen: set[bytes] = set()
         for t in self.tags():
             try:
@@ -572,14 +762,57 @@ class Store:
             yield "tag", t, result
         for rel in sorted(self._b.listing(layout.BLOBS)):
             raw = layout.blob_digest(rel)
-            if raw is None or raw in seen:
+            if raw is None or (raw in seen and raw not in self._where):
                 continue
             try:
-                self._decode(raw)
+                self._decode(raw, loc="loose")
                 result = None
             except (FormatError, IntegrityError) as e:
                 result = e
             yield "blob", self._b.display(rel), result
+        for rel in sorted(set(self._packs) | set(self._bad_packs)):
+            try:
+                self._check_pack(rel, seen)
+                result = None
+            except (FormatError, IntegrityError) as e:
+                result = e
+            yield "pack", self._b.display(rel), result
+
+    def _check_pack(self, rel: str, seen: set[bytes]) -> None:
+        """Pack ``rel`` checked whole: its bytes hash to its name, it starts with a pack's header, its
+        index is sound, and every blob it holds decodes to its digest (those a tag's check read from
+        it were decoded then)."""
+        if rel in self._bad_packs:
+            raise self._bad_packs[rel]
+        ix = self._packs[rel]
+        named = layout.pack_digest(rel)
+        assert named is not None
+        blob = self._b.blob(rel)
+        try:
+            where = f"pack {blob.where!r}"
+            h = digest.constructor(layout.ALGORITHM)(b"")
+            step = 16 << 20
+            for at in range(0, blob.size, step):
+                h.update(blob.read(at, min(blob.size, at + step)))
+            got = h.digest()
+            if got != named or blob.size != ix.size:
+                raise IntegrityError(f"{where}: its {blob.size} bytes hash to {layout.show(got)}, not the "
+                                     f"{layout.show(named)} it is named by; the pack is damaged (or was replaced)",
+                                     expected=layout.show(named), actual=layout.show(got))
+            if blob.read(0, len(layout.PACK_HEADER)) != layout.PACK_HEADER:
+                raise FormatError(f"{where}: it does not start with a pack's header ({layout.PACK_MAGIC!r} and "
+                                  f"{len(layout.PACK_HEADER) - len(layout.PACK_MAGIC)} zero bytes)")
+        finally:
+            blob.close()
+        handles: dict[str, backend.Blob] = {rel: self._b.blob(rel)}  # (opened once for all its blobs)
+        try:
+            for raw, (offset, length) in sorted(ix.entries.items(), key=lambda e: e[1]):
+                if raw in seen and self._where.get(raw) == (rel, offset, length):
+                    continue
+                self._decode(raw, handles=handles, loc=(rel, offset, length))
+        finally:
+            for b in handles.values():
+                b.close()
 
     def _verify_file(self, tag: str, cf: reader.CheckedFile) -> str:
         try:
@@ -633,9 +866,12 @@ class Store:
 
     def gc(self) -> dict[str, int]:
         """Delete every blob no tag needs (directly, or as a delta base), and what dead processes
-        left (temp files, markers). Safe while other processes save (docs/STORE.md, "gc"): it
-        announces itself, waits for the saves under way, and saves that start meanwhile wait
-        for it. Returns counts: ``deleted_blobs``, ``freed_bytes``, ``kept_blobs``."""
+        left (temp files, markers): a loose blob no tag needs is deleted, a pack none of whose blobs
+        a tag needs is deleted, and a pack mostly of such blobs (or one of many small packs) is
+        rewritten with the blobs still needed, made durable, before the old one is deleted. Safe
+        while other processes save (docs/STORE.md, "gc"): it announces itself, waits for the saves
+        under way, and saves that start meanwhile wait for it. Returns counts: ``deleted_blobs``,
+        ``freed_bytes``, ``kept_blobs``, ``deleted_packs``, ``written_packs``."""
         self._check_root()
         with self._lock:
             self._b.ensure()
@@ -654,6 +890,7 @@ class Store:
                 for rel, (_, when) in self._b.listing(layout.GC).items():
                     if rel != me and self._stale(rel, when):
                         self._b.delete(rel)
+                self._refresh_packs()
                 live: set[bytes] = set()
                 for tag in self.tags():
                     with self._tag_file(tag, blobs=False) as cf:
@@ -670,10 +907,12 @@ class Store:
                         live.add(h.base)
                         todo.append(h.base)
                 deleted = freed = kept = 0
+                held: set[bytes] = set()  # live blobs with a copy that stays (loose, or in a pack kept whole)
                 for rel, (size, _) in sorted(self._b.listing(layout.BLOBS).items()):
                     named = layout.blob_digest(rel)
                     if named is not None and named in live:
                         kept += 1
+                        held.add(named)
                         continue
                     refresh()
                     if self._b.delete(rel):
@@ -682,6 +921,35 @@ class Store:
                     if named is not None:
                         self._known.discard(named)
                         self._copies.pop(named, None)
+                # Packs (a pack whose index cannot be read is kept: what it holds is unknown).
+                packs = sorted(self._packs.items())
+                merge = sum(1 for _, ix in packs if ix.size < MERGE_SMALL) >= MERGE_AT
+                rewrite: list[tuple[str, layout.PackIndex, list[tuple[int, int, bytes]]]] = []
+                dropped = 0
+                for rel, ix in packs:
+                    alive = sorted((o, n, r) for r, (o, n) in ix.entries.items() if r in live)
+                    if not alive:
+                        refresh()
+                        if self._b.delete(rel):
+                            dropped += 1
+                            deleted += len(ix.entries)
+                            freed += ix.size
+                        continue
+                    if sum(n for _, n, _ in alive) < REPACK_LIVE * ix.size or (merge and ix.size < MERGE_SMALL):
+                        rewrite.append((rel, ix, alive))
+                    else:
+                        kept += len(alive)
+                        held.update(r for _, _, r in alive)
+                written = made = 0
+                if rewrite:
+                    written, made, gone = self._repack(rewrite, held, refresh)
+                    for rel, ix, alive in rewrite:
+                        if rel in gone:
+                            dropped += 1
+                            deleted += len(ix.entries) - len(alive)
+                            freed += ix.size
+                        kept += len(alive)
+                    freed -= written
                 for rel, (size, when) in self._b.listing(layout.TMP).items():
                     if self._stale_temp(rel, when) and self._b.delete(rel):
                         freed += size
@@ -690,10 +958,67 @@ class Store:
                 self._b.put(layout.EPOCH, [token], len(token), durable=False)
                 self._known.clear()
                 self._depth.clear()
+                self._copies = {r: c for r, c in self._copies.items() if r in live}
+                self._refresh_packs()
             finally:
                 with contextlib.suppress(TensorCanonError):
                     self._b.delete(me)
-        return {"deleted_blobs": deleted, "freed_bytes": freed, "kept_blobs": kept}
+        return {"deleted_blobs": deleted, "freed_bytes": max(freed, 0), "kept_blobs": kept, "deleted_packs": dropped,
+                "written_packs": made}
+
+    def _repack(self, rewrite: list[tuple[str, layout.PackIndex, list[tuple[int, int, bytes]]]],
+                held: set[bytes], refresh: Callable[[], None]) -> tuple[int, int, set[str]]:
+        """Copy the live blobs of packs ``rewrite`` (but those ``held`` elsewhere) into new packs,
+        make those durable, then delete the old ones. A pack whose bytes do not hash to its name is
+        left as it is (damaged: verify reports it; nothing of it is copied). Returns the bytes and
+        packs written, and the packs deleted."""
+        builder: _PackBuilder | None = None
+        made: list[tuple[str, layout.PackIndex]] = []
+        copied = set(held)
+        sources: list[str] = []
+        try:
+            for rel, ix, alive in rewrite:
+                try:
+                    blob = self._b.blob(rel)
+                except MissingFileError:
+                    continue  # (another collection rewrote it)
+                data: Any = None
+                try:
+                    data = blob.whole()
+                    h = digest.constructor(layout.ALGORITHM)(b"")
+                    h.update(data)
+                    if h.digest() != layout.pack_digest(rel) or len(data) != ix.size:
+                        continue
+                    for offset, length, raw in alive:
+                        if raw in copied:
+                            continue
+                        if builder is not None and builder.full(length):
+                            made.append(builder.finish())
+                            builder = None
+                        if builder is None:
+                            builder = _PackBuilder(self)
+                        builder.add(raw, [bytes(memoryview(data)[offset : offset + length])], length)
+                        copied.add(raw)
+                        refresh()
+                    sources.append(rel)
+                finally:
+                    del data
+                    blob.close()
+            if builder is not None:
+                made.append(builder.finish())
+                builder = None
+        except BaseException:
+            if builder is not None:
+                builder.abort()
+            raise
+        self._add_packs(made)
+        new = {rel for rel, _ in made}
+        gone = set()
+        for rel in sources:  # (every blob they held that a tag needs is durable in a new pack)
+            if rel not in new and self._b.delete(rel):
+                gone.add(rel)
+            refresh()
+        return sum(ix.size for _, ix in made), len(made), gone
 
     def _stale_temp(self, rel: str, mtime: float) -> bool:
         parts = rel.rsplit("/", 1)[-1].split(".")
@@ -703,13 +1028,18 @@ class Store:
 
     def stats(self) -> dict[str, Any]:
         """Sizes and counts: ``logical_bytes`` (what saving every tag as its own file would take),
-        ``stored_bytes`` (what the store takes: blobs and records), ``tags``, ``blobs``,
-        ``blob_bytes``, ``record_bytes``, ``tensor_bytes`` (the decoded size of every blob),
-        ``codecs`` (blobs per codec) and ``max_depth`` (the longest delta chain)."""
+        ``stored_bytes`` (what the store takes: blobs, packs and records), ``tags``, ``blobs``
+        (distinct blobs, loose or in packs), ``loose_blobs``, ``packs``, ``pack_bytes``,
+        ``blob_bytes`` (loose blobs and packs), ``record_bytes``, ``tensor_bytes`` (the decoded
+        size of every blob), ``codecs`` (blobs per codec) and ``max_depth`` (the longest delta chain)."""
         if not self._b.root_exists():
             return {"tags": 0, "blobs": 0, "logical_bytes": 0, "stored_bytes": 0, "blob_bytes": 0,
-                    "record_bytes": 0, "tensor_bytes": 0, "codecs": {}, "max_depth": 0}
+                    "record_bytes": 0, "tensor_bytes": 0, "codecs": {}, "max_depth": 0, "loose_blobs": 0,
+                    "packs": 0, "pack_bytes": 0}
         self._check_root()
+        self._refresh_packs()
+        if self._bad_packs:
+            raise sorted(self._bad_packs.items())[0][1]
         tags = self.tags()
         logical = record_bytes = 0
         records = self._b.listing(layout.TAGS)
@@ -718,22 +1048,28 @@ class Store:
             parsed = container.parse_raw(header[:8], header[8:], None, DEFAULT)
             logical += len(header) + max((e.end for e in parsed.entries), default=0)
             record_bytes += records.get(layout.tag_path(t), (0, 0))[0]
-        blobs = {rel: size for rel, (size, _) in self._b.listing(layout.BLOBS).items()
+        loose = {rel: size for rel, (size, _) in self._b.listing(layout.BLOBS).items()
                  if layout.blob_digest(rel) is not None}
+        names = {cast(bytes, layout.blob_digest(rel)) for rel in loose} | set(self._where)
         kinds: dict[str, int] = {}
         tensor_bytes = max_depth = 0
-        for rel in sorted(blobs):
-            raw = layout.blob_digest(rel)
-            assert raw is not None
-            blob, h = self._open_blob(raw)
-            blob.close()
-            kinds[h.codec_name] = kinds.get(h.codec_name, 0) + 1
-            tensor_bytes += h.size
-            max_depth = max(max_depth, h.depth)
-        blob_bytes = sum(blobs.values())
-        return {"tags": len(tags), "blobs": len(blobs), "logical_bytes": logical,
+        handles: dict[str, backend.Blob] = {}
+        try:
+            for raw in sorted(names):
+                blob, h = self._open_blob(raw, handles, share=True)
+                blob.close()
+                kinds[h.codec_name] = kinds.get(h.codec_name, 0) + 1
+                tensor_bytes += h.size
+                max_depth = max(max_depth, h.depth)
+        finally:
+            for b in handles.values():
+                b.close()
+        pack_bytes = sum(ix.size for ix in self._packs.values())
+        blob_bytes = sum(loose.values()) + pack_bytes
+        return {"tags": len(tags), "blobs": len(names), "logical_bytes": logical,
                 "stored_bytes": blob_bytes + record_bytes, "blob_bytes": blob_bytes, "record_bytes": record_bytes,
-                "tensor_bytes": tensor_bytes, "codecs": dict(sorted(kinds.items())), "max_depth": max_depth}
+                "tensor_bytes": tensor_bytes, "codecs": dict(sorted(kinds.items())), "max_depth": max_depth,
+                "loose_blobs": len(loose), "packs": len(self._packs), "pack_bytes": pack_bytes}
 
     # ------------------------------------------------------------------ for tensorcanon.dcp (dcp/store.py)
     # A sharded checkpoint in a store: each rank writes its rank file's blobs (_put with no tag), the
@@ -753,11 +1089,16 @@ class Store:
         for first, and a missing one refuses the record."""
         tag = layout.check_tag(tag)
         with self._lock:
-            self._create()
+            later: list[Any] = []
+            self._create(later)
+            self._b.settle(later)
             with self._saving():  # (no collection runs from here until the record is written)
                 if self._epoch_now() != epoch:
+                    self._since_gc()
+                    self._refresh_packs()
+                    self._loose = None
                     for raw in blobs:
-                        if not self._b.exists(layout.blob_path(raw)):
+                        if not self._blob_exists(raw):
                             raise IntegrityError(
                                 f"tag {tag!r}: blob {layout.show(raw)} that a rank wrote is gone: `gc` ran while "
                                 "the checkpoint was being saved, before its record could name it; save it again",
@@ -800,6 +1141,63 @@ def _done(fn: Callable[..., Any], *args: Any) -> Future[Any]:
     except Exception as e:  # noqa: BLE001 (re-raised by result(); an interrupt propagates at once)
         f.set_exception(e)
     return f
+
+
+class _PackBuilder:
+    """One pack being written (docs/STORE.md, "Packs"): its header, then each blob at the next
+    multiple of 64 bytes, then, by :meth:`finish`, its index and trailer; it is named by the digest
+    of all its bytes (hashed as they are written) and made durable before :meth:`finish` returns."""
+
+    def __init__(self, store: Store) -> None:
+        self._s = store
+        self._out = store._b.appender()
+        self._h = digest.constructor(layout.ALGORITHM)(b"")
+        self.size = 0
+        self.entries: list[tuple[bytes, int, int]] = []
+        self._put(layout.PACK_HEADER)
+
+    def _put(self, piece: Any) -> None:
+        self._out.write(piece)
+        self._h.update(piece)
+        self.size += memoryview(piece).nbytes
+
+    def full(self, total: int) -> bool:
+        """Whether a blob of ``total`` bytes should start another pack."""
+        return bool(self.entries) and (self.size + total > PACK_SIZE or len(self.entries) >= layout.MAX_PACK_ENTRIES)
+
+    def add(self, raw: bytes, pieces: list[Any], total: int) -> None:
+        pad = -self.size % layout.PAYLOAD_ALIGN
+        if pad:
+            self._put(bytes(pad))
+        at = self.size
+        for piece in pieces:
+            self._put(piece)
+        if self.size - at != total:
+            raise AssertionError(f"a blob of {self.size - at} bytes where {total} were announced")
+        self.entries.append((raw, at, total))
+
+    def seal(self) -> None:
+        """Write the index and trailer, and start the pack's fsync (on another thread)."""
+        self._index_at = self.size
+        self._put(layout.pack_tail(self.entries, self._index_at))
+        self._out.start_sync()
+
+    def finish(self, later: list | None = None) -> tuple[str, layout.PackIndex]:
+        """Make the pack durable under its name (sealed first, if it was not); its name and index.
+        ``later``: its folder's fsync is left to ``Local.settle`` (with the other folders')."""
+        if not hasattr(self, "_index_at"):
+            self.seal()
+        rel = layout.pack_path(self._h.digest())
+        try:
+            self._s._upgrade()  # (a layout-1 store: its marker says layout 2 before it holds a pack)
+            self._out.finish(rel, later)
+        except BaseException:
+            self._out.abort()
+            raise
+        return rel, layout.PackIndex(self.size, self._index_at, {r: (o, n) for r, o, n in self.entries})
+
+    def abort(self) -> None:
+        self._out.abort()
 
 
 class _Refresher:
@@ -848,6 +1246,7 @@ class _TagFile(io.RawIOBase):
         self._rows: list[Any] = []
         self._begins: list[int] = []
         self._opened: dict[bytes, tuple[backend.Blob, layout.BlobHeader]] = {}
+        self._handles: dict[str, backend.Blob] = {}  # the packs its blobs are read from, each opened once
         self._decoded: tuple[bytes, np.ndarray] | None = None
         self._next: dict[bytes, bytes] = {}  # a compressed blob -> the next one in data order
         self._ahead: tuple[bytes, Future[np.ndarray]] | None = None  # that one, decoding on another thread
@@ -862,11 +1261,11 @@ class _TagFile(io.RawIOBase):
             if r.digest in self._opened:
                 continue
             try:
-                blob, h = self._s._open_blob(r.digest)
+                blob, h = self._s._open_blob(r.digest, self._handles, share=True)
             except MissingFileError:
                 raise IntegrityError(f"tag {self.tag!r}: the blob of tensor {r.name!r} ({layout.show(r.digest)}) "
                                      "is missing from the store; the tag cannot be loaded (delete it, or save it "
-                                     "again)", expected=layout.show(r.digest)) from None
+                                     f"again){self._s._damage_note()}", expected=layout.show(r.digest)) from None
             self._opened[r.digest] = (blob, h)
             expected = digest.tensor_prefix(r.dtype.name, r.shape)
             if h.prefix != expected:
@@ -926,11 +1325,12 @@ class _TagFile(io.RawIOBase):
         if self._decoded is None or self._decoded[0] != raw:
             self._decoded = None
             ahead, self._ahead = self._ahead, None
-            data = ahead[1].result() if ahead is not None and ahead[0] == raw else self._s._decode(raw)
+            data = ahead[1].result() if ahead is not None and ahead[0] == raw else \
+                self._s._decode(raw, handles=self._handles)
             self._decoded = (raw, data)
             nxt = self._next.get(raw)
             if nxt is not None:
-                self._ahead = (nxt, _ahead_pool().submit(self._s._decode, nxt))
+                self._ahead = (nxt, _ahead_pool().submit(self._s._decode, nxt, None, None, self._handles))
         return self._decoded[1]
 
     def mapped(self, r: Any, map_location: Any, cf: reader.CheckedFile) -> Any:
@@ -950,10 +1350,10 @@ class _TagFile(io.RawIOBase):
         blob, h = opened
         b = self._s._b
         assert isinstance(b, backend.Local)
-        src = map_file(b.path(layout.blob_path(r.digest)))
+        src = map_file(b.path(blob.rel))  # (a loose blob, or the pack holding it)
         try:
-            view = src.tensor(h.payload, h.size)
-            data = src.view(h.payload, h.size)
+            view = src.tensor(blob.start + h.payload, h.size)
+            data = src.view(blob.start + h.payload, h.size)
             if view is None or data is None:
                 return None
             self._s._check_decoded(r.digest, h, data, f"blob {blob.where!r}")
@@ -1002,5 +1402,10 @@ class _TagFile(io.RawIOBase):
         self._decoded = None
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            ahead[1].cancel()  # (or it finishes, unread: it holds only its own blobs)
+            ahead[1].cancel()
+            with contextlib.suppress(Exception):  # (it reads through the packs opened here: let it end first)
+                ahead[1].result()
+        for pack in self._handles.values():
+            pack.close()
+        self._handles.clear()
         super().close()

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace, out: Any) -> int:
         return EXIT_OK
     if args.action == "gc":
         found = store.gc()
-        out.line(f"deleted {found['deleted_blobs']} blobs ({found['freed_bytes']:,} bytes), kept {found['kept_blobs']}")
+        out.line(f"deleted {found['deleted_blobs']} blobs ({found['freed_bytes']:,} bytes freed), kept "
+                 f"{found['kept_blobs']}; packs deleted {found['deleted_packs']}, written {found['written_packs']}")
         out.json({"root": root, **found})
         return EXIT_OK
     stats = store.stats()
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace, out: Any) -> int:
     out.line(f"tags           {stats['tags']}")
     codecs = ", ".join(f"{k} {v}" for k, v in stats["codecs"].items()) or "none"
     out.line(f"blobs          {stats['blobs']}  ({codecs})")
+    out.line(f"packs          {stats['packs']}  ({stats['pack_bytes']:,} bytes; "
+             f"{stats['blobs'] - stats['loose_blobs']} blobs packed, {stats['loose_blobs']} loose)")
     out.line(f"logical bytes  {stats['logical_bytes']:,}")
     out.line(f"stored bytes   {stats['stored_bytes']:,}  ({ratio:.3f} of logical)")
     out.json({"root": root, **stats})
@@ -96,10 +99,10 @@ def _verify(store: Any, root: str, tags: list[str], out: Any) -> int:
             results.append({"tag": name, "status": "ok", "digest": result})
             out.line(f"OK       tag {name}  {result}")
         else:
-            results.append({"blob": name, "status": "ok"})
+            results.append({kind: name, "status": "ok"})
     if not tags:
-        n_tags, blobs = (sum(1 for k, _, _ in checks if k == what) for what in ("tag", "blob"))
-        out.line(f"{'DAMAGED' if code else 'OK'}: {root}: {n_tags} tag{'s' * (n_tags != 1)} checked, and "
-                 f"{blobs} blob{'s' * (blobs != 1)} that no tag uses")
+        n_tags, blobs, packs = (sum(1 for k, _, _ in checks if k == what) for what in ("tag", "blob", "pack"))
+        out.line(f"{'DAMAGED' if code else 'OK'}: {root}: {n_tags} tag{'s' * (n_tags != 1)} checked, "
+                 f"{blobs} loose blob{'s' * (blobs != 1)} that no tag uses, and {packs} pack{'s' * (packs != 1)}")
     out.json({"root": root, "results": results})
     return code
