@@ -15,6 +15,7 @@ import torch
 
 import tensorcanon as tc
 
+
 # One tensor per path through host_view / _canonical and empty_tensor / empty_buffer: a dtype numpy
 # views, bool, a dtype numpy lacks (viewed as an int of its size), a non-contiguous view (copied),
 # a tensor that requires grad, a large one (read straight into its own tensor) and a small one.
