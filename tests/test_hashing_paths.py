@@ -370,3 +370,62 @@ def test_two_threads_load_what_one_thread_loads(tmp_path, monkeypatch):
     assert two["cl"].is_contiguous(memory_format=torch.channels_last)
     assert type(two["p"]) is torch.nn.Parameter and two["grad"].requires_grad
     assert tensorcanon.load(p, verify=False).keys() == obj.keys()
+
+
+def test_open_finds_a_far_row_and_a_top_level_key_without_decoding_the_rest(tmp_path):
+    """Row 500 of 1,000 is found by one skip over the rows before it (none kept one by one), and
+    `$["layer0500"]` of a flat dict without decoding the root; both as the full decoding says."""
+    p = tmp_path / "k.st"
+    tensorcanon.save({f"layer{i:04d}": torch.full((4,), float(i)) for i in range(1000)}, p)
+    src = source.map_plain(str(p))
+    try:
+        q = lazyindex.QuickIndex(src, tensorcanon.Limits())
+        assert q.index_of('$["layer0500"]') == 500 and q._root is None  # the root was not decoded
+        assert q.info(500).name == "layer0500" and len(q._rows) == 1 and set(q._far) == {500, 501}
+        assert q.index_of('$["layer0999"]') == 999 and q.info(999).name == "layer0999"
+        src.seek(0)
+        dense = lazyindex.QuickIndex(src, tensorcanon.Limits())
+        assert [dense._dense_to(i) for i in (500, 501, 1000)] == [q._row_start(i) for i in (500, 501, 1000)]
+        assert q._row_start(1000) == q._table_end
+        assert q.index_of('$["layer1000"]') is None and q._root is not None  # absent: decoded, not found
+    finally:
+        src.release()
+
+
+@pytest.mark.parametrize("obj, key", [
+    ({"a": torch.zeros(2), "b": "a"}, "a"),  # the key's text elsewhere too: the root is decoded
+    ({"x": {"a": torch.zeros(2)}, "a": torch.ones(2)}, "a"),  # a key of that text deeper down too
+    ([torch.zeros(2)], None),  # not a dict
+    ({"a": [torch.zeros(2)], "b": torch.ones(2)}, "b"),  # b's tensor is not tensor 0: checked by the skip
+])
+def test_a_top_level_key_is_found_without_decoding_only_where_that_is_proven(tmp_path, obj, key):
+    p = tmp_path / "t.st"
+    tensorcanon.save(obj, p)
+    src = source.map_plain(str(p))
+    try:
+        q = lazyindex.QuickIndex(src, tensorcanon.Limits())
+        if key is not None:
+            fast = q._top_key(key)
+            src.seek(0)
+            full = lazyindex.QuickIndex(src, tensorcanon.Limits())
+            full._root = full._root or _decoded_root(full)
+            assert fast in (None, full._follow((key,)))
+            assert q.index_of(f'$["{key}"]') == full._follow((key,))
+        else:
+            assert q._top_key("a") is None
+    finally:
+        src.release()
+    loaded = tensorcanon.load(p)
+    with tensorcanon.open(p) as f:
+        for k in (loaded if isinstance(loaded, dict) else {}):
+            if isinstance(loaded[k], torch.Tensor):
+                assert torch.equal(f[f'$["{k}"]'], loaded[k])
+
+
+def _decoded_root(q):
+    import msgpack
+
+    from tensorcanon.format import manifest
+
+    a, b = q._root_span
+    return msgpack.unpackb(q.manifest[a:b], **manifest.UNPACK_OPTIONS)

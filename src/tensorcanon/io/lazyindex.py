@@ -202,6 +202,10 @@ class QuickIndex:
         return self._named(key)
 
     def _follow(self, trail: tuple) -> int | None:
+        if self._root is None and len(trail) == 1 and type(trail[0]) is str and self._max_depth > 1:
+            found = self._top_key(trail[0])
+            if found is not None:
+                return found
         if self._root is None:
             a, b = self._root_span
             try:
@@ -232,6 +236,46 @@ class QuickIndex:
                 and 0 <= node[1] < self.count and depth < self._max_depth:
             return node[1]
         return None
+
+    def _top_key(self, key: str) -> int | None:
+        """The tensor at ``$[key]`` when the root is a dict whose value at ``key`` is a tensor, found
+        without decoding the root (a thousand keys: 200 µs right after a collection); None where
+        that cannot be shown so (:meth:`_follow` then decodes the root).
+
+        Shown as follows: the root's bytes hold the key's text once (so no other key of the
+        root, nor anything below it, is that str: any str equal to it holds its UTF-8 bytes),
+        as the canonical encoding of that str followed by a tensor node ``["tensor", i]``; and
+        that encoding is the root's item ``1 + 2i`` (its ``i``-th key: a table of the canonical
+        form numbers a flat dict's tensors in key order), checked by skipping the ``2i`` items
+        before it in one call (:func:`_skipped`)."""
+        a, b = self._root_span
+        m = self.manifest
+        size = _ARRAY_HEAD.get(m[a]) if b - a > 6 else None
+        if size is None or m[a + size : a + size + 5] != b"\xa4dict":
+            return None  # not a dict
+        items = m[a] - 0x90 if size == 1 else int.from_bytes(m[a + 1 : a + size], "big")
+        if not items % 2:
+            return None  # an odd number of items after the tag (_follow: None)
+        head = a + size + 5  # where the dict's first key starts
+        text = key.encode("utf-8", "surrogatepass")
+        if not text or m.count(text, a, b) != 1:
+            return None
+        try:
+            packed = msgpack.packb(key)
+        except (ValueError, UnicodeEncodeError):
+            return None
+        at = m.find(packed + b"\x92\xa6tensor", head, b)
+        v = at + len(packed) + 8  # the tensor's index, a positive int
+        if at < 0 or v >= b:
+            return None
+        kind = m[v]
+        width = 0 if kind < 0x80 else _UINT_WIDTH.get(kind, -1)
+        if width < 0 or v + width >= b:
+            return None
+        i = kind if not width else int.from_bytes(m[v + 1 : v + 1 + width], "big")
+        if i >= self.count or 2 * i >= 1 << 32 or _skipped(m, head, 2 * i, b) != at:
+            return None
+        return i
 
     def _named(self, name: str) -> int | None:
         """The row stored as ``name``: found by its canonical encoding, confirmed by decoding it."""
@@ -315,6 +359,9 @@ class QuickIndex:
 
 
 _NONE = object()
+# The first byte of an array's header (fixarray, array 16, array 32) -> the header's size (_top_key).
+_ARRAY_HEAD = {**{0x90 + n: 1 for n in range(16)}, 0xDC: 3, 0xDD: 5}
+_UINT_WIDTH = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
 _FAR = 16  # rows past the last known from which they are skipped in one call (_skipped)
 
 
