@@ -429,3 +429,27 @@ def _decoded_root(q):
 
     a, b = q._root_span
     return msgpack.unpackb(q.manifest[a:b], **manifest.UNPACK_OPTIONS)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_manifests_base64_decodes_alike_with_and_without_pybase64(tmp_path, monkeypatch, fast):
+    """The manifest's base64 is decoded by pybase64 where installed (the `fast` extra), else by
+    binascii: both give the same bytes and refuse what is not strict base64."""
+    import base64
+    import binascii
+
+    if fast and lazyindex._fast_b64() is None:
+        pytest.skip("pybase64 is not installed")
+    if not fast:
+        monkeypatch.setattr(lazyindex, "_fast_b64", lambda: None)
+    for n in (0, 1, 2, 3, 100, 4097, 150_000):
+        data = os.urandom(n)
+        assert lazyindex._b64decode(memoryview(base64.b64encode(data))) == data
+    for bad in (b"AAA!", b"AAAA=AAA", b"AA==AAAA", b"A===", b"AAA", b"A" * 4096 + b"\nAAA"):
+        with pytest.raises(binascii.Error):
+            lazyindex._b64decode(memoryview(bad))
+    p = tmp_path / "b.st"
+    tensorcanon.save({f"t{i:03d}": torch.full((3,), float(i)) for i in range(300)}, p)
+    with tensorcanon.open(p) as f:
+        assert torch.equal(f['$["t150"]'], torch.full((3,), 150.0))
+        assert f._quick is not None and f._full is None  # proven by the quick index
