@@ -453,3 +453,31 @@ def test_the_manifests_base64_decodes_alike_with_and_without_pybase64(tmp_path, 
     with tensorcanon.open(p) as f:
         assert torch.equal(f['$["t150"]'], torch.full((3,), 150.0))
         assert f._quick is not None and f._full is None  # proven by the quick index
+
+
+def test_open_maps_without_torch_and_unmaps_with_the_last_view(tmp_path):
+    """tensorcanon.open's map (source.map_plain: libc's mmap, no torch storage, no descriptor) stays
+    while any view of its bytes is held, and goes with the last one."""
+    import gc
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc/self")
+    p = tmp_path / "m.st"
+    tensorcanon.save({"a": torch.arange(100.0)}, p)
+    real = os.path.realpath(p)
+
+    def maps() -> int:
+        with open("/proc/self/maps") as fh:
+            return sum(1 for line in fh if line.rstrip().endswith(real))
+
+    fds = len(os.listdir("/proc/self/fd"))
+    src = source.map_plain(str(p))
+    assert src.mapped is None and maps() == 1 and len(os.listdir("/proc/self/fd")) == fds
+    head = src.data[:8]
+    src.release()
+    gc.collect()
+    assert maps() == 1 and bytes(head) == p.read_bytes()[:8]  # a view held: still mapped
+    del head
+    gc.collect()
+    assert maps() == 0

@@ -292,7 +292,8 @@ def map_plain(name: str) -> Source:
             e = ctypes.get_errno()
             raise FileAccessError(f"cannot map {name!r}: {os.strerror(e)}", filename=name, errno=e)
     held = (ctypes.c_char * size).from_address(address)
-    weakref.finalize(held, calls[1], address, size)  # unmapped when nothing views it any more
+    unmap = weakref.finalize(held, calls[1], address, size)  # unmapped when nothing views it any more
+    unmap.atexit = False  # (at exit the process's end unmaps it: no view is left dangling meanwhile)
     return Source(data=held, name=name, span=(address, size))
 
 
