@@ -439,9 +439,10 @@ def _b64decode(text: memoryview) -> bytes:
 
     CPython decodes base64 a character at a time: 300 µs for the 150 KB of a thousand tensors'
     manifest, the largest part of opening their file. Where pybase64 is installed (the ``fast``
-    extra) its vectorized decoder takes 10-40 µs; it accepts no text that binascii's strict mode
-    refuses. (A decoding that differed would be caught all the same: the bytes decoded are hashed
-    against the file digest.)"""
+    extra) its vectorized decoder takes 10-40 µs; with ``validate=True`` it refuses what binascii's
+    strict mode refuses in every case tested (tests/test_hashing_paths.py), and some text that
+    binascii accepts (``AAAA===``), which the full check then decides. A decoding that differed
+    would be caught all the same: the bytes decoded are hashed against the file digest."""
     fast = _fast_b64()
     if fast is not None:
         return fast(text, validate=True)
