@@ -5,6 +5,7 @@ Run from the repository root::
     python benchmarks/hashing_paths.py                 # 256 MiB, 9 rounds: prints the markdown
     python benchmarks/hashing_paths.py --out FILE      # also writes it to FILE
     python benchmarks/hashing_paths.py --quick         # 16 MiB, 3 rounds: a smoke test
+    python benchmarks/hashing_paths.py --lazy-only     # tensorcanon.open alone, and its stages
 
 Every byte tensorcanon writes or reads is hashed (xxh3-128); safetensors and torch.load hash
 nothing. These rows ask what that costs on this machine:
@@ -165,6 +166,57 @@ def lazy_ops(tmp: str, count: int) -> dict:
             "safetensors safe_open + get_tensor 1": st_one}
 
 
+def lazy_stages(tmp: str, count: int, runs: int) -> list[str]:
+    """Where ``tensorcanon.open`` + reading one tensor of ``count`` spends its time, stage by stage,
+    each run after a collection as the timed operations are (the stages of LazyFile, called one
+    by one through the io modules; works on earlier trees too, which map through torch)."""
+    import gc
+    import time
+
+    from tensorcanon.format import container
+    from tensorcanon.io import lazyindex, reader, source
+
+    obj = {f"layer{i:04d}": torch.full((1024,), float(i)) for i in range(count)}
+    p = os.path.join(tmp, "stages.st")
+    tensorcanon.save(obj, p)
+    limits = tensorcanon.Limits()
+    key = f'$["layer{count // 2:04d}"]'
+    mapper = getattr(source, "map_plain", source.map_file)
+    times: dict[str, list[float]] = {}
+    for _ in range(runs):
+        gc.collect()
+        marks = [time.perf_counter()]
+        src = mapper(p)
+        marks.append(time.perf_counter())
+        prefix, raw = container.read_raw(src.read, src.size, limits)
+        marks.append(time.perf_counter())
+        lazyindex._metadata(raw)  # __metadata__ and the manifest's base64
+        marks.append(time.perf_counter())
+        src.seek(0)
+        q = lazyindex.QuickIndex(src, limits)  # all of it again, warm now: + digest and outline
+        marks.append(time.perf_counter())
+        i = q.index_of(key)
+        marks.append(time.perf_counter())
+        info = q.info(i)
+        marks.append(time.perf_counter())
+        reader.RowReader(src, limits, q.data_start, q.algorithm).read_row(info)
+        marks.append(time.perf_counter())
+        src.release()
+        del q, src
+        marks.append(time.perf_counter())
+        for name, a, b in zip(_STAGES, marks[:-1], marks[1:], strict=True):
+            times.setdefault(name, []).append(b - a)
+    lines = [f"### Lazy open, stage by stage ({count} tensors, {runs} runs, a collection before each)", "",
+             "| stage | median |", "| --- | --- |"]
+    lines += [f"| {name} | {bench_run.fmt_t(statistics.median(ts))} |" for name, ts in times.items()]
+    return lines + [""]
+
+
+_STAGES = ["map the file", "read the header", "__metadata__ and the manifest's base64",
+           "the quick index again (warm; + digest, outline)", "the path to a table index",
+           "its row and header entry", "read, hash and copy its bytes", "release the map"]
+
+
 def table(title: str, t: bench_run.Timings, before: str, after: str) -> list[str]:
     lines = [f"### {title}", "", f"Load average (1, 5, 15 min) before: {before}; after: {after}.", "",
              "| operation | median | fastest – slowest | CPU time (median) | rounds disturbed |",
@@ -184,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--large-mib", type=int, default=None, help="the large state's size (default 256, quick 16)")
     ap.add_argument("--dir", default=None, help="where the files go (default /dev/shm if it exists)")
     ap.add_argument("--out", default=None, help="also write the markdown here")
+    ap.add_argument("--lazy-only", action="store_true",
+                    help="only the lazy opens (and their stages): a quick A/B of tensorcanon.open")
     ap.add_argument("--malloc-as-is", action="store_true",
                     help="leave glibc's adjustable mmap threshold (default: pinned at 128 KiB, so that every "
                          "load, and the raw read, fills fresh pages: compare.py's MALLOC_MMAP_THRESHOLD)")
@@ -203,21 +257,26 @@ def main(argv: list[str] | None = None) -> int:
     md = [f"## Hashing paths (benchmarks/hashing_paths.py{' --quick' if args.quick else ''})", ""]
     results: dict[str, tuple[float, float]] = {}
     try:
-        obj = bench_run.large_tensors(mib)
-        before = load_average()
-        large = bench_run.interleaved_medians(large_ops(tmp, obj), runs)
-        md += table(f"{mib} MiB in 128 float32 tensors, {runs} rounds", large, before, load_average())
-        before = load_average()
-        ops, write_both = mmap_ops(tmp, obj)
-        mapped = bench_run.interleaved_medians(ops, runs, before=write_both)
-        md += table(f"Memory-mapped loads: {mib} MiB in 128 float32 tensors, both files written again before "
-                    f"each run, {runs} rounds", mapped, before, load_average())
-        del obj
+        large = mapped = bench_run.Timings({}, {}, {})
+        if not args.lazy_only:
+            obj = bench_run.large_tensors(mib)
+            before = load_average()
+            large = bench_run.interleaved_medians(large_ops(tmp, obj), runs)
+            md += table(f"{mib} MiB in 128 float32 tensors, {runs} rounds", large, before, load_average())
+            before = load_average()
+            ops, write_both = mmap_ops(tmp, obj)
+            mapped = bench_run.interleaved_medians(ops, runs, before=write_both)
+            md += table(f"Memory-mapped loads: {mib} MiB in 128 float32 tensors, both files written again "
+                        f"before each run, {runs} rounds", mapped, before, load_average())
+            del obj
         before = load_average()
         lazy = bench_run.interleaved_medians(lazy_ops(tmp, 1000), lazy_runs)
         md += table(f"Lazy open: 1 tensor of 1,000 (4 KiB each), {lazy_runs} rounds", lazy, before, load_average())
+        md += lazy_stages(tmp, 1000, lazy_runs)
         for what, a, b, _ in TARGETS:
-            t = large if a in large else mapped if a in mapped else lazy
+            if args.lazy_only and a not in lazy.rounds:
+                continue
+            t = large if a in large.rounds else mapped if a in mapped.rounds else lazy
             results[what] = (t.ratio(a, b),
                              statistics.median(x / y for x, y in zip(t.cpu[a], t.cpu[b], strict=True)))
     finally:
@@ -231,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     md += ["### Targets (issue 41, item 3)", "",
            "| what | target | measured: wall (CPU) | verdict (wall) |", "| --- | --- | --- | --- |"]
     for what, _, _, target in TARGETS:
+        if what not in results:
+            continue
         r, c = results[what]
         md.append(f"| {what} | ≤ {target:.2f}× | {r:.2f}× ({c:.2f}×) | {'met' if r <= target else '**not met**'} |")
     text = "\n".join(md) + "\n"

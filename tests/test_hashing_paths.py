@@ -370,3 +370,114 @@ def test_two_threads_load_what_one_thread_loads(tmp_path, monkeypatch):
     assert two["cl"].is_contiguous(memory_format=torch.channels_last)
     assert type(two["p"]) is torch.nn.Parameter and two["grad"].requires_grad
     assert tensorcanon.load(p, verify=False).keys() == obj.keys()
+
+
+def test_open_finds_a_far_row_and_a_top_level_key_without_decoding_the_rest(tmp_path):
+    """Row 500 of 1,000 is found by one skip over the rows before it (none kept one by one), and
+    `$["layer0500"]` of a flat dict without decoding the root; both as the full decoding says."""
+    p = tmp_path / "k.st"
+    tensorcanon.save({f"layer{i:04d}": torch.full((4,), float(i)) for i in range(1000)}, p)
+    src = source.map_plain(str(p))
+    try:
+        q = lazyindex.QuickIndex(src, tensorcanon.Limits())
+        assert q.index_of('$["layer0500"]') == 500 and q._root is None  # the root was not decoded
+        assert q.info(500).name == "layer0500" and len(q._rows) == 1 and set(q._far) == {500, 501}
+        assert q.index_of('$["layer0999"]') == 999 and q.info(999).name == "layer0999"
+        src.seek(0)
+        dense = lazyindex.QuickIndex(src, tensorcanon.Limits())
+        assert [dense._dense_to(i) for i in (500, 501, 1000)] == [q._row_start(i) for i in (500, 501, 1000)]
+        assert q._row_start(1000) == q._table_end
+        assert q.index_of('$["layer1000"]') is None and q._root is not None  # absent: decoded, not found
+    finally:
+        src.release()
+
+
+@pytest.mark.parametrize("obj, key", [
+    ({"a": torch.zeros(2), "b": "a"}, "a"),  # the key's text elsewhere too: the root is decoded
+    ({"x": {"a": torch.zeros(2)}, "a": torch.ones(2)}, "a"),  # a key of that text deeper down too
+    ([torch.zeros(2)], None),  # not a dict
+    ({"a": [torch.zeros(2)], "b": torch.ones(2)}, "b"),  # b's tensor is not tensor 0: checked by the skip
+])
+def test_a_top_level_key_is_found_without_decoding_only_where_that_is_proven(tmp_path, obj, key):
+    p = tmp_path / "t.st"
+    tensorcanon.save(obj, p)
+    src = source.map_plain(str(p))
+    try:
+        q = lazyindex.QuickIndex(src, tensorcanon.Limits())
+        if key is not None:
+            fast = q._top_key(key)
+            src.seek(0)
+            full = lazyindex.QuickIndex(src, tensorcanon.Limits())
+            full._root = full._root or _decoded_root(full)
+            assert fast in (None, full._follow((key,)))
+            assert q.index_of(f'$["{key}"]') == full._follow((key,))
+        else:
+            assert q._top_key("a") is None
+    finally:
+        src.release()
+    loaded = tensorcanon.load(p)
+    with tensorcanon.open(p) as f:
+        for k in (loaded if isinstance(loaded, dict) else {}):
+            if isinstance(loaded[k], torch.Tensor):
+                assert torch.equal(f[f'$["{k}"]'], loaded[k])
+
+
+def _decoded_root(q):
+    import msgpack
+
+    from tensorcanon.format import manifest
+
+    a, b = q._root_span
+    return msgpack.unpackb(q.manifest[a:b], **manifest.UNPACK_OPTIONS)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_manifests_base64_decodes_alike_with_and_without_pybase64(tmp_path, monkeypatch, fast):
+    """The manifest's base64 is decoded by pybase64 where installed (the `fast` extra), else by
+    binascii: both give the same bytes and refuse what is not strict base64."""
+    import base64
+    import binascii
+
+    if fast and lazyindex._fast_b64() is None:
+        pytest.skip("pybase64 is not installed")
+    if not fast:
+        monkeypatch.setattr(lazyindex, "_fast_b64", lambda: None)
+    for n in (0, 1, 2, 3, 100, 4097, 150_000):
+        data = os.urandom(n)
+        assert lazyindex._b64decode(memoryview(base64.b64encode(data))) == data
+    for bad in (b"AAA!", b"AAAA=AAA", b"AA==AAAA", b"A===", b"AAA", b"A" * 4096 + b"\nAAA"):
+        with pytest.raises(binascii.Error):
+            lazyindex._b64decode(memoryview(bad))
+    p = tmp_path / "b.st"
+    tensorcanon.save({f"t{i:03d}": torch.full((3,), float(i)) for i in range(300)}, p)
+    with tensorcanon.open(p) as f:
+        assert torch.equal(f['$["t150"]'], torch.full((3,), 150.0))
+        assert f._quick is not None and f._full is None  # proven by the quick index
+
+
+def test_open_maps_without_torch_and_unmaps_with_the_last_view(tmp_path):
+    """tensorcanon.open's map (source.map_plain: libc's mmap, no torch storage, no descriptor) stays
+    while any view of its bytes is held, and goes with the last one."""
+    import gc
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc/self")
+    p = tmp_path / "m.st"
+    tensorcanon.save({"a": torch.arange(100.0)}, p)
+    real = os.path.realpath(p)
+
+    def maps() -> int:
+        with open("/proc/self/maps") as fh:
+            return sum(1 for line in fh if line.rstrip().endswith(real))
+
+    fds = len(os.listdir("/proc/self/fd"))
+    src = source.map_plain(str(p))
+    assert src.mapped is None and maps() == 1 and len(os.listdir("/proc/self/fd")) == fds
+    head = src.data[:8]
+    src.release()
+    gc.collect()
+    assert maps() == 1 and bytes(head) == p.read_bytes()[:8]  # a view held: still mapped
+    del head
+    gc.collect()
+    assert maps() == 0

@@ -64,7 +64,7 @@ class LazyFile(Mapping):
             self._src = source.of_object(path.but(sequential=False))
         else:
             self.path = os.fspath(path)
-            self._src = source.map_file(self.path)
+            self._src = source.map_plain(self.path)
         self._full: reader.CheckedFile | None = None
         self._quick: lazyindex.QuickIndex | None = None
         self._quick_reader: reader.RowReader | None = None  # reads the rows self._quick proves

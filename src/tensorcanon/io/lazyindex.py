@@ -46,11 +46,13 @@ the file valid after all).
 
 from __future__ import annotations
 
-import base64
+import binascii
 import bisect
 import dataclasses
+import functools
 import json
 import re
+import sys
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -146,19 +148,46 @@ class QuickIndex:
             raise NotQuick
         self._rows = [u.tell()]  # where rows 0, 1, ... start, as far as they are known
         self._u = u  # at the end of the last row known
+        self._far: dict[int, int] = {}  # row -> where it starts, for rows past the last in _rows
 
     def _row_start(self, i: int) -> int:
         """Where row ``i`` starts (``i == count``: where the table ends), skipping the rows before
-        it that are not known yet."""
+        it that are not known yet.
+
+        Rows up to the last one known are skipped one by one (``_rows``: where each starts, which
+        :meth:`_named` needs). Further on, the rows from the last known one to row ``i`` are
+        skipped in one call of msgpack's C code (:func:`_skipped`), and only where row ``i``
+        starts is kept (``_far``): reading row 500 of 1,000 skipped 500 rows, a Python call
+        each."""
         rows = self._rows
-        if i >= len(rows):
-            skip, tell = self._u.skip, self._u.tell
-            try:
-                rows += [skip() or tell() for _ in range(i + 1 - len(rows))]  # (skip returns None)
-            except Exception:  # noqa: BLE001 - msgpack raises many types for malformed input
-                raise NotQuick from None
-            if rows[-1] > self._table_end or (len(rows) == self.count + 1 and rows[-1] != self._table_end):
+        if i < len(rows):
+            return rows[i]
+        at = self._far.get(i)
+        if at is not None:
+            return at
+        if i - len(rows) >= _FAR and i - len(rows) < 1 << 32:
+            near = max((k for k in self._far if k < i), default=len(rows) - 1)
+            base = self._far[near] if near >= len(rows) else rows[-1]
+            near = max(near, len(rows) - 1)
+            at = _skipped(self.manifest, base, i - near, self._table_end)
+            if at is None or (i == self.count and at != self._table_end):
                 raise NotQuick  # rows over the version, or not ending where it starts
+            self._far[i] = at
+            return at
+        return self._dense_to(i)
+
+    def _dense_to(self, i: int) -> int:
+        """Where row ``i`` starts, every row up to it skipped one by one (and kept in ``_rows``)."""
+        rows = self._rows
+        if i < len(rows):
+            return rows[i]
+        skip, tell = self._u.skip, self._u.tell
+        try:
+            rows += [skip() or tell() for _ in range(i + 1 - len(rows))]  # (skip returns None)
+        except Exception:  # noqa: BLE001 - msgpack raises many types for malformed input
+            raise NotQuick from None
+        if rows[-1] > self._table_end or (len(rows) == self.count + 1 and rows[-1] != self._table_end):
+            raise NotQuick  # rows over the version, or not ending where it starts
         return rows[i]
 
     # ------------------------------------------------------------------ finding a tensor
@@ -173,6 +202,10 @@ class QuickIndex:
         return self._named(key)
 
     def _follow(self, trail: tuple) -> int | None:
+        if self._root is None and len(trail) == 1 and type(trail[0]) is str and self._max_depth > 1:
+            found = self._top_key(trail[0])
+            if found is not None:
+                return found
         if self._root is None:
             a, b = self._root_span
             try:
@@ -204,6 +237,46 @@ class QuickIndex:
             return node[1]
         return None
 
+    def _top_key(self, key: str) -> int | None:
+        """The tensor at ``$[key]`` when the root is a dict whose value at ``key`` is a tensor, found
+        without decoding the root (a thousand keys: 200 µs right after a collection); None where
+        that cannot be shown so (:meth:`_follow` then decodes the root).
+
+        Shown as follows: the root's bytes hold the key's text once (so no other key of the
+        root, nor anything below it, is that str: any str equal to it holds its UTF-8 bytes),
+        as the canonical encoding of that str followed by a tensor node ``["tensor", i]``; and
+        that encoding is the root's item ``1 + 2i`` (its ``i``-th key: a table of the canonical
+        form numbers a flat dict's tensors in key order), checked by skipping the ``2i`` items
+        before it in one call (:func:`_skipped`)."""
+        a, b = self._root_span
+        m = self.manifest
+        size = _ARRAY_HEAD.get(m[a]) if b - a > 6 else None
+        if size is None or m[a + size : a + size + 5] != b"\xa4dict":
+            return None  # not a dict
+        items = m[a] - 0x90 if size == 1 else int.from_bytes(m[a + 1 : a + size], "big")
+        if not items % 2:
+            return None  # an odd number of items after the tag (_follow: None)
+        head = a + size + 5  # where the dict's first key starts
+        text = key.encode("utf-8", "surrogatepass")
+        if not text or m.count(text, a, b) != 1:
+            return None
+        try:
+            packed = msgpack.packb(key)
+        except (ValueError, UnicodeEncodeError):
+            return None
+        at = m.find(packed + b"\x92\xa6tensor", head, b)
+        v = at + len(packed) + 8  # the tensor's index, a positive int
+        if at < 0 or v >= b:
+            return None
+        kind = m[v]
+        width = 0 if kind < 0x80 else _UINT_WIDTH.get(kind, -1)
+        if width < 0 or v + width >= b:
+            return None
+        i = kind if not width else int.from_bytes(m[v + 1 : v + 1 + width], "big")
+        if i >= self.count or 2 * i >= 1 << 32 or _skipped(m, head, 2 * i, b) != at:
+            return None
+        return i
+
     def _named(self, name: str) -> int | None:
         """The row stored as ``name``: found by its canonical encoding, confirmed by decoding it."""
         try:
@@ -214,7 +287,7 @@ class QuickIndex:
         at = self.manifest.find(pattern, rows[0], self._table_end)
         while at >= 0:
             while rows[-1] <= at and len(rows) <= self.count:  # the rows up to the one it is in
-                self._row_start(min(len(rows) + 63, self.count))
+                self._dense_to(min(len(rows) + 63, self.count))
             i = bisect.bisect_right(rows, at) - 1
             if i >= self.count:
                 break  # (past the last row: the table ends before the version; _row_start checked)
@@ -286,6 +359,25 @@ class QuickIndex:
 
 
 _NONE = object()
+# The first byte of an array's header (fixarray, array 16, array 32) -> the header's size (_top_key).
+_ARRAY_HEAD = {**{0x90 + n: 1 for n in range(16)}, 0xDC: 3, 0xDD: 5}
+_UINT_WIDTH = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+_FAR = 16  # rows past the last known from which they are skipped in one call (_skipped)
+
+
+def _skipped(m: bytes, at: int, n: int, end: int) -> int | None:
+    """Where the ``n``-th msgpack value from offset ``at`` of ``m`` ends (None: the values do not
+    all end before ``end``, or are malformed): skipped in one call, as the elements of an array
+    of ``n`` (an array header, then the values)."""
+    head = b"\xdd" + n.to_bytes(4, "big")
+    u = msgpack.Unpacker(max_buffer_size=len(head) + end - at, **manifest.UNPACK_OPTIONS)
+    try:
+        u.feed(head)
+        u.feed(memoryview(m)[at:end])
+        u.skip()
+    except Exception:  # noqa: BLE001 - msgpack raises many types for malformed input
+        return None
+    return at + u.tell() - len(head)
 
 
 def _value_of(node: tuple, start: int, key: Any) -> Any:
@@ -336,9 +428,39 @@ def _metadata(raw: bytes) -> tuple[dict[str, str], bytes, tuple[int, int]]:
         if meta is None or len(meta) != len(pairs) or meta.get(manifest.KEY_MANIFEST) != "" \
                 or not all(type(v) is str for v in meta.values()):
             raise NotQuick  # (a key twice: the full check names it)
-        return meta, base64.b64decode(raw[lo:hi], validate=True), (at, end)
+        return meta, _b64decode(memoryview(raw)[lo:hi]), (at, end)
     except (ValueError, RecursionError):  # (binascii.Error is a ValueError)
         raise NotQuick from None
+
+
+def _b64decode(text: memoryview) -> bytes:
+    """The bytes of base64 ``text`` (RFC 4648 standard alphabet, ``=`` padding, nothing else), else
+    a ValueError (``binascii.Error``).
+
+    CPython decodes base64 a character at a time: 300 µs for the 150 KB of a thousand tensors'
+    manifest, the largest part of opening their file. Where pybase64 is installed (the ``fast``
+    extra) its vectorized decoder takes 10-40 µs; with ``validate=True`` it refuses what binascii's
+    strict mode refuses in every case tested (tests/test_hashing_paths.py), and some text that
+    binascii accepts (``AAAA===``), which the full check then decides. A decoding that differed
+    would be caught all the same: the bytes decoded are hashed against the file digest."""
+    fast = _fast_b64()
+    if fast is not None:
+        return fast(text, validate=True)
+    if sys.version_info >= (3, 11):
+        return binascii.a2b_base64(text, strict_mode=True)
+    import base64  # (Python 3.10: no strict mode in binascii)
+
+    return base64.b64decode(text, validate=True)
+
+
+@functools.cache
+def _fast_b64() -> Any:
+    """pybase64's ``b64decode`` where it is installed, else None."""
+    try:
+        import pybase64
+    except ImportError:
+        return None
+    return pybase64.b64decode
 
 
 def _unwrap(node: Any, depth: int) -> tuple[Any, int]:
