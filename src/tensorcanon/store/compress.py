@@ -279,7 +279,8 @@ def encode(data: Any, k: int, base: Any = None, *, pool: bool = True) -> Encoded
     picks; ``base``: the bytes of the tensor a delta would be taken against (same length), if any.
     ``pool``: a large tensor's planes are compressed on the module's threads.
 
-    The winner's planes that paid on the sample are compressed whole, the others stored untried (a mantissa plane is noise: compressing it costs time and saves nothing)."""
+    The winner's planes that paid on the sample are compressed whole, the others stored untried
+    (a mantissa plane is noise: compressing it costs time and saves nothing)."""
     a = as_u8(data)
     b = as_u8(base) if base is not None else None
     z = zstd()
