@@ -206,18 +206,34 @@ def _compress_plane(z: Any, plane: np.ndarray) -> tuple[int, Any]:
     return layout.PLANE_ZSTD, frame
 
 
-def _grouped(z: Any, a: np.ndarray, k: int, pool: bool,
-             which: Sequence[bool] | None = None) -> tuple[list[tuple[int, int]], list[Any]]:
-    """The planes of ``a``, each a zstd frame or stored; ``which``: the planes worth trying (the
-    others are stored untried), all where None."""
-    planes = split(a, k)
+def _split_transformed(codec: int, a: np.ndarray, b: np.ndarray | None, k: int) -> list[np.ndarray]:
+    """The planes of ``_transform(codec, a, b, k)``, transformed and split a block at a time (the
+    block stays in the cache between the two, and no transformed copy of the whole is made)."""
+    if codec == layout.GROUPED or k == 1:
+        return split(_transform(codec, a, b, k), k)
+    assert b is not None
+    n = len(a) // k
+    out = np.empty((k, n), dtype=np.uint8)
+    for s in range(0, n, _BLOCK):
+        e = min(n, s + _BLOCK)
+        out[:, s:e] = _transform(codec, a[s * k : e * k], b[s * k : e * k], k).reshape(-1, k).T
+    return list(out)
+
+
+def _grouped(z: Any, a: np.ndarray | None, k: int, pool: bool, which: Sequence[bool] | None = None,
+             planes: list[np.ndarray] | None = None) -> tuple[list[tuple[int, int]], list[Any]]:
+    """The planes of ``a`` (or ``planes``, already split), each a zstd frame or stored;
+    ``which``: the planes worth trying (the others are stored untried), all where None."""
+    if planes is None:
+        assert a is not None
+        planes = split(a, k)
 
     def one(i: int) -> tuple[int, Any]:
         if which is not None and not which[i]:
             return layout.STORED, planes[i]
         return _compress_plane(z, planes[i])
 
-    if pool and len(a) >= 4 * WINDOW:
+    if pool and k * len(planes[0]) >= 4 * WINDOW:
         done = list(_pool().map(one, range(k)))
     else:
         done = [one(i) for i in range(k)]
@@ -301,7 +317,7 @@ def encode(data: Any, k: int, base: Any = None, *, pool: bool = True) -> Encoded
         assert trial.planes is not None
         sample_plane = 3 * WINDOW // k
         which = [n < PLANE_PAYS * sample_plane for _, n in trial.planes]
-        planes, pieces = _grouped(z, _transform(codec, a, b, k), k, pool, which)
+        planes, pieces = _grouped(z, None, k, pool, which, _split_transformed(codec, a, b, k))
         out = Encoded(codec, planes, pieces)
     if out.payload_size + (16 * k if out.planes else 0) >= len(a):
         return Encoded(layout.RAW, None, [data])
