@@ -237,3 +237,20 @@ def test_a_decaying_moment_is_stored_as_delta_twos_and_loads_exact(tmp_path):
     enc = compress.encode(v2.numpy().view(np.uint8), 4, v.numpy().view(np.uint8))
     _, out = decoded(blob_of(enc, 4 << 16, 4), v.numpy().view(np.uint8))
     assert out.tobytes() == v2.numpy().tobytes()
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("n_elems", [700, 300_001])
+def test_delta_twos_blobs_decode_to_the_exact_bytes(k, n_elems):
+    rng = np.random.default_rng(20 + k + n_elems)
+    base = rng.integers(0, 256, n_elems * k, dtype=np.uint8)
+    a = rng.integers(0, 256, n_elems * k, dtype=np.uint8)
+    a[: n_elems * k // 2] = base[: n_elems * k // 2]   # half unchanged, half anything (wrapping)
+    planes, pieces = compress._grouped(compress.zstd(), compress.twos(a, base, k), k, False)
+    enc = compress.Encoded(layout.DELTA_TWOS, planes, pieces)
+    blob = blob_of(enc, len(a), k)
+    h = layout.parse_header(blob[: layout.HEAD], len(blob), "t")
+    for pool in (False, True):
+        out = np.empty(h.size, np.uint8)
+        compress.decode_into(h, blob, out.data, lambda: base, "t", pool=pool)
+        assert out.tobytes() == a.tobytes()
