@@ -156,13 +156,6 @@ def test_complex128_deltas_are_xor():
     assert out.tobytes() == a.tobytes()
 
 
-def test_a_delta_sub_blob_of_16_byte_elements_is_refused():
-    head = layout.header_bytes(layout.DELTA_SUB, 1, b"complex128[4]", 64, b"\0" * 16, [(layout.STORED, 4)] * 16)
-    blob = head + bytes(64)
-    with pytest.raises(tc.FormatError, match="delta-sub blob of complex128"):
-        layout.parse_header(blob[: layout.HEAD], len(blob), "t")
-
-
 class _Counting:
     """The zstandard module with its compressors counting the bytes they are given."""
 
