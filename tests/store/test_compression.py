@@ -165,8 +165,8 @@ def test_a_small_tensor_is_compressed_once_and_a_large_one_sampled(monkeypatch):
     base = (torch.from_numpy(small.view(np.float32).copy()) + 1e-4).numpy().view(np.uint8)
     enc = compress.encode(small, 4, base)
     assert enc.codec != layout.RAW
-    # zstd, grouped and delta: each fed the 16 KiB once, nothing more
-    assert counting.fed == 3 * len(small)
+    # zstd, grouped and the two integer deltas (delta-sub, delta-twos): each fed the 16 KiB once, nothing more
+    assert counting.fed == 4 * len(small)
     out = np.empty(len(small), dtype=np.uint8)
     blob = b"".join([layout.header_bytes(enc.codec, 1 if enc.codec in layout.DELTAS else 0, b"float32[4096]",
                                          len(small), b"\0" * 16 if enc.codec in layout.DELTAS else None, enc.planes),

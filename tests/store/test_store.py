@@ -391,5 +391,5 @@ def test_a_damaged_blob_is_named_though_the_next_is_decoded_ahead(tmp_path):
 
 
 def _deltas(stats):
-    """Blobs stored as a delta of a base, by either delta codec (XOR or integer difference)."""
-    return stats["codecs"].get("delta", 0) + stats["codecs"].get("delta-sub", 0)
+    """Blobs stored as a delta of a base, by any delta codec (XOR, or the integer difference)."""
+    return sum(stats["codecs"].get(c, 0) for c in ("delta", "delta-sub", "delta-twos"))

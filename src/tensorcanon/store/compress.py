@@ -4,14 +4,16 @@
 one plane per byte of an element, each plane a zstd frame or stored: ZipNN's idea, since the
 exponent bytes of floats compress and the low mantissa bytes do not), ``delta`` (the bytes
 XORed with those of a base tensor of the same dtype and shape the store holds, then grouped)
-and ``delta-sub`` (each element, read as an unsigned integer, minus the base's element, the
+``delta-sub`` (each element, read as an unsigned integer, minus the base's element, the
 difference zigzag-mapped so that small changes of either sign have small codes, then grouped:
 consecutive checkpoints differ by a few units in the last place, and a float's integer view
-moves smoothly across a power of two where its XOR flips the exponent and every mantissa bit).
+moves smoothly across a power of two where its XOR flips the exponent and every mantissa bit)
+and ``delta-twos`` (the same difference as it is, in two's complement: smaller where most
+elements move the same way, as a decaying second moment does).
 :func:`encode` tries the candidates on a sample of the tensor and encodes it whole with the best,
 falling back to raw where nothing pays; :func:`decode_into` reverses any of them into a
-caller's buffer. ``delta`` is no longer written (``delta-sub`` is smaller on every workload
-measured) and is read as before.
+caller's buffer. ``delta`` is written only for 16-byte elements, which the integer deltas do
+not take, and is read as before.
 
 zstd comes from the ``zstandard`` package (the ``store`` extra); without it every blob is
 written raw and a compressed blob is refused with an error naming the extra.
@@ -31,16 +33,16 @@ import numpy as np
 from ..format.errors import FormatError, MissingDependencyError
 from . import layout
 
-#: zstd level of the trials on a sample (which codec, which planes pay) and of the ``zstd`` codec.
+#: zstd level, of every frame. On the planes that pay in the AdamW checkpoints of
+#: benchmarks/store_codecs.py, levels 2 to 12 store 0.2-0.7% more than level 1 (level 3: 0.7%),
+#: and only 15 and up store less (0.3-0.5% less, at 7 MB/s and below).
 LEVEL = 1
-#: zstd level of a plane found to pay on the sample: the planes that compress are the exponent
-#: planes and the high planes of a delta, a third or less of the bytes; level 3 saves 1-2% of
-#: the tensor over level 1 there (benchmarks/store_codecs.py). The others are stored untried.
-PLANE_LEVEL = 1
 #: Tensors smaller than this are stored raw: a blob header and a frame header cost more than they save.
 MIN_COMPRESS = 512
 #: The sample the choice is made on: up to three windows of this many bytes (start, middle, end).
-WINDOW = 16 << 10
+#: 8 KiB windows chose as 16 KiB ones did on the AdamW checkpoints of benchmarks/store_codecs.py
+#: (the same bytes stored, fp32 and bf16), at half the cost of the trials.
+WINDOW = 8 << 10
 #: A codec is chosen only if its sample is smaller than this fraction of the raw bytes.
 PAYS = 0.97
 #: A plane is compressed only if its sample's frame is smaller than this fraction of it.
@@ -93,11 +95,11 @@ def _contexts(z: Any) -> dict[Any, Any]:
     return found
 
 
-def _cctx(z: Any, level: int = LEVEL) -> Any:
+def _cctx(z: Any) -> Any:
     found = _contexts(z)
-    c = found.get(level)
+    c = found.get("c")
     if c is None:
-        c = found[level] = z.ZstdCompressor(level=level)
+        c = found["c"] = z.ZstdCompressor(level=LEVEL)
     return c
 
 
@@ -177,37 +179,61 @@ def _unsub(g: np.ndarray, b: np.ndarray, k: int, tmp: np.ndarray) -> None:
     np.add(gw, b.view(w), out=gw)
 
 
-def _delta_codec(k: int) -> int:
-    """The delta codec the writer uses for element size ``k``."""
-    return layout.DELTA_SUB if k in WORDS else layout.DELTA
+def twos(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
+    """The ``delta-twos`` transform: each element ``(a - b) mod 2^(8k)``, as it is."""
+    w = WORDS[k]
+    return np.subtract(a.view(w), b.view(w)).view(np.uint8)
+
+
+def _delta_codecs(k: int) -> tuple[int, ...]:
+    """The delta codecs the writer tries for element size ``k``."""
+    return (layout.DELTA_SUB, layout.DELTA_TWOS) if k in WORDS else (layout.DELTA,)
 
 
 def _transform(codec: int, a: np.ndarray, b: np.ndarray | None, k: int) -> np.ndarray:
     if codec == layout.GROUPED:
         return a
     assert b is not None
-    return sub(a, b, k) if codec == layout.DELTA_SUB else xor(a, b)
+    if codec == layout.DELTA_SUB:
+        return sub(a, b, k)
+    return twos(a, b, k) if codec == layout.DELTA_TWOS else xor(a, b)
 
 
-def _compress_plane(z: Any, plane: np.ndarray, level: int) -> tuple[int, Any]:
-    frame = _cctx(z, level).compress(plane)
+def _compress_plane(z: Any, plane: np.ndarray) -> tuple[int, Any]:
+    frame = _cctx(z).compress(plane)
     if len(frame) >= len(plane):
         return layout.STORED, plane
     return layout.PLANE_ZSTD, frame
 
 
-def _grouped(z: Any, a: np.ndarray, k: int, pool: bool, level: int = PLANE_LEVEL,
-             which: Sequence[bool] | None = None) -> tuple[list[tuple[int, int]], list[Any]]:
-    """The planes of ``a``, each a zstd frame at ``level`` or stored; ``which``: the planes worth
-    trying (the others are stored untried), all where None."""
-    planes = split(a, k)
+def _split_transformed(codec: int, a: np.ndarray, b: np.ndarray | None, k: int) -> list[np.ndarray]:
+    """The planes of ``_transform(codec, a, b, k)``, transformed and split a block at a time (the
+    block stays in the cache between the two, and no transformed copy of the whole is made)."""
+    if codec == layout.GROUPED or k == 1:
+        return split(_transform(codec, a, b, k), k)
+    assert b is not None
+    n = len(a) // k
+    out = np.empty((k, n), dtype=np.uint8)
+    for s in range(0, n, _BLOCK):
+        e = min(n, s + _BLOCK)
+        out[:, s:e] = _transform(codec, a[s * k : e * k], b[s * k : e * k], k).reshape(-1, k).T
+    return list(out)
+
+
+def _grouped(z: Any, a: np.ndarray | None, k: int, pool: bool, which: Sequence[bool] | None = None,
+             planes: list[np.ndarray] | None = None) -> tuple[list[tuple[int, int]], list[Any]]:
+    """The planes of ``a`` (or ``planes``, already split), each a zstd frame or stored;
+    ``which``: the planes worth trying (the others are stored untried), all where None."""
+    if planes is None:
+        assert a is not None
+        planes = split(a, k)
 
     def one(i: int) -> tuple[int, Any]:
         if which is not None and not which[i]:
             return layout.STORED, planes[i]
-        return _compress_plane(z, planes[i], level)
+        return _compress_plane(z, planes[i])
 
-    if pool and len(a) >= 4 * WINDOW:
+    if pool and k * len(planes[0]) >= 4 * WINDOW:
         done = list(_pool().map(one, range(k)))
     else:
         done = [one(i) for i in range(k)]
@@ -233,12 +259,12 @@ def _candidates(a: np.ndarray, k: int, base: np.ndarray | None, z: Any) -> dict[
     trial level."""
     out = {layout.ZSTD: Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])}
     if k > 1:
-        planes, pieces = _grouped(z, a, k, False, LEVEL)
+        planes, pieces = _grouped(z, a, k, False)
         out[layout.GROUPED] = Encoded(layout.GROUPED, planes, pieces)
     if base is not None:
-        codec = _delta_codec(k)
-        planes, pieces = _grouped(z, _transform(codec, a, base, k), k, False, LEVEL)
-        out[codec] = Encoded(codec, planes, pieces)
+        for codec in _delta_codecs(k):
+            planes, pieces = _grouped(z, _transform(codec, a, base, k), k, False)
+            out[codec] = Encoded(codec, planes, pieces)
     return out
 
 
@@ -271,8 +297,8 @@ def encode(data: Any, k: int, base: Any = None, *, pool: bool = True) -> Encoded
     picks; ``base``: the bytes of the tensor a delta would be taken against (same length), if any.
     ``pool``: a large tensor's planes are compressed on the module's threads.
 
-    The winner's planes that paid on the sample are compressed whole at :data:`PLANE_LEVEL`, the
-    others stored untried (a mantissa plane is noise: compressing it costs time and saves nothing)."""
+    The winner's planes that paid on the sample are compressed whole, the others stored untried
+    (a mantissa plane is noise: compressing it costs time and saves nothing)."""
     a = as_u8(data)
     b = as_u8(base) if base is not None else None
     z = zstd()
@@ -291,7 +317,7 @@ def encode(data: Any, k: int, base: Any = None, *, pool: bool = True) -> Encoded
         assert trial.planes is not None
         sample_plane = 3 * WINDOW // k
         which = [n < PLANE_PAYS * sample_plane for _, n in trial.planes]
-        planes, pieces = _grouped(z, _transform(codec, a, b, k), k, pool, PLANE_LEVEL, which)
+        planes, pieces = _grouped(z, None, k, pool, which, _split_transformed(codec, a, b, k))
         out = Encoded(codec, planes, pieces)
     if out.payload_size + (16 * k if out.planes else 0) >= len(a):
         return Encoded(layout.RAW, None, [data])
@@ -339,8 +365,8 @@ def decode_into(h: layout.BlobHeader, blob: Any, out: memoryview, base: Callable
         return
     k = h.dtype.itemsize
     n = h.size // k
-    if h.codec == layout.DELTA_SUB and k not in WORDS:  # (parse_header refuses it: a second guard)
-        raise FormatError(f"{where}: a delta-sub blob of {k}-byte elements (1, 2, 4 or 8 only)")
+    if h.codec in (layout.DELTA_SUB, layout.DELTA_TWOS) and k not in WORDS:  # (parse_header refuses it)
+        raise FormatError(f"{where}: a {h.codec_name} blob of {k}-byte elements (1, 2, 4 or 8 only)")
     threads = pool and h.size >= 4 * WINDOW and k > 1
 
     def plane(i: int) -> np.ndarray:
@@ -351,7 +377,7 @@ def decode_into(h: layout.BlobHeader, blob: Any, out: memoryview, base: Callable
         return np.frombuffer(_frame(z, piece, n, f"{where} (plane {i})"), dtype=np.uint8)
 
     srcs = list(_pool().map(plane, range(k))) if threads else [plane(i) for i in range(k)]
-    b = as_u8(base()) if h.codec in (layout.DELTA, layout.DELTA_SUB) and base is not None else None
+    b = as_u8(base()) if h.codec in layout.DELTAS and base is not None else None
     if h.codec != layout.GROUPED and b is None:
         raise FormatError(f"{where}: a delta blob decoded without its base")
 
@@ -387,6 +413,9 @@ def decode_into(h: layout.BlobHeader, blob: Any, out: memoryview, base: Callable
             elif h.codec == layout.DELTA_SUB:
                 assert b is not None and tmp is not None
                 _unsub(chunk, b[s * k : e * k], k, tmp)
+            elif h.codec == layout.DELTA_TWOS:
+                assert b is not None
+                np.add(chunk.view(WORDS[k]), b[s * k : e * k].view(WORDS[k]), out=chunk.view(WORDS[k]))
 
     if threads and n >= 4 * _CHUNK:
         half = (n // 2) // _CHUNK * _CHUNK

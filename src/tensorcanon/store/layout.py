@@ -110,14 +110,15 @@ def show(raw: bytes) -> str:
 # --------------------------------------------------------------------------- blobs
 
 MAGIC = b"tcstore" + bytes([BLOB_VERSION])
-# --- storecodec: codec 4, delta-sub (docs/STORE.md, "Blobs") ---
-RAW, ZSTD, GROUPED, DELTA, DELTA_SUB = 0, 1, 2, 3, 4
-CODECS = {RAW: "raw", ZSTD: "zstd", GROUPED: "grouped", DELTA: "delta", DELTA_SUB: "delta-sub"}
+# --- storecodec: codecs 4 delta-sub and 5 delta-twos (docs/STORE.md, "Blobs") ---
+RAW, ZSTD, GROUPED, DELTA, DELTA_SUB, DELTA_TWOS = 0, 1, 2, 3, 4, 5
+CODECS = {RAW: "raw", ZSTD: "zstd", GROUPED: "grouped", DELTA: "delta", DELTA_SUB: "delta-sub",
+          DELTA_TWOS: "delta-twos"}
 #: The codecs whose blob is a delta against a base blob (a base digest, a depth of 1 or more).
-DELTAS = frozenset({DELTA, DELTA_SUB})
+DELTAS = frozenset({DELTA, DELTA_SUB, DELTA_TWOS})
 #: The codecs whose payload is a plane table and planes.
-PLANED = frozenset({GROUPED, DELTA, DELTA_SUB})
-#: The element sizes a delta-sub blob may have (its elements are unsigned integers of that size).
+PLANED = frozenset({GROUPED, DELTA, DELTA_SUB, DELTA_TWOS})
+#: The element sizes a delta-sub or delta-twos blob may have (its elements are unsigned integers).
 SUB_SIZES = frozenset({1, 2, 4, 8})
 # --- end storecodec ---
 STORED, PLANE_ZSTD = 0, 1
@@ -217,15 +218,15 @@ def parse_header(head: bytes, total: int, where: str) -> BlobHeader:
     if size != math.prod(shape) * row.itemsize:
         raise FormatError(f"{where}: its header claims {size} decoded bytes, but {prefix.decode()} holds "
                           f"{math.prod(shape) * row.itemsize}", offset=12)
-    is_delta = codec in DELTAS  # (storecodec: delta or delta-sub)
+    is_delta = codec in DELTAS  # (storecodec: delta, delta-sub, delta-twos)
     if is_delta != (depth > 0):
         raise FormatError(f"{where}: depth {depth} with codec {CODECS[codec]} (a delta blob has depth 1 to "
                           f"{MAX_DEPTH}, every other depth 0)", offset=9)
     if depth > MAX_DEPTH:
         raise FormatError(f"{where}: a delta chain of depth {depth}, more than {MAX_DEPTH}", offset=9)
-    if codec == DELTA_SUB and row.itemsize not in SUB_SIZES:  # (storecodec)
-        raise FormatError(f"{where}: a delta-sub blob of {prefix.decode()}, whose elements are "
-                          f"{row.itemsize} bytes (delta-sub takes 1, 2, 4 or 8)", offset=8)
+    if codec in (DELTA_SUB, DELTA_TWOS) and row.itemsize not in SUB_SIZES:  # (storecodec)
+        raise FormatError(f"{where}: a {CODECS[codec]} blob of {prefix.decode()}, whose elements are "
+                          f"{row.itemsize} bytes ({CODECS[codec]} takes 1, 2, 4 or 8)", offset=8)
     at = _FIXED.size + plen
     base = None
     if is_delta:
@@ -238,7 +239,7 @@ def parse_header(head: bytes, total: int, where: str) -> BlobHeader:
         raise FormatError(f"{where}: its header padding is not {pad} zero bytes", offset=at)
     at += pad
     planes: list[tuple[int, int, int]] = []
-    if codec in PLANED:  # (storecodec: delta-sub too)
+    if codec in PLANED:  # (storecodec: delta-sub and delta-twos too)
         k = row.itemsize
         table_end = at + k * _PLANE.size
         if table_end > len(head) or table_end > total:

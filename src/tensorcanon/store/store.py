@@ -416,7 +416,7 @@ class Store:
                                      expected=str(depth), actual=str(h.depth))
             out = np.empty(h.size, dtype=np.uint8)
             base = None
-            if h.codec in layout.DELTAS:  # (storecodec: delta or delta-sub)
+            if h.codec in layout.DELTAS:  # (storecodec: delta, delta-sub or delta-twos)
                 assert h.base is not None
                 base_raw = h.base
 
@@ -466,7 +466,7 @@ class Store:
                 except TensorCanonError:
                     base, base_bytes = None, None  # an unusable base: store the tensor whole
         enc = compress.encode(data, s.dtype.itemsize, base_bytes, pool=pool)
-        is_delta = enc.codec in layout.DELTAS  # (storecodec: delta or delta-sub)
+        is_delta = enc.codec in layout.DELTAS  # (storecodec: delta, delta-sub or delta-twos)
         depth = base[1] + 1 if is_delta and base is not None else 0
         head = layout.header_bytes(enc.codec, depth, prefix, len(data),
                                    base[0] if is_delta and base is not None else None, enc.planes)
