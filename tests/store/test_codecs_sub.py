@@ -105,15 +105,8 @@ def test_drifting_floats_are_stored_as_delta_sub_and_load_exact(tmp_path):
     for t in (w2, h2):
         hasher = digest.tensor_hasher(str(t.dtype).removeprefix("torch."), tuple(t.shape))
         hasher.update(t.view(torch.uint8).numpy().tobytes())
-        path = root / layout.blob_path(hasher.digest())
-        if path.exists():  # a loose blob
-            data = path.read_bytes()
-        else:  # in a pack (layout 2: a save's blobs under 16 MiB)
-            from test_store import packed
-
-            pack, offset, length = packed(root)[hasher.digest()]
-            data = pack.read_bytes()[offset:offset + length]
-        h = layout.parse_header(data[: layout.HEAD], len(data), str(path))
+        data = _blob(root, hasher.digest())
+        h = layout.parse_header(data[: layout.HEAD], len(data), "blob")
         assert h.codec == layout.DELTA_SUB and h.depth == 1
     fresh = tc.Store(root).load("b")
     assert torch.equal(fresh["w"], w2) and torch.equal(fresh["h"], h2)
@@ -229,7 +222,7 @@ def test_a_decaying_moment_is_stored_as_delta_twos_and_loads_exact(tmp_path):
 
     hasher = digest.tensor_hasher("float32", (1 << 16,))
     hasher.update(v2.numpy().tobytes())
-    data = (root / layout.blob_path(hasher.digest())).read_bytes()
+    data = _blob(root, hasher.digest())
     h = layout.parse_header(data[: layout.HEAD], len(data), "t")
     assert h.codec == layout.DELTA_TWOS
     assert torch.equal(tc.Store(root).load("b")["v"], v2)
@@ -253,3 +246,14 @@ def test_delta_twos_blobs_decode_to_the_exact_bytes(k, n_elems):
         out = np.empty(h.size, np.uint8)
         compress.decode_into(h, blob, out.data, lambda: base, "t", pool=pool)
         assert out.tobytes() == a.tobytes()
+
+
+def _blob(root, raw):
+    """The stored bytes of blob ``raw``: a loose object, or its entry in a pack (layout 2)."""
+    path = root / layout.blob_path(raw)
+    if path.exists():
+        return path.read_bytes()
+    from test_store import packed
+
+    pack, offset, length = packed(root)[raw]
+    return pack.read_bytes()[offset:offset + length]
