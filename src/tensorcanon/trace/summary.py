@@ -96,28 +96,42 @@ def _chunk_sum(a: Any, i: int, n: int) -> float:
     """The sum of the squares of ``a[i:i + CHUNK]`` (in this thread's buffer)."""
     m = min(CHUNK, n - i)
     x, c = a[i:i + m], _squares_buffer()[:m]
-    np.multiply(x, x, out=c, dtype=np.float64)
+    if a.dtype.kind == "f" and a.dtype.itemsize == 8:
+        np.multiply(x, x, out=c)
+    else:  # (the cast, then the squares in place: faster than a multiply that casts as it goes)
+        np.copyto(c, x)
+        np.multiply(c, c, out=c)
     return float(np.add.reduce(c))
 
 
 def _chunks(h: Any, data: memoryview, a: Any, n: int, step: int) -> float:
+    if n <= CHUNK:  # one chunk (most tensors a step meets)
+        if h is not None:
+            h.update(data)
+        return _chunk_sum(a, 0, n)
     if n >= PARALLEL_FROM and _helper() is not None:
         return _Split(a, n).run(h, data, step)
     buf = _squares_buffer()
     total = 0.0
-    multiply, add, f64 = np.multiply, np.add.reduce, np.float64
+    multiply, copyto, add = np.multiply, np.copyto, np.add.reduce
+    wide = a.dtype.kind == "f" and a.dtype.itemsize == 8
     for i in range(0, n, CHUNK):
         m = min(CHUNK, n - i)
         if h is not None:
             h.update(data[i * step:(i + m) * step])
         x, c = a[i:i + m], buf[:m]
-        multiply(x, x, out=c, dtype=f64)
+        if wide:
+            multiply(x, x, out=c)
+        else:
+            copyto(c, x)
+            multiply(c, c, out=c)
         total += float(add(c))
     return total
 
 
-PARALLEL_FROM = 8 * CHUNK
-"""Values from which a tensor's squares are summed on two threads (:class:`_Split`)."""
+PARALLEL_FROM = 16 * CHUNK
+"""Values from which a tensor's squares are summed on two threads (:class:`_Split`): 4 MiB of
+float32, where handing work to the helper thread costs little beside the work."""
 
 
 class _Split:
@@ -208,10 +222,15 @@ _HELPER: list[_Helper] = []
 _HELPER_LOCK = threading.Lock()
 
 
+@functools.cache
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
 def _helper() -> _Helper | None:
     """The helper thread of this process (started on first use; a forked child starts its own), or
     None on a machine of one core."""
-    if (os.cpu_count() or 1) < 2:
+    if _cores() < 2:
         return None
     got = _HELPER[0] if _HELPER else None
     if got is not None and got.pid == os.getpid():
