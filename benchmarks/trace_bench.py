@@ -153,9 +153,8 @@ def main() -> None:
             for lv in ratios:
                 ratios[lv].append(got[lv] / got[None])
                 cpu_ratios[lv].append(got_cpu[lv] / got_cpu[None])
-            print(f"round {r + 1}: " + ", ".join(f"{lv or 'untraced'} {got[lv] * 1e3:.1f} ms (cpu {got_cpu[lv] * 1e3:.1f})"
-                                                 for lv in levels) + f"; load {os.getloadavg()[0]:.2f}",
-                  file=sys.stderr)
+            each = (f"{lv or 'untraced'} {got[lv] * 1e3:.1f} ms (cpu {got_cpu[lv] * 1e3:.1f})" for lv in levels)
+            print(f"round {r + 1}: " + ", ".join(each) + f"; load {os.getloadavg()[0]:.2f}", file=sys.stderr)
         if not args.large:
             peaks = {lv: run_level(lv, 1, folder, memory=True)[2] for lv in levels}
             # reading: records per second of a comparison of the ops trace with itself

@@ -15,7 +15,7 @@ import tensorcanon
 from tensorcanon import UsageError
 from tensorcanon.format import digest
 from tensorcanon.trace import layout, recorder as recorder_module
-from tensorcanon.trace.summary import CHUNK, summarize
+from tensorcanon.trace.summary import CHUNK, PARALLEL_FROM, summarize
 from tensorcanon.trace.values import args_have_text, args_text, leaves, op_leaves
 
 # ---------------------------------------------------------------- the record content
@@ -44,7 +44,7 @@ def _reference(t: torch.Tensor) -> tuple[bytes, float]:
     return d, total
 
 
-@pytest.mark.parametrize("n", [0, 1, 9, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 17])
+@pytest.mark.parametrize("n", [0, 1, 9, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 17, PARALLEL_FROM + 5])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
                                    torch.int8, torch.uint8, torch.bool, torch.complex64, torch.float8_e5m2])
 def test_the_fused_pass_gives_the_specified_digest_and_sum_of_squares(n, dtype):

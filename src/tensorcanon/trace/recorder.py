@@ -859,8 +859,9 @@ def trace(path: str | os.PathLike[str], level: str = "steps", *, model: Any = No
     is hashed on the training thread, copying nothing. ``state_every=k``: the optimizer state is
     recorded after the optimizer steps of every k-th step only (steps k-1, 2k-1, ...; the
     parameters after every step), so a step hashes the parameters and 1/k of the optimizer state;
-    k > 1 writes a trace of format version 2, whose header gives k (docs/TRACE.md "Cost"). The run's facts (determinism settings,
-    versions, host, pid) go to ``PATH.run.json``, never into the compared trace.
+    k > 1 writes a trace of format version 2, whose header gives k (docs/TRACE.md "Cost"). The
+    run's facts (determinism settings, versions, host, pid) go to ``PATH.run.json``, never into
+    the compared trace.
     """
     optional.load()
     return Recorder(path, level, model=model, optimizer=optimizer, algorithm=algorithm, rank=rank,

@@ -8,9 +8,9 @@ pairwise sum, the chunks in order), so equal bytes also give equal sums, whateve
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
-import contextlib
 import math
 import os
 import queue
@@ -84,8 +84,6 @@ def _digest_and_sum(h: Any, data: memoryview, a: Any) -> float:
         if h is not None:
             h.update(data)
         h, step = None, 0
-    if h is not None and n == 0:
-        h.update(data)
     if a.dtype.itemsize == 8 and a.dtype.kind == "f":  # only float64's squares can pass float64's range:
         with np.errstate(over="ignore"):                 # inf is the sum then, no warning (docs/TRACE.md)
             return _chunks(h, data, a, n, step)
@@ -108,7 +106,7 @@ def _chunks(h: Any, data: memoryview, a: Any, n: int, step: int) -> float:
     if n <= CHUNK:  # one chunk (most tensors a step meets)
         if h is not None:
             h.update(data)
-        return _chunk_sum(a, 0, n)
+        return 0.0 + _chunk_sum(a, 0, n)  # (0.0 + as the loop below adds it: the same bits, -0.0 too)
     if n >= PARALLEL_FROM and _helper() is not None:
         return _Split(a, n).run(h, data, step)
     buf = _squares_buffer()
