@@ -207,6 +207,15 @@ def test_a_default_trace_is_version_1_byte_for_byte(tmp_path):
     data = (tmp_path / "k").read_bytes()
     n = int.from_bytes(data[8:12], "little")
     assert msgpack.unpackb(data[12:12 + n]) == [0, "tensorcanon-trace", 2, "steps", "xxh3-128", 0, 1, 2]
+    assert layout.verify(tmp_path / "k")[0].version == 2 and layout.verify(tmp_path / "t")[0].version == 1
+
+
+def test_inspect_names_the_version_of_a_trace(tmp_path, capsys):
+    from tensorcanon.tools.cli import main as cli
+
+    _train(tmp_path / "k", steps=1, state_every=2)
+    cli(["inspect", str(tmp_path / "k")])
+    assert "tensorcanon trace of a training run, version 2" in capsys.readouterr().out
 
 
 def test_diverge_names_the_window_where_the_state_was_not_compared(tmp_path):

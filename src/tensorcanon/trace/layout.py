@@ -114,6 +114,11 @@ class Header:
     """The optimizer state (``optim`` records) is recorded at the optimizer steps of the steps s
     with (s + 1) % state_every == 0 only (docs/TRACE.md "Cost"); 1: at every step (version 1)."""
 
+    @property
+    def version(self) -> int:
+        """The trace format version of a trace with this header."""
+        return VERSION if self.state_every == 1 else VERSION_WINDOWS
+
     def payload(self) -> list[Any]:
         """The header frame's items; a header its reader (``_header``) would refuse is a UsageError
         here, so no writer writes one."""
