@@ -88,7 +88,15 @@ class _Writes(torch.nn.Module):
         z = x.exp()
         z.add_(1)                           # an output written in place, then read
         z.mul_(2)
-        return y.sum() + (z * x).sum()
+        u = x * 3
+        grid = u.view(64, 64)               # the same bytes as u, another shape: its squares known
+        t = grid * 2
+        u.add_(1)                           # written through u: grid's bytes changed
+        t = t + grid
+        other = torch.empty(0).set_(u.untyped_storage(), 0, (64, 64), (64, 1))
+        other.mul_(5)                       # written through another tensor on u's memory
+        t = t + grid
+        return y.sum() + (z * x).sum() + t.sum()
 
 
 def _run(path, no_reuse: bool, monkeypatch, optimizer: bool = True):

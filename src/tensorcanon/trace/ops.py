@@ -471,6 +471,8 @@ def make_mode(rec: Any) -> Any:
                 # memory before is stale
                 for k in [k for k, (ref, _, _) in rec._seen.items() if ref() is None or storage_key(ref()) in keys]:
                     rec._seen.pop(k, None)
+                for k in keys:
+                    rec.forget_storage(k)
                 for role, t in p.records:
                     text = uninitialized_text(rec, t)
                     rec._put(p.phase, "op", p.scope, p.name, role, t if text is None else text, p.call)

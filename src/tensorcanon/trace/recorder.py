@@ -35,8 +35,8 @@ from ..format import digest as digests, optional
 from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError, UsageError
 from . import capture as capture_module, layout
 from .layout import Record
-from .ops import plain, storage_key
-from .summary import detached, summarize, summarize_text
+from .ops import _storages_kept, plain, storage_key
+from .summary import detached, same_bytes_key, summarize, summarize_text, summarize_with
 from .values import args_text, is_tensor as _is_tensor, leaves as _leaves
 from .worker import Worker
 
@@ -274,6 +274,8 @@ class Recorder:
         self._seen: dict[int, tuple[Any, int, Any]] = {}  # id -> (weak reference, version, content), this step
         self._seen_at: dict[int, set[int]] = {}  # level ops: storage address -> the ids in _seen on it
         self.generation = 0  # counts forget()
+        # level ops: storage address -> {(offset, elements, dtype): (weak ref to the storage, sum of squares)}
+        self._sums: dict[int, dict[tuple[int, int, Any], tuple[Any, float]]] = {}
         # the resume check: where the trace's records of step resume_at - 1 are (read again at the first
         # step, never held: a trace's records can be many), see _resume_point
         self._expected: dict[str, tuple[int, int, int, int]] = {}
@@ -680,7 +682,13 @@ class Recorder:
         seen = self._seen.get(id(t)) if reuse else None
         if seen is not None and seen[1] == version and seen[0]() is t:
             return seen[2]
-        content = summarize(t, self.algorithm)
+        same = self._same_bytes(t)
+        if same is not None:  # another tensor on these bytes had its squares summed: the digest alone
+            content = summarize_with(t, self.algorithm, same)
+        else:
+            content = summarize(t, self.algorithm)
+            if not written and self._mode is not None and t.numel() >= 1024:
+                self._keep_sum(t, content)
         if t.numel() >= 1024:
             if written:  # an op's output written in place: kept once its counter is bumped
                 mode = self._mode
@@ -690,6 +698,37 @@ class Recorder:
             else:
                 self.remember(t, version, content)
         return content
+
+    def _same_bytes(self, t: Any) -> float | None:
+        """At level ops, the sum of squares of a tensor on the same bytes (same storage, offset,
+        elements and dtype, both contiguous) hashed before in this step, its memory not written
+        since (every op that writes it forgets it: :meth:`forget_storage`), else None. The storage
+        is held weakly and compared by identity (torch keeps one object per storage), so memory
+        freed and given to another tensor at the same address is never taken for it."""
+        if self._mode is None or not self._sums or t.numel() < 1024:
+            return None
+        key = same_bytes_key(t)
+        if key is None:
+            return None
+        storage, offset, n, dtype = key
+        got = self._sums.get(storage.data_ptr(), {}).get((offset, n, dtype))
+        if got is not None and got[0]() is storage:
+            return got[1]
+        return None
+
+    def _keep_sum(self, t: Any, content: Any) -> None:
+        if content[4] or not _storages_kept():
+            return
+        key = same_bytes_key(t)
+        if key is None:
+            return
+        storage, offset, n, dtype = key
+        address = storage.data_ptr()
+        if address:
+            try:
+                self._sums.setdefault(address, {})[(offset, n, dtype)] = (weakref.ref(storage), content[3])
+            except TypeError:
+                pass
 
     def remember(self, t: Any, version: int, content: Any) -> None:
         try:
@@ -706,11 +745,13 @@ class Recorder:
         """Forget what was hashed of the tensors on the storage at address ``key`` (it was written)."""
         for i in self._seen_at.pop(key, ()) if key is not None else ():
             self._seen.pop(i, None)
+        self._sums.pop(key, None)  # type: ignore[arg-type]
 
     def forget(self) -> None:
         """Forget every content kept (a new step; ops that ran unrecorded)."""
         self._seen.clear()
         self._seen_at.clear()
+        self._sums.clear()
         self.generation += 1  # (and the outputs written in place not yet confirmed: ops.py)
 
     def write(self, r: Record) -> None:

@@ -313,6 +313,30 @@ def summarize(t: Any, algorithm: str) -> tuple[str, tuple[int, ...], bytes, floa
     return name, shape, h.digest(), sumsq, ""
 
 
+def same_bytes_key(t: Any) -> tuple[Any, int, int, Any] | None:
+    """``(storage, storage offset, elements, dtype)`` of a plain contiguous CPU tensor whose
+    canonical bytes are its memory as it is (:func:`host_view`'s raw path): two such tensors with
+    the same key hold the same bytes while that memory is not written (a view that reshapes an
+    activation and its base: their digests differ by the shape, their sums of squares do not).
+    None for any other tensor."""
+    if not (_plain(t) and t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+            and not t._is_zerotensor() and t.dtype in _raw()):
+        return None
+    return t.untyped_storage(), t.storage_offset(), t.numel(), t.dtype
+
+
+def summarize_with(t: Any, algorithm: str, sumsq: float) -> tuple[str, tuple[int, ...], bytes, float, str]:
+    """:func:`summarize` of a tensor whose sum of squares is known (that of another tensor of the
+    same :func:`same_bytes_key`, its memory not written since): only its digest is computed."""
+    row = _BY_TORCH.get(t.dtype)
+    if row is None:
+        return summarize(t, algorithm)
+    shape = tuple(t.shape)
+    h = digests.constructor(algorithm)(_prefix(row.name, shape))
+    h.update(host_view(t))
+    return row.name, shape, h.digest(), sumsq, ""
+
+
 def _plain(t: Any) -> bool:
     """A plain strided tensor with memory (what ``unsaveable`` passes), told without building its
     message: most tensors a trace meets are."""
