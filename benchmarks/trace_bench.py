@@ -7,8 +7,8 @@
 batch 4), untraced, at level steps, and at level steps with ``state_every=4`` (the optimizer
 state recorded after every 4th step: issue 41's level whose cost does not grow with the model),
 target steps <= 1.05x; a level's step time there is the mean of its 4 steps (one of them records
-the optimizer state at ``state_every=4``), not their median. Every figure also gives the CPU time of the step (the process's, all
-threads), beside its wall time.
+the optimizer state at ``state_every=4``), not their median. Every figure also gives the CPU
+time of the step (the process's, all threads), beside its wall time.
 
 Each round runs ``--steps`` training steps untraced, then at level steps, modules and ops (the
 order turns by one each round), timing each step; a level's ratio is the median over rounds of
