@@ -420,7 +420,7 @@ def first_divergence(a: str | os.PathLike[str], b: str | os.PathLike[str], *, to
         if ka != kb:
             result.notes.append(f"the optimizer state is recorded every {ka} step{'s' if ka > 1 else ''} in A and "
                                 f"every {kb} step{'s' if kb > 1 else ''} in B: it is compared where both recorded "
-                                f"it, after every {every}th step (steps {every - 1}, {2 * every - 1}, ...)")
+                                f"it, after steps {every - 1}, {2 * every - 1}, {3 * every - 1}, ...")
         _walk(result, _filtered(iter(ra), None if ha.level == level else kinds, kb if kb != ka else 1),
               _filtered(iter(rb), None if hb.level == level else kinds, ka if kb != ka else 1), tolerance, grid,
               every)
