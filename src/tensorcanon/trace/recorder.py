@@ -660,7 +660,7 @@ class Recorder:
         object, the same version counter: an op's output as the next op's input, a weight used by
         several ops, at level ops a parameter or optimizer state value the optimizer step wrote and
         the record after it) is not hashed again (``reuse``: inputs, and the records after an
-        optimizer step). What that relies on, and what is hashed again (docs/TRACE.md "Cost"):
+        optimizer step). What that relies on, and what is hashed again (docs/TRACE.md "Recording"):
 
         - an in-place op bumps the version counter of the tensor it writes (and of every view of
           it: views share the counter), under ``no_grad`` too; ``set_()`` is one too;
