@@ -1013,7 +1013,7 @@ def _trace(target: str, path: str, out: Any, message: Callable[[BaseException, s
                   "`tensorcanon diverge A B` compares two)")
         return EXIT_ERROR
     ended = "complete" if tail.complete else f"incomplete: {tail.stopped}"
-    out.json({"file": path, "format": trace_layout.FORMAT, "version": trace_layout.VERSION, "level": header.level,
+    out.json({"file": path, "format": trace_layout.FORMAT, "version": header.version, "level": header.level,
               "algorithm": header.algorithm, "rank": header.rank, "world_size": header.world_size,
               "records": tail.records, "steps": steps or None, "kinds": kinds, "complete": tail.complete,
               "stopped": tail.stopped or None})
@@ -1022,7 +1022,7 @@ def _trace(target: str, path: str, out: Any, message: Callable[[BaseException, s
     width = textout.terminal_width(out.stdout) or PIPE_WIDTH
     lines = [
         ("file", textout.printable(path)),
-        ("format", f"tensorcanon trace of a training run, version {trace_layout.VERSION} (docs/TRACE.md)"),
+        ("format", f"tensorcanon trace of a training run, version {header.version} (docs/TRACE.md)"),
         ("level", f"{header.level}; {header.algorithm} digests; rank {header.rank} of {header.world_size}"),
         ("records", f"{tail.records:,}" + (f", steps {steps[0]:,} to {steps[1]:,}" if steps else "") + f"; {ended}"),
     ]

@@ -224,7 +224,7 @@ def _where(d: dict[str, Any] | None) -> str:
     return f"step {d['step']} {d['phase']} {d['kind']} {what} call {d['call']} {d['role']}"
 
 
-def _verdict(r: Record, before_in_group: bool, levels: str) -> tuple[str, str, str]:
+def _verdict(r: Record, before_in_group: bool, levels: str, every: int = 1) -> tuple[str, str, str]:
     """(verdict, origin, explanation) for the first record that differs, ``r``; every record before
     it matched (``before_in_group``: some of the same op's or module's call among them)."""
     if r.kind == "batch":
@@ -266,7 +266,27 @@ def _verdict(r: Record, before_in_group: bool, levels: str) -> tuple[str, str, s
         "recorded before matched: the optimizer's own state before the step differs (not restored on "
         "resume?) or its update is not deterministic"
         + (" (or the backward pass: gradients are recorded from level modules on"
-           f"{_finer(levels, 'which')})" if levels == "steps" else ""))
+           f"{_finer(levels, 'which')})" if levels == "steps" else "") + _window(r, every))
+
+
+def _window(r: Record, every: int) -> str:
+    """Where the optimizer state is recorded every ``every`` > 1 steps (the steps both traces
+    recorded it): the window of steps in which it may first have differed, unseen, for a record
+    of the parameters (``param``) or of the optimizer state (``optim``) of step ``r.step``."""
+    if every <= 1 or r.kind not in ("param", "optim"):
+        return ""
+    last = ((r.step + 1) // every) * every - 1  # the last step at or before r.step whose state is recorded
+    if last >= r.step:
+        last -= every  # (this step's state is recorded after its parameters: not compared yet)
+    since = f"after step {last}" if last >= 0 else "never before (it is first recorded after step " \
+        f"{every - 1})"
+    window = f"steps {last + 1} to {r.step}" if r.step > last + 1 else f"step {r.step}"
+    if r.kind == "optim":
+        return (f"; the optimizer state is compared every {every} steps, last {since}, and the parameters after "
+                f"every step matched: the state first differed in the window of {window}, without changing the "
+                "parameters before this record")
+    return (f"; the optimizer state is compared every {every} steps, last {since}: it may have differed since, "
+            f"unseen, in the window of {window}")
 
 
 def _finer(level: str, what: str) -> str:
@@ -356,13 +376,15 @@ def _rank_sibling(path: str, rank: int, other: int) -> str | None:
     return os.path.join(folder, swapped)
 
 
-def _filtered(records: Iterator[Record], kinds: frozenset[str] | None) -> Iterator[Record]:
-    if kinds is None:
+def _filtered(records: Iterator[Record], kinds: frozenset[str] | None, every: int = 1) -> Iterator[Record]:
+    """The records of ``kinds`` (all: None), and of the optimizer state only those of the steps s
+    with (s + 1) % ``every`` == 0 (the steps the other trace records it at)."""
+    if kinds is None and every == 1:
         yield from records
-    else:
-        for r in records:
-            if r.kind in kinds:
-                yield r
+        return
+    for r in records:
+        if (kinds is None or r.kind in kinds) and (every == 1 or r.kind != "optim" or (r.step + 1) % every == 0):
+            yield r
 
 
 def first_divergence(a: str | os.PathLike[str], b: str | os.PathLike[str], *, tolerance: float | None = None,
@@ -393,8 +415,15 @@ def first_divergence(a: str | os.PathLike[str], b: str | os.PathLike[str], *, to
                                            f"the other trace is level {level})")
         if (ha.rank, ha.world_size) != (hb.rank, hb.world_size):
             result.notes.append(f"A is rank {ha.rank} of {ha.world_size}, B rank {hb.rank} of {hb.world_size}")
-        _walk(result, _filtered(iter(ra), None if ha.level == level else kinds),
-              _filtered(iter(rb), None if hb.level == level else kinds), tolerance, grid)
+        ka, kb = ha.state_every, hb.state_every
+        every = ka * kb // math.gcd(ka, kb)
+        if ka != kb:
+            result.notes.append(f"the optimizer state is recorded every {ka} step{'s' if ka > 1 else ''} in A and "
+                                f"every {kb} step{'s' if kb > 1 else ''} in B: it is compared where both recorded "
+                                f"it, after steps {every - 1}, {2 * every - 1}, {3 * every - 1}, ...")
+        _walk(result, _filtered(iter(ra), None if ha.level == level else kinds, kb if kb != ka else 1),
+              _filtered(iter(rb), None if hb.level == level else kinds, ka if kb != ka else 1), tolerance, grid,
+              every)
         through = collective_verdict(result, ha, hb)
         if through is not None:
             result.verdict, result.origin, result.explanation = through
@@ -413,7 +442,7 @@ def first_divergence(a: str | os.PathLike[str], b: str | os.PathLike[str], *, to
 
 
 def _walk(res: Divergence, ia: Iterator[Record], ib: Iterator[Record], tolerance: float | None,
-          grid: bool) -> None:
+          grid: bool, every: int = 1) -> None:
     group: tuple[Any, ...] | None = None
     in_group = False
     later_steps: set[int] = set()
@@ -447,7 +476,7 @@ def _walk(res: Divergence, ia: Iterator[Record], ib: Iterator[Record], tolerance
             if res.same:
                 res.same = False
                 res.first = {**identity(x), "a": _content(x), "b": _content(y), "distance": d}
-                res.verdict, res.origin, res.explanation = _verdict(x, in_group, res.level)
+                res.verdict, res.origin, res.explanation = _verdict(x, in_group, res.level, every)
                 if grid:
                     res.grid_records[(x.step, column(x))] = res.first
             else:

@@ -27,6 +27,13 @@ from ..io.source import open_fd
 MAGIC = b"\x89TCTRC\r\n"
 FORMAT = "tensorcanon-trace"
 VERSION = 1
+"""The version of a trace that records the optimizer state at every step (``state_every`` 1)."""
+VERSION_WINDOWS = 2
+"""The version of a trace that records the optimizer state every ``state_every`` > 1 steps (its
+header has an eighth item, ``state_every``); both are read, each writer writes the lowest version
+that holds what it records, so a version-1 trace is written byte for byte as before."""
+MAX_STATE_EVERY = 1 << 31
+"""The largest ``state_every`` a header may give."""
 MAX_PAYLOAD = 1 << 20
 """The largest payload a frame may hold, in bytes (a record is ~70 bytes; a long argument note
 is cut to MAX_TEXT characters)."""
@@ -103,11 +110,21 @@ class Header:
     algorithm: str
     rank: int
     world_size: int
+    state_every: int = 1
+    """The optimizer state (``optim`` records) is recorded at the optimizer steps of the steps s
+    with (s + 1) % state_every == 0 only (docs/TRACE.md "Cost"); 1: at every step (version 1)."""
+
+    @property
+    def version(self) -> int:
+        """The trace format version of a trace with this header."""
+        return VERSION if self.state_every == 1 else VERSION_WINDOWS
 
     def payload(self) -> list[Any]:
         """The header frame's items; a header its reader (``_header``) would refuse is a UsageError
         here, so no writer writes one."""
         items = [TAG_HEADER, FORMAT, VERSION, self.level, self.algorithm, self.rank, self.world_size]
+        if self.state_every != 1:
+            items = [TAG_HEADER, FORMAT, VERSION_WINDOWS, *items[3:], self.state_every]
         problem = _header(items)
         if isinstance(problem, str):
             raise UsageError(f"trace header: {problem}")
@@ -119,9 +136,11 @@ def canonical_float(x: float) -> float:
     return math.nan if x != x else x
 
 
-def pack_record(r: Record) -> bytes:
-    return msgpack.packb([TAG_RECORD, *r[:8], list(r.shape), r.digest, canonical_float(r.sumsq), r.note],
-                         use_bin_type=True)
+def pack_record(r: Record, pack: Any = None) -> bytes:
+    """A record's payload; ``pack`` a ``msgpack.Packer(use_bin_type=True).pack`` to reuse (the same
+    bytes as ``msgpack.packb``, which makes a packer per call)."""
+    items = [TAG_RECORD, *r[:8], list(r.shape), r.digest, canonical_float(r.sumsq), r.note]
+    return msgpack.packb(items, use_bin_type=True) if pack is None else pack(items)
 
 
 class Writer:
@@ -131,6 +150,7 @@ class Writer:
         self.fh = fh
         self.previous = previous   # the check of the last frame written
         self.count = count         # records written (the header and end frames are not records)
+        self._pack = msgpack.Packer(use_bin_type=True).pack  # (one writer's records are written one at a time)
 
     def frame(self, payload: bytes) -> None:
         if len(payload) > MAX_PAYLOAD:
@@ -142,7 +162,7 @@ class Writer:
     def record(self, r: Record) -> None:
         if len(r.scope) > MAX_TEXT or len(r.name) > MAX_TEXT or len(r.role) > MAX_TEXT:
             r = r._replace(scope=fit(r.scope), name=fit(r.name), role=fit(r.role))
-        self.frame(pack_record(r))
+        self.frame(pack_record(r, self._pack))
         self.count += 1
 
     def end(self) -> None:
@@ -192,6 +212,10 @@ def _record(p: Any, header: Header) -> Record | str:
     if LEVELS.index(KIND_LEVEL[kind]) > LEVELS.index(header.level):
         return (f"a record of kind {kind!r} in a trace of level {header.level!r} (a {kind!r} record is "
                 f"recorded from level {KIND_LEVEL[kind]!r} on)")
+    if kind == "optim" and header.state_every != 1 and (step + 1) % header.state_every:
+        return (f"an optimizer state record of step {step} in a trace that records the optimizer state every "
+                f"{header.state_every} steps (after steps {header.state_every - 1}, {2 * header.state_every - 1}, "
+                "...)")
     for label, v in (("scope", scope), ("name", name), ("role", role), ("note", note)):
         if not _str(v):
             return f"{label} is not a text of at most {MAX_TEXT} characters"
@@ -215,18 +239,28 @@ def _record(p: Any, header: Header) -> Record | str:
 
 
 def _header(p: Any) -> Header | str:
-    if type(p) is not list or len(p) != 7 or not _int(p[0], TAG_HEADER, TAG_HEADER) or p[1] != FORMAT:
+    if (type(p) is not list or len(p) not in (7, 8) or not _int(p[0], TAG_HEADER, TAG_HEADER)
+            or p[1] != FORMAT):
         return "the first frame is not a tensorcanon-trace header"
-    _, _, version, level, algorithm, rank, world = p
-    if not _int(version, VERSION, VERSION):  # (an int: msgpack's true or 1.0 is not the version 1)
-        return f"trace format version {version!r}; this tensorcanon reads version {VERSION} (upgrade it?)"
+    version = p[2]
+    if not _int(version, VERSION, VERSION_WINDOWS):  # (an int: msgpack's true or 1.0 is not the version 1)
+        return (f"trace format version {version!r}; this tensorcanon reads versions {VERSION} and "
+                f"{VERSION_WINDOWS} (upgrade it?)")
+    if len(p) != (7 if version == VERSION else 8):
+        return (f"a version {version} header of {len(p)} items, not {7 if version == VERSION else 8}: "
+                "not a tensorcanon-trace header")
+    _, _, version, level, algorithm, rank, world, *rest = p
+    state_every = rest[0] if rest else 1
+    if rest and not _int(state_every, 2, MAX_STATE_EVERY):
+        return (f"state_every {state_every!r} is not an integer in [2, 2^31] (a version {VERSION_WINDOWS} "
+                "header's eighth item)")
     if level not in LEVELS:
         return f"level {level!r} is not one of {', '.join(LEVELS)}"
     if algorithm not in digests.ALGORITHMS:
         return f"digest algorithm {algorithm!r} is not one of {sorted(digests.ALGORITHMS)}"
     if not _int(world, 1, MAX_WORLD) or not _int(rank, 0, world - 1):
         return f"rank {rank!r} of world size {world!r} is not a rank in [0, world size)"
-    return Header(level, algorithm, rank, world)
+    return Header(level, algorithm, rank, world, state_every)
 
 
 ONE_RECORD_PER_CALL = frozenset({"batch", "rng", "loss", "param", "optim", "grad"})

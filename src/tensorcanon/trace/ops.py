@@ -26,11 +26,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..format import optional
-from .values import args_text, is_tensor as _is_tensor, leaves as _leaves
+from .values import args_have_text, args_text, is_tensor as _is_tensor, leaves as _leaves, op_leaves
 
 if TYPE_CHECKING:
     import torch
@@ -192,6 +193,8 @@ def _resize(self: Any, size: int) -> Any:
     memory no op wrote, and no ATen op says so (FSDP2 allocates every unsharded parameter this
     way, then views it before the all-gather's copy writes it)."""
     before = self.nbytes()
+    for rec in _recording():  # what was hashed of this memory is not kept past it
+        rec.forget_storage(self.data_ptr() or None)
     out = _ORIGINAL["resize_"](self, size)
     if size > before:
         for rec in _recording():
@@ -389,9 +392,35 @@ def make_mode(rec: Any) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     infos: dict[Any, _OpInfo] = {}
+    local = threading.local()
+    current_task = getattr(torch._C, "_current_graph_task_id", None)
 
     class Mode(TorchDispatchMode):
         pending: list[_Pending] = []
+
+        def unconfirmed(self, t: Any, version: int, content: Any) -> None:
+            """The content of ``t``, an op's output it wrote in place at ``version`` (torch bumps the
+            counter once the dispatch mode has returned): kept by :meth:`confirm`."""
+            got = getattr(local, "unconfirmed", None)
+            if got is None:
+                got = local.unconfirmed = []
+            try:
+                got.append((weakref.ref(t), version, content, rec.generation))
+            except TypeError:
+                pass
+
+        def confirm(self) -> None:
+            """At this thread's next op (or the end of an optimizer step): keep the contents of the
+            outputs written in place whose counter is now bumped by exactly one (written by that
+            op and nothing since); forget the others."""
+            got = getattr(local, "unconfirmed", None)
+            if not got:
+                return
+            local.unconfirmed = []
+            for ref, version, content, generation in got:
+                t = ref()
+                if t is not None and t._version == version + 1 and generation == rec.generation:
+                    rec.remember(t, version + 1, content)
 
         def __enter__(self) -> Any:
             _activate(rec)
@@ -442,26 +471,30 @@ def make_mode(rec: Any) -> Any:
                 # memory before is stale
                 for k in [k for k, (ref, _, _) in rec._seen.items() if ref() is None or storage_key(ref()) in keys]:
                     rec._seen.pop(k, None)
+                for k in keys:
+                    rec.forget_storage(k)
                 for role, t in p.records:
                     text = uninitialized_text(rec, t)
                     rec._put(p.phase, "op", p.scope, p.name, role, t if text is None else text, p.call)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
+            if getattr(local, "unconfirmed", None):
+                self.confirm()
             if not rec.ops_recorded():
                 return func(*args, **kwargs)
             info = infos.get(func)
             if info is None:
                 info = infos[func] = _OpInfo(func)
             with rec._busy():
-                if rec.phase == "forward" and _in_backward():
+                if rec.phase == "forward" and current_task is not None and current_task() != -1:
                     rec.phase = "backward"
                 phase = rec.phase
                 scope = rec.scope() if phase == "forward" else ""
                 name = info.name
                 call = rec.call_index(phase, "op", scope, name)
                 leaves: list[tuple[str, Any]] = []
-                _leaves(list(args) + ([kwargs] if kwargs else []), "", leaves)
+                op_leaves(args, kwargs, leaves)
                 tensors = [(path, leaf) for path, leaf in leaves if _is_tensor(leaf)]
                 if self.pending:
                     self.settle([leaf for _, leaf in tensors])
@@ -471,9 +504,10 @@ def make_mode(rec: Any) -> Any:
                         continue  # written, not read: recorded after the op, as an output
                     text = uninitialized_text(rec, leaf)
                     rec._put(phase, "op", scope, name, f"in.{path}", leaf if text is None else text, call)
-                text = args_text(list(args) + ([kwargs] if kwargs else []))
-                if text.strip("[T, ]"):
-                    rec._put(phase, "op", scope, name, "args", text, call)
+                if args_have_text(args, kwargs):  # (tensors and lists of them alone make no text record)
+                    text = args_text(list(args) + ([kwargs] if kwargs else []))
+                    if text.strip("[T, ]"):
+                        rec._put(phase, "op", scope, name, "args", text, call)
             resized = _storage(args[0]) if info.resizes and args else None  # aten.resize_: may grow
             before = resized.nbytes() if resized is not None else None
             out = func(*args, **kwargs)
@@ -486,6 +520,9 @@ def make_mode(rec: Any) -> Any:
                 _leaves(out, "", outs)
                 records = [(f"out.{path}" if path else "out", leaf) for path, leaf in outs if _is_tensor(leaf)]
                 writes = [leaf for path, leaf in tensors if info.writes and _key(path, positional) in info.writes]
+                for leaf in writes:  # what was hashed of the memory it wrote is stale, on every tensor viewing it
+                    rec.forget_storage(storage_key(leaf))
+                written_ids = {id(leaf) for leaf in writes}
                 # arguments written and not returned are outputs too: an op's out= arguments, and
                 # every tensor a collective writes (c10d.reduce_ returns its Work alone)
                 also = info.writes if info.collective else info.write_only
@@ -513,7 +550,8 @@ def make_mode(rec: Any) -> Any:
                             rec._fresh.pop(key, None)  # new memory, every byte written by the op
                 for role, leaf in records:
                     text = uninitialized_text(rec, leaf)
-                    rec._put(phase, "op", scope, name, role, leaf if text is None else text, call)
+                    rec._put(phase, "op", scope, name, role, leaf if text is None else text, call,
+                             id(leaf) in written_ids)
             return out
 
     mode = Mode()

@@ -35,8 +35,8 @@ from ..format import digest as digests, optional
 from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError, UsageError
 from . import capture as capture_module, layout
 from .layout import Record
-from .ops import plain
-from .summary import detached, summarize, summarize_text
+from .ops import _storages_kept, plain, storage_key
+from .summary import detached, same_bytes_key, summarize, summarize_text, summarize_with
 from .values import args_text, is_tensor as _is_tensor, leaves as _leaves
 from .worker import Worker
 
@@ -181,6 +181,10 @@ def _check_writable(path: str, doing: str) -> None:
         raise UsageError(f"cannot {doing} {path!r}: it exists and is not a regular file (a FIFO, socket or device)")
 
 
+def _every(h: layout.Header) -> str:
+    return f", the optimizer state every {h.state_every} steps" if h.state_every != 1 else ""
+
+
 class ResumeWarning(UserWarning):
     """A run resumed with ``resume_at`` holds other parameters or optimizer state than its trace
     recorded after the step before."""
@@ -196,7 +200,7 @@ class Recorder:
     def __init__(self, path: str | os.PathLike[str], level: str = "steps", *, model: Any = None,
                  optimizer: Any = None, algorithm: str = digests.DEFAULT, rank: int | None = None,
                  world_size: int | None = None, resume_at: int | None = None, capture: str | None = None,
-                 off_thread: bool = False) -> None:
+                 off_thread: bool = False, state_every: int = 1) -> None:
         # Every argument and environment variable is checked here, before any file is touched.
         # `tensorcanon repro --trace LEVEL` sends each run's trace to a file of its own, at its level
         path_from = f"${ENV_PATH}" if os.environ.get(ENV_PATH) else "path"
@@ -238,6 +242,12 @@ class Recorder:
                                  "most 2^62) of the first step the resumed run records (not a bool, a float or a "
                                  f"text); nothing was changed in {self.path}")
             resume_at = k
+        every = _integer(state_every)
+        if every is None or not 1 <= every <= layout.MAX_STATE_EVERY:
+            raise UsageError(f"state_every={_short(state_every)} is not a whole number of steps in [1, 2^31] (the "
+                             "optimizer state is recorded after every state_every-th step; 1, the default, "
+                             "records it after every step)")
+        self.state_every = every
         self.model = model
         self.optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) \
             else [optimizer]
@@ -262,6 +272,10 @@ class Recorder:
         self._pid = os.getpid()
         self._fresh: dict[int, Any] = {}  # ops.py: tensors an empty op made, not written since
         self._seen: dict[int, tuple[Any, int, Any]] = {}  # id -> (weak reference, version, content), this step
+        self._seen_at: dict[int, set[int]] = {}  # level ops: storage address -> the ids in _seen on it
+        self.generation = 0  # counts forget()
+        # level ops: storage address -> {(offset, elements, dtype): (weak ref to the storage, sum of squares)}
+        self._sums: dict[int, dict[tuple[int, int, Any], tuple[Any, float]]] = {}
         # the resume check: where the trace's records of step resume_at - 1 are (read again at the first
         # step, never held: a trace's records can be many), see _resume_point
         self._expected: dict[str, tuple[int, int, int, int]] = {}
@@ -293,7 +307,7 @@ class Recorder:
         checked is checked before a byte of it changes: the paths, and for a resume the whole
         prefix that is kept, its header against this process's level, algorithm, rank and world
         size."""
-        header = layout.Header(self.level, self.algorithm, self.rank, self.world_size)
+        header = layout.Header(self.level, self.algorithm, self.rank, self.world_size, self.state_every)
         side = self.path + ".run.json"
         _check_writable(side, "write the run's facts to")
         if self.capture is not None:
@@ -350,10 +364,10 @@ class Recorder:
             if h != header:
                 raise UsageError(
                     f"{self.path} is the trace of rank {h.rank} of world size {h.world_size}, level {h.level}, with "
-                    f"{h.algorithm} digests; this process is rank {header.rank} of {header.world_size}, level "
-                    f"{header.level}, with {header.algorithm} digests: it cannot continue that trace (a resumed run "
-                    "continues its own rank's trace, at the level and with the algorithm it was started with); "
-                    "nothing was changed")
+                    f"{h.algorithm} digests{_every(h)}; this process is rank {header.rank} of {header.world_size}, "
+                    f"level {header.level}, with {header.algorithm} digests{_every(header)}: it cannot continue that "
+                    "trace (a resumed run continues its own rank's trace, at the level, with the algorithm and the "
+                    "state_every it was started with); nothing was changed")
             offset, check, count = r.offset, r.tail.check, 0
             before: tuple[int, int, int] | None = None
             last = -1
@@ -550,7 +564,7 @@ class Recorder:
             self.step_index += 1
             self._calls.clear()
             self._fresh.clear()
-            self._seen.clear()
+            self.forget()
             self._in_step = True
             self._ops_on = True
             if batch is not None:
@@ -608,7 +622,7 @@ class Recorder:
         return n
 
     def _put(self, phase: str, kind: str, scope: str, name: str, role: str, value: Any,
-             call: int | None = None) -> None:
+             call: int | None = None, written: bool = False) -> None:
         if _is_tensor(value):
             value = plain(value)  # a DTensor: its local shard
             mode = self._mode
@@ -632,17 +646,35 @@ class Recorder:
                 if job is not None:
                     worker.put_job((self.step_index, phase, kind, scope, name, call, role), job)
                     return
-            content = self._summary(value, role.startswith("in"))
+            # (the records after an optimizer step reuse what its ops hashed only at level ops, where
+            # every write through another tensor on the same memory is seen: _summary)
+            reuse = role.startswith("in") or (self._mode is not None and kind in ("param", "optim"))
+            content = self._summary(value, reuse, written)
         else:
             text = value if isinstance(value, str) else args_text(value)
             content = summarize_text(text[:layout.MAX_TEXT], self.algorithm)
         self.write(Record(self.step_index, phase, kind, scope, name, call, role, *content))
 
-    def _summary(self, t: Any, reuse: bool) -> tuple[str, tuple[int, ...], bytes, float, str]:
-        """The record content of ``t``. Within a step, an input met again unchanged (the same
+    def _summary(self, t: Any, reuse: bool, written: bool = False) -> tuple[str, tuple[int, ...], bytes, float, str]:
+        """The record content of ``t``. Within a step, a tensor met again unchanged (the same
         object, the same version counter: an op's output as the next op's input, a weight used by
-        several ops) is not hashed again (``reuse``). Outputs are always hashed: an in-place op's
-        version counter is bumped only after the dispatch mode has seen its output."""
+        several ops, at level ops a parameter or optimizer state value the optimizer step wrote and
+        the record after it) is not hashed again (``reuse``: inputs, and the records after an
+        optimizer step). What that relies on, and what is hashed again (docs/TRACE.md "Recording"):
+
+        - an in-place op bumps the version counter of the tensor it writes (and of every view of
+          it: views share the counter), under ``no_grad`` too; ``set_()`` is one too;
+        - at level ops, an op that writes memory (in place, ``out=``, through ``.data`` or another
+          tensor made on the same storage, whose counters are their own) forgets what was hashed
+          of every tensor on that storage (:meth:`forget_storage`), as a collective's completion
+          and a storage that is resized do;
+        - an in-place op's output is met before torch bumps its counter (the dispatch mode runs
+          inside the op): it is kept only once the next op on that thread finds the counter bumped
+          by exactly one (``written``, ops.py ``confirm``);
+        - a tensor object is never taken for another: the entry holds a weak reference to it.
+
+        Not seen: memory written outside torch's ops (through a numpy array or a pointer) in the
+        middle of a step; everything is hashed again from the next ``step()``."""
         try:
             version = t._version
         except (RuntimeError, AttributeError):  # inference tensors have no version counter
@@ -650,13 +682,77 @@ class Recorder:
         seen = self._seen.get(id(t)) if reuse else None
         if seen is not None and seen[1] == version and seen[0]() is t:
             return seen[2]
-        content = summarize(t, self.algorithm)
+        same = self._same_bytes(t)
+        if same is not None:  # another tensor on these bytes had its squares summed: the digest alone
+            content = summarize_with(t, self.algorithm, same)
+        else:
+            content = summarize(t, self.algorithm)
+            if not written and self._mode is not None and t.numel() >= 1024:
+                self._keep_sum(t, content)
         if t.numel() >= 1024:
+            if written:  # an op's output written in place: kept once its counter is bumped
+                mode = self._mode
+                if mode is not None:
+                    self._seen.pop(id(t), None)
+                    mode.unconfirmed(t, version, content)
+            else:
+                self.remember(t, version, content)
+        return content
+
+    def _same_bytes(self, t: Any) -> float | None:
+        """At level ops, the sum of squares of a tensor on the same bytes (same storage, offset,
+        elements and dtype, both contiguous) hashed before in this step, its memory not written
+        since (every op that writes it forgets it: :meth:`forget_storage`), else None. The storage
+        is held weakly and compared by identity (torch keeps one object per storage), so memory
+        freed and given to another tensor at the same address is never taken for it."""
+        if self._mode is None or not self._sums or t.numel() < 1024:
+            return None
+        key = same_bytes_key(t)
+        if key is None:
+            return None
+        storage, offset, n, dtype = key
+        got = self._sums.get(storage.data_ptr(), {}).get((offset, n, dtype))
+        if got is not None and got[0]() is storage:
+            return got[1]
+        return None
+
+    def _keep_sum(self, t: Any, content: Any) -> None:
+        if content[4] or not _storages_kept():
+            return
+        key = same_bytes_key(t)
+        if key is None:
+            return
+        storage, offset, n, dtype = key
+        address = storage.data_ptr()
+        if address:
             try:
-                self._seen[id(t)] = (weakref.ref(t), version, content)
+                self._sums.setdefault(address, {})[(offset, n, dtype)] = (weakref.ref(storage), content[3])
             except TypeError:
                 pass
-        return content
+
+    def remember(self, t: Any, version: int, content: Any) -> None:
+        try:
+            ref = weakref.ref(t)
+        except TypeError:
+            return
+        self._seen[id(t)] = (ref, version, content)
+        if self._mode is not None:
+            key = storage_key(t)
+            if key is not None:
+                self._seen_at.setdefault(key, set()).add(id(t))
+
+    def forget_storage(self, key: int | None) -> None:
+        """Forget what was hashed of the tensors on the storage at address ``key`` (it was written)."""
+        for i in self._seen_at.pop(key, ()) if key is not None else ():
+            self._seen.pop(i, None)
+        self._sums.pop(key, None)  # type: ignore[arg-type]
+
+    def forget(self) -> None:
+        """Forget every content kept (a new step; ops that ran unrecorded)."""
+        self._seen.clear()
+        self._seen_at.clear()
+        self._sums.clear()
+        self.generation += 1  # (and the outputs written in place not yet confirmed: ops.py)
 
     def write(self, r: Record) -> None:
         if self._worker is not None:
@@ -745,6 +841,8 @@ class Recorder:
         # inside the optimizer's step: their records keep their own phases.
         closure = (args and callable(args[0])) or callable((kwargs or {}).get("closure"))
         if self._in_step:
+            if not self._ops_on:  # ops ran unrecorded since the last optimizer step: they may have written anything
+                self.forget()
             self._ops_on = True  # another optimizer's step in this step: its ops are the step's
             if not closure:
                 self.phase = "optimizer"
@@ -755,6 +853,7 @@ class Recorder:
             return
         with self._busy():
             if self._mode is not None:  # collectives of the step not yet recorded
+                self._mode.confirm()
                 self._mode.flush()
             if "grad" in self.kinds:
                 for name, p in self._names(opt):
@@ -762,7 +861,8 @@ class Recorder:
                         self._put("backward", "grad", "", name, "grad", p.grad)
             for name, p in self._names(opt):
                 self._put("optimizer", "param", "", name, "value", p)
-            for name, p in self._names(opt):
+            every = self.state_every
+            for name, p in self._names(opt) if every == 1 or (self.step_index + 1) % every == 0 else ():
                 state = opt.state.get(p)
                 if not state:
                     continue
@@ -777,7 +877,8 @@ class Recorder:
 
 def trace(path: str | os.PathLike[str], level: str = "steps", *, model: Any = None, optimizer: Any = None,
           algorithm: str = digests.DEFAULT, rank: int | None = None, world_size: int | None = None,
-          resume_at: int | None = None, capture: str | None = None, off_thread: bool = False) -> Recorder:
+          resume_at: int | None = None, capture: str | None = None, off_thread: bool = False,
+          state_every: int = 1) -> Recorder:
     """Record a training run to the trace file ``path`` (docs/TRACE.md)::
 
         with tensorcanon.trace("run.trace", level="modules", model=model, optimizer=opt) as tr:
@@ -796,12 +897,17 @@ def trace(path: str | os.PathLike[str], level: str = "steps", *, model: Any = No
     inputs and outputs to ``PATH.capture.safetensors`` (trace/capture.py). ``off_thread=True``:
     tensors of 64 KiB or more are copied and hashed on a worker thread (at most 32 MiB of copies
     waiting), which helps only with a core to spare (benchmarks/RESULTS.md); by default everything
-    is hashed on the training thread, copying nothing. The run's facts (determinism settings,
-    versions, host, pid) go to ``PATH.run.json``, never into the compared trace.
+    is hashed on the training thread, copying nothing. ``state_every=k``: the optimizer state is
+    recorded after the optimizer steps of every k-th step only (steps k-1, 2k-1, ...; the
+    parameters after every step), so a step hashes the parameters and 1/k of the optimizer state;
+    k > 1 writes a trace of format version 2, whose header gives k (docs/TRACE.md "Cost"). The
+    run's facts (determinism settings, versions, host, pid) go to ``PATH.run.json``, never into
+    the compared trace.
     """
     optional.load()
     return Recorder(path, level, model=model, optimizer=optimizer, algorithm=algorithm, rank=rank,
-                    world_size=world_size, resume_at=resume_at, capture=capture, off_thread=off_thread)
+                    world_size=world_size, resume_at=resume_at, capture=capture, off_thread=off_thread,
+                    state_every=state_every)
 
 
 __all__ = ["trace", "Recorder", "FormatError"]

@@ -8,9 +8,13 @@ pairwise sum, the chunks in order), so equal bytes also give equal sums, whateve
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import math
+import os
+import queue
+import threading
 from typing import TYPE_CHECKING, Any
 
 from ..format import digest as digests, optional
@@ -33,30 +37,206 @@ def sum_of_squares(data: memoryview, dtype_name: str, t: Any = None, floats: Any
     """The float64 sum of the squares of the values in ``data`` (of a tensor of ``dtype_name``;
     ``t`` the tensor itself, converted by torch for the dtypes numpy lacks, or ``floats`` that
     conversion already made)."""
+    return _digest_and_sum(None, data, _values(data, dtype_name, t, floats))
+
+
+def _values(data: memoryview, dtype_name: str, t: Any, floats: Any) -> Any:
+    """The values whose squares are summed, as a flat numpy array: a view of ``data`` where numpy
+    has the dtype (a complex one as its real and imaginary parts), else torch's float32 conversion,
+    else (sub-byte and exotic types) the bytes themselves."""
     row = BY_NAME[dtype_name]
     if row.numpy is not None:
-        a = np.frombuffer(data, dtype=_FLOAT_VIEW.get(dtype_name, row.numpy))
-    elif floats is not None:
-        a = floats
-    elif t is not None and dtype_name in _TORCH_CONVERTED:
+        return np.frombuffer(data, dtype=_FLOAT_VIEW.get(dtype_name, row.numpy))
+    if floats is not None:
+        return floats
+    if t is not None and dtype_name in _TORCH_CONVERTED:
         u = t.detach()
         u = torch.view_as_real(u.to(torch.complex64)) if dtype_name == "complex32" else u.to(torch.float32)
-        a = u.cpu().contiguous().reshape(-1).numpy()
-    else:  # sub-byte and exotic types: the sum of squares of the bytes, a summary all the same
-        a = np.frombuffer(data, dtype=np.uint8)
+        return u.cpu().contiguous().reshape(-1).numpy()
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+_LOCAL = threading.local()
+
+
+def _squares_buffer() -> Any:
+    """This thread's float64 buffer of CHUNK elements, where a chunk's squares are made and summed
+    (reused: no allocation per chunk, and it stays in the cache)."""
+    buf = getattr(_LOCAL, "squares", None)
+    if buf is None:
+        buf = _LOCAL.squares = np.empty(CHUNK, dtype=np.float64)
+    return buf
+
+
+def _digest_and_sum(h: Any, data: memoryview, a: Any) -> float:
+    """Feed ``data`` (the canonical bytes) to hasher ``h`` (unless None) and return the float64 sum
+    of the squares of ``a`` (the values: docs/TRACE.md "The file", item 4), in one pass: chunk by
+    chunk of CHUNK values, each chunk's bytes hashed, then squared in float64 into one reused buffer
+    and summed by numpy's pairwise sum (``np.add.reduce`` of a contiguous float64 array: the same
+    array, so the same sum, as squaring a float64 copy of the chunk), the chunk sums added in
+    order. The bytes are read from memory once: the squares read them while the hash left them in
+    the cache. Equal to hashing all of ``data`` and then summing (a hash fed in pieces is the hash
+    of their concatenation)."""
+    n = a.size
+    nbytes = data.nbytes
+    step = nbytes // n if n else 0
+    if step * n != nbytes:  # (values not one per fixed number of bytes: never for the dtypes above)
+        if h is not None:
+            h.update(data)
+        h, step = None, 0
     if a.dtype.itemsize == 8 and a.dtype.kind == "f":  # only float64's squares can pass float64's range:
         with np.errstate(over="ignore"):                 # inf is the sum then, no warning (docs/TRACE.md)
-            return _sum_sq(a)
-    return _sum_sq(a)
+            return _chunks(h, data, a, n, step)
+    return _chunks(h, data, a, n, step)
 
 
-def _sum_sq(a: Any) -> float:
+def _chunk_sum(a: Any, i: int, n: int) -> float:
+    """The sum of the squares of ``a[i:i + CHUNK]`` (in this thread's buffer)."""
+    m = min(CHUNK, n - i)
+    x, c = a[i:i + m], _squares_buffer()[:m]
+    if a.dtype.kind == "f" and a.dtype.itemsize == 8:
+        np.multiply(x, x, out=c)
+    else:  # (the cast, then the squares in place: faster than a multiply that casts as it goes)
+        np.copyto(c, x)
+        np.multiply(c, c, out=c)
+    return float(np.add.reduce(c))
+
+
+def _chunks(h: Any, data: memoryview, a: Any, n: int, step: int) -> float:
+    if n <= CHUNK:  # one chunk (most tensors a step meets)
+        if h is not None:
+            h.update(data)
+        return 0.0 + _chunk_sum(a, 0, n)  # (0.0 + as the loop below adds it: the same bits, -0.0 too)
+    if n >= PARALLEL_FROM and _helper() is not None:
+        return _Split(a, n).run(h, data, step)
+    buf = _squares_buffer()
     total = 0.0
-    for i in range(0, a.size, CHUNK):
-        c = a[i:i + CHUNK].astype(np.float64)
-        c *= c
-        total += float(np.add.reduce(c))
+    multiply, copyto, add = np.multiply, np.copyto, np.add.reduce
+    wide = a.dtype.kind == "f" and a.dtype.itemsize == 8
+    for i in range(0, n, CHUNK):
+        m = min(CHUNK, n - i)
+        if h is not None:
+            h.update(data[i * step:(i + m) * step])
+        x, c = a[i:i + m], buf[:m]
+        if wide:
+            multiply(x, x, out=c)
+        else:
+            copyto(c, x)
+            multiply(c, c, out=c)
+        total += float(add(c))
     return total
+
+
+PARALLEL_FROM = 16 * CHUNK
+"""Values from which a tensor's squares are summed on two threads (:class:`_Split`): 4 MiB of
+float32, where handing work to the helper thread costs little beside the work."""
+
+
+class _Split:
+    """One tensor's digest and sum of squares on two cores: this thread hashes every chunk in order
+    and sums the squares of the chunks from the first on, a helper thread sums those from the last
+    on, until they meet; each chunk's sum is kept and the sums are added in chunk order, so the
+    total is bitwise the one of a single thread (numpy and xxhash release the GIL while they work).
+    Where no core is free the helper starts late or not at all and this thread does the rest: the
+    work is never done twice, and the tensor is read only while this thread waits for it (nothing
+    runs beside it that could change it)."""
+
+    __slots__ = ("a", "n", "sums", "lock", "lo", "hi", "started", "cancelled", "done", "error", "wide")
+
+    def __init__(self, a: Any, n: int) -> None:
+        self.a, self.n = a, n
+        chunks = -(-n // CHUNK)
+        self.sums = [0.0] * chunks
+        self.lock = threading.Lock()
+        self.lo, self.hi = 0, chunks  # chunks [lo, hi) are not claimed yet
+        self.started = self.cancelled = False
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.wide = a.dtype.itemsize == 8 and a.dtype.kind == "f"
+
+    def run(self, h: Any, data: memoryview, step: int) -> float:
+        helper = _helper()
+        assert helper is not None
+        helper.put(self)
+        a, n, sums, lock = self.a, self.n, self.sums, self.lock
+        for k in range(len(sums)):
+            i = k * CHUNK
+            if h is not None:
+                h.update(data[i * step:min(i + CHUNK, n) * step])
+            with lock:
+                mine = k < self.hi
+                if mine:
+                    self.lo = k + 1
+            if mine:
+                sums[k] = _chunk_sum(a, i, n)
+        with lock:
+            wait = self.started
+            self.cancelled = True
+        if wait:
+            self.done.wait()
+        if self.error is not None:
+            raise self.error
+        total = 0.0
+        for x in sums:
+            total += x
+        return total
+
+    def help(self) -> None:
+        """On the helper thread: claim chunks from the last one down while this thread has not."""
+        with self.lock:
+            if self.cancelled:
+                return
+            self.started = True
+        try:
+            with np.errstate(over="ignore") if self.wide else contextlib.nullcontext():
+                while True:
+                    with self.lock:
+                        if self.hi - 1 < self.lo:
+                            break
+                        self.hi -= 1
+                        k = self.hi
+                    self.sums[k] = _chunk_sum(self.a, k * CHUNK, self.n)
+        except BaseException as e:  # noqa: BLE001 (raised on the thread that asked)
+            self.error = e
+        finally:
+            self.done.set()
+
+
+class _Helper:
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[_Split] = queue.SimpleQueue()
+        self.pid = os.getpid()
+        threading.Thread(target=self._run, name="tensorcanon-trace-sum", daemon=True).start()
+
+    def put(self, job: _Split) -> None:
+        self.jobs.put(job)
+
+    def _run(self) -> None:
+        while True:
+            self.jobs.get().help()
+
+
+_HELPER: list[_Helper] = []
+_HELPER_LOCK = threading.Lock()
+
+
+@functools.cache
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
+def _helper() -> _Helper | None:
+    """The helper thread of this process (started on first use; a forked child starts its own), or
+    None on a machine of one core."""
+    if _cores() < 2:
+        return None
+    got = _HELPER[0] if _HELPER else None
+    if got is not None and got.pid == os.getpid():
+        return got
+    with _HELPER_LOCK:
+        if not _HELPER or _HELPER[0].pid != os.getpid():
+            _HELPER[:] = [_Helper()]
+        return _HELPER[0]
 
 
 def host_view(t: Any) -> memoryview:
@@ -72,6 +252,8 @@ def host_view(t: Any) -> memoryview:
             if a.max() > 1:  # canonical bools are 0 and 1 (as host_bytes makes them)
                 return memoryview((a != 0).view(np.uint8))
         return memoryview(raw).cast("B")
+    if t.numel() == 0:  # no bytes (host_bytes fails on an empty view with a stride other than 1)
+        return memoryview(b"")
     return host_bytes(t, "tensor")
 
 
@@ -99,10 +281,10 @@ def detached(t: Any) -> tuple[str, tuple[int, ...], bytes, Any] | None:
 def finish(dtype_name: str, shape: tuple[int, ...], data: bytes, floats: Any,
            algorithm: str) -> tuple[str, tuple[int, ...], bytes, float, str]:
     """The record content of :func:`detached`'s copy (on any thread: numpy and xxhash release the GIL)."""
-    h = digests.tensor_hasher(dtype_name, shape, algorithm)
-    h.update(data)
+    h = digests.constructor(algorithm)(_prefix(dtype_name, shape))
     view = memoryview(data)
-    return dtype_name, shape, h.digest(), sum_of_squares(view, dtype_name, None, floats), ""
+    sumsq = _digest_and_sum(h, view, _values(view, dtype_name, None, floats))
+    return dtype_name, shape, h.digest(), sumsq, ""
 
 
 _TORCH_CONVERTED = ("bfloat16", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "complex32")
@@ -112,24 +294,83 @@ def summarize(t: Any, algorithm: str) -> tuple[str, tuple[int, ...], bytes, floa
     """``(dtype name, shape, digest, sum of squares, note)`` of tensor ``t``. A tensor whose bytes
     cannot be read (a meta or sparse tensor, a subclass) gets an empty digest text record and a
     note saying why."""
-    why = unsaveable(t)
-    if why is not None:
-        note = f"not hashed: {type(t).__name__} {t.dtype} {list(t.shape)}"[:200]
-        return summarize_text(note, algorithm)
+    if not _plain(t):
+        why = unsaveable(t)
+        if why is not None:
+            note = f"not hashed: {type(t).__name__} {t.dtype} {list(t.shape)}"[:200]
+            return summarize_text(note, algorithm)
     row = _BY_TORCH.get(t.dtype)
     if row is None:
         from ..format.dtypes import BY_TORCH
 
         _BY_TORCH.update(BY_TORCH)
         row = BY_TORCH[t.dtype]
+    name = row.name
     shape = tuple(t.shape)
     data = host_view(t)
-    h = digests.tensor_hasher(row.name, shape, algorithm)
-    h.update(data)
-    return row.name, shape, h.digest(), sum_of_squares(data, row.name, t), ""
+    h = digests.constructor(algorithm)(_prefix(name, shape))
+    sumsq = _digest_and_sum(h, data, _values(data, name, t, None))
+    return name, shape, h.digest(), sumsq, ""
+
+
+def same_bytes_key(t: Any) -> tuple[Any, int, int, Any] | None:
+    """``(storage, storage offset, elements, dtype)`` of a plain contiguous CPU tensor whose
+    canonical bytes are its memory as it is (:func:`host_view`'s raw path): two such tensors with
+    the same key hold the same bytes while that memory is not written (a view that reshapes an
+    activation and its base: their digests differ by the shape, their sums of squares do not).
+    None for any other tensor."""
+    if not (_plain(t) and t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+            and not t._is_zerotensor() and t.dtype in _raw()):
+        return None
+    return t.untyped_storage(), t.storage_offset(), t.numel(), t.dtype
+
+
+def summarize_with(t: Any, algorithm: str, sumsq: float) -> tuple[str, tuple[int, ...], bytes, float, str]:
+    """:func:`summarize` of a tensor whose sum of squares is known (that of another tensor of the
+    same :func:`same_bytes_key`, its memory not written since): only its digest is computed."""
+    row = _BY_TORCH.get(t.dtype)
+    if row is None:
+        return summarize(t, algorithm)
+    shape = tuple(t.shape)
+    h = digests.constructor(algorithm)(_prefix(row.name, shape))
+    h.update(host_view(t))
+    return row.name, shape, h.digest(), sumsq, ""
+
+
+def _plain(t: Any) -> bool:
+    """A plain strided tensor with memory (what ``unsaveable`` passes), told without building its
+    message: most tensors a trace meets are."""
+    return (type(t) in _plain_types() and t.layout is _strided() and not t.is_meta and not t.is_quantized
+            and not t.is_nested)
+
+
+_PREFIXES: dict[tuple[str, tuple[int, ...]], bytes] = {}
+_MAX_PREFIXES = 4096
+
+
+def _prefix(name: str, shape: tuple[int, ...]) -> bytes:
+    """``digest.tensor_prefix``, kept for the shapes met (a step meets few; at most _MAX_PREFIXES)."""
+    key = (name, shape)
+    prefix = _PREFIXES.get(key)
+    if prefix is None:
+        prefix = digests.tensor_prefix(name, shape)
+        if len(_PREFIXES) >= _MAX_PREFIXES:
+            _PREFIXES.clear()
+        _PREFIXES[key] = prefix
+    return prefix
 
 
 _BY_TORCH: dict[Any, Any] = {}
+
+
+@functools.cache
+def _strided() -> Any:
+    return torch.strided
+
+
+@functools.cache
+def _plain_types() -> tuple[Any, ...]:
+    return (torch.Tensor, torch.nn.Parameter)
 _RAW_NAMES = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16",
               "bfloat16", "float32", "float64", "complex64", "complex128", "float8_e5m2", "float8_e4m3fn",
               "float8_e5m2fnuz", "float8_e4m3fnuz")

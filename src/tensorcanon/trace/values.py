@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from ..format import optional
@@ -76,3 +77,50 @@ def args_text(value: Any, depth: int = 0) -> str:
     if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return str(value)
     return f"<{type(value).__name__}>"
+
+
+_INDEX = tuple(str(i) for i in range(256))
+
+
+@functools.cache
+def _atoms() -> frozenset[Any]:
+    """Types that :func:`leaves` takes as a leaf as they are (no list, tuple, dict or mapping)."""
+    return frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, type(None), str, torch.dtype,
+                      torch.device, torch.layout, torch.memory_format})
+
+
+@functools.cache
+def _tensor_types() -> frozenset[Any]:
+    return frozenset({torch.Tensor, torch.nn.Parameter})
+
+
+def op_leaves(args: tuple[Any, ...], kwargs: dict[str, Any], out: list[tuple[str, Any]]) -> None:
+    """``leaves([*args, kwargs] if kwargs else list(args), "", out)``, the same leaves and paths,
+    with fewer calls for the arguments most ops get (tensors and numbers)."""
+    atoms = _atoms()
+    index = _INDEX
+    for i, v in enumerate(args):
+        if len(out) >= MAX_LEAVES:
+            return
+        if type(v) in atoms:
+            out.append((index[i] if i < 256 else str(i), v))
+        else:
+            leaves(v, index[i] if i < 256 else str(i), out, 1)
+    if kwargs:
+        leaves(kwargs, str(len(args)), out, 1)
+
+
+def args_have_text(args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], depth: int = 0) -> bool:
+    """False when ``args_text([*args, kwargs] if kwargs else list(args))`` is tensors and lists only
+    (``[T, [T, T]]``: no record of the arguments), told without writing it; True otherwise (also
+    where it does not look deeper: the text then decides)."""
+    if kwargs or depth > 8:
+        return True
+    tensors = _tensor_types()
+    for v in args:
+        if type(v) in tensors:
+            continue
+        if type(v) is list and not args_have_text(v, {}, depth + 1):
+            continue
+        return True
+    return False
