@@ -73,3 +73,14 @@ def test_loaded_tensors_are_resizable_and_equal(how: str, tmp_path) -> None:
     for k, t in state.items():
         assert torch.equal(out[k].view(torch.uint8) if t.dtype == torch.float8_e4m3fn else out[k],
                            t.detach().view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t.detach()), k
+
+
+@pytest.mark.parametrize("make", [lambda: torch.empty(0)[::2], lambda: torch.empty(0, dtype=torch.bfloat16)[::3],
+                                  lambda: torch.empty(0, dtype=torch.bool)[::2], lambda: torch.empty(0, 3).t()])
+def test_an_empty_view_of_any_stride_saves(make) -> None:
+    # An empty tensor may keep a stride other than 1; viewing it as bytes failed with torch's
+    # RuntimeError ("self.stride(-1) must be 1 to view ...") instead of saving its no bytes.
+    t = make()
+    out = tc.loads(tc.dumps({"t": t}))["t"]
+    assert out.shape == t.shape and out.dtype == t.dtype
+    assert tc.dumps({"t": t}) == tc.dumps({"t": torch.empty(t.shape, dtype=t.dtype)})

@@ -277,7 +277,9 @@ def _canonical(value: torch.Tensor) -> memoryview:
         # copy kernels exist for every int dtype but not for sub-byte or some float8 dtypes
         t = t.view(same)
     flat = t.contiguous().reshape(-1)
-    if flat.numel() and flat.stride(0) != 1:  # size-1 dims may keep any stride
+    if not flat.numel():  # no bytes (an empty view may keep any stride, which no dtype view accepts)
+        return memoryview(b"")
+    if flat.stride(0) != 1:  # size-1 dims may keep any stride
         flat = flat.clone(memory_format=torch.contiguous_format)
     u = flat.view(torch.uint8)
     if value.dtype is torch.bool and u.numel() and bool(u.max() > 1):
