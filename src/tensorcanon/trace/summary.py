@@ -9,7 +9,6 @@ pairwise sum, the chunks in order), so equal bytes also give equal sums, whateve
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import math
 import os
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..format import digest as digests, optional
 from ..format.dtypes import BY_NAME
-from ..format.tensorbytes import host_bytes, unsaveable
+from ..format.tensorbytes import host_bytes, memory_of, unsaveable
 from .layout import TEXT_DTYPE, text_digest
 
 if TYPE_CHECKING:
@@ -246,14 +245,12 @@ def host_view(t: Any) -> memoryview:
     ``storage.resize_(0)``) must not fail because it was traced."""
     if (t.is_cpu and t.numel() and t.is_contiguous() and not t.is_conj() and not t.is_neg()
             and not t._is_zerotensor() and t.dtype in _raw()):
-        raw = (ctypes.c_uint8 * (t.numel() * t.element_size())).from_address(t.data_ptr())
+        raw = memory_of(t)  # (the one way tensorcanon views a tensor's memory: format/tensorbytes.py)
         if t.dtype is torch.bool:
             a = np.frombuffer(raw, dtype=np.uint8)
             if a.max() > 1:  # canonical bools are 0 and 1 (as host_bytes makes them)
                 return memoryview((a != 0).view(np.uint8))
-        return memoryview(raw).cast("B")
-    if t.numel() == 0:  # no bytes (host_bytes fails on an empty view with a stride other than 1)
-        return memoryview(b"")
+        return raw
     return host_bytes(t, "tensor")
 
 
