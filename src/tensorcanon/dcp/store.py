@@ -180,7 +180,8 @@ def read_record(target: StoreTag, limits: Limits = DEFAULT) -> Record:
 
             values = {k: dec.decode(fields[k], no_tensor) for k in ("format", "index", "layout", "ranks")}
             blob_nodes = fields["blobs"]
-            named = {rows[i].digest for i in _tensor_indices(blob_nodes, where)}
+            listed = [rows[i].digest for i in _tensor_indices(blob_nodes, where)]
+            named = set(listed)
             blobs = {r.digest for r in rows if r.nbytes}
     except MissingFileError as e:
         raise CheckpointNotFoundError(f"{where} does not exist: {e}", filename=str(target)) from None
@@ -195,9 +196,32 @@ def read_record(target: StoreTag, limits: Limits = DEFAULT) -> Record:
         raise FormatError(f"{where}: its record's 'index' must be bytes and 'ranks' a non-empty list of bytes")
     if len(headers) > layout.MAX_WORLD_SIZE:
         raise FormatError(f"{where}: its record holds {len(headers)} ranks, more than {layout.MAX_WORLD_SIZE}")
+    for rank, h in enumerate(headers):  # (FORMAT.md §14.10: exactly a file's first 8 + N bytes)
+        if len(h) < 8 or len(h) != 8 + int.from_bytes(h[:8], "little"):
+            raise FormatError(f"{where}: its record's header of rank {rank} is {len(h)} bytes, not the first "
+                              "8 + N bytes of a file (N: what its first 8 bytes say); the record is damaged")
     if named != blobs:
         raise FormatError(f"{where}: its record's 'blobs' must hold every tensor of the record")
+    if any(a >= b for a, b in zip(listed, listed[1:])):
+        raise FormatError(f"{where}: its record's 'blobs' must name each blob once, in ascending order of "
+                          "digest; the record is damaged")
     return Record(index, headers, blobs)
+
+
+def check_blob_list(target: StoreTag, record: Record, limits: Limits = DEFAULT) -> None:
+    """The record's ``blobs`` are exactly the blobs its rank files' tables name (FORMAT.md §14.10): none
+    missing (gc would free it) and none that no rank file uses (gc would keep it forever, and verify
+    would vouch for a record that is not what a writer writes). Reads every rank header, no blob."""
+    world, used = len(record.headers), set()
+    for rank, header in enumerate(record.headers):
+        with target.store._header_file(header, f"{target.tag} (rank {rank} of {world})", limits, blobs=False) as cf:
+            used.update(r.digest for r in cf.rows if r.nbytes)
+    if used - record.blobs:
+        raise FormatError(f"{target}: its rank files name {len(used - record.blobs)} blobs its record does not "
+                          "(gc would not keep them); the record is damaged")
+    if record.blobs - used:
+        raise FormatError(f"{target}: its record's 'blobs' names {len(record.blobs - used)} blobs that no rank "
+                          "file uses (gc would keep them for nothing); the record is damaged")
 
 
 def _tensor_indices(node: Any, where: str) -> list[int]:
@@ -223,6 +247,7 @@ def export(target: StoreTag, folder: str | os.PathLike[str], *, limits: Limits =
                           "or empty directory")
     record = read_record(target, limits)
     index = checked_index(target, record, limits)   # (before anything is written)
+    check_blob_list(target, record, limits)
     os.makedirs(folder, exist_ok=True)
     for rank in range(index.world_size):
         _export_rank(target, record, rank, folder, index.files[rank], limits)
@@ -325,6 +350,7 @@ def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
     table names, every chunk hashed against its digest when it is read (Index.opener)."""
     record = read_record(target, limits)
     index = checked_index(target, record, limits)
+    check_blob_list(target, record, limits)
     world = index.world_size
 
     def opener(rank: int) -> RankFile:
