@@ -8,6 +8,7 @@ tests/attacks/test_dcp_store_attacks.py holds the first round of attacks; these 
 from __future__ import annotations
 
 import subprocess
+import textwrap
 import sys
 
 import pytest
@@ -402,3 +403,79 @@ def test_sharded_state_roundtrip_sanity(tmp_path):
         return True
 
     assert run_ranks(2, load) == [True, True]
+
+
+# ----------------------------------------------------------------- sizes a rank header claims
+
+_TERABYTE = textwrap.dedent('''
+    import resource, sys, warnings
+    warnings.simplefilter("ignore")  # DCP's "no process group" warning
+    import msgpack, torch
+    import tensorcanon as tc, tensorcanon.dcp as tcd
+    from tensorcanon.dcp import store as dcp_store
+    from tensorcanon.format import dtypes, manifest
+    from tensorcanon.format.tensorbytes import Stored
+    from tensorcanon.io import writer
+
+    root, out = sys.argv[1], sys.argv[2]
+    store = tc.Store(root)
+    tcd.save({"w": torch.arange(6.0).reshape(3, 2), "step": 1, "rng": tcd.PerRank(0)}, tcd.StoreTag(store, "good"))
+    record = store.load("good")
+    SHAPE = (2**37, 2)   # float32: 1 TiB, which fits in 64 bits: only the blob can refute it
+    existing = tc.open(tc.dumps({"t": record["blobs"][0]})).manifest.tensors[0].digest
+
+    def forge(tag, raw):
+        """A record, consistent with itself, whose one rank header's row w@0,0 claims SHAPE and names
+        blob ``raw``; the index claims w of SHAPE as that one chunk (an attacker writes these bytes)."""
+        obj = {"rng@rank": 0, "w@0,0": Stored(dtypes.BY_NAME["float32"], SHAPE, memoryview(b""))}
+        p = writer.plan(obj, None, tc.Limits(), "xxh3-128")
+        for s in p.tensors:
+            s.digest = raw
+        header, _ = p.header()
+        with store._header_file(header, tag, blobs=False) as cf:
+            file_digest = cf.digest
+        index = tc.loads(record["index"])
+        m = dict(manifest.unpack(index["logical"])[0])
+        rows = [dict(r) for r in m["tensors"]]
+        rows[0]["shape"] = list(SHAPE)
+        m["tensors"] = rows
+        index.update(logical=msgpack.packb(m, use_bin_type=True), chunks=[[[0, [0, 0], list(SHAPE)]]],
+                     files=[file_digest])
+        target = tcd.StoreTag(store, tag)
+        dcp_store.commit(target, store._epoch_now(), tc.dumps(index), [header], [(raw, "float32", SHAPE)])
+        return target
+
+    targets = {"missing": forge("missing", bytes(range(16))), "small": forge("small", existing)}
+    with open("/proc/self/status") as f:
+        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))  # 1 TiB cannot fit
+    for kind, t in targets.items():
+        calls = {"verify": lambda: tcd.verify(t), "load_unsharded": lambda: tcd.load_unsharded(t),
+                 "consolidate": lambda: tcd.consolidate(t, out + "/" + kind + ".safetensors"),
+                 "export": lambda: tcd.export(t, out + "/" + kind),
+                 "load": lambda: tcd.load({"w": None, "step": 0, "rng": tcd.PerRank(None)}, t)}
+        for name, call in calls.items():
+            try:
+                call()
+                print(kind, name, "LOADED")
+            except BaseException as e:  # (DCP's CheckpointException is a BaseException)
+                e = tcd.api.unwrap(e)
+                ok = isinstance(e, tc.TensorCanonError) and "allocate" not in str(e) and "w@0,0" in str(e)
+                print(kind, name, type(e).__name__ if ok else f"RAW {type(e).__name__} {e}")
+''')
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs RLIMIT_AS and /proc")
+def test_a_rank_header_claiming_a_terabyte_is_refused_before_it_is_allocated(tmp_path):
+    """A directory's rank file bounds its rows by its size; a store's rank file is a header kept in
+    the record, and its rows' sizes are bounded only by the blobs they name. A record whose header
+    claims a 1 TiB chunk, its blob missing or a 30-byte blob of the store, is refused by every reader
+    before anything of that size is allocated (checked under a capped address space: one process)."""
+    out = subprocess.run([sys.executable, "-c", _TERABYTE, str(tmp_path / "store"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.split("\n")[:-1]
+    want = {"missing": "IntegrityError", "small": "FormatError"}
+    assert lines == [f"{kind} {name} {err if name != 'export' else 'IntegrityError'}"
+                     for kind, err in want.items()
+                     for name in ("verify", "load_unsharded", "consolidate", "export", "load")], out.stdout

@@ -25,12 +25,14 @@ import contextlib
 import io
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 from ..format import dtypes
 from ..format.errors import FormatError, IntegrityError, MissingFileError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
+from ..format.manifest import TensorInfo
 from ..format.tensorbytes import Stored
 from ..format.tree import items, tag_of
 from ..io import writer
@@ -38,7 +40,7 @@ from ..io.source import Source
 from ..sharded import layout, read
 from ..sharded.errors import CheckpointNotFoundError
 from ..sharded.files import RankFile, SubtreeDecoder, with_context
-from ..store import Store
+from ..store import Store, layout as store_layout
 
 FORMAT = "tensorcanon-dcp-checkpoint"
 LAYOUT = 1
@@ -202,7 +204,7 @@ def read_record(target: StoreTag, limits: Limits = DEFAULT) -> Record:
                               "8 + N bytes of a file (N: what its first 8 bytes say); the record is damaged")
     if named != blobs:
         raise FormatError(f"{where}: its record's 'blobs' must hold every tensor of the record")
-    if any(a >= b for a, b in zip(listed, listed[1:])):
+    if any(a >= b for a, b in zip(listed, listed[1:], strict=False)):
         raise FormatError(f"{where}: its record's 'blobs' must name each blob once, in ascending order of "
                           "digest; the record is damaged")
     return Record(index, headers, blobs)
@@ -303,6 +305,7 @@ class _StoreRankFile(RankFile):
     chunk it holds (a blob's own errors name only the blob)."""
 
     _blobs: Any = None  # the store's file object, until its blobs are looked up
+    _store: Any = None  # the store
 
     def _attach(self) -> None:
         if self._blobs is not None:
@@ -319,6 +322,25 @@ class _StoreRankFile(RankFile):
     def read(self, *args: Any, **kwargs: Any) -> Any:
         self._attach()
         return super().read(*args, **kwargs)
+
+    def info(self, key: str, what: Callable[[], str]) -> TensorInfo:
+        """The row of a chunk, its size bounded by the blob that holds it (readers call this before
+        they allocate a tensor of the chunk's size: a rank file's header comes from the record, so
+        unlike a file's size, nothing else bounds what its rows claim). One look-up in the packs'
+        indexes (or the loose object's size), no read; the blob's own header is checked when it is read."""
+        row = super().info(key, what)
+        if row.nbytes:
+            try:
+                length = self._store._stored_length(row.digest)
+            except MissingFileError:
+                raise IntegrityError(f"{self.path}: {_chunk(key)}: its blob {store_layout.show(row.digest)} is "
+                                     "missing from the store; the checkpoint cannot be loaded (save it again)",
+                                     expected=store_layout.show(row.digest)) from None
+            if row.nbytes > length * store_layout.ZSTD_MAX_RATIO:
+                raise FormatError(f"{self.path}: {_chunk(key)} claims {row.nbytes} bytes, but its blob "
+                                  f"{store_layout.show(row.digest)} is {length} bytes stored (a blob decodes to at "
+                                  f"most {store_layout.ZSTD_MAX_RATIO} times that); the record is damaged")
+        return row
 
 
 def checked_index(target: StoreTag, record: Record, limits: Limits = DEFAULT) -> layout.Index:
@@ -370,6 +392,7 @@ def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
         f = cast(_StoreRankFile, _StoreRankFile.over(Source(vf, name=cf.src.name), what, index.files[rank], limits,
                                                     stack))
         f._blobs = vf
+        f._store = target.store
         return f
 
     index.opener = opener
