@@ -72,7 +72,7 @@ def blobs_for(*tensors) -> list:
     return [by[d] for d in sorted(by)]
 
 
-def readers(store, tag, tmp_path, world=2, target=small_target):
+def readers(store, tag, tmp_path, world=2, target=small_target, options=None):
     """Every way to read the tag; each gives the error it raised (or None, and its result)."""
     st = tcd.StoreTag(store, tag)
 
@@ -80,7 +80,7 @@ def readers(store, tag, tmp_path, world=2, target=small_target):
         def load(rank):
             state = target(world, rank)
             try:
-                tcd.load(state, tcd.StoreTag(tc.Store(store.root), tag))
+                tcd.load(state, tcd.StoreTag(tc.Store(store.root, storage_options=options), tag))
             except Exception as e:  # noqa: BLE001 - judged below
                 return e
             return state
@@ -479,3 +479,39 @@ def test_a_rank_header_claiming_a_terabyte_is_refused_before_it_is_allocated(tmp
     assert lines == [f"{kind} {name} {err if name != 'export' else 'IntegrityError'}"
                      for kind, err in want.items()
                      for name in ("verify", "load_unsharded", "consolidate", "export", "load")], out.stdout
+
+
+# ----------------------------------------------------------------- object storage that lies
+
+@pytest.mark.slow
+def test_an_s3_store_that_truncates_or_loses_a_pack(s3_direct, tmp_path):
+    """moto's S3 (tests/conftest.py): the checkpoint's pack object is replaced by a truncated copy,
+    then deleted (a listing without it); the record is then truncated. Every reader refuses with the
+    library's own error, naming the tag; a fresh save of the same tag then reads back."""
+    import uuid
+
+    import s3fs
+    from s3_support import BUCKET
+
+    direct, _ = s3_direct
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/store"
+    run_ranks(2, lambda r: tcd.save(small_state(2, r), tcd.StoreTag(tc.Store(url, storage_options=direct), "good")))
+    fs = s3fs.S3FileSystem(**direct)
+    packs = fs.ls(url[len("s3://"):] + "/packs")
+    assert len(packs) >= 1
+    whole = {p: fs.cat_file(p) for p in packs}
+    for p, data in whole.items():
+        fs.pipe_file(p, data[: len(data) // 2])      # a truncated object
+    errs = readers(tc.Store(url, storage_options=direct), "good", tmp_path / "a", options=direct)
+    refused({k: v for k, v in errs.items() if k != "logical_digest"}, tc.TensorCanonError, "good")
+    for p in whole:
+        fs.rm(p)                                     # a listing that omits the packs
+    errs = readers(tc.Store(url, storage_options=direct), "good", tmp_path / "b", options=direct)
+    refused({k: v for k, v in errs.items() if k != "logical_digest"}, tc.TensorCanonError, "good")
+    record = url[len("s3://"):] + "/tags/good.safetensors"
+    data = fs.cat_file(record)
+    fs.pipe_file(record, data[:-7])                   # a truncated record
+    refused(readers(tc.Store(url, storage_options=direct), "good", tmp_path / "c", options=direct), tc.TensorCanonError, "good")
+    run_ranks(2, lambda r: tcd.save(small_state(2, r), tcd.StoreTag(tc.Store(url, storage_options=direct), "good")))
+    assert tcd.verify(tcd.StoreTag(tc.Store(url, storage_options=direct), "good")) == \
+        tc.fingerprint({"step": 1, "w": FULL})
