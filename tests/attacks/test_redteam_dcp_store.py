@@ -370,6 +370,20 @@ def test_store_cli_on_damaged_dcp_tags(small, tmp_path):
     r = cli("store", "export", root, "good", str(tmp_path / "rec.safetensors"))
     assert r.returncode == 0, r.stderr
     assert tc.load(str(tmp_path / "rec.safetensors"))["index"] == record["index"]
+    # gc keeps every blob of the DCP tag, frees a deleted plain tag's blob
+    store.save("plain", {"junk": torch.full((50,), 5.0)})
+    store.delete("plain")
+    r = cli("store", "gc", root)
+    assert r.returncode == 0, r.stderr
+    assert tcd.verify(tcd.StoreTag(tc.Store(root), "good")) == tc.fingerprint({"step": 1, "w": FULL})
+    # a truncated record: damage, exit 1
+    other = str(tmp_path / "other")
+    run_ranks(2, lambda r: tcd.save(small_state(2, r), tcd.StoreTag(tc.Store(other), "t")))
+    rec = tmp_path / "other" / "tags" / "t.safetensors"
+    rec.write_bytes(rec.read_bytes()[:-5])
+    r = cli("store", "verify", other)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
     # a DCP tag whose record names a blob the store lost: damage, exit 1
     store.save("lost", dict(record, blobs=blobs_for(*record["blobs"], torch.full((8,), 3.0))))
     import pathlib
@@ -515,3 +529,79 @@ def test_an_s3_store_that_truncates_or_loses_a_pack(s3_direct, tmp_path):
     run_ranks(2, lambda r: tcd.save(small_state(2, r), tcd.StoreTag(tc.Store(url, storage_options=direct), "good")))
     assert tcd.verify(tcd.StoreTag(tc.Store(url, storage_options=direct), "good")) == \
         tc.fingerprint({"step": 1, "w": FULL})
+
+
+# ----------------------------------------------------------------- saving
+
+def test_ranks_that_name_different_stores_or_tags(tmp_path):
+    """Every rank must pass a StoreTag of one store and tag (docs/DISTRIBUTED.md). Ranks that do not
+    either fail with the library's error on every rank, or write a checkpoint that verifies: never a
+    listed tag whose blobs are in another store."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+
+    def save(rank, roots, tags):
+        try:
+            tcd.save(small_state(2, rank), tcd.StoreTag(tc.Store(roots[rank]), tags[rank]))
+        except Exception as e:  # noqa: BLE001
+            return e
+        return None
+
+    for roots, tags in (((a, b), ("t", "t")), ((a, a), ("t", "u"))):
+        errs = run_ranks(2, lambda r, roots=roots, tags=tags: save(r, roots, tags))
+        for e in errs:
+            assert e is None or isinstance(e, tc.TensorCanonError), (type(e), e)
+        for root in set(roots):
+            store = tc.Store(root)
+            for tag in store.tags():
+                assert tcd.verify(tcd.StoreTag(store, tag)) == tc.fingerprint({"step": 1, "w": FULL}), (root, tag)
+
+
+def test_save_refusals(tmp_path):
+    root = str(tmp_path / "s")
+    store = tc.Store(root)
+
+    def one(fn):
+        return run_ranks(1, lambda r: _raised(fn))[0]
+
+    e = one(lambda: tcd.save(small_state(1, 0), tcd.StoreTag(store, "x"), algorithm="sha256"))
+    assert isinstance(e, tc.UsageError), (type(e), e)
+    e = one(lambda: tcd.save(small_state(1, 0), tcd.StoreTag(store, "x"), storage_options={"anon": True}))
+    assert isinstance(e, tc.TensorCanonError), (type(e), e)
+    assert store.tags() == []
+    e = _raised(lambda: tcd.StoreTag(store, "x", storage_options={"anon": True}))
+    assert e is None or isinstance(e, tc.TensorCanonError), (type(e), e)
+
+
+def test_async_save_with_the_process_executor_is_refused(tmp_path):
+    store = tc.Store(str(tmp_path / "s"))
+
+    def go(rank):
+        try:
+            fut = tcd.async_save(small_state(1, 0), tcd.StoreTag(store, "x"), executor="process")
+            fut.result(timeout=60)
+        except Exception as e:  # noqa: BLE001
+            return e
+        return None
+
+    e = run_ranks(1, go)[0]
+    assert isinstance(e, tc.UsageError), (type(e), e)
+    assert store.tags() == []
+
+
+def test_per_rank_values_on_resize_from_a_store(small):
+    """A 2-rank tag loaded by 3 ranks: per-rank values refused naming the path, unless kept."""
+    store, _ = small
+
+    def load(rank, keep):
+        state = small_target(3, rank)
+        try:
+            tcd.load(state, tcd.StoreTag(tc.Store(store.root), "good"), keep_per_rank_on_resize=keep)
+        except Exception as e:  # noqa: BLE001
+            return e
+        return state
+
+    for e in run_ranks(3, lambda r: load(r, False)):
+        assert isinstance(e, tc.TensorCanonError) and "rng" in str(e), (type(e), e)
+    for rank, s in enumerate(run_ranks(3, lambda r: load(r, True))):
+        assert not isinstance(s, Exception), s
+        assert s["step"] == 1 and torch.equal(s["w"].to_local(), FULL[rank:rank + 1])
