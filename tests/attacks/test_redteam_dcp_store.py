@@ -605,3 +605,33 @@ def test_per_rank_values_on_resize_from_a_store(small):
     for rank, s in enumerate(run_ranks(3, lambda r: load(r, True))):
         assert not isinstance(s, Exception), s
         assert s["step"] == 1 and torch.equal(s["w"].to_local(), FULL[rank:rank + 1])
+
+
+def test_a_rank_row_naming_an_honest_blob_of_another_dtype_or_shape(small, tmp_path):
+    """Rank 0's row w@0,0 says float32 [2, 2], as the index wants, but names the digest of a blob the
+    store holds honestly for another tensor (int32 [2, 2]: same bytes; float32 [4, 1]: same bytes,
+    other shape). The record is consistent with itself (an attacker writes these bytes); no reader
+    may take those bytes for the chunk."""
+    from tensorcanon.dcp import store as dcp_store
+    from tensorcanon.format import dtypes
+    from tensorcanon.format.tensorbytes import Stored
+    from tensorcanon.io import writer
+
+    store, record = small
+    for i, other in enumerate((torch.arange(4, dtype=torch.int32).reshape(2, 2), FULL[:2].reshape(4, 1).clone())):
+        store.save(f"holder{i}", {"t": other})
+        raw = tc.open(tc.dumps({"t": other})).manifest.tensors[0].digest
+        obj = {"rng@rank": 0, "w@0,0": Stored(dtypes.BY_NAME["float32"], (2, 2), memoryview(b""))}
+        p = writer.plan(obj, None, tc.Limits(), "xxh3-128")
+        for s in p.tensors:
+            s.digest = raw
+        header, _ = p.header()
+        with store._header_file(header, "x", blobs=False) as cf:
+            file_digest = cf.digest
+        index = index_of(record)
+        index["files"] = [file_digest, index["files"][1]]
+        rank1 = tc.open(tc.dumps({"t": FULL[2:].clone()})).manifest.tensors[0].digest
+        tag = f"honest{i}"
+        dcp_store.commit(tcd.StoreTag(store, tag), store._epoch_now(), tc.dumps(index),
+                         [header, record["ranks"][1]], [(raw, "float32", (2, 2)), (rank1, "float32", (1, 2))])
+        refused(readers(store, tag, tmp_path), tc.TensorCanonError, skip=("logical_digest",))
