@@ -636,3 +636,30 @@ def test_a_rank_row_naming_an_honest_blob_of_another_dtype_or_shape(small, tmp_p
         dcp_store.commit(tcd.StoreTag(store, tag), store._epoch_now(), tc.dumps(index),
                          [header, record["ranks"][1]], [(raw, "float32", (2, 2)), (rank1, "float32", (1, 2))])
         refused(readers(store, tag, tmp_path), tc.TensorCanonError, skip=("logical_digest",))
+
+
+def test_export_and_consolidate_targets(small, tmp_path):
+    """Where `export` and `consolidate` write: a file where a folder belongs, a folder that holds a
+    checkpoint, a URL; each refused with the library's own error, nothing half-written."""
+    store, _ = small
+    st = tcd.StoreTag(store, "good")
+    a_file = tmp_path / "file"
+    a_file.write_bytes(b"x")
+    full = tmp_path / "full"
+    tcd.export(st, full)
+    for where in (a_file, full, "s3://bucket/x", tmp_path / "file" / "below"):
+        e = _raised(lambda where=where: tcd.export(st, where))
+        assert isinstance(e, tc.TensorCanonError), (where, type(e), e)
+    assert a_file.read_bytes() == b"x"
+    e = _raised(lambda: tcd.consolidate(st, tmp_path))          # a folder where the file belongs
+    assert isinstance(e, tc.TensorCanonError), (type(e), e)
+    for call in (tcd.verify, tcd.load_unsharded, tcd.logical_digest):
+        e = _raised(lambda call=call: call(st, storage_options={"anon": True}))
+        assert isinstance(e, tc.UsageError), (call, type(e), e)
+
+
+def test_a_bad_tag_on_every_rank_of_a_save(tmp_path):
+    root = str(tmp_path / "s")
+    errs = run_ranks(2, lambda r: _raised(lambda: tcd.save(small_state(2, r), tcd.StoreTag(tc.Store(root), "../x"))))
+    for e in errs:
+        assert isinstance(e, tc.TensorCanonError), (type(e), e)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ..format import dtypes
-from ..format.errors import FormatError, IntegrityError, MissingFileError, TensorCanonError, UsageError
+from ..format.errors import FileAccessError, FormatError, IntegrityError, MissingFileError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
 from ..format.manifest import TensorInfo
 from ..format.tensorbytes import Stored
@@ -250,7 +250,11 @@ def export(target: StoreTag, folder: str | os.PathLike[str], *, limits: Limits =
     record = read_record(target, limits)
     index = checked_index(target, record, limits)   # (before anything is written)
     check_blob_list(target, record, limits)
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:  # (a file where the folder belongs, or below one; no permission)
+        raise FileAccessError(f"cannot create the folder {folder!r} to export {target} into: {e.strerror or e}; "
+                              "export into a new or empty directory", filename=folder, errno=e.errno) from None
     for rank in range(index.world_size):
         _export_rank(target, record, rank, folder, index.files[rank], limits)
     writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
