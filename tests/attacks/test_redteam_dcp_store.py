@@ -663,3 +663,47 @@ def test_a_bad_tag_on_every_rank_of_a_save(tmp_path):
     errs = run_ranks(2, lambda r: _raised(lambda: tcd.save(small_state(2, r), tcd.StoreTag(tc.Store(root), "../x"))))
     for e in errs:
         assert isinstance(e, tc.TensorCanonError), (type(e), e)
+
+
+def test_the_writer_passes_the_new_record_checks(tmp_path):
+    """States at the edges of the blob list (no tensor at all; only empty tensors; the same bytes in
+    every rank and twice in one rank; per-rank tensors) save and verify: the writer never writes a
+    record the reader's exact blob-list check refuses."""
+    root = str(tmp_path / "s")
+
+    def state(kind, world, rank):
+        mesh = init_device_mesh("cpu", (world,))
+        if kind == "none":
+            return {"step": 3, "rng": tcd.PerRank(rank)}
+        if kind == "empty":
+            return {"e": distribute_tensor(torch.zeros(0, 4), mesh, [Shard(0)]), "rng": tcd.PerRank(rank)}
+        if kind == "same":
+            return {"a": distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]), "b": torch.ones(2, 2),
+                    "rng": tcd.PerRank(torch.ones(2, 2))}
+        return {"w": distribute_tensor(FULL.clone(), mesh, [Shard(0)]),
+                "rng": tcd.PerRank({"t": torch.full((3,), float(rank))})}
+
+    for kind in ("none", "empty", "same", "per-rank"):
+        digests = run_ranks(2, lambda r, kind=kind: tcd.save(state(kind, 2, r), tcd.StoreTag(tc.Store(root), kind)))
+        st = tcd.StoreTag(tc.Store(root), kind)
+        assert tcd.verify(st) == digests[0], kind
+        assert tcd.load_unsharded(st, rank=1) is not None
+        tcd.export(st, tmp_path / kind)
+        assert tcd.verify(str(tmp_path / kind)) == digests[0]
+    assert tc.Store(root).verify().keys() == {"none", "empty", "same", "per-rank"}
+
+
+def test_gc_with_a_plain_tag_and_a_dcp_tag_sharing_blobs(small):
+    """A plain tag holding the very chunks of the DCP tag: deleting either and collecting keeps the
+    other whole (its blobs are named by its record's `blobs`)."""
+    store, _ = small
+    store.save("plain", {"a": FULL[:2].clone(), "b": FULL[2:].clone()})
+    store.delete("good")
+    store.gc()
+    assert torch.equal(store.load("plain")["a"], FULL[:2])
+    run_ranks(2, lambda r: tcd.save(small_state(2, r), tcd.StoreTag(tc.Store(store.root), "good")))
+    store = tc.Store(store.root)
+    store.delete("plain")
+    store.gc()
+    assert tcd.verify(tcd.StoreTag(store, "good")) == tc.fingerprint({"step": 1, "w": FULL})
+    assert list(store.verify()) == ["good"]
