@@ -707,3 +707,20 @@ def test_gc_with_a_plain_tag_and_a_dcp_tag_sharing_blobs(small):
     store.gc()
     assert tcd.verify(tcd.StoreTag(store, "good")) == tc.fingerprint({"step": 1, "w": FULL})
     assert list(store.verify()) == ["good"]
+
+
+def test_a_record_of_a_sha256_checkpoint(small, tmp_path):
+    """A store names blobs by XXH3-128 only: a record holding a sha256 checkpoint's index and rank
+    headers (copied from a directory save) is refused, whatever its blob list."""
+    import pathlib
+
+    store, record = small
+    folder = str(tmp_path / "sha")
+    run_ranks(2, lambda r: tcd.save(small_state(2, r), folder, algorithm="sha256"))
+    index = (pathlib.Path(folder) / "index.safetensors").read_bytes()
+    heads = []
+    for r in range(2):
+        data = next(pathlib.Path(folder).glob(f"rank-{r:05d}-of-00002.*.safetensors")).read_bytes()
+        heads.append(data[:8 + int.from_bytes(data[:8], "little")])
+    store.save("sha", dict(record, index=index, ranks=heads))
+    refused(readers(store, "sha", tmp_path), tc.FormatError, "sha256")   # logical_digest included

@@ -354,6 +354,9 @@ def checked_index(target: StoreTag, record: Record, limits: Limits = DEFAULT) ->
             raise with_context(_replaced(e, layout.index_path(folder), "its index"), f"{target}: its index: ") \
                 from None
     index.folder = str(target)
+    if index.logical.algorithm != ALGORITHM:   # (FORMAT.md §14.10: XXH3-128 throughout, the store's digests)
+        raise FormatError(f"{target}: its index is of a {index.logical.algorithm} checkpoint; a checkpoint in a "
+                          f"store has {ALGORITHM} digests (the store names blobs by them): the record is damaged")
     if index.world_size != len(record.headers):
         raise FormatError(f"{target}: its index names {index.world_size} rank files, its record holds "
                           f"{len(record.headers)} headers; the record is damaged")
