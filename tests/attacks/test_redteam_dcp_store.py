@@ -359,7 +359,7 @@ def cli(*args):
                           timeout=120, env=env)
 
 
-def test_store_cli_on_damaged_dcp_tags(small, tmp_path):
+def test_store_cli_on_damaged_dcp_tags_in_fresh_processes(small, tmp_path):
     """One CLI process per command: exit 0 on the good tag, 1 on a missing blob, and `store export`
     of the tag writes the record's file."""
     store, record = small
@@ -480,7 +480,7 @@ _TERABYTE = textwrap.dedent('''
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs RLIMIT_AS and /proc")
-def test_a_rank_header_claiming_a_terabyte_is_refused_before_it_is_allocated(tmp_path):
+def test_a_rank_header_claiming_a_terabyte_is_refused_before_it_is_allocated_in_a_subprocess(tmp_path):
     """A directory's rank file bounds its rows by its size; a store's rank file is a header kept in
     the record, and its rows' sizes are bounded only by the blobs they name. A record whose header
     claims a 1 TiB chunk, its blob missing or a 30-byte blob of the store, is refused by every reader
