@@ -25,12 +25,14 @@ import contextlib
 import io
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 from ..format import dtypes
-from ..format.errors import FormatError, IntegrityError, MissingFileError, TensorCanonError, UsageError
+from ..format.errors import FileAccessError, FormatError, IntegrityError, MissingFileError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
+from ..format.manifest import TensorInfo
 from ..format.tensorbytes import Stored
 from ..format.tree import items, tag_of
 from ..io import writer
@@ -38,7 +40,7 @@ from ..io.source import Source
 from ..sharded import layout, read
 from ..sharded.errors import CheckpointNotFoundError
 from ..sharded.files import RankFile, SubtreeDecoder, with_context
-from ..store import Store
+from ..store import Store, layout as store_layout
 
 FORMAT = "tensorcanon-dcp-checkpoint"
 LAYOUT = 1
@@ -180,7 +182,8 @@ def read_record(target: StoreTag, limits: Limits = DEFAULT) -> Record:
 
             values = {k: dec.decode(fields[k], no_tensor) for k in ("format", "index", "layout", "ranks")}
             blob_nodes = fields["blobs"]
-            named = {rows[i].digest for i in _tensor_indices(blob_nodes, where)}
+            listed = [rows[i].digest for i in _tensor_indices(blob_nodes, where)]
+            named = set(listed)
             blobs = {r.digest for r in rows if r.nbytes}
     except MissingFileError as e:
         raise CheckpointNotFoundError(f"{where} does not exist: {e}", filename=str(target)) from None
@@ -195,9 +198,32 @@ def read_record(target: StoreTag, limits: Limits = DEFAULT) -> Record:
         raise FormatError(f"{where}: its record's 'index' must be bytes and 'ranks' a non-empty list of bytes")
     if len(headers) > layout.MAX_WORLD_SIZE:
         raise FormatError(f"{where}: its record holds {len(headers)} ranks, more than {layout.MAX_WORLD_SIZE}")
+    for rank, h in enumerate(headers):  # (FORMAT.md §14.10: exactly a file's first 8 + N bytes)
+        if len(h) < 8 or len(h) != 8 + int.from_bytes(h[:8], "little"):
+            raise FormatError(f"{where}: its record's header of rank {rank} is {len(h)} bytes, not the first "
+                              "8 + N bytes of a file (N: what its first 8 bytes say); the record is damaged")
     if named != blobs:
         raise FormatError(f"{where}: its record's 'blobs' must hold every tensor of the record")
+    if any(a >= b for a, b in zip(listed, listed[1:], strict=False)):
+        raise FormatError(f"{where}: its record's 'blobs' must name each blob once, in ascending order of "
+                          "digest; the record is damaged")
     return Record(index, headers, blobs)
+
+
+def check_blob_list(target: StoreTag, record: Record, limits: Limits = DEFAULT) -> None:
+    """The record's ``blobs`` are exactly the blobs its rank files' tables name (FORMAT.md §14.10): none
+    missing (gc would free it) and none that no rank file uses (gc would keep it forever, and verify
+    would vouch for a record that is not what a writer writes). Reads every rank header, no blob."""
+    world, used = len(record.headers), set[bytes]()
+    for rank, header in enumerate(record.headers):
+        with target.store._header_file(header, f"{target.tag} (rank {rank} of {world})", limits, blobs=False) as cf:
+            used.update(r.digest for r in cf.rows if r.nbytes)
+    if used - record.blobs:
+        raise FormatError(f"{target}: its rank files name {len(used - record.blobs)} blobs its record does not "
+                          "(gc would not keep them); the record is damaged")
+    if record.blobs - used:
+        raise FormatError(f"{target}: its record's 'blobs' names {len(record.blobs - used)} blobs that no rank "
+                          "file uses (gc would keep them for nothing); the record is damaged")
 
 
 def _tensor_indices(node: Any, where: str) -> list[int]:
@@ -223,7 +249,12 @@ def export(target: StoreTag, folder: str | os.PathLike[str], *, limits: Limits =
                           "or empty directory")
     record = read_record(target, limits)
     index = checked_index(target, record, limits)   # (before anything is written)
-    os.makedirs(folder, exist_ok=True)
+    check_blob_list(target, record, limits)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:  # (a file where the folder belongs, or below one; no permission)
+        raise FileAccessError(f"cannot create the folder {folder!r} to export {target} into: {e.strerror or e}; "
+                              "export into a new or empty directory", filename=folder, errno=e.errno) from None
     for rank in range(index.world_size):
         _export_rank(target, record, rank, folder, index.files[rank], limits)
     writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
@@ -235,11 +266,7 @@ def _export_rank(target: StoreTag, record: Record, rank: int, folder: str, expec
     what = f"{target}: rank {rank}'s file"
     store = target.store
     with store._header_file(record.headers[rank], f"{target.tag} (rank {rank} of {world})", limits) as cf:
-        cf.check_tree()
-        missing = {r.digest for r in cf.rows if r.nbytes} - record.blobs
-        if missing:
-            raise FormatError(f"{what} names blobs its record does not (gc would not keep them); the record "
-                              "is damaged")
+        cf.check_tree()   # (its blobs are among the record's: check_blob_list)
         file_digest = cf.digest or ""
         if file_digest != expected:
             raise IntegrityError(f"{what} has digest {file_digest}, but the index records {expected}: the record "
@@ -278,6 +305,7 @@ class _StoreRankFile(RankFile):
     chunk it holds (a blob's own errors name only the blob)."""
 
     _blobs: Any = None  # the store's file object, until its blobs are looked up
+    _store: Any = None  # the store
 
     def _attach(self) -> None:
         if self._blobs is not None:
@@ -295,6 +323,25 @@ class _StoreRankFile(RankFile):
         self._attach()
         return super().read(*args, **kwargs)
 
+    def info(self, key: str, what: Callable[[], str]) -> TensorInfo:
+        """The row of a chunk, its size bounded by the blob that holds it (readers call this before
+        they allocate a tensor of the chunk's size: a rank file's header comes from the record, so
+        unlike a file's size, nothing else bounds what its rows claim). One look-up in the packs'
+        indexes (or the loose object's size), no read; the blob's own header is checked when it is read."""
+        row = super().info(key, what)
+        if row.nbytes:
+            try:
+                length = self._store._stored_length(row.digest)
+            except MissingFileError:
+                raise IntegrityError(f"{self.path}: {_chunk(key)}: its blob {store_layout.show(row.digest)} is "
+                                     "missing from the store; the checkpoint cannot be loaded (save it again)",
+                                     expected=store_layout.show(row.digest)) from None
+            if row.nbytes > length * store_layout.ZSTD_MAX_RATIO:
+                raise FormatError(f"{self.path}: {_chunk(key)} claims {row.nbytes} bytes, but its blob "
+                                  f"{store_layout.show(row.digest)} is {length} bytes stored (a blob decodes to at "
+                                  f"most {store_layout.ZSTD_MAX_RATIO} times that); the record is damaged")
+        return row
+
 
 def checked_index(target: StoreTag, record: Record, limits: Limits = DEFAULT) -> layout.Index:
     """The record's index, validated as any index (layout.read), naming as many rank files as the
@@ -307,6 +354,9 @@ def checked_index(target: StoreTag, record: Record, limits: Limits = DEFAULT) ->
             raise with_context(_replaced(e, layout.index_path(folder), "its index"), f"{target}: its index: ") \
                 from None
     index.folder = str(target)
+    if index.logical.algorithm != ALGORITHM:   # (FORMAT.md §14.10: XXH3-128 throughout, the store's digests)
+        raise FormatError(f"{target}: its index is of a {index.logical.algorithm} checkpoint; a checkpoint in a "
+                          f"store has {ALGORITHM} digests (the store names blobs by them): the record is damaged")
     if index.world_size != len(record.headers):
         raise FormatError(f"{target}: its index names {index.world_size} rank files, its record holds "
                           f"{len(record.headers)} headers; the record is damaged")
@@ -325,6 +375,7 @@ def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
     table names, every chunk hashed against its digest when it is read (Index.opener)."""
     record = read_record(target, limits)
     index = checked_index(target, record, limits)
+    check_blob_list(target, record, limits)
     world = index.world_size
 
     def opener(rank: int) -> RankFile:
@@ -333,9 +384,6 @@ def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
         try:
             cf = stack.enter_context(target.store._header_file(record.headers[rank], f"{target.tag} (rank {rank} "
                                                                f"of {world})", limits, blobs=False))
-            if {r.digest for r in cf.rows if r.nbytes} - record.blobs:
-                raise FormatError(f"{what} names blobs its record does not (gc would not keep them); the record "
-                                  "is damaged")
         except BaseException:
             stack.close()
             raise
@@ -344,6 +392,7 @@ def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
         f = cast(_StoreRankFile, _StoreRankFile.over(Source(vf, name=cf.src.name), what, index.files[rank], limits,
                                                     stack))
         f._blobs = vf
+        f._store = target.store
         return f
 
     index.opener = opener

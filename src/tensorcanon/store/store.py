@@ -1110,6 +1110,29 @@ class Store:
         """The decoded bytes of blob ``raw`` (delta bases first), checked against its digest."""
         return self._decode(raw)
 
+    def _stored_length(self, raw: bytes) -> int:
+        """The stored (encoded) length of blob ``raw``: from the index of the pack that holds it (no
+        read), else the loose object's size; MissingFileError where the store holds none. (Added for
+        tensorcanon.dcp, red team reddcp2: a rank file's header, kept in a record, claims its chunks'
+        sizes, which nothing else bounds before a load allocates them; its blobs' lengths do.)"""
+        if not self._listed:
+            self._refresh_packs()
+        for attempt in (0, 1):
+            at = self._where.get(raw)
+            if at is not None:
+                return int(at[2])
+            try:
+                blob = self._b.blob(layout.blob_path(raw))
+            except MissingFileError:
+                if attempt or not self._refresh_packs():  # (a collection may have rewritten its pack)
+                    raise
+                continue
+            try:
+                return int(blob.size)
+            finally:
+                blob.close()
+        raise AssertionError("unreachable")
+
 
 _WORKERS: list[ThreadPoolExecutor] = []
 if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads: it makes its own
