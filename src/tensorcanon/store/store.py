@@ -414,24 +414,30 @@ class Store:
                 raise IntegrityError(f"{where} has delta depth {h.depth}, but the blob it is the base of needs "
                                      f"depth {depth}: a delta chain that lies (or loops) is refused",
                                      expected=str(depth), actual=str(h.depth))
-            out = np.empty(h.size, dtype=np.uint8)
-            base = None
-            if h.codec in layout.DELTAS:  # (storecodec: delta or delta-sub)
-                assert h.base is not None
-                base_raw = h.base
-
-                def base() -> np.ndarray:
-                    try:
-                        return self._decode(base_raw, h.prefix, h.depth - 1, handles)
-                    except MissingFileError:
-                        raise IntegrityError(f"{where} is a delta against {layout.show(base_raw)}, which the "
-                                             f"store does not hold; the store is damaged{self._damage_note()}"
-                                             ) from None
-            compress.decode_into(h, blob.whole(), out.data, base, where)
-            self._check_decoded(raw, h, out, where)
-            return out
+            return self._decode_checked(raw, h, blob.whole(), where, handles)
         finally:
             blob.close()
+
+    def _decode_checked(self, raw: bytes, h: layout.BlobHeader, data: Any, where: str,
+                        handles: dict[str, backend.Blob] | None = None) -> np.ndarray:
+        """The bytes ``data`` of blob ``raw`` (header ``h``, checked) decoded, its delta base read
+        from the store, and checked against ``raw``."""
+        out = np.empty(h.size, dtype=np.uint8)
+        base = None
+        if h.codec in layout.DELTAS:  # (storecodec: delta or delta-sub)
+            assert h.base is not None
+            base_raw = h.base
+
+            def base() -> np.ndarray:
+                try:
+                    return self._decode(base_raw, h.prefix, h.depth - 1, handles)
+                except MissingFileError:
+                    raise IntegrityError(f"{where} is a delta against {layout.show(base_raw)}, which the "
+                                         f"store does not hold; the store is damaged{self._damage_note()}"
+                                         ) from None
+        compress.decode_into(h, data, out.data, base, where)
+        self._check_decoded(raw, h, out, where)
+        return out
 
     def _check_decoded(self, raw: bytes, h: layout.BlobHeader | bytes, data: Any, where: str) -> None:
         """Raise unless ``data`` (with the prefix of header ``h``, or prefix ``h``) hashes to ``raw``."""
@@ -972,18 +978,32 @@ class Store:
                     h.update(data)
                     if h.digest() != layout.pack_digest(rel) or len(data) != ix.size:
                         continue
+                    sound = True
                     for offset, length, raw in alive:
                         if raw in copied:
+                            continue
+                        # A pack that hashes to its name proves only that it is what its writer wrote:
+                        # each blob copied is decoded and checked against its digest first, so that a
+                        # lying copy never replaces an honest one (the honest pack is then deleted). A
+                        # copy that does not check stays where it is, its pack kept (verify reports it).
+                        piece = bytes(memoryview(data)[offset : offset + length])
+                        try:
+                            where = f"blob {self._b.display(rel)!r} (blob {raw.hex()} at byte {offset})"
+                            h = layout.parse_header(piece[: layout.HEAD], length, where)
+                            self._decode_checked(raw, h, piece, where)
+                        except TensorCanonError:
+                            sound = False
                             continue
                         if builder is not None and builder.full(length):
                             made.append(builder.finish())
                             builder = None
                         if builder is None:
                             builder = _PackBuilder(self)
-                        builder.add(raw, [bytes(memoryview(data)[offset : offset + length])], length)
+                        builder.add(raw, [piece], length)
                         copied.add(raw)
                         refresh()
-                    sources.append(rel)
+                    if sound:
+                        sources.append(rel)
                 finally:
                     del data
                     blob.close()
