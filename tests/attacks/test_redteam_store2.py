@@ -717,3 +717,104 @@ def test_cli_on_a_store_with_a_damaged_pack(tmp_path, capsys, damage):
     assert code in (0, 1, 2), text
     code, text = cli_run(capsys, "verify", root)
     assert code == 1, text  # gc hid nothing
+
+
+# ------------------------------------------------------------------ more readers: mmap, cached indexes, re-saves
+
+@pytest.mark.parametrize("how", ["other_tensor", "delta_sub"])
+def test_mmap_load_of_a_lying_or_delta_blob_in_a_pack(tmp_path, how):
+    g = torch.Generator().manual_seed(21)
+    base = torch.randn(30, 30, generator=g)
+    t = base + 1e-6 * torch.randn(30, 30, generator=g)
+    root = fresh(tmp_path, {"x": base}, "base")
+    tc.Store(root).save("a", {"x": t})
+    if how == "other_tensor":
+        replace_blob(root, digest_of(t), raw_blob(torch.randn(30, 30)))
+        ours(lambda: tc.Store(root).load("a", mmap=True), match=digest_of(t).hex())
+    else:
+        replace_blob(root, digest_of(t), delta_sub_blob(t, base))
+        assert raw_bytes(tc.Store(root).load("a", mmap=True)["x"]) == raw_bytes(t)
+
+
+def test_a_pack_truncated_or_replaced_under_a_store_object_that_read_its_index(tmp_path):
+    root, a = two_tensor_store(tmp_path)
+    (pack,) = (root / "packs").glob("*.pack")
+    good = pack.read_bytes()
+    s = tc.Store(root)
+    assert tc.fingerprint(s.load("a")) == tc.fingerprint(a)  # the index is now known to s
+    pack.write_bytes(good[: len(good) // 2])
+    ours(lambda: s.load("a"))
+    # same size, other bytes: every blob a lie to the cached index
+    pack.write_bytes(bytes(64) + good[64:][::-1][: len(good) - 64])
+    ours(lambda: s.load("a"))
+    ours(lambda: s.verify())
+    pack.write_bytes(good)
+    assert tc.fingerprint(s.load("a")) == tc.fingerprint(a)
+
+
+def test_blobs_of_a_refused_pack_are_written_again_by_a_save(tmp_path):
+    root, a = two_tensor_store(tmp_path)
+    (pack,) = (root / "packs").glob("*.pack")
+    data = bytearray(pack.read_bytes())
+    data[-9] ^= 1  # the trailer's magic
+    pack.write_bytes(bytes(data))
+    ours(lambda: tc.Store(root).load("a"))
+    tc.Store(root).save("a2", a)  # its blobs count as absent: written again
+    assert tc.fingerprint(tc.Store(root).load("a2")) == tc.fingerprint(a)
+    assert tc.fingerprint(tc.Store(root).load("a")) == tc.fingerprint(a)  # a's rows find the new copies
+    assert cli.main(["store", "verify", str(root)]) == 1  # the refused pack is still reported
+    tc.Store(root).gc()
+    assert pack.exists()
+
+
+def test_the_writer_never_takes_a_base_of_another_dtype_or_shape(tmp_path):
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(64, 64, generator=g)
+    objs = [{"x": w}, {"x": (w + 1e-6).view(torch.int32)}, {"x": (w + 2e-6).reshape(4096)},
+            {"x": (w + 3e-6).to(torch.float16).view(torch.int16).reshape(64, 64)}, {"x": w + 4e-6}]
+    root = tmp_path / "d"
+    s = tc.Store(root)
+    for i, o in enumerate(objs):
+        s.save(f"t{i}", o)
+    for i, o in enumerate(objs):
+        got = tc.Store(root).load(f"t{i}")["x"]
+        assert got.dtype == o["x"].dtype and got.shape == o["x"].shape
+        assert raw_bytes(got) == raw_bytes(o["x"])
+    assert cli.main(["store", "verify", str(root)]) == 0
+
+
+def test_a_layout_1_marker_over_packs_is_still_read_and_upgraded_by_a_save(tmp_path):
+    root, a = two_tensor_store(tmp_path)
+    (root / "tensorcanon-store").write_bytes(b"tensorcanon-store layout 1\n")
+    assert tc.fingerprint(tc.Store(root).load("a")) == tc.fingerprint(a)
+    tc.Store(root).save("b", {"y": torch.randn(500)})
+    assert (root / "tensorcanon-store").read_bytes() == b"tensorcanon-store layout 2\n"
+
+
+@pytest.mark.parametrize("text", [b"tensorcanon-store layout 2", b"tensorcanon-store layout 2\n\n",
+                                  b"tensorcanon-store layout 3\n", b"tensorcanon-store layout 0\n",
+                                  b"tensorcanon-store layout 2\r\n", b"\xef\xbb\xbftensorcanon-store layout 2\n",
+                                  b"tensorcanon-store layout \x00\n", b""])
+def test_markers_that_are_almost_layout_2(tmp_path, text, capsys):
+    root, a = two_tensor_store(tmp_path)
+    (root / "tensorcanon-store").write_bytes(text)
+    for call in (lambda: tc.Store(root).load("a"), lambda: tc.Store(root).verify(), lambda: tc.Store(root).gc(),
+                 lambda: tc.Store(root).save("c", {"x": torch.randn(99)}), lambda: tc.Store(root).tags()):
+        ours(call)
+    assert (root / "tensorcanon-store").read_bytes() == text  # nobody "repaired" it
+    assert len(list((root / "packs").glob("*.pack"))) == 1
+    for action in ("verify", "gc", "ls", "stats"):
+        code, _ = cli_run(capsys, action, root)
+        assert code == 2, action
+
+
+def test_a_tensor_that_changes_dtype_but_not_size_is_still_loadable(tmp_path):
+    """float32 -> int32 of the same shape: a delta against the float32 blob would be a blob whose base
+    has another prefix, which every reader refuses (the writer must not write it)."""
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(2))
+    root = tmp_path / "d"
+    s = tc.Store(root)
+    s.save("f", {"x": w})
+    s.save("i", {"x": (w + 1e-6).view(torch.int32)})
+    assert raw_bytes(tc.Store(root).load("i")["x"]) == raw_bytes((w + 1e-6).view(torch.int32))
+    assert cli.main(["store", "verify", str(root)]) == 0

@@ -107,7 +107,8 @@ class Store:
         self._hashed: dict[tuple, tuple[Any, int, int, bytes]] = {}
         self._known: set[bytes] = set()          # blobs this process wrote or found in the store
         self._depth: dict[bytes, int] = {}       # blob digest -> its delta depth, where known
-        self._last: dict[str, bytes] | None = None  # the last tag this object saved: tensor name -> digest
+        # the last tag this object saved: (tensor name, prefix) -> digest (a base has the tensor's dtype and shape)
+        self._last: dict[tuple[str, bytes], bytes] | None = None
         self._copies: dict[bytes, np.ndarray] = {}  # digest -> its bytes: the next save's delta bases
         self._ready = False
         self._epoch: bytes | None = None         # the collection epoch (layout.EPOCH) seen at the last save
@@ -505,9 +506,10 @@ class Store:
         return depth, copy, None, total
 
     # ------------------------------------------------------------------ records
-    def _base_names(self) -> dict[str, bytes]:
-        """Tensor name -> digest in the tag a delta is taken against: the last one this object saved,
-        else the store's most recently written tag."""
+    def _base_names(self) -> dict[tuple[str, bytes], bytes]:
+        """(Tensor name, prefix) -> digest in the tag a delta is taken against: the last one this
+        object saved, else the store's most recently written tag. Keyed by the prefix too: a tensor
+        whose dtype or shape changed has no base (a delta's base MUST have its prefix)."""
         if self._last is not None:
             return self._last
         found = {rel: t for rel, (_, t) in self._b.listing(layout.TAGS).items()
@@ -519,7 +521,7 @@ class Store:
         assert tag is not None
         try:
             with self._tag_file(tag, blobs=False) as cf:
-                return {r.name: r.digest for r in cf.rows}
+                return {(r.name, digest.tensor_prefix(r.dtype.name, r.shape)): r.digest for r in cf.rows}
         except TensorCanonError:
             return {}
 
@@ -642,7 +644,7 @@ class Store:
                         if data is None:
                             data = _bytes_of(s)
                         base = None
-                        old = names.get(s.name)
+                        old = names.get((s.name, digest.tensor_prefix(s.dtype.name, s.shape)))
                         if can_delta and old is not None and old != raw:
                             depth = self._depth_of(old)
                             if depth is not None and depth < CHAIN:
@@ -692,7 +694,7 @@ class Store:
                 self._add_packs(packed)
                 self._hashed = hashed
                 self._copies = copies
-                self._last = {s.name: s.digest for s in p.tensors}
+                self._last = {(s.name, digest.tensor_prefix(s.dtype.name, s.shape)): s.digest for s in p.tensors}
         return p.file_digest(manifest_raw)
 
     def load(self, tag: str, *, map_location: Any = None, mmap: bool = False) -> Any:
