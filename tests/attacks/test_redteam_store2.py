@@ -819,3 +819,33 @@ def test_a_tensor_that_changes_dtype_but_not_size_is_still_loadable(tmp_path):
     s.save("i", {"x": (w + 1e-6).view(torch.int32)})
     assert raw_bytes(tc.Store(root).load("i")["x"]) == raw_bytes((w + 1e-6).view(torch.int32))
     assert cli.main(["store", "verify", str(root)]) == 0
+
+
+def test_gc_keeps_the_base_of_an_honest_delta_when_a_lying_copy_names_none(tmp_path):
+    """Blob x1 (a delta against x0) is held honestly, and by a second, lying copy (a raw blob of
+    another tensor, under x1's digest) that sorts first. gc must keep the bases every copy needs:
+    following the liar's header alone, it deletes x0, and the honest x1 can never load again."""
+    g = torch.Generator().manual_seed(31)
+    x0 = torch.randn(64, 64, generator=g)
+    x1 = x0 + 1e-6 * torch.randn(64, 64, generator=g)
+    root = tmp_path / "k"
+    s = tc.Store(root)
+    s.save("t0", {"x": x0})
+    s.save("t1", {"x": x1})
+    d1 = digest_of(x1)
+    (honest,) = [p for p, _ in [all_packed(root)[d1]]]
+    assert struct.unpack_from("<B", all_packed(root)[d1][1], 8)[0] in (DELTA, DELTA_SUB)
+    for seed in range(1000):
+        lie = pack_of([(d1, raw_blob(torch.randn(64, 64, generator=torch.Generator().manual_seed(seed))))])
+        if xxhash.xxh3_128(lie).hexdigest() < honest.stem:
+            break
+    liar = put_pack(root, lie)
+    tc.Store(root).delete("t0")
+    try:
+        tc.Store(root).gc()
+    except tc.TensorCanonError:
+        pass
+    assert cli.main(["store", "verify", str(root)]) == 1  # the liar is reported
+    liar.unlink()
+    assert raw_bytes(tc.Store(root).load("t1")["x"]) == raw_bytes(x1)
+    assert cli.main(["store", "verify", str(root)]) == 0

@@ -886,20 +886,33 @@ class Store:
                 for tag in self.tags():
                     with self._tag_file(tag, blobs=False) as cf:
                         live.update(r.digest for r in cf.rows if r.nbytes)
+                # The delta bases the live blobs need, and theirs: those of EVERY copy of a blob (each
+                # pack entry, the loose one). Following one copy's header only, a copy that lies (or
+                # is damaged) would leave the base of an honest copy to be deleted.
+                copies_of: dict[bytes, list[str | tuple[str, int, int]]] = {}
+                for rel, ix in sorted(self._packs.items()):
+                    for raw, (offset, length) in ix.entries.items():
+                        copies_of.setdefault(raw, []).append((rel, offset, length))
+                loose_blobs = self._b.listing(layout.BLOBS)
+                for rel in loose_blobs:
+                    named = layout.blob_digest(rel)
+                    if named is not None:
+                        copies_of.setdefault(named, []).append("loose")
                 todo = list(live)
-                while todo:  # the delta bases the live blobs need, and theirs
+                while todo:
                     raw = todo.pop()
-                    try:
-                        blob, h = self._open_blob(raw)
-                    except MissingFileError:
-                        continue  # (verify reports it; nothing to keep)
-                    blob.close()
-                    if h.base is not None and h.base not in live:
-                        live.add(h.base)
-                        todo.append(h.base)
+                    for loc in copies_of.get(raw) or [None]:
+                        try:
+                            blob, h = self._open_blob(raw, loc=loc)
+                        except MissingFileError:
+                            continue  # (verify reports it; nothing to keep)
+                        blob.close()
+                        if h.base is not None and h.base not in live:
+                            live.add(h.base)
+                            todo.append(h.base)
                 deleted = freed = kept = 0
                 held: set[bytes] = set()  # live blobs with a copy that stays (loose, or in a pack kept whole)
-                for rel, (size, _) in sorted(self._b.listing(layout.BLOBS).items()):
+                for rel, (size, _) in sorted(loose_blobs.items()):
                     named = layout.blob_digest(rel)
                     if named is not None and named in live:
                         kept += 1
