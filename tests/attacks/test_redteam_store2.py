@@ -849,3 +849,23 @@ def test_gc_keeps_the_base_of_an_honest_delta_when_a_lying_copy_names_none(tmp_p
     liar.unlink()
     assert raw_bytes(tc.Store(root).load("t1")["x"]) == raw_bytes(x1)
     assert cli.main(["store", "verify", str(root)]) == 0
+
+
+def test_gc_never_drops_an_honest_packed_copy_for_a_lying_loose_one(tmp_path):
+    """Blob v is held honestly in a small pack that gc merges, and by a lying loose copy: gc must not
+    count the loose copy as the one that stays without checking it."""
+    root, a = two_tensor_store(tmp_path)
+    dv = digest_of(a["v"])
+    lp = loose_path(root, dv)
+    lp.parent.mkdir(parents=True, exist_ok=True)
+    lp.write_bytes(raw_blob(torch.randn(300)))
+    for i in range(8):
+        tc.Store(root).save(f"n{i}", {"n": torch.randn(100) + i})
+    try:
+        tc.Store(root).gc()
+    except tc.TensorCanonError:
+        pass
+    assert cli.main(["store", "verify", str(root)]) == 1  # the liar is reported
+    lp.unlink()
+    assert tc.fingerprint(tc.Store(root).load("a")) == tc.fingerprint(a)
+    assert cli.main(["store", "verify", str(root)]) == 0

@@ -911,12 +911,13 @@ class Store:
                             live.add(h.base)
                             todo.append(h.base)
                 deleted = freed = kept = 0
-                held: set[bytes] = set()  # live blobs with a copy that stays (loose, or in a pack kept whole)
+                # live blobs with a copy that stays (loose, or in a pack kept whole): where
+                held: dict[bytes, list[str | tuple[str, int, int]]] = {}
                 for rel, (size, _) in sorted(loose_blobs.items()):
                     named = layout.blob_digest(rel)
                     if named is not None and named in live:
                         kept += 1
-                        held.add(named)
+                        held.setdefault(named, []).append("loose")
                         continue
                     refresh()
                     if self._b.delete(rel):
@@ -943,7 +944,8 @@ class Store:
                         rewrite.append((rel, ix, alive))
                     else:
                         kept += len(alive)
-                        held.update(r for _, _, r in alive)
+                        for o, n, r in alive:
+                            held.setdefault(r, []).append((rel, o, n))
                 written = made = 0
                 if rewrite:
                     written, made, gone = self._repack(rewrite, held, refresh)
@@ -971,15 +973,25 @@ class Store:
                 "written_packs": made}
 
     def _repack(self, rewrite: list[tuple[str, layout.PackIndex, list[tuple[int, int, bytes]]]],
-                held: set[bytes], refresh: Callable[[], None]) -> tuple[int, int, set[str]]:
+                held: dict[bytes, list[str | tuple[str, int, int]]],
+                refresh: Callable[[], None]) -> tuple[int, int, set[str]]:
         """Copy the live blobs of packs ``rewrite`` (but those ``held`` elsewhere) into new packs,
         make those durable, then delete the old ones. A pack whose bytes do not hash to its name is
         left as it is (damaged: verify reports it; nothing of it is copied). Returns the bytes and
         packs written, and the packs deleted."""
         builder: _PackBuilder | None = None
         made: list[tuple[str, layout.PackIndex]] = []
-        copied = set(held)
         sources: list[str] = []
+        counts = collections.Counter(r for _, _, alive in rewrite for _, _, r in alive)
+        twice = {raw for raw, n in counts.items() if n > 1}
+        copied = set()
+        for raw, locs in held.items():
+            # (a copy that stays is trusted only once checked, where the rewritten packs hold another:
+            # else a lying copy kept would cost the honest one; rare, so cheap)
+            if raw not in counts or any(self._sound(raw, loc) for loc in locs):
+                copied.add(raw)
+            else:
+                twice.add(raw)
         try:
             for rel, ix, alive in rewrite:
                 try:
@@ -997,18 +1009,21 @@ class Store:
                     for offset, length, raw in alive:
                         if raw in copied:
                             continue
-                        # A pack that hashes to its name proves only that it is what its writer wrote:
-                        # each blob copied is decoded and checked against its digest first, so that a
-                        # lying copy never replaces an honest one (the honest pack is then deleted). A
-                        # copy that does not check stays where it is, its pack kept (verify reports it).
+                        # A pack that hashes to its name proves only that it is what its writer wrote.
+                        # A blob held by two of these packs is decoded and checked against its digest
+                        # before it is copied, so that a lying copy never replaces an honest one (both
+                        # packs are deleted after); a copy that does not check stays where it is, its
+                        # pack kept (verify reports it). A blob held once is copied as it is: damage
+                        # moves with it, and verify reports it in the new pack.
                         piece = bytes(memoryview(data)[offset : offset + length])
-                        try:
-                            where = f"blob {self._b.display(rel)!r} (blob {raw.hex()} at byte {offset})"
-                            h = layout.parse_header(piece[: layout.HEAD], length, where)
-                            self._decode_checked(raw, h, piece, where)
-                        except TensorCanonError:
-                            sound = False
-                            continue
+                        if raw in twice:
+                            try:
+                                where = f"blob {self._b.display(rel)!r} (blob {raw.hex()} at byte {offset})"
+                                h = layout.parse_header(piece[: layout.HEAD], length, where)
+                                self._decode_checked(raw, h, piece, where)
+                            except TensorCanonError:
+                                sound = False
+                                continue
                         if builder is not None and builder.full(length):
                             made.append(builder.finish())
                             builder = None
@@ -1037,6 +1052,14 @@ class Store:
                 gone.add(rel)
             refresh()
         return sum(ix.size for _, ix in made), len(made), gone
+
+    def _sound(self, raw: bytes, loc: str | tuple[str, int, int]) -> bool:
+        """Whether copy ``loc`` of blob ``raw`` decodes to bytes that hash to ``raw``."""
+        try:
+            self._decode(raw, loc=loc)
+        except TensorCanonError:
+            return False
+        return True
 
     def _stale_temp(self, rel: str, mtime: float) -> bool:
         parts = rel.rsplit("/", 1)[-1].split(".")
