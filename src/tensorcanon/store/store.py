@@ -901,7 +901,8 @@ class Store:
                 todo = list(live)
                 while todo:
                     raw = todo.pop()
-                    for loc in copies_of.get(raw) or [None]:
+                    locs: list[str | tuple[str, int, int] | None] = [*copies_of.get(raw, [])] or [None]
+                    for loc in locs:
                         try:
                             blob, h = self._open_blob(raw, loc=loc)
                         except MissingFileError:
@@ -1019,8 +1020,8 @@ class Store:
                         if raw in twice:
                             try:
                                 where = f"blob {self._b.display(rel)!r} (blob {raw.hex()} at byte {offset})"
-                                h = layout.parse_header(piece[: layout.HEAD], length, where)
-                                self._decode_checked(raw, h, piece, where)
+                                bh = layout.parse_header(piece[: layout.HEAD], length, where)
+                                self._decode_checked(raw, bh, piece, where)
                             except TensorCanonError:
                                 sound = False
                                 continue
