@@ -870,3 +870,46 @@ def test_gc_never_drops_an_honest_packed_copy_for_a_lying_loose_one(tmp_path):
     lp.unlink()
     assert tc.fingerprint(tc.Store(root).load("a")) == tc.fingerprint(a)
     assert cli.main(["store", "verify", str(root)]) == 0
+
+
+@pytest.mark.parametrize("how", ["plane_short", "plane_long", "plane_codec_7", "table_reserved", "blob_short",
+                                 "blob_long"])
+def test_a_delta_sub_blob_whose_planes_lie(tmp_path, how):
+    base = torch.randn(100)
+    t = base + 1e-6
+    root = fresh(tmp_path, {"x": base}, "base")
+    tc.Store(root).save("a", {"x": t})
+    good = delta_sub_blob(t, base)
+    h = len(head(DELTA_SUB, 1, prefix_of(t), 400, digest_of(base)))
+    blob = bytearray(good)
+    if how == "plane_short":
+        struct.pack_into("<Q", blob, h + 8, 99)
+    elif how == "plane_long":
+        struct.pack_into("<Q", blob, h + 8, 101)
+    elif how == "plane_codec_7":
+        blob[h] = 7
+    elif how == "table_reserved":
+        blob[h + 3] = 1
+    elif how == "blob_short":
+        blob = blob[:-1]
+    else:
+        blob += b"\x00"
+    replace_blob(root, digest_of(t), bytes(blob))
+    ours(lambda: tc.Store(root).load("a"), match=digest_of(t).hex())
+    assert cli.main(["store", "verify", str(root), "a"]) == 1
+
+
+def test_a_delta_sub_whose_base_is_only_in_a_refused_pack_names_the_pack(tmp_path):
+    base = torch.randn(100)
+    t = base + 1e-6
+    root = fresh(tmp_path, {"x": base}, "base")
+    tc.Store(root).save("a", {"x": t})
+    replace_blob(root, digest_of(t), delta_sub_blob(t, base), "loose")
+    db = digest_of(base)
+    drop_blob(root, db)
+    bad = put_pack(root, pack_of([(db, raw_blob(base))]))
+    data = bytearray(bad.read_bytes())
+    data[-1] ^= 1
+    bad.write_bytes(bytes(data))
+    text = ours(lambda: tc.Store(root).load("a"), match=db.hex())
+    assert bad.name in text  # the pack that may hold it, and why it could not be read
