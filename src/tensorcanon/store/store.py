@@ -107,7 +107,8 @@ class Store:
         self._hashed: dict[tuple, tuple[Any, int, int, bytes]] = {}
         self._known: set[bytes] = set()          # blobs this process wrote or found in the store
         self._depth: dict[bytes, int] = {}       # blob digest -> its delta depth, where known
-        self._last: dict[str, bytes] | None = None  # the last tag this object saved: tensor name -> digest
+        # the last tag this object saved: (tensor name, prefix) -> digest (a base has the tensor's dtype and shape)
+        self._last: dict[tuple[str, bytes], bytes] | None = None
         self._copies: dict[bytes, np.ndarray] = {}  # digest -> its bytes: the next save's delta bases
         self._ready = False
         self._epoch: bytes | None = None         # the collection epoch (layout.EPOCH) seen at the last save
@@ -414,24 +415,30 @@ class Store:
                 raise IntegrityError(f"{where} has delta depth {h.depth}, but the blob it is the base of needs "
                                      f"depth {depth}: a delta chain that lies (or loops) is refused",
                                      expected=str(depth), actual=str(h.depth))
-            out = np.empty(h.size, dtype=np.uint8)
-            base = None
-            if h.codec in layout.DELTAS:  # (storecodec: delta, delta-sub or delta-twos)
-                assert h.base is not None
-                base_raw = h.base
-
-                def base() -> np.ndarray:
-                    try:
-                        return self._decode(base_raw, h.prefix, h.depth - 1, handles)
-                    except MissingFileError:
-                        raise IntegrityError(f"{where} is a delta against {layout.show(base_raw)}, which the "
-                                             f"store does not hold; the store is damaged{self._damage_note()}"
-                                             ) from None
-            compress.decode_into(h, blob.whole(), out.data, base, where)
-            self._check_decoded(raw, h, out, where)
-            return out
+            return self._decode_checked(raw, h, blob.whole(), where, handles)
         finally:
             blob.close()
+
+    def _decode_checked(self, raw: bytes, h: layout.BlobHeader, data: Any, where: str,
+                        handles: dict[str, backend.Blob] | None = None) -> np.ndarray:
+        """The bytes ``data`` of blob ``raw`` (header ``h``, checked) decoded, its delta base read
+        from the store, and checked against ``raw``."""
+        out = np.empty(h.size, dtype=np.uint8)
+        base = None
+        if h.codec in layout.DELTAS:  # (storecodec: delta or delta-sub)
+            assert h.base is not None
+            base_raw = h.base
+
+            def base() -> np.ndarray:
+                try:
+                    return self._decode(base_raw, h.prefix, h.depth - 1, handles)
+                except MissingFileError:
+                    raise IntegrityError(f"{where} is a delta against {layout.show(base_raw)}, which the "
+                                         f"store does not hold; the store is damaged{self._damage_note()}"
+                                         ) from None
+        compress.decode_into(h, data, out.data, base, where)
+        self._check_decoded(raw, h, out, where)
+        return out
 
     def _check_decoded(self, raw: bytes, h: layout.BlobHeader | bytes, data: Any, where: str) -> None:
         """Raise unless ``data`` (with the prefix of header ``h``, or prefix ``h``) hashes to ``raw``."""
@@ -499,9 +506,10 @@ class Store:
         return depth, copy, None, total
 
     # ------------------------------------------------------------------ records
-    def _base_names(self) -> dict[str, bytes]:
-        """Tensor name -> digest in the tag a delta is taken against: the last one this object saved,
-        else the store's most recently written tag."""
+    def _base_names(self) -> dict[tuple[str, bytes], bytes]:
+        """(Tensor name, prefix) -> digest in the tag a delta is taken against: the last one this
+        object saved, else the store's most recently written tag. Keyed by the prefix too: a tensor
+        whose dtype or shape changed has no base (a delta's base MUST have its prefix)."""
         if self._last is not None:
             return self._last
         found = {rel: t for rel, (_, t) in self._b.listing(layout.TAGS).items()
@@ -513,7 +521,7 @@ class Store:
         assert tag is not None
         try:
             with self._tag_file(tag, blobs=False) as cf:
-                return {r.name: r.digest for r in cf.rows}
+                return {(r.name, digest.tensor_prefix(r.dtype.name, r.shape)): r.digest for r in cf.rows}
         except TensorCanonError:
             return {}
 
@@ -651,7 +659,7 @@ class Store:
                         if data is None:
                             data = _bytes_of(s)
                         base = None
-                        old = names.get(s.name)
+                        old = names.get((s.name, digest.tensor_prefix(s.dtype.name, s.shape)))
                         if can_delta and old is not None and old != raw:
                             depth = self._depth_of(old)
                             if depth is not None and depth < CHAIN:
@@ -703,7 +711,7 @@ class Store:
                 self._add_packs(packed)
                 self._hashed = hashed
                 self._copies = copies
-                self._last = {s.name: s.digest for s in p.tensors}
+                self._last = {(s.name, digest.tensor_prefix(s.dtype.name, s.shape)): s.digest for s in p.tensors}
         return p.file_digest(manifest_raw), header
 
     def load(self, tag: str, *, map_location: Any = None, mmap: bool = False) -> Any:
@@ -895,24 +903,39 @@ class Store:
                 for tag in self.tags():
                     with self._tag_file(tag, blobs=False) as cf:
                         live.update(r.digest for r in cf.rows if r.nbytes)
+                # The delta bases the live blobs need, and theirs: those of EVERY copy of a blob (each
+                # pack entry, the loose one). Following one copy's header only, a copy that lies (or
+                # is damaged) would leave the base of an honest copy to be deleted.
+                copies_of: dict[bytes, list[str | tuple[str, int, int]]] = {}
+                for rel, ix in sorted(self._packs.items()):
+                    for raw, (offset, length) in ix.entries.items():
+                        copies_of.setdefault(raw, []).append((rel, offset, length))
+                loose_blobs = self._b.listing(layout.BLOBS)
+                for rel in loose_blobs:
+                    named = layout.blob_digest(rel)
+                    if named is not None:
+                        copies_of.setdefault(named, []).append("loose")
                 todo = list(live)
-                while todo:  # the delta bases the live blobs need, and theirs
+                while todo:
                     raw = todo.pop()
-                    try:
-                        blob, h = self._open_blob(raw)
-                    except MissingFileError:
-                        continue  # (verify reports it; nothing to keep)
-                    blob.close()
-                    if h.base is not None and h.base not in live:
-                        live.add(h.base)
-                        todo.append(h.base)
+                    locs: list[str | tuple[str, int, int] | None] = [*copies_of.get(raw, [])] or [None]
+                    for loc in locs:
+                        try:
+                            blob, h = self._open_blob(raw, loc=loc)
+                        except MissingFileError:
+                            continue  # (verify reports it; nothing to keep)
+                        blob.close()
+                        if h.base is not None and h.base not in live:
+                            live.add(h.base)
+                            todo.append(h.base)
                 deleted = freed = kept = 0
-                held: set[bytes] = set()  # live blobs with a copy that stays (loose, or in a pack kept whole)
-                for rel, (size, _) in sorted(self._b.listing(layout.BLOBS).items()):
+                # live blobs with a copy that stays (loose, or in a pack kept whole): where
+                held: dict[bytes, list[str | tuple[str, int, int]]] = {}
+                for rel, (size, _) in sorted(loose_blobs.items()):
                     named = layout.blob_digest(rel)
                     if named is not None and named in live:
                         kept += 1
-                        held.add(named)
+                        held.setdefault(named, []).append("loose")
                         continue
                     refresh()
                     if self._b.delete(rel):
@@ -939,7 +962,8 @@ class Store:
                         rewrite.append((rel, ix, alive))
                     else:
                         kept += len(alive)
-                        held.update(r for _, _, r in alive)
+                        for o, n, r in alive:
+                            held.setdefault(r, []).append((rel, o, n))
                 written = made = 0
                 if rewrite:
                     written, made, gone = self._repack(rewrite, held, refresh)
@@ -967,15 +991,25 @@ class Store:
                 "written_packs": made}
 
     def _repack(self, rewrite: list[tuple[str, layout.PackIndex, list[tuple[int, int, bytes]]]],
-                held: set[bytes], refresh: Callable[[], None]) -> tuple[int, int, set[str]]:
+                held: dict[bytes, list[str | tuple[str, int, int]]],
+                refresh: Callable[[], None]) -> tuple[int, int, set[str]]:
         """Copy the live blobs of packs ``rewrite`` (but those ``held`` elsewhere) into new packs,
         make those durable, then delete the old ones. A pack whose bytes do not hash to its name is
         left as it is (damaged: verify reports it; nothing of it is copied). Returns the bytes and
         packs written, and the packs deleted."""
         builder: _PackBuilder | None = None
         made: list[tuple[str, layout.PackIndex]] = []
-        copied = set(held)
         sources: list[str] = []
+        counts = collections.Counter(r for _, _, alive in rewrite for _, _, r in alive)
+        twice = {raw for raw, n in counts.items() if n > 1}
+        copied = set()
+        for raw, locs in held.items():
+            # (a copy that stays is trusted only once checked, where the rewritten packs hold another:
+            # else a lying copy kept would cost the honest one; rare, so cheap)
+            if raw not in counts or any(self._sound(raw, loc) for loc in locs):
+                copied.add(raw)
+            else:
+                twice.add(raw)
         try:
             for rel, ix, alive in rewrite:
                 try:
@@ -989,18 +1023,35 @@ class Store:
                     h.update(data)
                     if h.digest() != layout.pack_digest(rel) or len(data) != ix.size:
                         continue
+                    sound = True
                     for offset, length, raw in alive:
                         if raw in copied:
                             continue
+                        # A pack that hashes to its name proves only that it is what its writer wrote.
+                        # A blob held by two of these packs is decoded and checked against its digest
+                        # before it is copied, so that a lying copy never replaces an honest one (both
+                        # packs are deleted after); a copy that does not check stays where it is, its
+                        # pack kept (verify reports it). A blob held once is copied as it is: damage
+                        # moves with it, and verify reports it in the new pack.
+                        piece = bytes(memoryview(data)[offset : offset + length])
+                        if raw in twice:
+                            try:
+                                where = f"blob {self._b.display(rel)!r} (blob {raw.hex()} at byte {offset})"
+                                bh = layout.parse_header(piece[: layout.HEAD], length, where)
+                                self._decode_checked(raw, bh, piece, where)
+                            except TensorCanonError:
+                                sound = False
+                                continue
                         if builder is not None and builder.full(length):
                             made.append(builder.finish())
                             builder = None
                         if builder is None:
                             builder = _PackBuilder(self)
-                        builder.add(raw, [bytes(memoryview(data)[offset : offset + length])], length)
+                        builder.add(raw, [piece], length)
                         copied.add(raw)
                         refresh()
-                    sources.append(rel)
+                    if sound:
+                        sources.append(rel)
                 finally:
                     del data
                     blob.close()
@@ -1019,6 +1070,14 @@ class Store:
                 gone.add(rel)
             refresh()
         return sum(ix.size for _, ix in made), len(made), gone
+
+    def _sound(self, raw: bytes, loc: str | tuple[str, int, int]) -> bool:
+        """Whether copy ``loc`` of blob ``raw`` decodes to bytes that hash to ``raw``."""
+        try:
+            self._decode(raw, loc=loc)
+        except TensorCanonError:
+            return False
+        return True
 
     def _stale_temp(self, rel: str, mtime: float) -> bool:
         parts = rel.rsplit("/", 1)[-1].split(".")
