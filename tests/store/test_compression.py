@@ -165,9 +165,10 @@ def test_a_small_tensor_is_compressed_once_and_a_large_one_sampled(monkeypatch):
     base = (torch.from_numpy(small.view(np.float32).copy()) + 1e-4).numpy().view(np.uint8)
     enc = compress.encode(small, 4, base)
     assert enc.codec != layout.RAW
-    # one candidate only (a tensor of at most compress.SMALL bytes): delta-sub, fed the 16 KiB once
+    # two candidates only (a tensor of at most compress.SMALL bytes): grouped and delta-sub, each
+    # fed the 16 KiB once
     assert enc.codec == layout.DELTA_SUB
-    assert counting.fed == len(small)
+    assert counting.fed == 2 * len(small)
     out = np.empty(len(small), dtype=np.uint8)
     blob = b"".join([layout.header_bytes(enc.codec, 1 if enc.codec in layout.DELTAS else 0, b"float32[4096]",
                                          len(small), b"\0" * 16 if enc.codec in layout.DELTAS else None, enc.planes),
@@ -182,8 +183,8 @@ def test_a_small_tensor_is_compressed_once_and_a_large_one_sampled(monkeypatch):
 
 
 def test_a_small_tensor_tries_one_codec_and_a_large_one_every_one(tmp_path):
-    # At most compress.SMALL bytes: the delta that usually wins where there is a base (delta-sub;
-    # delta for 16-byte elements), else grouped (zstd for 1-byte elements); every one exact.
+    # At most compress.SMALL bytes: grouped (zstd for 1-byte elements) and, where there is a base,
+    # the delta that usually wins (delta-sub; delta for 16-byte elements); every one exact.
     root = tmp_path / "s"
     store = tc.Store(root)
     g = torch.Generator().manual_seed(5)
@@ -201,7 +202,10 @@ def test_a_small_tensor_tries_one_codec_and_a_large_one_every_one(tmp_path):
     store.save("b", {**state, **moved})
     assert codec_of(root, moved["w"]).codec == layout.DELTA_SUB
     assert codec_of(root, moved["c128"]).codec == layout.DELTA
+    unrelated = torch.randn(n, generator=g)  # (re-initialized: a delta would not pay as grouped does)
+    store.save("c", {**state, **moved, "w": unrelated})
+    assert codec_of(root, unrelated).codec == layout.GROUPED
     fresh = tc.Store(root)
-    for tag, want in (("a", state), ("b", {**state, **moved})):
+    for tag, want in (("a", state), ("b", {**state, **moved}), ("c", {**state, **moved, "w": unrelated})):
         assert tc.fingerprint(fresh.load(tag)) == tc.fingerprint(want)
-    assert len(fresh.verify()) == 2
+    assert len(fresh.verify()) == 3

@@ -39,11 +39,12 @@ from . import layout
 LEVEL = 1
 #: Tensors smaller than this are stored raw: a blob header and a frame header cost more than they save.
 MIN_COMPRESS = 512
-#: Tensors of at most this many bytes try one candidate, not every one: the delta that usually
-#: wins (``delta-sub``; ``delta`` for 16-byte elements) where there is a base, else ``grouped``
-#: (``zstd`` for 1-byte elements). On the frozen-base workloads of benchmarks/store_bench.py
-#: (LoRA adapters and their AdamW state, 8-40 KiB each) the full trial stored 0.792 and 0.751 of
-#: the raw bytes, the single candidate 0.797 and 0.750, at a third of the encoding's CPU.
+#: Tensors of at most this many bytes try two candidates, not four: ``grouped`` (``zstd`` for
+#: 1-byte elements) and, where there is a base, the delta that usually wins (``delta-sub``;
+#: ``delta`` for 16-byte elements). On the frozen-base workloads of benchmarks/store_bench.py
+#: (LoRA adapters and their AdamW state, 8-40 KiB each) the four candidates stored 0.792 and
+#: 0.751 of the raw bytes, delta-sub alone 0.797 and 0.750; grouped stays a candidate for a
+#: tensor unrelated to its base (re-initialized), which a delta would store worse, and tie to it.
 SMALL = 64 << 10
 #: The sample the choice is made on: up to three windows of this many bytes (start, middle, end).
 #: 8 KiB windows chose as 16 KiB ones did on the AdamW checkpoints of benchmarks/store_codecs.py
@@ -264,14 +265,17 @@ def _candidates(a: np.ndarray, k: int, base: np.ndarray | None, z: Any, small: b
     """Every candidate codec's encoding of flat uint8 ``a`` (``base``: a delta's base bytes), at the
     trial level; ``small``: of a tensor of at most SMALL bytes, one candidate only."""
     if small:
+        out = {}
+        if k > 1:
+            planes, pieces = _grouped(z, a, k, False)
+            out[layout.GROUPED] = Encoded(layout.GROUPED, planes, pieces)
+        else:
+            out[layout.ZSTD] = Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])
         if base is not None:
             codec = _delta_codecs(k)[0]
             planes, pieces = _grouped(z, _transform(codec, a, base, k), k, False)
-            return {codec: Encoded(codec, planes, pieces)}
-        if k > 1:
-            planes, pieces = _grouped(z, a, k, False)
-            return {layout.GROUPED: Encoded(layout.GROUPED, planes, pieces)}
-        return {layout.ZSTD: Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])}
+            out[codec] = Encoded(codec, planes, pieces)
+        return out
     out = {layout.ZSTD: Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])}
     if k > 1:
         planes, pieces = _grouped(z, a, k, False)
