@@ -40,12 +40,16 @@ LEVEL = 1
 #: Tensors smaller than this are stored raw: a blob header and a frame header cost more than they save.
 MIN_COMPRESS = 512
 #: Tensors of at most this many bytes try two candidates, not four: ``grouped`` (``zstd`` for
-#: 1-byte elements) and, where there is a base, the delta that usually wins (``delta-sub``;
-#: ``delta`` for 16-byte elements). On the frozen-base workloads of benchmarks/store_bench.py
-#: (LoRA adapters and their AdamW state, 8-40 KiB each) the four candidates stored 0.792 and
-#: 0.751 of the raw bytes, delta-sub alone 0.797 and 0.750; grouped stays a candidate for a
-#: tensor unrelated to its base (re-initialized), which a delta would store worse, and tie to it.
+#: 1-byte elements, and as well where grouped shrinks them 4x: see REPETITIVE) and, where there
+#: is a base, the delta that usually wins (``delta-sub``; ``delta`` for 16-byte elements). On
+#: the frozen-base workloads of benchmarks/store_bench.py (LoRA adapters and their AdamW state,
+#: 8-40 KiB each) the four candidates stored 0.792 and 0.751 of the raw bytes, delta-sub alone
+#: 0.797 and 0.750; grouped stays a candidate for a tensor unrelated to its base (re-initialized),
+#: which a delta would store worse, and tie to it.
 SMALL = 64 << 10
+#: A small tensor whose grouped planes shrink below 1/REPETITIVE of its bytes (zeros, masks, small
+#: ints) also tries ``zstd``, which stores such bytes in fewer bytes than a frame per plane.
+REPETITIVE = 4
 #: The sample the choice is made on: up to three windows of this many bytes (start, middle, end).
 #: 8 KiB windows chose as 16 KiB ones did on the AdamW checkpoints of benchmarks/store_codecs.py
 #: (the same bytes stored, fp32 and bf16), at half the cost of the trials.
@@ -269,7 +273,7 @@ def _candidates(a: np.ndarray, k: int, base: np.ndarray | None, z: Any, small: b
         if k > 1:
             planes, pieces = _grouped(z, a, k, False)
             out[layout.GROUPED] = Encoded(layout.GROUPED, planes, pieces)
-        else:
+        if k == 1 or _size(out[layout.GROUPED]) < len(a) // REPETITIVE:
             out[layout.ZSTD] = Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])
         if base is not None:
             codec = _delta_codecs(k)[0]
