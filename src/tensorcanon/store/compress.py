@@ -45,7 +45,7 @@ MIN_COMPRESS = 512
 #: the frozen-base workloads of benchmarks/store_bench.py (LoRA adapters and their AdamW state,
 #: 8-40 KiB each) the four candidates stored 0.792 and 0.751 of the raw bytes, delta-sub alone
 #: 0.797 and 0.750; grouped stays a candidate for a tensor unrelated to its base (re-initialized),
-#: which a delta would store worse, and tie to it.
+#: which a delta would store worse and tie to that base (gc could not free it).
 SMALL = 64 << 10
 #: A small tensor whose grouped planes shrink below 1/REPETITIVE of its bytes (zeros, masks, small
 #: ints) also tries ``zstd``, which stores such bytes in fewer bytes than a frame per plane.
@@ -267,7 +267,8 @@ def _take(a: np.ndarray, where: list[slice]) -> np.ndarray:
 
 def _candidates(a: np.ndarray, k: int, base: np.ndarray | None, z: Any, small: bool = False) -> dict[int, Encoded]:
     """Every candidate codec's encoding of flat uint8 ``a`` (``base``: a delta's base bytes), at the
-    trial level; ``small``: of a tensor of at most SMALL bytes, one candidate only."""
+    trial level; ``small``: of a tensor of at most SMALL bytes, two candidates (three where zstd
+    is worth trying too, see REPETITIVE)."""
     if small:
         out = {}
         if k > 1:
