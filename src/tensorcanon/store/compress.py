@@ -39,6 +39,17 @@ from . import layout
 LEVEL = 1
 #: Tensors smaller than this are stored raw: a blob header and a frame header cost more than they save.
 MIN_COMPRESS = 512
+#: Tensors of at most this many bytes try two candidates, not four: ``grouped`` (``zstd`` for
+#: 1-byte elements, and as well where grouped shrinks them 4x: see REPETITIVE) and, where there
+#: is a base, the delta that usually wins (``delta-sub``; ``delta`` for 16-byte elements). On
+#: the frozen-base workloads of benchmarks/store_bench.py (LoRA adapters and their AdamW state,
+#: 8-40 KiB each) the four candidates stored 0.792 and 0.751 of the raw bytes, delta-sub alone
+#: 0.797 and 0.750; grouped stays a candidate for a tensor unrelated to its base (re-initialized),
+#: which a delta would store worse and tie to that base (gc could not free it).
+SMALL = 64 << 10
+#: A small tensor whose grouped planes shrink below 1/REPETITIVE of its bytes (zeros, masks, small
+#: ints) also tries ``zstd``, which stores such bytes in fewer bytes than a frame per plane.
+REPETITIVE = 4
 #: The sample the choice is made on: up to three windows of this many bytes (start, middle, end).
 #: 8 KiB windows chose as 16 KiB ones did on the AdamW checkpoints of benchmarks/store_codecs.py
 #: (the same bytes stored, fp32 and bf16), at half the cost of the trials.
@@ -254,9 +265,22 @@ def _take(a: np.ndarray, where: list[slice]) -> np.ndarray:
     return a[where[0]] if len(where) == 1 else np.concatenate([a[w] for w in where])
 
 
-def _candidates(a: np.ndarray, k: int, base: np.ndarray | None, z: Any) -> dict[int, Encoded]:
+def _candidates(a: np.ndarray, k: int, base: np.ndarray | None, z: Any, small: bool = False) -> dict[int, Encoded]:
     """Every candidate codec's encoding of flat uint8 ``a`` (``base``: a delta's base bytes), at the
-    trial level."""
+    trial level; ``small``: of a tensor of at most SMALL bytes, two candidates (three where zstd
+    is worth trying too, see REPETITIVE)."""
+    if small:
+        out = {}
+        if k > 1:
+            planes, pieces = _grouped(z, a, k, False)
+            out[layout.GROUPED] = Encoded(layout.GROUPED, planes, pieces)
+        if k == 1 or _size(out[layout.GROUPED]) < len(a) // REPETITIVE:
+            out[layout.ZSTD] = Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])
+        if base is not None:
+            codec = _delta_codecs(k)[0]
+            planes, pieces = _grouped(z, _transform(codec, a, base, k), k, False)
+            out[codec] = Encoded(codec, planes, pieces)
+        return out
     out = {layout.ZSTD: Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])}
     if k > 1:
         planes, pieces = _grouped(z, a, k, False)
@@ -277,7 +301,7 @@ def _best(a: np.ndarray, k: int, base: np.ndarray | None, z: Any) -> tuple[int, 
     (of the whole of ``a`` where the sample was the whole)."""
     where = _sample(a, k)
     s = _take(a, where)
-    found = _candidates(s, k, _take(base, where) if base is not None else None, z)
+    found = _candidates(s, k, _take(base, where) if base is not None else None, z, len(a) <= SMALL)
     best = min(found, key=lambda c: (_size(found[c]), c))
     if _size(found[best]) >= PAYS * len(s):
         return layout.RAW, None

@@ -305,8 +305,8 @@ class Store:
         except (RuntimeError, NotImplementedError, AttributeError):
             return None
 
-    def _cached(self, s: Any) -> bytes | None:
-        key = self._key(s)
+    def _cached(self, s: Any, key: tuple | None) -> bytes | None:
+        """The digest this object hashed tensor ``s`` (its :meth:`_key` ``key``) to, if unchanged since."""
         if key is None:
             return None
         hit = self._hashed.get(key)
@@ -320,8 +320,7 @@ class Store:
             return None
         return raw if same else None
 
-    def _remember(self, s: Any, raw: bytes, keep: dict) -> None:
-        key = self._key(s)
+    def _remember(self, s: Any, raw: bytes, keep: dict, key: tuple | None) -> None:
         if key is None:
             return
         try:
@@ -642,7 +641,8 @@ class Store:
 
                 try:
                     for s in p.ordered:
-                        raw = self._cached(s)
+                        key = self._key(s)  # (once: a parameter's methods are slow to call)
+                        raw = self._cached(s, key)
                         data = None
                         fresh = raw is None
                         if raw is None:
@@ -650,7 +650,7 @@ class Store:
                             h = p.hasher(s)
                             h.update(data)
                             raw = h.digest()
-                        self._remember(s, raw, hashed)
+                        self._remember(s, raw, hashed, key)
                         s.digest = raw
                         if not s.nbytes or raw in queued or self._blob_exists(raw):
                             if raw in self._copies:
