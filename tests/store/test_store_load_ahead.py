@@ -137,9 +137,11 @@ def _rows(store, tag):
 
 def test_reused_decode_buffers_never_show_through(tmp_path):
     # Many tensors of one size, deltas of deltas: each decode buffer is reused for later blobs; every
-    # tensor loaded, and the export, are still exact, load after load.
+    # tensor loaded, and the export, are still exact, load after load (and with a blob read twice).
     a, b = _drifting(8192, 12, seed=5)
     c = {k: v + 1e-4 for k, v in b.items()}
+    c["w9"] = c["w1"].clone()  # a blob read again, after others: decoded again, not ahead twice
+    c["w10"] = c["w1"].clone()
     store = tc.Store(tmp_path / "s")
     for tag, obj in (("a", a), ("b", b), ("c", c)):
         store.save(tag, obj)

@@ -1299,6 +1299,7 @@ class _TagFile(io.RawIOBase):
         self._ahead: dict[bytes, Future[np.ndarray]] = {}  # blobs after the one read, decoding on other threads
         self._dropped: list[Future[np.ndarray]] = []  # decoded ahead, then passed by: close waits for them
         self._bufs = _Buffers(BUFFERS)
+        self._started: set[bytes] = set()  # blobs decoded (or decoding) already: not decoded ahead again
 
     def attach(self, rows: list[Any]) -> None:
         """The tag's table rows (proven by CheckedFile): every blob is opened and its header
@@ -1383,6 +1384,7 @@ class _TagFile(io.RawIOBase):
                 if not f.cancel():
                     self._dropped = [g for g in self._dropped if not g.done()] + [f]
             ahead = self._ahead.pop(raw, None)
+            self._started.add(raw)
             self._top_up(i)
             data = ahead.result() if ahead is not None else \
                 self._s._decode(raw, handles=self._handles, bufs=self._bufs)
@@ -1393,13 +1395,14 @@ class _TagFile(io.RawIOBase):
         """Start decoding the compressed blobs after the ``i``-th, within AHEAD and AHEAD_BYTES."""
         held = sum(self._opened[d][1].size for d in self._ahead)
         for d in self._coded[i + 1 : i + 1 + AHEAD]:
-            if d in self._ahead:
+            if d in self._started:  # (decoding ahead now, or read once already: a tensor read again)
                 continue
             size = self._opened[d][1].size
             if len(self._ahead) >= AHEAD or (self._ahead and held + size > AHEAD_BYTES):
                 break
             self._ahead[d] = _ahead_pool().submit(self._s._decode, d, None, None, self._handles,
                                                   pool=size >= AHEAD_SPLIT, bufs=self._bufs)
+            self._started.add(d)
             held += size
 
     def mapped(self, r: Any, map_location: Any, cf: reader.CheckedFile) -> Any:
