@@ -66,6 +66,17 @@ WORKERS = 2
 #: A tensor of at least this many bytes is encoded on the saving thread, its byte planes on
 #: compress.py's threads (one large tensor then uses both cores too).
 PARALLEL = 64 << 20
+#: A load decodes the compressed blobs after the one being read on this many threads, ...
+AHEAD_THREADS = 2
+#: ... at most this many blobs at once, and no more than AHEAD_BYTES of them (their decoded bytes;
+#: one is always allowed): memory is bounded by the tensors being returned plus this.
+AHEAD = 4
+AHEAD_BYTES = 256 << 20
+#: A blob decoded ahead this large or larger also decodes its planes on the codec's two threads
+#: (a few large tensors keep both cores busy); smaller ones decode on their own thread.
+AHEAD_SPLIT = 32 << 20
+#: At most this many bytes of a load's dead decode buffers are kept for its next blobs (_Buffers).
+BUFFERS = 64 << 20
 #: A new blob whose encoded size is under this goes into the save's pack (docs/STORE.md, "Packs");
 #: a larger one is a loose object of its own, whose per-object cost is small beside its bytes.
 PACK_BLOB_LIMIT = 16 << 20
@@ -400,8 +411,11 @@ class Store:
 
     def _decode(self, raw: bytes, prefix: bytes | None = None, depth: int | None = None,
                 handles: dict[str, backend.Blob] | None = None,
-                loc: str | tuple[str, int, int] | None = None) -> np.ndarray:
-        """Blob ``raw`` decoded (its delta base first, recursively) and checked against ``raw``."""
+                loc: str | tuple[str, int, int] | None = None, pool: bool = True,
+                bufs: _Buffers | None = None) -> np.ndarray:
+        """Blob ``raw`` decoded (its delta base first, recursively) and checked against ``raw``;
+        ``pool``: a large blob's planes are decoded on the codec's threads; ``bufs``: the buffers
+        it is decoded into are taken from there, and its delta base's given back once used."""
         blob, h = self._open_blob(raw, handles, loc=loc)
         try:
             where = f"blob {blob.where!r}"
@@ -414,28 +428,34 @@ class Store:
                 raise IntegrityError(f"{where} has delta depth {h.depth}, but the blob it is the base of needs "
                                      f"depth {depth}: a delta chain that lies (or loops) is refused",
                                      expected=str(depth), actual=str(h.depth))
-            return self._decode_checked(raw, h, blob.whole(), where, handles)
+            return self._decode_checked(raw, h, blob.whole(), where, handles, pool=pool, bufs=bufs)
         finally:
             blob.close()
 
     def _decode_checked(self, raw: bytes, h: layout.BlobHeader, data: Any, where: str,
-                        handles: dict[str, backend.Blob] | None = None) -> np.ndarray:
+                        handles: dict[str, backend.Blob] | None = None, *, pool: bool = True,
+                        bufs: _Buffers | None = None) -> np.ndarray:
         """The bytes ``data`` of blob ``raw`` (header ``h``, checked) decoded, its delta base read
-        from the store, and checked against ``raw``."""
-        out = np.empty(h.size, dtype=np.uint8)
+        from the store, and checked against ``raw``; ``pool`` and ``bufs`` as for :meth:`_decode`."""
+        out = bufs.take(h.size) if bufs is not None else np.empty(h.size, dtype=np.uint8)
         base = None
-        if h.codec in layout.DELTAS:  # (storecodec: delta or delta-sub)
+        used: list[np.ndarray] = []
+        if h.codec in layout.DELTAS:  # (delta, delta-sub or delta-twos)
             assert h.base is not None
             base_raw = h.base
 
             def base() -> np.ndarray:
                 try:
-                    return self._decode(base_raw, h.prefix, h.depth - 1, handles)
+                    used.append(self._decode(base_raw, h.prefix, h.depth - 1, handles, pool=pool, bufs=bufs))
+                    return used[-1]
                 except MissingFileError:
                     raise IntegrityError(f"{where} is a delta against {layout.show(base_raw)}, which the "
                                          f"store does not hold; the store is damaged{self._damage_note()}"
                                          ) from None
-        compress.decode_into(h, data, out.data, base, where)
+        compress.decode_into(h, data, out.data, base, where, pool=pool)
+        if bufs is not None:  # (the base is not needed any more, nor seen by anyone else)
+            for a in used:
+                bufs.give(a)
         self._check_decoded(raw, h, out, where)
         return out
 
@@ -1211,8 +1231,35 @@ if hasattr(os, "register_at_fork"):
 
 def _ahead_pool() -> ThreadPoolExecutor:
     if not _AHEAD:
-        _AHEAD.append(ThreadPoolExecutor(1, thread_name_prefix="tensorcanon-store-load"))
+        _AHEAD.append(ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="tensorcanon-store-load"))
     return _AHEAD[0]
+
+
+class _Buffers:
+    """Decode buffers of one load, kept for reuse once their bytes are dead (a delta's base once
+    the delta is decoded, a tensor's decoded bytes once copied out): a fresh buffer costs a page
+    fault per page on first write, as much as interleaving its planes. Buffers are reused only for
+    blobs of their exact size, and at most ``limit`` bytes of them are kept."""
+
+    def __init__(self, limit: int) -> None:
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._held = 0
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> np.ndarray:
+        with self._lock:
+            found = self._free.get(n)
+            if found:
+                self._held -= n
+                return found.pop()
+        return np.empty(n, dtype=np.uint8)
+
+    def give(self, a: np.ndarray) -> None:
+        with self._lock:
+            if self._held + a.nbytes <= self._limit:
+                self._free.setdefault(a.nbytes, []).append(a)
+                self._held += a.nbytes
 
 
 def _done(fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -1330,8 +1377,12 @@ class _TagFile(io.RawIOBase):
         self._opened: dict[bytes, tuple[backend.Blob, layout.BlobHeader]] = {}
         self._handles: dict[str, backend.Blob] = {}  # the packs its blobs are read from, each opened once
         self._decoded: tuple[bytes, np.ndarray] | None = None
-        self._next: dict[bytes, bytes] = {}  # a compressed blob -> the next one in data order
-        self._ahead: tuple[bytes, Future[np.ndarray]] | None = None  # that one, decoding on another thread
+        self._coded: list[bytes] = []  # the compressed blobs, each once, in data order of first use
+        self._at: dict[bytes, int] = {}  # a compressed blob -> its place in _coded
+        self._ahead: dict[bytes, Future[np.ndarray]] = {}  # blobs after the one read, decoding on other threads
+        self._dropped: list[Future[np.ndarray]] = []  # decoded ahead, then passed by: close waits for them
+        self._bufs = _Buffers(BUFFERS)
+        self._started: set[bytes] = set()  # blobs decoded (or decoding) already: not decoded ahead again
 
     def attach(self, rows: list[Any]) -> None:
         """The tag's table rows (proven by CheckedFile): every blob is opened and its header
@@ -1354,10 +1405,10 @@ class _TagFile(io.RawIOBase):
                 raise IntegrityError(f"tag {self.tag!r}: the blob of tensor {r.name!r} ({blob.where!r}) holds a "
                                      f"{h.prefix.decode()} tensor, not {expected.decode()}; the store is damaged",
                                      expected=expected.decode(), actual=h.prefix.decode())
-        coded = [r.digest for r in order if self._opened[r.digest][1].codec != layout.RAW]
-        for a, b in zip(coded, coded[1:], strict=False):
-            if a != b:
-                self._next.setdefault(a, b)
+        for r in order:
+            if self._opened[r.digest][1].codec != layout.RAW and r.digest not in self._at:
+                self._at[r.digest] = len(self._coded)
+                self._coded.append(r.digest)
 
     def readable(self) -> bool:
         return True
@@ -1402,18 +1453,40 @@ class _TagFile(io.RawIOBase):
         return k
 
     def _data(self, raw: bytes) -> np.ndarray:
-        """Blob ``raw`` decoded and checked; the next compressed blob in data order starts decoding
-        on another thread meanwhile (zstd, numpy and xxhash release the GIL)."""
+        """Blob ``raw`` decoded and checked; the compressed blobs after it in data order decode on
+        other threads meanwhile (zstd, numpy and xxhash release the GIL), at most AHEAD of them and
+        AHEAD_BYTES of their bytes. Each is waited for when it is read, so an error is raised when
+        its tensor is reached, as reading in order on one thread would raise it."""
         if self._decoded is None or self._decoded[0] != raw:
+            if self._decoded is not None:  # (copied out, or written, by every caller already)
+                self._bufs.give(self._decoded[1])
             self._decoded = None
-            ahead, self._ahead = self._ahead, None
-            data = ahead[1].result() if ahead is not None and ahead[0] == raw else \
-                self._s._decode(raw, handles=self._handles)
+            i = self._at[raw]
+            for d in [d for d in self._ahead if self._at[d] < i]:  # (passed by: read out of order)
+                f = self._ahead.pop(d)
+                if not f.cancel():
+                    self._dropped = [g for g in self._dropped if not g.done()] + [f]
+            ahead = self._ahead.pop(raw, None)
+            self._started.add(raw)
+            self._top_up(i)
+            data = ahead.result() if ahead is not None else \
+                self._s._decode(raw, handles=self._handles, bufs=self._bufs)
             self._decoded = (raw, data)
-            nxt = self._next.get(raw)
-            if nxt is not None:
-                self._ahead = (nxt, _ahead_pool().submit(self._s._decode, nxt, None, None, self._handles))
         return self._decoded[1]
+
+    def _top_up(self, i: int) -> None:
+        """Start decoding the compressed blobs after the ``i``-th, within AHEAD and AHEAD_BYTES."""
+        held = sum(self._opened[d][1].size for d in self._ahead)
+        for d in self._coded[i + 1 : i + 1 + AHEAD]:
+            if d in self._started:  # (decoding ahead now, or read once already: a tensor read again)
+                continue
+            size = self._opened[d][1].size
+            if len(self._ahead) >= AHEAD or (self._ahead and held + size > AHEAD_BYTES):
+                break
+            self._ahead[d] = _ahead_pool().submit(self._s._decode, d, None, None, self._handles,
+                                                  pool=size >= AHEAD_SPLIT, bufs=self._bufs)
+            self._started.add(d)
+            held += size
 
     def mapped(self, r: Any, map_location: Any, cf: reader.CheckedFile) -> Any:
         """Tensor ``r`` as a view of a private map of its raw local blob (hashed in place first), or None."""
@@ -1482,11 +1555,13 @@ class _TagFile(io.RawIOBase):
             blob.close()
         self._opened.clear()
         self._decoded = None
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead[1].cancel()
-            with contextlib.suppress(Exception):  # (it reads through the packs opened here: let it end first)
-                ahead[1].result()
+        ahead, self._ahead, self._dropped = list(self._ahead.values()) + self._dropped, {}, []
+        for f in ahead:
+            f.cancel()
+        for f in ahead:
+            with contextlib.suppress(Exception):  # (they read through the packs opened here: let them end first)
+                f.result()
+        self._bufs = _Buffers(0)
         for pack in self._handles.values():
             pack.close()
         self._handles.clear()
