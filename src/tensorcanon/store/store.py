@@ -79,7 +79,7 @@ AHEAD_SPLIT = 32 << 20
 BUFFERS = 64 << 20
 #: A new blob whose encoded size is under this goes into the save's pack (docs/STORE.md, "Packs");
 #: a larger one is a loose object of its own, whose per-object cost is small beside its bytes.
-PACK_BLOB_LIMIT = 16 << 20
+PACK_BLOB_LIMIT = 1 << 20
 #: A pack being written is closed, and another started, once it holds this many bytes.
 PACK_SIZE = 256 << 20
 #: gc rewrites a pack whose live blobs take less than this fraction of its bytes.
