@@ -100,11 +100,8 @@ class RankFile(reader.CheckedFile):
             else:
                 # (its bytes, mapped without torch: hashed in place, copied out or viewed by RankFile.tensor)
                 src = stack.enter_context(opened(path, use_mmap=True, tensors=False))
-            f = cls(src, limits, closer=stack)
-            if not f.is_tensorcanon:
-                raise FormatError("is a plain safetensors file, not a tensorcanon rank file")
-            f.check_tree()
-        except MissingFileError:
+            return cls.over(src, path, expected, limits, stack, remote=remote)
+        except MissingFileError:  # (as over() raised it, its prefix added; over() closed the stack)
             stack.close()
             raise CheckpointNotFoundError(
                 f"rank file {path} is missing: the checkpoint is incomplete, or a newer save replaced it "
@@ -115,12 +112,13 @@ class RankFile(reader.CheckedFile):
         except BaseException:
             stack.close()
             raise
-        return f._opened(path, expected, remote)
 
     @classmethod
-    def over(cls, src: Any, path: str, expected: str | None, limits: Limits, closer: contextlib.ExitStack) -> RankFile:
-        """A rank file read from ``src`` (a Source over any seekable file object, read like a rank file
-        in object storage: each chunk fetched and hashed when it is used); ``closer`` is closed with it.
+    def over(cls, src: Any, path: str, expected: str | None, limits: Limits, closer: contextlib.ExitStack, *,
+             remote: bool = True) -> RankFile:
+        """A rank file read from ``src``, checked as :meth:`open` checks one; ``closer`` is closed with it
+        (and at once if a check fails). ``remote``: read like a rank file in object storage (each chunk
+        fetched and hashed when it is used), as any seekable file object is.
         (tensorcanon.dcp reads a checkpoint kept in a tensorcanon.Store so: each rank file is its header
         and the store's blobs.)"""
         try:
@@ -134,7 +132,7 @@ class RankFile(reader.CheckedFile):
         except BaseException:
             closer.close()
             raise
-        return f._opened(path, expected, True)
+        return f._opened(path, expected, remote)
 
     def _opened(self, path: str, expected: str | None, remote: bool) -> RankFile:
         f = self
