@@ -5,6 +5,7 @@ still decodes; planes that do not pay on the sample are stored untried."""
 import numpy as np
 import pytest
 import torch
+from test_compression import _Counting  # (the zstandard module counting what it compresses)
 
 import tensorcanon as tc
 from tensorcanon.store import compress, layout
@@ -153,28 +154,6 @@ def test_complex128_deltas_are_xor():
     assert enc.codec == layout.DELTA
     _, out = decoded(blob_of(enc, len(a), 16), base)
     assert out.tobytes() == a.tobytes()
-
-
-class _Counting:
-    """The zstandard module with its compressors counting the bytes they are given."""
-
-    def __init__(self, z):
-        self._z = z
-        self.fed = 0
-        outer = self
-
-        class Compressor:
-            def __init__(self, level):
-                self._c = z.ZstdCompressor(level=level)
-
-            def compress(self, data):
-                outer.fed += len(memoryview(data).cast("B"))
-                return self._c.compress(data)
-
-        self.ZstdCompressor = Compressor
-
-    def __getattr__(self, name):
-        return getattr(self._z, name)
 
 
 def test_planes_that_do_not_pay_on_the_sample_are_stored_untried(monkeypatch):
