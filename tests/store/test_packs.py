@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import xxhash
+from test_store_processes import _paused  # (a function that waits, the first time, for the test to let it go)
 
 import tensorcanon as tc
 from tensorcanon.store import layout, store as store_module
@@ -226,22 +227,6 @@ def test_a_pack_rewritten_under_a_reader_is_found_in_its_new_place(tmp_path, mon
     (root / "packs").mkdir()
     with pytest.raises(tc.IntegrityError, match="missing from the store"):
         reader.load("b")
-
-
-def _paused(monkeypatch, owner, name):
-    entered, go = threading.Event(), threading.Event()
-    real = getattr(owner, name)
-    first = [True]
-
-    def wrapper(*a, **k):
-        if first[0]:
-            first[0] = False
-            entered.set()
-            assert go.wait(30)
-        return real(*a, **k)
-
-    monkeypatch.setattr(owner, name, wrapper)
-    return entered, go
 
 
 def test_a_save_under_way_keeps_the_packed_blob_it_counted_on(tmp_path, monkeypatch):
