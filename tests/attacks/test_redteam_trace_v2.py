@@ -370,3 +370,32 @@ def test_edited_optim_digest_named(base, tmp_path):
     d = tensorcanon.first_divergence(str(base["k2"]), str(bad))
     assert not d.same and d.first["kind"] == "optim" and d.first["step"] == 3, d.first
     assert "2 to 3" in "\n".join(d.lines())
+
+
+def test_v1_against_v2_compares_common_steps(base, tmp_path):
+    # k=1 (version 1) against k=2: the optim records of steps 1, 3, 5 are compared; an edit of
+    # the version-1 trace's optim record at step 3 is found there, one at step 2 is not compared
+    # (a note says what is): never an error, never a false "same" at a common step
+    d = tensorcanon.first_divergence(str(base["k1"]), str(base["k2"]))
+    assert d.same and d.notes, (d.lines(), d.notes)
+    for step, same in ((2, True), (3, False)):
+        fr = _frames(base["k1"])
+        for r in fr:
+            if r[0] == 1 and r[3] == "optim" and r[1] == step:
+                r[10] = bytes(16)
+                break
+        ed = _write(tmp_path / f"k1_edit{step}.trace", fr)
+        d = tensorcanon.first_divergence(str(ed), str(base["k2"]))
+        assert d.same is same, d.lines()
+        if not same:
+            assert d.first["kind"] == "optim" and d.first["step"] == 3
+
+
+def test_crashed_v2_trace(base, tmp_path):
+    # a v2 trace cut inside a frame (a crashed run): compared as far as it goes
+    data = base["k2"].read_bytes()
+    cut = tmp_path / "cut.trace"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    d = tensorcanon.first_divergence(str(base["k2"]), str(cut))
+    assert not d.complete[1]
+    assert d.verdict and "ends first" in "\n".join(d.lines())
