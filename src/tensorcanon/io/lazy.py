@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..format import paths
-from ..format.errors import TensorCanonError
+from ..format.errors import FormatError, TensorCanonError
 from ..format.limits import DEFAULT, Limits
 from . import lazyindex, reader, source, storage
 
@@ -192,6 +192,9 @@ class LazyFile(Mapping):
 
     def __getitem__(self, key: str) -> Any:
         src = self._open_src()
+        if src.shrunk():  # (lazyred) truncated since open: reading its lost pages would be SIGBUS
+            raise FormatError(f"{self.path} is shorter than when it was opened: another program truncated it "
+                              "(SECURITY.md, memory-mapped reading); open it again once it is complete")
         if self._full is None and self._quick is not None:
             value = self._quick_read(src, key)
             if value is not _MISSING:
