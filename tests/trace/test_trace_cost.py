@@ -274,3 +274,94 @@ def test_a_version_2_header_and_its_records_are_checked(tmp_path, header, record
     path.write_bytes(_framed(msgpack.packb(header), *records, msgpack.packb([2, len(records)])))
     with pytest.raises(tensorcanon.TensorCanonError, match=why):
         layout.verify(path)
+
+
+# ---------------------------------------------------------------- two threads after an optimizer step
+
+
+class _Mixed(torch.nn.Module):
+    """Parameters of several dtypes and sizes (one past a chunk, one a single value), and a
+    module that returns a tuple: what the records after an optimizer step can hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(64, 2048)
+        self.b = torch.nn.Linear(2048, 40)
+        self.wide = torch.nn.Parameter(torch.linspace(-2, 2, CHUNK + 3, dtype=torch.float64))
+        self.one = torch.nn.Parameter(torch.tensor([0.5]))
+        self.bf = torch.nn.Parameter(torch.linspace(-1, 1, 300).to(torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b(torch.relu(self.a(x)))
+        return y.sum() + self.wide.square().sum() + self.one.sum() + self.bf.float().square().sum()
+
+
+def _mixed_trace(path, level: str) -> None:
+    torch.manual_seed(0)
+    model = _Mixed()
+    opts = [torch.optim.AdamW([p for n, p in model.named_parameters() if n != "bf"], lr=1e-2),
+            torch.optim.SGD([model.bf], lr=0.1, momentum=0.9)]
+    data = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(2))
+    with tensorcanon.trace(path, level=level, model=model, optimizer=opts) as tr:
+        for batch in data:
+            tr.step(batch)
+            tr.loss(model(batch)).backward()
+            for opt in opts:
+                opt.step()
+                opt.zero_grad()
+
+
+@pytest.mark.parametrize("level", ["steps", "modules"])
+def test_the_records_after_an_optimizer_step_hashed_on_two_threads_are_the_same_bytes(tmp_path, monkeypatch, level):
+    from tensorcanon.trace import summary
+
+    threads: set[int] = set()
+    real = summary.summarize
+
+    def counting(t, algorithm):
+        threads.add(__import__("threading").get_ident())
+        return real(t, algorithm)
+
+    with monkeypatch.context() as m:  # every batch after an optimizer step on two threads
+        m.setattr(summary, "MANY_FROM", 0)
+        m.setattr(recorder_module, "summarize", counting)
+        m.setattr(summary, "summarize", counting)
+        _mixed_trace(tmp_path / "two", level)
+    with monkeypatch.context() as m:  # no helper thread: everything on the training thread
+        m.setattr(summary, "_helper", lambda: None)
+        _mixed_trace(tmp_path / "one", level)
+    assert (tmp_path / "two").read_bytes() == (tmp_path / "one").read_bytes()
+    if (__import__("os").cpu_count() or 1) > 1:
+        assert len(threads) == 2  # (the helper did hash some of them)
+
+
+def test_contents_on_two_threads_computes_every_item_once_in_order(monkeypatch):
+    from tensorcanon.trace import summary
+
+    monkeypatch.setattr(summary, "_cores", lambda: 2)  # a helper thread even on one core
+    done: list[int] = []
+
+    def work(x):
+        done.append(x)
+        np.add.reduce(np.arange(2000, dtype=np.float64))  # (releases the GIL: the helper gets its turn)
+        return x * x
+
+    for n in (2, 3, 17, 400):
+        done.clear()
+        assert summary.contents(work, list(range(n)), 1 << 30) == [x * x for x in range(n)]
+        assert sorted(done) == list(range(n))  # each item exactly once: none skipped, none twice
+
+
+def test_an_error_on_either_thread_is_raised_after_both_are_done(monkeypatch):
+    from tensorcanon.trace import summary
+
+    monkeypatch.setattr(summary, "_cores", lambda: 2)
+
+    def work(x):
+        if x == 0 or x == 99:
+            raise UsageError(f"item {x}")
+        return x
+
+    for _ in range(5):
+        with pytest.raises(UsageError, match="item"):
+            summary.contents(work, list(range(100)), 1 << 30)

@@ -36,7 +36,7 @@ from ..format.errors import FileAccessError, FormatError, MissingFileError, Tens
 from . import capture as capture_module, layout
 from .layout import Record
 from .ops import _storages_kept, plain, storage_key
-from .summary import detached, same_bytes_key, summarize, summarize_text, summarize_with
+from .summary import contents, detached, same_bytes_key, summarize, summarize_text, summarize_with
 from .values import args_text, is_tensor as _is_tensor, leaves as _leaves
 from .worker import Worker
 
@@ -631,14 +631,7 @@ class Recorder:
         if call is None:
             call = self.call_index(phase, kind, scope, name)
         if self.capture is not None and (self.step_index, kind, scope, name, call) == self.capture:
-            if _is_tensor(value):
-                kept = capture_module.kept(value)  # a copy, or a text saying why not (never raises)
-                if isinstance(kept, str):
-                    self._captured_texts[role] = kept
-                else:
-                    self._captured[role] = kept
-            else:
-                self._captured_texts[role] = value if isinstance(value, str) else args_text(value)
+            self._capture(role, value)
         if _is_tensor(value):
             worker = self._worker
             if worker is not None and value.numel() * value.element_size() >= OFF_THREAD:
@@ -646,14 +639,60 @@ class Recorder:
                 if job is not None:
                     worker.put_job((self.step_index, phase, kind, scope, name, call, role), job)
                     return
-            # (the records after an optimizer step reuse what its ops hashed only at level ops, where
-            # every write through another tensor on the same memory is seen: _summary)
-            reuse = role.startswith("in") or (self._mode is not None and kind in ("param", "optim"))
-            content = self._summary(value, reuse, written)
+            content = self._summary(value, self._reuses(kind, role), written)
         else:
             text = value if isinstance(value, str) else args_text(value)
             content = summarize_text(text[:layout.MAX_TEXT], self.algorithm)
         self.write(Record(self.step_index, phase, kind, scope, name, call, role, *content))
+
+    def _reuses(self, kind: str, role: str) -> bool:
+        """Whether a record may reuse the content of its tensor met before in this step, unchanged
+        (:meth:`_summary`): an input, and the records after an optimizer step only at level ops,
+        where every write through another tensor on the same memory is seen."""
+        return role.startswith("in") or (self._mode is not None and kind in ("param", "optim"))
+
+    def _capture(self, role: str, value: Any) -> None:
+        if _is_tensor(value):
+            kept = capture_module.kept(value)  # a copy, or a text saying why not (never raises)
+            if isinstance(kept, str):
+                self._captured_texts[role] = kept
+            else:
+                self._captured[role] = kept
+        else:
+            self._captured_texts[role] = value if isinstance(value, str) else args_text(value)
+
+    def _put_all(self, records: list[tuple[str, str, str, str, Any]]) -> None:
+        """:meth:`_put` of each ``(phase, kind, name, role, value)`` (scope ""), in order: the same
+        records, the same bytes. At levels steps and modules, their tensors (the gradients,
+        parameters and optimizer state after an optimizer step, which nothing changes while the
+        recorder holds the training thread) are hashed on this thread and the helper thread
+        together (summary.contents), and the records written in order once all are done."""
+        if self._mode is not None or self._worker is not None:
+            for phase, kind, name, role, value in records:
+                self._put(phase, kind, "", name, role, value)
+            return
+        ready: list[tuple[str, str, str, int, str, Any]] = []
+        nbytes = 0
+        for phase, kind, name, role, value in records:
+            if _is_tensor(value):
+                value = plain(value)
+                nbytes += value.numel() * value.element_size()
+            call = self.call_index(phase, kind, "", name)
+            if self.capture is not None and (self.step_index, kind, "", name, call) == self.capture:
+                self._capture(role, value)
+            ready.append((phase, kind, name, call, role, value))
+        algorithm = self.algorithm
+
+        def content(item: tuple[str, str, str, int, str, Any]) -> Any:
+            value = item[5]
+            if _is_tensor(value):
+                return self._summary(value, self._reuses(item[1], item[4]))
+            text = value if isinstance(value, str) else args_text(value)
+            return summarize_text(text[:layout.MAX_TEXT], algorithm)
+
+        step = self.step_index
+        for (phase, kind, name, call, role, _), got in zip(ready, contents(content, ready, nbytes)):
+            self.write(Record(step, phase, kind, "", name, call, role, *got))
 
     def _summary(self, t: Any, reuse: bool, written: bool = False) -> tuple[str, tuple[int, ...], bytes, float, str]:
         """The record content of ``t``. Within a step, a tensor met again unchanged (the same
@@ -855,12 +894,13 @@ class Recorder:
             if self._mode is not None:  # collectives of the step not yet recorded
                 self._mode.confirm()
                 self._mode.flush()
+            records: list[tuple[str, str, str, str, Any]] = []
             if "grad" in self.kinds:
                 for name, p in self._names(opt):
                     if p.grad is not None:
-                        self._put("backward", "grad", "", name, "grad", p.grad)
+                        records.append(("backward", "grad", name, "grad", p.grad))
             for name, p in self._names(opt):
-                self._put("optimizer", "param", "", name, "value", p)
+                records.append(("optimizer", "param", name, "value", p))
             every = self.state_every
             for name, p in self._names(opt) if every == 1 or (self.step_index + 1) % every == 0 else ():
                 state = opt.state.get(p)
@@ -870,7 +910,8 @@ class Recorder:
                     v = state[key]
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
                         v = torch.tensor(float(v), dtype=torch.float64)
-                    self._put("optimizer", "optim", "", name, str(key), v)
+                    records.append(("optimizer", "optim", name, str(key), v))
+            self._put_all(records)
             self.phase = "optimizer"
             self._ops_on = False  # until the next step() (or another optimizer's step)
 

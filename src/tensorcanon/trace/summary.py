@@ -106,7 +106,7 @@ def _chunks(h: Any, data: memoryview, a: Any, n: int, step: int) -> float:
         if h is not None:
             h.update(data)
         return 0.0 + _chunk_sum(a, 0, n)  # (0.0 + as the loop below adds it: the same bits, -0.0 too)
-    if n >= PARALLEL_FROM and _helper() is not None:
+    if n >= PARALLEL_FROM and not getattr(_LOCAL, "helping", False) and _helper() is not None:
         return _Split(a, n).run(h, data, step)
     buf = _squares_buffer()
     total = 0.0
@@ -201,13 +201,89 @@ class _Split:
             self.done.set()
 
 
+class _Many:
+    """Several tensors' record contents on two cores: this thread computes ``fn`` of the items from
+    the first on, a helper thread those from the last on, until they meet; the results come back
+    in the items' order, each what ``fn`` gives on one thread (a content depends on its tensor's
+    bytes alone). Where no core is free the helper starts late or not at all and this thread does
+    the rest; it returns only once every item is done, so the tensors are read only while the
+    training thread waits (nothing runs beside it that could change them)."""
+
+    __slots__ = ("fn", "items", "out", "lock", "lo", "hi", "started", "cancelled", "done", "error")
+
+    def __init__(self, fn: Any, items: list[Any]) -> None:
+        self.fn, self.items = fn, items
+        self.out: list[Any] = [None] * len(items)
+        self.lock = threading.Lock()
+        self.lo, self.hi = 0, len(items)  # items [lo, hi) are not claimed yet
+        self.started = self.cancelled = False
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> list[Any]:
+        helper = _helper()
+        assert helper is not None
+        helper.put(self)
+        fn, items, out, lock = self.fn, self.items, self.out, self.lock
+        try:
+            for k in range(len(items)):
+                with lock:
+                    if k >= self.hi:
+                        break
+                    self.lo = k + 1
+                out[k] = fn(items[k])
+        finally:  # (on an error too: the helper is done with the tensors before this returns)
+            with lock:
+                wait = self.started
+                self.cancelled = True
+                self.hi = self.lo
+            if wait:
+                self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return out
+
+    def help(self) -> None:
+        """On the helper thread: claim items from the last one down while this thread has not."""
+        with self.lock:
+            if self.cancelled:
+                return
+            self.started = True
+        _LOCAL.helping = True  # (a large tensor's squares are not handed to the helper: this thread is it)
+        try:
+            while True:
+                with self.lock:
+                    if self.hi - 1 < self.lo:
+                        break
+                    self.hi -= 1
+                    k = self.hi
+                self.out[k] = self.fn(self.items[k])
+        except BaseException as e:  # noqa: BLE001 (raised on the thread that asked)
+            self.error = e
+        finally:
+            _LOCAL.helping = False
+            self.done.set()
+
+
+MANY_FROM = 1 << 20
+"""Bytes of tensors from which :func:`contents` hands part of them to the helper thread."""
+
+
+def contents(fn: Any, items: list[Any], nbytes: int) -> list[Any]:
+    """``[fn(x) for x in items]`` (record contents of tensors of ``nbytes`` bytes in all), on this
+    thread and the helper thread (:class:`_Many`) where there are enough bytes and a second core."""
+    if nbytes < MANY_FROM or len(items) < 2 or getattr(_LOCAL, "helping", False) or _helper() is None:
+        return [fn(x) for x in items]
+    return _Many(fn, items).run()
+
+
 class _Helper:
     def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[_Split] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[_Split | _Many] = queue.SimpleQueue()
         self.pid = os.getpid()
         threading.Thread(target=self._run, name="tensorcanon-trace-sum", daemon=True).start()
 
-    def put(self, job: _Split) -> None:
+    def put(self, job: _Split | _Many) -> None:
         self.jobs.put(job)
 
     def _run(self) -> None:
