@@ -4,6 +4,9 @@ optimizer state recorded every k steps (``state_every``, trace format version 2)
 
 from __future__ import annotations
 
+import os
+import threading
+
 import msgpack
 import numpy as np
 import pytest
@@ -316,22 +319,35 @@ def test_the_records_after_an_optimizer_step_hashed_on_two_threads_are_the_same_
     from tensorcanon.trace import summary
 
     threads: set[int] = set()
-    real = summary.summarize
+    real, real_put_all = summary.summarize, recorder_module.Recorder._put_all
+    main, helped, batch = threading.get_ident(), threading.Event(), [False]
 
     def counting(t, algorithm):
-        threads.add(__import__("threading").get_ident())
+        threads.add(threading.get_ident())
+        if threading.get_ident() != main:
+            helped.set()
+        elif batch[0]:
+            helped.wait(5)  # (the helper's turn, which a loaded machine may give it late)
         return real(t, algorithm)
+
+    def put_all(self, records):
+        batch[0] = True
+        try:
+            real_put_all(self, records)
+        finally:
+            batch[0] = False
 
     with monkeypatch.context() as m:  # every batch after an optimizer step on two threads
         m.setattr(summary, "MANY_FROM", 0)
         m.setattr(recorder_module, "summarize", counting)
         m.setattr(summary, "summarize", counting)
+        m.setattr(recorder_module.Recorder, "_put_all", put_all)
         _mixed_trace(tmp_path / "two", level)
     with monkeypatch.context() as m:  # no helper thread: everything on the training thread
         m.setattr(summary, "_helper", lambda: None)
         _mixed_trace(tmp_path / "one", level)
     assert (tmp_path / "two").read_bytes() == (tmp_path / "one").read_bytes()
-    if (__import__("os").cpu_count() or 1) > 1:
+    if (os.cpu_count() or 1) > 1:
         assert len(threads) == 2  # (the helper did hash some of them)
 
 
