@@ -623,9 +623,9 @@ class Recorder:
 
     def _put(self, phase: str, kind: str, scope: str, name: str, role: str, value: Any,
              call: int | None = None, written: bool = False) -> None:
+        mode = self._mode
         if _is_tensor(value):
             value = plain(value)  # a DTensor: its local shard
-            mode = self._mode
             if mode is not None and mode.pending:  # a collective writing it: recorded first, once complete
                 mode.settle((value,))
         if call is None:
@@ -639,7 +639,9 @@ class Recorder:
                 if job is not None:
                     worker.put_job((self.step_index, phase, kind, scope, name, call, role), job)
                     return
-            content = self._summary(value, self._reuses(kind, role), written)
+            # (the records after an optimizer step reuse what its ops hashed only at level ops: _reuses)
+            reuse = role.startswith("in") or (mode is not None and kind in ("param", "optim"))
+            content = self._summary(value, reuse, written)
         else:
             text = value if isinstance(value, str) else args_text(value)
             content = summarize_text(text[:layout.MAX_TEXT], self.algorithm)
@@ -721,7 +723,7 @@ class Recorder:
         seen = self._seen.get(id(t)) if reuse else None
         if seen is not None and seen[1] == version and seen[0]() is t:
             return seen[2]
-        same = self._same_bytes(t)
+        same = self._same_bytes(t) if self._mode is not None else None
         if same is not None:  # another tensor on these bytes had its squares summed: the digest alone
             content = summarize_with(t, self.algorithm, same)
         else:
@@ -796,8 +798,10 @@ class Recorder:
     def write(self, r: Record) -> None:
         if self._worker is not None:
             self._worker.put_record(r)
-        else:
-            self._write_now(r)
+            return
+        with self._lock:  # (_write_now, in line)
+            if self._writer is not None:
+                self._writer.record(r)
 
     def _write_now(self, r: Record) -> None:
         with self._lock:
@@ -810,6 +814,12 @@ class Recorder:
                 self._writer.fh.flush()
 
     def _tensor_leaves(self, value: Any, root: str) -> Iterator[tuple[str, Any]]:
+        if _is_tensor(value):  # (a module's usual input or output: what the walk below gives, without it)
+            yield root, value
+            return
+        if type(value) is tuple and all(_is_tensor(v) for v in value):
+            yield from ((f"{root}.{i}", v) for i, v in enumerate(value))
+            return
         out: list[tuple[str, Any]] = []
         _leaves(value, "", out)
         for path, leaf in out:

@@ -105,7 +105,16 @@ def _chunks(h: Any, data: memoryview, a: Any, n: int, step: int) -> float:
     if n <= CHUNK:  # one chunk (most tensors a step meets)
         if h is not None:
             h.update(data)
-        return 0.0 + _chunk_sum(a, 0, n)  # (0.0 + as the loop below adds it: the same bits, -0.0 too)
+        if n == 1 and a.dtype.kind == "f":  # (one value: its square in float64, as numpy's sum of one gives it)
+            x = float(a[0])
+            return 0.0 + x * x
+        c = _squares_buffer()[:n]
+        if a.dtype.kind == "f" and a.dtype.itemsize == 8:
+            np.multiply(a, a, out=c)
+        else:
+            np.copyto(c, a)
+            np.multiply(c, c, out=c)
+        return 0.0 + float(np.add.reduce(c))  # (0.0 + as the loop below adds it: the same bits, -0.0 too)
     if n >= PARALLEL_FROM and not getattr(_LOCAL, "helping", False) and _helper() is not None:
         return _Split(a, n).run(h, data, step)
     buf = _squares_buffer()
