@@ -18,11 +18,19 @@ per level: the recorder keeps no activation, so it should stay within a few MB o
 step), the trace bytes per step, and reading speed (records per second of first_divergence).
 Targets (issue 41): steps <= 1.02x, modules <= 1.10x, ops <= 2.0x. ``ops-thread`` is level ops
 with ``off_thread=True`` (large tensors copied and hashed on a worker thread), for comparison.
+
+Fairness: every level runs the same steps of the same model from the same seed, after one
+warm-up step and a garbage collection (no level pays for another's garbage), in an order that
+turns each round. The verdict is the median of the rounds' ratios; beside it the rounds' spread
+(lowest-highest, and the middle half): a median under the target with the target inside the
+middle half of the rounds is reported ``pass, at the edge`` (met only within the noise), not
+``pass``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -102,6 +110,7 @@ def run_level(level: str | None, steps: int, folder: str, memory: bool = False,
     tr = tr_cm.__enter__() if tr_cm else None
     try:
         _step(tr, model, opt, data[0])  # warm up (allocator, first-call costs)
+        gc.collect()  # (the garbage of the levels run before this one is not this level's cost)
         for i in range(steps):
             t, c = time.perf_counter(), time.process_time()
             _step(tr, model, opt, data[i + 1])
@@ -118,6 +127,22 @@ def run_level(level: str | None, steps: int, folder: str, memory: bool = False,
             tr_cm.__exit__(None, None, None)
     size = os.path.getsize(path) if level else 0
     return times, size, peak
+
+
+def _middle_half(xs: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of the rounds' ratios (the lowest and highest of fewer than 4)."""
+    if len(xs) < 4:
+        return min(xs), max(xs)
+    q = statistics.quantiles(xs, n=4)
+    return q[0], q[2]
+
+
+def _verdict(median: float, q3: float, target: float) -> str:
+    """``FAIL`` when the median ratio is above the target; ``pass, at the edge`` when it is met by
+    the median but not by the upper quartile of the rounds (the target is within the noise)."""
+    if median > target:
+        return "FAIL"
+    return "pass" if q3 <= target else "pass, at the edge"
 
 
 def main() -> None:
@@ -178,9 +203,11 @@ def main() -> None:
     for lv in ratios:
         target = targets.get(lv, targets.get(_options(lv)[0]))
         ratio = statistics.median(ratios[lv])
-        print(f"| {lv} | {statistics.median(medians[lv]) * 1e3:.1f} ms | {ratio:.2f}x "
-              f"(rounds {min(ratios[lv]):.2f}-{max(ratios[lv]):.2f}) | {statistics.median(cpu_ratios[lv]):.2f}x | "
-              + (f"<= {target}x | {'pass' if ratio <= target else 'FAIL'}" if lv in targets else " | ")
+        q1, q3 = _middle_half(ratios[lv])
+        print(f"| {lv} | {statistics.median(medians[lv]) * 1e3:.1f} ms | {ratio:.3f}x "
+              f"(rounds {min(ratios[lv]):.3f}-{max(ratios[lv]):.3f}, middle half {q1:.3f}-{q3:.3f}) | "
+              f"{statistics.median(cpu_ratios[lv]):.3f}x | "
+              + (f"<= {target}x | {_verdict(ratio, q3, target)}" if lv in targets else " | ")
               + f" | {sizes[lv]:,} |" + ("" if args.large else f" {peaks[lv] / 2**20:.1f} MiB |"))
     if not args.large:
         print(f"comparing the ops trace with itself: {res.matched:,} records in {read_s:.2f} s "

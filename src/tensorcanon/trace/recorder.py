@@ -13,8 +13,9 @@ It writes one record per tensor a training step touches (layout.py), in executio
   next ``step()``, where a loop fetches its next batch): its tensor inputs before it runs, its
   outputs after, and its arguments that are not tensors as a text record.
 
-Every tensor is hashed when it is met, on the thread that meets it, and never kept: an in-place
-operation may change it the next moment.
+Every tensor is hashed when it is met, while the thread that meets it waits, and never kept: an
+in-place operation may change it the next moment (the records after an optimizer step are hashed
+by the training thread and a helper thread together: :meth:`Recorder._put_all`).
 """
 
 from __future__ import annotations
