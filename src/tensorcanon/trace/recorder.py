@@ -675,11 +675,13 @@ class Recorder:
                 self._put(phase, kind, "", name, role, value)
             return
         ready: list[tuple[str, str, str, int, str, Any]] = []
-        nbytes = 0
+        sizes: list[int] = []
         for phase, kind, name, role, value in records:
             if _is_tensor(value):
                 value = plain(value)
-                nbytes += value.numel() * value.element_size()
+                sizes.append(value.numel() * value.element_size())
+            else:
+                sizes.append(0)
             call = self.call_index(phase, kind, "", name)
             if self.capture is not None and (self.step_index, kind, "", name, call) == self.capture:
                 self._capture(role, value)
@@ -694,7 +696,7 @@ class Recorder:
             return summarize_text(text[:layout.MAX_TEXT], algorithm)
 
         step = self.step_index
-        for (phase, kind, name, call, role, _), got in zip(ready, contents(content, ready, nbytes)):
+        for (phase, kind, name, call, role, _), got in zip(ready, contents(content, ready, sizes)):
             self.write(Record(step, phase, kind, "", name, call, role, *got))
 
     def _summary(self, t: Any, reuse: bool, written: bool = False) -> tuple[str, tuple[int, ...], bytes, float, str]:

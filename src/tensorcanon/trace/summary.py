@@ -211,20 +211,21 @@ class _Split:
 
 
 class _Many:
-    """Several tensors' record contents on two cores: this thread computes ``fn`` of the items from
-    the first on, a helper thread those from the last on, until they meet; the results come back
-    in the items' order, each what ``fn`` gives on one thread (a content depends on its tensor's
-    bytes alone). Where no core is free the helper starts late or not at all and this thread does
-    the rest; it returns only once every item is done, so the tensors are read only while the
+    """Several tensors' record contents on two cores: this thread computes ``fn`` of the items in
+    ``order`` from its start (the smallest tensors), a helper thread from its end (the largest,
+    whose digest and squares run without the GIL), until they meet; the results come back in the
+    items' order, each what ``fn`` gives on one thread (a content depends on its tensor's bytes
+    alone). Where no core is free the helper starts late or not at all and this thread does the
+    rest; it returns only once every item is done, so the tensors are read only while the
     training thread waits (nothing runs beside it that could change them)."""
 
-    __slots__ = ("fn", "items", "out", "lock", "lo", "hi", "started", "cancelled", "done", "error")
+    __slots__ = ("fn", "items", "order", "out", "lock", "lo", "hi", "started", "cancelled", "done", "error")
 
-    def __init__(self, fn: Any, items: list[Any]) -> None:
-        self.fn, self.items = fn, items
+    def __init__(self, fn: Any, items: list[Any], order: list[int]) -> None:
+        self.fn, self.items, self.order = fn, items, order
         self.out: list[Any] = [None] * len(items)
         self.lock = threading.Lock()
-        self.lo, self.hi = 0, len(items)  # items [lo, hi) are not claimed yet
+        self.lo, self.hi = 0, len(order)  # positions [lo, hi) of order are not claimed yet
         self.started = self.cancelled = False
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -233,13 +234,14 @@ class _Many:
         helper = _helper()
         assert helper is not None
         helper.put(self)
-        fn, items, out, lock = self.fn, self.items, self.out, self.lock
+        fn, items, order, out, lock = self.fn, self.items, self.order, self.out, self.lock
         try:
-            for k in range(len(items)):
+            for j in range(len(order)):
                 with lock:
-                    if k >= self.hi:
+                    if j >= self.hi:
                         break
-                    self.lo = k + 1
+                    self.lo = j + 1
+                k = order[j]
                 out[k] = fn(items[k])
         finally:  # (on an error too: the helper is done with the tensors before this returns)
             with lock:
@@ -253,7 +255,7 @@ class _Many:
         return out
 
     def help(self) -> None:
-        """On the helper thread: claim items from the last one down while this thread has not."""
+        """On the helper thread: claim items from the end of the order back while this thread has not."""
         with self.lock:
             if self.cancelled:
                 return
@@ -265,7 +267,7 @@ class _Many:
                     if self.hi - 1 < self.lo:
                         break
                     self.hi -= 1
-                    k = self.hi
+                    k = self.order[self.hi]
                 self.out[k] = self.fn(self.items[k])
         except BaseException as e:  # noqa: BLE001 (raised on the thread that asked)
             self.error = e
@@ -278,12 +280,14 @@ MANY_FROM = 1 << 20
 """Bytes of tensors from which :func:`contents` hands part of them to the helper thread."""
 
 
-def contents(fn: Any, items: list[Any], nbytes: int) -> list[Any]:
-    """``[fn(x) for x in items]`` (record contents of tensors of ``nbytes`` bytes in all), on this
-    thread and the helper thread (:class:`_Many`) where there are enough bytes and a second core."""
-    if nbytes < MANY_FROM or len(items) < 2 or getattr(_LOCAL, "helping", False) or _helper() is None:
+def contents(fn: Any, items: list[Any], sizes: list[int]) -> list[Any]:
+    """``[fn(x) for x in items]`` (record contents of tensors of ``sizes`` bytes), on this thread
+    and the helper thread (:class:`_Many`: this thread from the smallest tensors up, whose Python
+    calls it would make anyway, the helper from the largest down) where there are enough bytes
+    and a second core."""
+    if sum(sizes) < MANY_FROM or len(items) < 2 or getattr(_LOCAL, "helping", False) or _helper() is None:
         return [fn(x) for x in items]
-    return _Many(fn, items).run()
+    return _Many(fn, items, sorted(range(len(items)), key=sizes.__getitem__)).run()
 
 
 class _Helper:
