@@ -696,7 +696,7 @@ class Recorder:
             return summarize_text(text[:layout.MAX_TEXT], algorithm)
 
         step = self.step_index
-        for (phase, kind, name, call, role, _), got in zip(ready, contents(content, ready, sizes)):
+        for (phase, kind, name, call, role, _), got in zip(ready, contents(content, ready, sizes), strict=True):
             self.write(Record(step, phase, kind, "", name, call, role, *got))
 
     def _summary(self, t: Any, reuse: bool, written: bool = False) -> tuple[str, tuple[int, ...], bytes, float, str]:
