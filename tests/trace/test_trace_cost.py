@@ -374,11 +374,21 @@ def test_an_error_on_either_thread_is_raised_after_both_are_done(monkeypatch):
 
     monkeypatch.setattr(summary, "_cores", lambda: 2)
 
+    running, lock = [0], threading.Lock()
+
     def work(x):
-        if x == 0 or x == 99:
-            raise UsageError(f"item {x}")
-        return x
+        with lock:
+            running[0] += 1
+        try:
+            np.add.reduce(np.arange(20000, dtype=np.float64))  # (the helper's turn)
+            if x in (3, 97):
+                raise UsageError(f"item {x}")
+            return x
+        finally:
+            with lock:
+                running[0] -= 1
 
     for _ in range(5):
         with pytest.raises(UsageError, match="item"):
-            summary.contents(work, list(range(100)), [1 << 30] * 100)
+            summary.contents(work, list(range(100)), list(range(100)))
+        assert running[0] == 0  # neither thread still reads a tensor once the error is raised
