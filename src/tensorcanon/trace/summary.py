@@ -211,21 +211,24 @@ class _Split:
 
 
 class _Many:
-    """Several tensors' record contents on two cores: this thread computes ``fn`` of the items in
-    ``order`` from its start (the smallest tensors), a helper thread from its end (the largest,
-    whose digest and squares run without the GIL), until they meet; the results come back in the
-    items' order, each what ``fn`` gives on one thread (a content depends on its tensor's bytes
-    alone). Where no core is free the helper starts late or not at all and this thread does the
-    rest; it returns only once every item is done, so the tensors are read only while the
-    training thread waits (nothing runs beside it that could change them)."""
+    """Several tensors' record contents on two cores: this thread and a helper thread share the
+    large tensors (``shared``: this thread from the first on, the helper from the last back,
+    until they meet), whose digest and squares run without the GIL, so both threads run at once;
+    then this thread computes the small ones (``alone``: mostly Python, which holds the GIL, so a
+    second thread would only wait for it). The results come back in the items' order, each what
+    ``fn`` gives on one thread (a content depends on its tensor's bytes alone). Where no core is
+    free the helper starts late or not at all and this thread does the rest; it returns only once
+    every item is done, so the tensors are read only while the training thread waits (nothing
+    runs beside it that could change them)."""
 
-    __slots__ = ("fn", "items", "order", "out", "lock", "lo", "hi", "started", "cancelled", "done", "error")
+    __slots__ = ("fn", "items", "shared", "alone", "out", "lock", "lo", "hi", "started", "cancelled", "done",
+                 "error")
 
-    def __init__(self, fn: Any, items: list[Any], order: list[int]) -> None:
-        self.fn, self.items, self.order = fn, items, order
+    def __init__(self, fn: Any, items: list[Any], shared: list[int], alone: list[int]) -> None:
+        self.fn, self.items, self.shared, self.alone = fn, items, shared, alone
         self.out: list[Any] = [None] * len(items)
         self.lock = threading.Lock()
-        self.lo, self.hi = 0, len(order)  # positions [lo, hi) of order are not claimed yet
+        self.lo, self.hi = 0, len(shared)  # positions [lo, hi) of shared are not claimed yet
         self.started = self.cancelled = False
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -234,14 +237,16 @@ class _Many:
         helper = _helper()
         assert helper is not None
         helper.put(self)
-        fn, items, order, out, lock = self.fn, self.items, self.order, self.out, self.lock
+        fn, items, shared, out, lock = self.fn, self.items, self.shared, self.out, self.lock
         try:
-            for j in range(len(order)):
+            for j in range(len(shared)):
                 with lock:
                     if j >= self.hi:
                         break
                     self.lo = j + 1
-                k = order[j]
+                k = shared[j]
+                out[k] = fn(items[k])
+            for k in self.alone:  # (meanwhile the helper ends the large tensor it holds)
                 out[k] = fn(items[k])
         finally:  # (on an error too: the helper is done with the tensors before this returns)
             with lock:
@@ -255,7 +260,7 @@ class _Many:
         return out
 
     def help(self) -> None:
-        """On the helper thread: claim items from the end of the order back while this thread has not."""
+        """On the helper thread: claim large tensors from the last one back while this thread has not."""
         with self.lock:
             if self.cancelled:
                 return
@@ -267,7 +272,7 @@ class _Many:
                     if self.hi - 1 < self.lo:
                         break
                     self.hi -= 1
-                    k = self.order[self.hi]
+                    k = self.shared[self.hi]
                 self.out[k] = self.fn(self.items[k])
         except BaseException as e:  # noqa: BLE001 (raised on the thread that asked)
             self.error = e
@@ -276,18 +281,24 @@ class _Many:
             self.done.set()
 
 
+SHARED_FROM = CHUNK * 4
+"""Bytes from which a tensor is one :func:`contents` may hand to the helper thread: one chunk of
+float32 values, whose digest and squares (without the GIL) take several times the Python
+around them (with the GIL)."""
 MANY_FROM = 1 << 20
-"""Bytes of tensors from which :func:`contents` hands part of them to the helper thread."""
+"""Bytes of such tensors from which :func:`contents` hands part of them to the helper thread."""
 
 
 def contents(fn: Any, items: list[Any], sizes: list[int]) -> list[Any]:
     """``[fn(x) for x in items]`` (record contents of tensors of ``sizes`` bytes), on this thread
-    and the helper thread (:class:`_Many`: this thread from the smallest tensors up, whose Python
-    calls it would make anyway, the helper from the largest down) where there are enough bytes
-    and a second core."""
-    if sum(sizes) < MANY_FROM or len(items) < 2 or getattr(_LOCAL, "helping", False) or _helper() is None:
+    and the helper thread (:class:`_Many`: the tensors of SHARED_FROM bytes or more shared
+    between them, the rest on this thread) where there are enough bytes and a second core."""
+    shared = [k for k, n in enumerate(sizes) if n >= SHARED_FROM]
+    if (len(shared) < 2 or sum(sizes[k] for k in shared) < MANY_FROM or getattr(_LOCAL, "helping", False)
+            or _helper() is None):
         return [fn(x) for x in items]
-    return _Many(fn, items, sorted(range(len(items)), key=sizes.__getitem__)).run()
+    alone = [k for k, n in enumerate(sizes) if n < SHARED_FROM]
+    return _Many(fn, items, shared, alone).run()
 
 
 class _Helper:
