@@ -485,7 +485,8 @@ class Store:
         (``keep``) its bytes, proven to hash to ``raw``: a later save's delta base, and the blob's
         pieces (None where written), length and how it was encoded (the next ``hint``). ``fresh``:
         ``raw`` was computed from ``data`` in this save; ``hint``: how its previous blob was encoded
-        (compress.encode's hint, used where a delta base is at hand as it was then). Runs on a worker thread: it changes nothing of the object but the depths it learns."""
+        (compress.encode's hint, used where a delta base is at hand as it was then). Runs on a
+        worker thread: it changes nothing of the object but the depths it learns."""
         prefix = digest.tensor_prefix(s.dtype.name, s.shape)
         where = (f"the tensor at {paths.join(s.path)} (changed while it was being saved, or written behind its "
                  "version counter: save it again)")
