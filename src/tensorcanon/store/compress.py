@@ -306,20 +306,20 @@ def _hinted(a: np.ndarray, k: int, base: np.ndarray | None, z: Any,
     ``zstd`` for 1-byte elements); None where that candidate cannot be tried (a delta without a
     base) or stores more than HINT_SLACK of the bytes more than last time (the content changed in
     kind: every candidate is tried)."""
-    hint, ratio = hint
-    if hint in layout.DELTAS:
-        if base is None or hint not in _delta_codecs(k):
+    codec, ratio = hint
+    if codec in layout.DELTAS:
+        if base is None or codec not in _delta_codecs(k):
             return None
-        planes, pieces = _grouped(z, _transform(hint, a, base, k), k, False)
-        found = {hint: Encoded(hint, planes, pieces)}
-    elif hint == layout.ZSTD or k == 1:
+        planes, pieces = _grouped(z, _transform(codec, a, base, k), k, False)
+        found = {codec: Encoded(codec, planes, pieces)}
+    elif codec == layout.ZSTD or k == 1:
         found = {layout.ZSTD: Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])}
     else:
         planes, pieces = _grouped(z, a, k, False)
         found = {layout.GROUPED: Encoded(layout.GROUPED, planes, pieces)}
     (e,) = found.values()
     if _size(e) >= PAYS * len(a):
-        return {} if hint == layout.RAW else None  # (RAW again: nothing paid last time, nor now)
+        return {} if codec == layout.RAW else None  # (RAW again: nothing paid last time, nor now)
     return found if _size(e) <= (ratio + HINT_SLACK) * len(a) else None
 
 
