@@ -182,6 +182,51 @@ def test_a_small_tensor_is_compressed_once_and_a_large_one_sampled(monkeypatch):
     assert counting.fed <= len(large) + 2 * 3 * compress.WINDOW
 
 
+def test_a_small_tensor_saved_again_tries_its_last_codec_alone(monkeypatch, tmp_path):
+    # compress.encode's hint: the codec the tensor's previous blob won with, and the fraction of
+    # the bytes it stored. A small tensor (at most compress.SMALL bytes; here 32 KiB, whose
+    # unhinted trial is a 3-window sample plus the whole) is compressed once, with that codec;
+    # where that stores more than HINT_SLACK more than last time, every candidate is tried again.
+    counting = _Counting(compress.zstd())
+    monkeypatch.setattr(compress, "zstd", lambda: counting)
+    g = torch.Generator().manual_seed(9)
+    a = torch.randn(8192, generator=g)
+    base = a.numpy().view(np.uint8)
+    moved = (a + 1e-4 * torch.randn(8192, generator=g)).numpy().view(np.uint8)
+    full = compress.encode(moved, 4, base)
+    unhinted = counting.fed
+    assert full.codec == layout.DELTA_SUB and unhinted > len(moved)
+    counting.fed = 0
+    hinted = compress.encode(moved, 4, base, hint=(full.codec, full.payload_size / len(moved)))
+    assert counting.fed == len(moved)  # (one candidate, each plane once: the blob's own frames)
+    assert (hinted.codec, hinted.planes) == (full.codec, full.planes)
+    assert b"".join(map(bytes, hinted.pieces)) == b"".join(map(bytes, full.pieces))
+    # re-initialized: the delta stores far more than last time, so every candidate is tried, and
+    # grouped (which ties the blob to no base) wins as it would have without the hint
+    counting.fed = 0
+    fresh = torch.randn(8192, generator=g).numpy().view(np.uint8)
+    again = compress.encode(fresh, 4, base, hint=(full.codec, full.payload_size / len(moved)))
+    assert again.codec == compress.encode(fresh, 4, base).codec == layout.GROUPED
+    assert counting.fed > 2 * len(fresh)
+    # raw last time: grouped alone is tried, and raw kept where it does not pay
+    noise = np.frombuffer(np.random.default_rng(0).bytes(len(fresh)), dtype=np.uint8)
+    counting.fed = 0
+    assert compress.encode(noise, 4, None, hint=(layout.RAW, 1.0)).codec == layout.RAW
+    assert counting.fed == len(noise)
+    # through a store: the second save of the moved adapter tries delta-sub alone; every tag exact
+    monkeypatch.undo()
+    store = tc.Store(tmp_path / "s")
+    t = torch.from_numpy(base.view(np.float32).copy())
+    store.save("a", {"w": t})
+    for i in range(3):
+        t = t + 1e-4 * torch.randn(8192, generator=g)
+        store.save(f"m{i}", {"w": t})
+        if i:
+            assert store._codec_of[("w", b"float32[8192]")][0] == layout.DELTA_SUB
+    assert codec_of(tmp_path / "s", t).codec == layout.DELTA_SUB
+    assert len(tc.Store(tmp_path / "s").verify()) == 4
+
+
 def test_a_small_tensor_tries_few_codecs_and_a_large_one_every_one(tmp_path):
     # At most compress.SMALL bytes: grouped (zstd for 1-byte elements, or where grouped shrinks it
     # 4x) and, where there is a base, the delta that usually wins (delta-sub; delta for 16-byte

@@ -47,6 +47,9 @@ MIN_COMPRESS = 512
 #: 0.797 and 0.750; grouped stays a candidate for a tensor unrelated to its base (re-initialized),
 #: which a delta would store worse and tie to that base (gc could not free it).
 SMALL = 64 << 10
+#: A small tensor saved again tries the codec its previous blob won with alone, unless that stores
+#: more than this fraction of its bytes more than it did then (see :func:`encode`'s ``hint``).
+HINT_SLACK = 0.02
 #: A small tensor whose grouped planes shrink below 1/REPETITIVE of its bytes (zeros, masks, small
 #: ints) also tries ``zstd``, which stores such bytes in fewer bytes than a frame per plane.
 REPETITIVE = 4
@@ -296,16 +299,46 @@ def _size(e: Encoded) -> int:
     return sum(n for _, n in e.planes) if e.planes is not None else e.payload_size
 
 
-def _best(a: np.ndarray, k: int, base: np.ndarray | None, z: Any) -> tuple[int, Encoded | None]:
-    """The codec whose output is smallest on a sample of ``a``, or RAW, with its trial encoding
-    (of the whole of ``a`` where the sample was the whole)."""
-    where = _sample(a, k)
+def _hinted(a: np.ndarray, k: int, base: np.ndarray | None, z: Any,
+            hint: tuple[int, float]) -> dict[int, Encoded] | None:
+    """The one candidate a small tensor tries where the same tensor's last blob used codec
+    ``hint[0]`` and stored ``hint[1]`` of its bytes (RAW: the cheapest candidate, ``grouped``, or
+    ``zstd`` for 1-byte elements); None where that candidate cannot be tried (a delta without a
+    base) or stores more than HINT_SLACK of the bytes more than last time (the content changed in
+    kind: every candidate is tried)."""
+    codec, ratio = hint
+    if codec in layout.DELTAS:
+        if base is None or codec not in _delta_codecs(k):
+            return None
+        planes, pieces = _grouped(z, _transform(codec, a, base, k), k, False)
+        found = {codec: Encoded(codec, planes, pieces)}
+    elif codec == layout.ZSTD or k == 1:
+        found = {layout.ZSTD: Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])}
+    else:
+        planes, pieces = _grouped(z, a, k, False)
+        found = {layout.GROUPED: Encoded(layout.GROUPED, planes, pieces)}
+    (e,) = found.values()
+    if _size(e) >= PAYS * len(a):
+        return {} if codec == layout.RAW else None  # (RAW again: nothing paid last time, nor now)
+    return found if _size(e) <= (ratio + HINT_SLACK) * len(a) else None
+
+
+def _best(a: np.ndarray, k: int, base: np.ndarray | None, z: Any,
+          hint: tuple[int, float] | None = None) -> tuple[int, Encoded | None, bool]:
+    """The codec whose output is smallest on a sample of ``a``, or RAW, with its trial encoding,
+    and whether that trial encoded the whole of ``a``. ``hint``: see :func:`encode`."""
+    small = len(a) <= SMALL
+    found = _hinted(a, k, base, z, hint) if small and hint is not None else None
+    if found == {}:
+        return layout.RAW, None, True
+    where = [slice(0, len(a))] if found is not None else _sample(a, k)
     s = _take(a, where)
-    found = _candidates(s, k, _take(base, where) if base is not None else None, z, len(a) <= SMALL)
+    if found is None:
+        found = _candidates(s, k, _take(base, where) if base is not None else None, z, small)
     best = min(found, key=lambda c: (_size(found[c]), c))
     if _size(found[best]) >= PAYS * len(s):
-        return layout.RAW, None
-    return best, found[best]
+        return layout.RAW, None, len(where) == 1
+    return best, found[best], len(where) == 1
 
 
 def choose(a: np.ndarray, k: int, base: np.ndarray | None) -> int:
@@ -316,10 +349,18 @@ def choose(a: np.ndarray, k: int, base: np.ndarray | None) -> int:
     return _best(a, k, base, z)[0]
 
 
-def encode(data: Any, k: int, base: Any = None, *, pool: bool = True) -> Encoded:
+def encode(data: Any, k: int, base: Any = None, *, pool: bool = True,
+           hint: tuple[int, float] | None = None) -> Encoded:
     """``data`` (a tensor's flat bytes, element size ``k``) encoded with the codec :func:`choose`
     picks; ``base``: the bytes of the tensor a delta would be taken against (same length), if any.
-    ``pool``: a large tensor's planes are compressed on the module's threads.
+    ``pool``: a large tensor's planes are compressed on the module's threads. ``hint``: the codec
+    the same tensor's previous blob was stored with, and the fraction of its bytes it stored (the
+    caller passes one only where a base is at hand as it was then): a tensor of at most SMALL bytes
+    (whose trials compress the whole of it) tries that candidate alone, and every candidate only
+    where it stores more than HINT_SLACK more than last time; where the previous blob was raw,
+    ``grouped`` alone. (A small tensor's trials are its compression: on LoRA adapters and their
+    AdamW state, 8-32 KiB each, two or three of them cost more than the rest of a save:
+    benchmarks/store_bench.py.)
 
     The winner's planes that paid on the sample are compressed whole, the others stored untried
     (a mantissa plane is noise: compressing it costs time and saves nothing)."""
@@ -328,12 +369,11 @@ def encode(data: Any, k: int, base: Any = None, *, pool: bool = True) -> Encoded
     z = zstd()
     if z is None or len(a) < MIN_COMPRESS:
         return Encoded(layout.RAW, None, [data])
-    codec, trial = _best(a, k, b, z)
+    codec, trial, whole = _best(a, k, b, z, hint)
     if codec == layout.RAW:
         return Encoded(layout.RAW, None, [data])
     assert trial is not None
-    where = _sample(a, k)
-    if len(where) == 1:  # (the sample was the whole: a small tensor is compressed once, not twice)
+    if whole:  # (the sample was the whole: a small tensor is compressed once, not twice)
         out = trial
     elif codec == layout.ZSTD:
         out = Encoded(layout.ZSTD, None, [_cctx(z).compress(a)])

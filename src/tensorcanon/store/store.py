@@ -121,6 +121,9 @@ class Store:
         # the last tag this object saved: (tensor name, prefix) -> digest (a base has the tensor's dtype and shape)
         self._last: dict[tuple[str, bytes], bytes] | None = None
         self._copies: dict[bytes, np.ndarray] = {}  # digest -> its bytes: the next save's delta bases
+        # (tensor name, prefix) -> how its last blob written by this object was encoded: the codec,
+        # the fraction of the bytes stored, whether a delta base was at hand (compress.encode's hint)
+        self._codec_of: dict[tuple[str, bytes], tuple[int, float, bool] | None] = {}
         self._ready = False
         self._epoch: bytes | None = None         # the collection epoch (layout.EPOCH) seen at the last save
         self._layout: int | None = None          # the layout the store's marker says
@@ -473,13 +476,17 @@ class Store:
                                  "lies)", expected=layout.show(raw), actual=layout.show(got))
 
     def _write_blob(self, s: Any, raw: bytes, data: Any, base: tuple[bytes, int] | None, fresh: bool,
-                    keep: bool, pool: bool, later: list) -> tuple[int, np.ndarray | None, list[Any] | None, int]:
+                    keep: bool, pool: bool, later: list,
+                    hint: tuple[int, float, bool] | None = None
+                    ) -> tuple[int, np.ndarray | None, list[Any] | None, int, tuple[int, float, bool]]:
         """Encode tensor ``s`` (bytes ``data``, digest ``raw``) and check its blob. A blob of
         PACK_BLOB_LIMIT bytes or more is written as a loose object (not yet durable); a smaller one
         is returned, for the saving thread to put into the save's pack. Returns its delta depth,
         (``keep``) its bytes, proven to hash to ``raw``: a later save's delta base, and the blob's
-        pieces (None where written) and length. ``fresh``: ``raw`` was computed from ``data`` in
-        this save. Runs on a worker thread: it changes nothing of the object but the depths it learns."""
+        pieces (None where written), length and how it was encoded (the next ``hint``). ``fresh``:
+        ``raw`` was computed from ``data`` in this save; ``hint``: how its previous blob was encoded
+        (compress.encode's hint, used where a delta base is at hand as it was then). Runs on a
+        worker thread: it changes nothing of the object but the depths it learns."""
         prefix = digest.tensor_prefix(s.dtype.name, s.shape)
         where = (f"the tensor at {paths.join(s.path)} (changed while it was being saved, or written behind its "
                  "version counter: save it again)")
@@ -491,7 +498,10 @@ class Store:
                     base_bytes = self._decode(base[0], prefix, base[1])
                 except TensorCanonError:
                     base, base_bytes = None, None  # an unusable base: store the tensor whole
-        enc = compress.encode(data, s.dtype.itemsize, base_bytes, pool=pool)
+        at_hand = base_bytes is not None
+        enc = compress.encode(data, s.dtype.itemsize, base_bytes, pool=pool,
+                              hint=hint[:2] if hint is not None and hint[2] == at_hand else None)
+        how = (enc.codec, 1.0 if enc.codec == layout.RAW else enc.payload_size / max(1, len(data)), at_hand)
         is_delta = enc.codec in layout.DELTAS  # (storecodec: delta, delta-sub or delta-twos)
         depth = base[1] + 1 if is_delta and base is not None else 0
         head = layout.header_bytes(enc.codec, depth, prefix, len(data),
@@ -519,10 +529,10 @@ class Store:
             pieces = [blob]
             total = len(blob)
         if total < PACK_BLOB_LIMIT:
-            return depth, copy, pieces, total
+            return depth, copy, pieces, total, how
         # (its fsync starts now, on another thread; every blob is durable before the record is written)
         self._b.put(layout.blob_path(raw), pieces, total, durable=False, later=later)
-        return depth, copy, None, total
+        return depth, copy, None, total, how
 
     # ------------------------------------------------------------------ records
     def _base_names(self) -> dict[tuple[str, bytes], bytes]:
@@ -640,16 +650,17 @@ class Store:
                 # New blobs are encoded and checked on WORKERS threads (zstd, xxhash and file writes
                 # release the GIL), a few at a time, while this thread hashes the next tensors; this
                 # thread appends the small ones to the save's pack in the order of the tensors.
-                order: collections.deque[tuple[bytes, Future[Any]]] = collections.deque()
+                order: collections.deque[tuple[bytes, tuple[str, bytes], Future[Any]]] = collections.deque()
                 queued: set[bytes] = set()
                 done: list[tuple[bytes, int, np.ndarray | None]] = []
+                codecs: dict[tuple[str, bytes], tuple[int, float, bool]] = {}
                 packed: list[tuple[str, layout.PackIndex]] = []
                 pack: list[_PackBuilder] = []
                 can_delta = compress.zstd() is not None
 
                 def settle_one() -> None:
-                    raw, job = order.popleft()
-                    depth, copy, pieces, total = job.result()  # (the first failure raised, in tensor order)
+                    raw, named, job = order.popleft()
+                    depth, copy, pieces, total, codecs[named] = job.result()  # (the first failure raised, in order)
                     done.append((raw, depth, copy))
                     if pieces is None:
                         return
@@ -679,21 +690,23 @@ class Store:
                         if data is None:
                             data = _bytes_of(s)
                         base = None
-                        old = names.get((s.name, digest.tensor_prefix(s.dtype.name, s.shape)))
+                        named = (s.name, digest.tensor_prefix(s.dtype.name, s.shape))
+                        old = names.get(named)
                         if can_delta and old is not None and old != raw:
                             depth = self._depth_of(old)
                             if depth is not None and depth < CHAIN:
                                 base = (old, depth)
-                        while order and (len(order) >= 2 * WORKERS or order[0][1].done()):
+                        while order and (len(order) >= 2 * WORKERS or order[0][2].done()):
                             settle_one()  # (bounded: each holds its encoded bytes)
                             refresh()
                         # (a copy: the tensor will change; without zstd there are no deltas to take)
                         keep = can_delta and kept + len(data) <= BASE_CACHE
                         kept += len(data) if keep else 0
                         big = len(data) >= PARALLEL
-                        job = _workers().submit(self._write_blob, s, raw, data, base, fresh, keep, False, later) \
-                            if not big else _done(self._write_blob, s, raw, data, base, fresh, keep, True, later)
-                        order.append((raw, job))
+                        hint = self._codec_of.get(named)
+                        job = _workers().submit(self._write_blob, s, raw, data, base, fresh, keep, False, later, hint) \
+                            if not big else _done(self._write_blob, s, raw, data, base, fresh, keep, True, later, hint)
+                        order.append((raw, named, job))
                         queued.add(raw)
                         refresh()
                     while order:
@@ -719,7 +732,7 @@ class Store:
                             out.abort()
                         raise
                 except BaseException:
-                    wait([f for _, f in order])  # (fsyncs started by a failed save finish on their own)
+                    wait([f for _, _, f in order])  # (fsyncs started by a failed save finish on their own)
                     if pack:
                         pack.pop().abort()
                     raise
@@ -732,6 +745,8 @@ class Store:
                 self._hashed = hashed
                 self._copies = copies
                 self._last = {(s.name, digest.tensor_prefix(s.dtype.name, s.shape)): s.digest for s in p.tensors}
+                self._codec_of = {n: codecs.get(n, self._codec_of.get(n)) for n in self._last
+                                  if n in codecs or n in self._codec_of}  # (the tensors of this save only)
         return p.file_digest(manifest_raw), header
 
     def load(self, tag: str, *, map_location: Any = None, mmap: bool = False) -> Any:
