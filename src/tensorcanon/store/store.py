@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import functools
 import io
 import os
 import secrets
@@ -1684,7 +1685,7 @@ class _TagFile(io.RawIOBase):
                     value = cf.read(r.index, map_location=map_location)
                 values[r.index] = value
                 continue
-            values[r.index] = placement.as_recorded(value, r, map_location, lambda r=r: cf.tensor_path(r.index))
+            values[r.index] = placement.as_recorded(value, r, map_location, functools.partial(cf.tensor_path, r.index))
         for r in cf.rows:  # (tensors with no bytes)
             if values[r.index] is None and not r.nbytes:
                 values[r.index] = cf.read(r.index, map_location=map_location)
