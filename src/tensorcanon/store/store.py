@@ -1639,8 +1639,20 @@ class _TagFile(io.RawIOBase):
 
         def decodable(r: Any) -> bool:
             return (self._opened[r.digest][1].codec != layout.RAW and r.dtype.torch is not None
+                    and r.kind in ("tensor", "parameter")
                     and (placement.stays_on_cpu(r.kind, r.device, map_location)
                          or getattr(placement.target(r.device, map_location), "type", None) == "cpu"))
+
+        def fresh(r: Any) -> tuple[Any, Any]:
+            """A new tensor for row ``r`` and a writable byte view of it; where torch cannot make it
+            of its dtype through numpy (bfloat16, bool...), its bytes, retyped by ``typed``."""
+            made = tensorbytes.empty_tensor(r.dtype, r.shape, r.kind)
+            return made if made is not None else tensorbytes.empty_buffer(r.nbytes, r.kind)
+
+        def typed(r: Any, buf: Any) -> Any:
+            if buf.dtype == r.dtype.torch and tuple(buf.shape) == r.shape:
+                return buf
+            return tensorbytes.finish(buf, r.dtype, r.shape, r.kind, r.name)  # (bool bytes checked there)
 
         def submit(j: int) -> bool:
             nonlocal held
@@ -1649,9 +1661,7 @@ class _TagFile(io.RawIOBase):
                 return True
             if jobs and (len(jobs) >= AHEAD or held + r.nbytes > AHEAD_BYTES):
                 return False
-            ready = tensorbytes.empty_tensor(r.dtype, r.shape, r.kind)
-            if ready is None:
-                return True
+            ready = fresh(r)
             first[r.digest] = j
             self._started.add(r.digest)
             f = _ahead_pool().submit(self._decode_into, r.digest, ready[1], r.nbytes >= AHEAD_SPLIT)
@@ -1666,19 +1676,19 @@ class _TagFile(io.RawIOBase):
                 nxt += 1
             self.peak = max(self.peak[0], len(jobs)), max(self.peak[1], held)
             job = jobs.pop(i, None)
-            ready = None
             if job is not None:
                 f, (value, view) = job
                 held -= r.nbytes
                 try:
                     f.result()
+                    value = typed(r, value)
                 except TensorCanonError as e:
                     raise _prefixed(e, f"tag {self.tag!r}, tensor {cf.tensor_path(r.index)}: ") from None
                 views[r.digest] = view  # (a later row of this blob copies it)
-            elif r.digest in views and decodable(r) and \
-                    (ready := tensorbytes.empty_tensor(r.dtype, r.shape, r.kind)) is not None:
+            elif r.digest in views and decodable(r):
+                ready = fresh(r)
                 ready[1][:] = views[r.digest]  # (a tensor whose bytes another row holds, checked: copied)
-                value = ready[0]
+                value = typed(r, ready[0])
             else:
                 value = self.mapped(r, map_location, cf) if mmap else None
                 if value is None:
