@@ -1275,13 +1275,12 @@ class _Bases:
     the distinct blobs of the load that name it (found by reading the chain's headers before any
     byte is decoded); a base with two or more is decoded (and checked against its digest, as
     always) by its first user and kept, at most ``limit`` bytes of such bases at once, until its
-    last user is decoded, then its buffer goes back to ``bufs``. A base beyond the limit, or one
-    whose decoding failed, is decoded by each user on its own (so each raises its own error)."""
+    last user is decoded. A base beyond the limit, or one whose decoding failed, is decoded by
+    each user on its own (so each raises its own error)."""
 
-    def __init__(self, users: dict[bytes, int], limit: int, bufs: _Buffers) -> None:
+    def __init__(self, users: dict[bytes, int], limit: int) -> None:
         self._users = users
         self._limit = limit
-        self._bufs = bufs
         self._held = 0
         self._got: dict[bytes, _Shared] = {}
         self._lock = threading.Lock()
@@ -1314,7 +1313,9 @@ class _Bases:
             return None
 
     def done(self, raw: bytes) -> None:
-        """One user of shared base ``raw`` is decoded: the last frees it."""
+        """One user of shared base ``raw`` is decoded: the last lets it go. (Its buffer is not
+        reused: a blob decoded twice in one load, as a base over the limit is, asks for its base
+        more often than counted, and may still be reading it.)"""
         with self._lock:
             e = self._got.get(raw)
             if e is None:
@@ -1323,8 +1324,6 @@ class _Bases:
             if e.left > 0:
                 return
         self._drop(raw, e)
-        if e.bytes.done() and e.bytes.exception() is None:
-            self._bufs.give(e.bytes.result())
 
     def _drop(self, raw: bytes, e: _Shared) -> None:
         with self._lock:
@@ -1480,7 +1479,7 @@ class _TagFile(io.RawIOBase):
         self._ahead: dict[bytes, Future[np.ndarray]] = {}  # blobs after the one read, decoding on other threads
         self._dropped: list[Future[np.ndarray]] = []  # decoded ahead, then passed by: close waits for them
         self._bufs = _Buffers(BUFFERS)
-        self._bases = _Bases({}, SHARED_BASES, self._bufs)
+        self._bases = _Bases({}, SHARED_BASES)
         self._started: set[bytes] = set()  # blobs decoded (or decoding) already: not decoded ahead again
         self._jobs: list[Future[Any]] = []  # tensors decoding into their memory (values): close waits for them
         self.peak = (0, 0)  # the most blobs, and bytes, values() had decoding ahead at once
@@ -1510,7 +1509,7 @@ class _TagFile(io.RawIOBase):
             if self._opened[r.digest][1].codec != layout.RAW and r.digest not in self._at:
                 self._at[r.digest] = len(self._coded)
                 self._coded.append(r.digest)
-        self._bases = _Bases(self._base_users(), SHARED_BASES, self._bufs)
+        self._bases = _Bases(self._base_users(), SHARED_BASES)
 
     def _base_users(self) -> dict[bytes, int]:
         """For each delta base below the tag's blobs, how many distinct blobs of the load name it:
