@@ -362,12 +362,16 @@ class Store:
         return found
 
     def _open_blob(self, raw: bytes, handles: dict[str, backend.Blob] | None = None, *, share: bool = False,
-                   loc: str | tuple[str, int, int] | None = None) -> tuple[backend.Blob, layout.BlobHeader]:
+                   loc: str | tuple[str, int, int] | None = None,
+                   heads: dict[tuple[str, int, int], layout.BlobHeader] | None = None,
+                   ) -> tuple[backend.Blob, layout.BlobHeader]:
         """Blob ``raw`` opened, its header checked (nothing allocated for its claims). It is read from
         the pack that holds it, else as a loose object; where neither has it (a pack gone since the
         packs were listed: a collection rewrote it), the packs are listed again, once. ``handles``:
         packs already open (``share``: packs opened here are added to it); ``loc``: this copy only
-        (``"loose"``, or a pack's ``(name, offset, length)``)."""
+        (``"loose"``, or a pack's ``(name, offset, length)``); ``heads``: the headers of blobs in
+        the packs of ``handles`` parsed already, by place (one load's: the same bytes of the same
+        open pack), used and filled (a loose blob's header is read each time)."""
         for attempt in (0, 1):
             at = self._where.get(raw) if loc is None else (None if loc == "loose" else loc)
             try:
@@ -380,6 +384,11 @@ class Store:
                     raise
                 continue
             break
+        place = cast(tuple[str, int, int], at) if at is not None and heads is not None and handles is not None \
+            and at[0] in handles else None
+        known = heads.get(place) if heads is not None and place is not None else None
+        if known is not None:
+            return blob, known
         try:
             head = blob.read(0, min(blob.size, layout.HEAD))
             h = layout.parse_header(head, blob.size, f"blob {blob.where!r}")
@@ -387,6 +396,8 @@ class Store:
             blob.close()
             raise
         self._depth[raw] = h.depth
+        if heads is not None and place is not None:
+            heads[place] = h
         return blob, h
 
     def _open_packed(self, raw: bytes, at: tuple[str, int, int], handles: dict[str, backend.Blob] | None,
@@ -423,7 +434,7 @@ class Store:
         it is decoded into are taken from there, and its delta base's given back once used;
         ``out``: decoded into this writable buffer of its size instead (a tensor being returned);
         ``bases``: the delta bases this load shares between blobs (:class:`_Bases`)."""
-        blob, h = self._open_blob(raw, handles, loc=loc)
+        blob, h = self._open_blob(raw, handles, loc=loc, heads=bases.heads if bases is not None else None)
         try:
             where = f"blob {blob.where!r}"
             _check_link(h, where, prefix, depth)
@@ -1278,7 +1289,9 @@ class _Bases:
     last user is decoded. A base beyond the limit, or one whose decoding failed, is decoded by
     each user on its own (so each raises its own error)."""
 
-    def __init__(self, users: dict[bytes, int], limit: int) -> None:
+    def __init__(self, users: dict[bytes, int], limit: int,
+                 heads: dict[tuple[str, int, int], layout.BlobHeader] | None = None) -> None:
+        self.heads = heads if heads is not None else {}  # (the headers the chain walk parsed: _open_blob)
         self._users = users
         self._limit = limit
         self._held = 0
@@ -1509,12 +1522,14 @@ class _TagFile(io.RawIOBase):
             if self._opened[r.digest][1].codec != layout.RAW and r.digest not in self._at:
                 self._at[r.digest] = len(self._coded)
                 self._coded.append(r.digest)
-        self._bases = _Bases(self._base_users(), SHARED_BASES)
+        heads: dict[tuple[str, int, int], layout.BlobHeader] = {}
+        self._bases = _Bases(self._base_users(heads), SHARED_BASES, heads)
 
-    def _base_users(self) -> dict[bytes, int]:
+    def _base_users(self, heads: dict[tuple[str, int, int], layout.BlobHeader]) -> dict[bytes, int]:
         """For each delta base below the tag's blobs, how many distinct blobs of the load name it:
         each chain's headers read (no byte decoded), each link once. A header that cannot be read,
-        or that does not fit its delta, ends the walk of its chain: the decoding raises its error."""
+        or that does not fit its delta, ends the walk of its chain: the decoding raises its error.
+        The headers of packed blobs parsed here go to ``heads``, for their decoding."""
         users: collections.Counter[bytes] = collections.Counter()
         walked: set[bytes] = set()
         for raw in self._coded:
@@ -1526,7 +1541,7 @@ class _TagFile(io.RawIOBase):
                     break
                 walked.add(b)
                 try:
-                    blob, bh = self._s._open_blob(b, self._handles, share=True)
+                    blob, bh = self._s._open_blob(b, self._handles, share=True, heads=heads)
                     blob.close()
                 except TensorCanonError:
                     break
