@@ -1473,7 +1473,8 @@ def _prefixed(e: TensorCanonError, prefix: str) -> TensorCanonError:
 class _TagFile(io.RawIOBase):
     """A tag as the file ``tensorcanon.save`` writes: the header from its record, the data section
     from its blobs, read at any offset. A raw blob of a local store is read straight into the
-    caller's buffer; any other is decoded (and checked against its digest) once, when first read."""
+    caller's buffer; any other is decoded (and checked against its digest) once, when first read.
+    :meth:`values` (``Store.load``) decodes compressed blobs straight into the tensors it returns."""
 
     def __init__(self, store: Store, tag: str, header: bytes, size: int) -> None:
         super().__init__()
