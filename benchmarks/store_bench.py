@@ -13,6 +13,12 @@ and against byte-grouped zstd of the same state (target 0.95); every tag loads b
 Throughput: save with compression (MB/s of logical bytes), load (GB/s), and a save of changed
 tensors without compression against tensorcanon.save.
 
+Times are medians (wall, and CPU of all threads beside them) of repetitions; where several loads
+are compared, their repetitions alternate (a round loads each once), so a burst of other work on a
+shared machine slows each alike instead of deciding which one's best-of wins. Workload 2 reports
+the load of its first tag (every blob whole) and of its last (the longest delta chains: depth
+saves - 1, at most CHAIN).
+
     python benchmarks/store_bench.py [--quick] [--json out.json]
 """
 
@@ -62,21 +68,43 @@ def tensors_of(obj):
     return out
 
 
-CPU: dict = {}  # the CPU time (all threads) of the fastest run of each function timed, by name
+CPU: dict = {}  # the median CPU time (all threads) of the runs of each function timed, by name
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def timed(fn, *args, repeat=1, name=None):
-    best = float("inf")
+    """The median wall time of ``repeat`` runs of ``fn(*args)``, and its last result; the median
+    CPU time goes to ``CPU[name]``."""
+    walls, cpus = [], []
     out = None
     for _ in range(repeat):
+        out = None  # (the previous result freed before the next run)
         start, cpu = time.perf_counter(), time.process_time()
         out = fn(*args)
-        took = time.perf_counter() - start
-        if took < best:
-            best = took
-            if name:
-                CPU[name] = time.process_time() - cpu
-    return best, out
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    if name:
+        CPU[name] = median(cpus)
+    return median(walls), out
+
+
+def interleaved(fns: dict, rounds: int) -> dict:
+    """``{name: (median wall s, median CPU s)}`` of ``rounds`` rounds, each calling every function
+    once, in turn (the order reversed every other round)."""
+    walls: dict = {k: [] for k in fns}
+    cpus: dict = {k: [] for k in fns}
+    for r in range(rounds):
+        for k in (list(fns) if r % 2 == 0 else list(reversed(fns))):
+            start, cpu = time.perf_counter(), time.process_time()
+            fns[k]()
+            walls[k].append(time.perf_counter() - start)
+            cpus[k].append(time.process_time() - cpu)
+    return {k: (median(walls[k]), median(cpus[k])) for k in fns}
 
 
 # ------------------------------------------------------------------ workload 1: frozen base + trainable part
@@ -209,13 +237,15 @@ def workload_training(dtype, saves, every) -> dict:
             raw = sum(t.numel() * t.element_size() for t in tensors_of(state))
             before = stored(os.path.join(root, "s"))
             t_save, digest = timed(store.save, f"step-{(k + 1) * every}", state)
-            rows.append({"step": (k + 1) * every, "raw_bytes": raw, "stored_bytes": stored(os.path.join(root, "s"))
+            rows.append({"step": (k + 1) * every, "raw_bytes": raw,
+                         "stored_bytes": stored(os.path.join(root, "s"))
                          - before, "grouped_zstd_bytes": grouped_size(state), "save_s": t_save,
                          "logical_bytes": len(tc.dumps(state))})
             states.append((f"step-{(k + 1) * every}", digest))
         fresh = tc.Store(os.path.join(root, "s"))
         exact = all(tc.fingerprint(fresh.load(tag)) == digest for tag, digest in states)
-        t_load, _ = timed(fresh.load, states[-1][0], repeat=3)
+        loads = interleaved({"first": lambda: tc.Store(os.path.join(root, "s")).load(states[0][0]),
+                             "last": lambda: tc.Store(os.path.join(root, "s")).load(states[-1][0])}, 5)
         stats = fresh.stats()
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -226,7 +256,11 @@ def workload_training(dtype, saves, every) -> dict:
             "grouped_over_raw": sum(r["grouped_zstd_bytes"] for r in later) / raw,
             "stored_over_grouped": sum(r["stored_bytes"] for r in later) / sum(r["grouped_zstd_bytes"] for r in later),
             "save_mb_s": sum(r["logical_bytes"] for r in later) / sum(r["save_s"] for r in later) / 1e6,
-            "load_gb_s": rows[-1]["logical_bytes"] / t_load / 1e9, "every_load_bit_exact": exact}
+            "load_gb_s": rows[-1]["logical_bytes"] / loads["last"][0] / 1e9,
+            "load_cpu_s": loads["last"][1], "load_depth": min(saves - 1, store_module.CHAIN),
+            "load_first_gb_s": rows[0]["logical_bytes"] / loads["first"][0] / 1e9,
+            "load_first_cpu_s": loads["first"][1],
+            "every_load_bit_exact": exact}
 
 
 # ------------------------------------------------------------------ throughput
@@ -244,8 +278,6 @@ def throughput(mib: int) -> dict:
         store = tc.Store(os.path.join(root, "s"))
         store.save("a", a)
         t_b, _ = timed(store.save, "b", b)  # delta against a: the compressed path
-        t_load, _ = timed(lambda: tc.Store(os.path.join(root, "s")).load("b"), repeat=3)
-        t_raw_load, _ = timed(tc.load, os.path.join(root, "plain.safetensors"), repeat=3)
         real = compress.zstd
         compress.zstd = lambda: None  # no compression: every blob raw
         try:
@@ -264,11 +296,15 @@ def throughput(mib: int) -> dict:
                 del d
             t_c, t_plain_c = statistics.median(raw_s), statistics.median(plain_s)
             CPU["raw"], CPU["plain_c"] = statistics.median(raw_cpu), statistics.median(plain_cpu)
-            t_raw_store_load, _ = timed(lambda: tc.Store(os.path.join(root, "raw")).load("c"), repeat=3)
         finally:
             compress.zstd = real
+        loads = interleaved({"compressed": lambda: tc.Store(os.path.join(root, "s")).load("b"),
+                             "raw": lambda: tc.Store(os.path.join(root, "raw")).load("c"),
+                             "tc": lambda: tc.load(os.path.join(root, "plain.safetensors"))}, 5)
+        (t_load, cpu_load), (t_raw_store_load, _), (t_raw_load, _) = loads["compressed"], loads["raw"], loads["tc"]
         size = mib * (1 << 20)
         out.update({"save_compressed_mb_s": size / t_b / 1e6, "load_compressed_gb_s": size / t_load / 1e9,
+                    "load_compressed_cpu_s": cpu_load,
                     "save_uncompressed_over_tc_save": t_plain_c / t_c,
                     "save_uncompressed_over_tc_save_cpu": CPU["plain_c"] / CPU["raw"],
                     "save_uncompressed_new_store_over_tc_save": t_plain / t_new,
@@ -306,10 +342,14 @@ def main() -> None:
         print(f"AdamW {w['dtype']}: stored/raw {w['stored_over_raw']:.3f}, "
               f"grouped zstd/raw {w['grouped_over_raw']:.3f}, "
               f"stored/grouped {w['stored_over_grouped']:.3f} (target <= 0.95); save {w['save_mb_s']:.0f} MB/s, "
-              f"load {w['load_gb_s']:.2f} GB/s; bit-exact {w['every_load_bit_exact']}; codecs {w['codecs']}")
+              f"load of the last tag (chains of {w['load_depth']} deltas) {w['load_gb_s']:.2f} GB/s (CPU "
+              f"{w['load_cpu_s']:.3f} s), of the first {w['load_first_gb_s']:.2f} GB/s "
+              f"(CPU {w['load_first_cpu_s']:.3f} s); "
+              f"bit-exact {w['every_load_bit_exact']}; codecs {w['codecs']}")
     t = results["throughput"]
     print(f"throughput ({t['logical_mib']} MiB fp32): save compressed {t['save_compressed_mb_s']:.0f} MB/s (>= 300), "
-          f"load compressed {t['load_compressed_gb_s']:.2f} GB/s, load raw blobs {t['load_raw_blobs_gb_s']:.2f} GB/s "
+          f"load compressed {t['load_compressed_gb_s']:.2f} GB/s (CPU {t['load_compressed_cpu_s']:.2f} s), "
+          f"load raw blobs {t['load_raw_blobs_gb_s']:.2f} GB/s "
           f"(>= 1; tc.load {t['tc_load_gb_s']:.2f}), uncompressed save speed / tc.save "
           f"{t['save_uncompressed_over_tc_save']:.2f} (>= 0.9; CPU {t['save_uncompressed_over_tc_save_cpu']:.2f}; "
           f"into a new store {t['save_uncompressed_new_store_over_tc_save']:.2f})")

@@ -11,7 +11,7 @@ import torch
 from test_store import packed
 
 import tensorcanon as tc
-from tensorcanon.store import store as store_module
+from tensorcanon.store import layout, store as store_module
 
 
 def _drifting(n, count, seed=0):
@@ -28,24 +28,27 @@ def _flip(path, at):
 
 
 def test_several_blobs_decode_at_once(tmp_path, monkeypatch):
-    # The tensor being read and the next two decode at the same time (three callers meet at the
-    # barrier): with one blob decoded ahead, as before, only two ever did and the barrier broke.
+    # Two tensors decode into their memory at the same time (both read-ahead threads meet at the
+    # barrier) while the loading thread waits for the first; with one decoding at a time, the
+    # barrier breaks.
     a, b = _drifting(20000, 6)
     store = tc.Store(tmp_path / "s")
     store.save("a", a)
     store.save("b", b)
-    meet = threading.Barrier(3, timeout=20)
-    real = store_module.Store._decode
+    meet = threading.Barrier(store_module.AHEAD_THREADS, timeout=20)
+    real = store_module._TagFile._decode_into
+    calls = []
 
-    def decode(self, raw, prefix=None, *args, **kwargs):
-        if prefix is None and meet.n_waiting < 3 and not meet.broken and not getattr(meet, "met", False):
+    def decode_into(self, raw, out, pool):
+        calls.append(raw)
+        if not getattr(meet, "met", False) and not meet.broken:
             meet.wait()
             meet.met = True
-        return real(self, raw, prefix, *args, **kwargs)
+        return real(self, raw, out, pool)
 
-    monkeypatch.setattr(store_module.Store, "_decode", decode)
+    monkeypatch.setattr(store_module._TagFile, "_decode_into", decode_into)
     assert tc.fingerprint(tc.Store(tmp_path / "s").load("b")) == tc.fingerprint(b)
-    assert not meet.broken
+    assert len(calls) == 6 and not meet.broken
 
 
 def test_decoding_ahead_is_bounded(tmp_path, monkeypatch):
@@ -54,20 +57,22 @@ def test_decoding_ahead_is_bounded(tmp_path, monkeypatch):
     store = tc.Store(tmp_path / "s")
     store.save("a", a)
     store.save("b", b)
-    seen: list[int] = []
-    real = store_module._TagFile._top_up
+    seen: list[tuple[int, int]] = []
+    real = store_module._TagFile.values
 
-    def top_up(self, i):
-        real(self, i)
-        seen.append(len(self._ahead))
+    def values(self, *args):
+        try:
+            return real(self, *args)
+        finally:
+            seen.append(self.peak)
 
-    monkeypatch.setattr(store_module._TagFile, "_top_up", top_up)
+    monkeypatch.setattr(store_module._TagFile, "values", values)
     assert tc.fingerprint(tc.Store(tmp_path / "s").load("b")) == tc.fingerprint(b)
-    assert max(seen) == store_module.AHEAD
+    assert seen == [(store_module.AHEAD, store_module.AHEAD * 20000 * 4)]
     seen.clear()
     monkeypatch.setattr(store_module, "AHEAD_BYTES", 20000 * 4)  # one tensor's bytes
     assert tc.fingerprint(tc.Store(tmp_path / "s").load("b")) == tc.fingerprint(b)
-    assert max(seen) == 1
+    assert seen == [(1, 20000 * 4)]
 
 
 def test_errors_come_in_tensor_order_with_several_ahead(tmp_path):
@@ -151,3 +156,88 @@ def test_reused_decode_buffers_never_show_through(tmp_path):
     tc.save(c, tmp_path / "c.safetensors")
     tc.Store(tmp_path / "s").export("c", tmp_path / "x.safetensors")
     assert (tmp_path / "x.safetensors").read_bytes() == (tmp_path / "c.safetensors").read_bytes()
+
+
+def _shared_base_store(tmp_path, n):
+    # Tag "a" holds w twice (one blob) and q; in tag "b" x and y are two deltas of that one blob.
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(n, generator=g)
+    a = {"q": torch.randn(n, generator=g), "x": w.clone(), "y": w.clone()}
+    b = {"q": a["q"] + 1e-4 * torch.randn(n, generator=g), "x": w + 1e-4 * torch.randn(n, generator=g),
+         "y": w + 1e-4 * torch.randn(n, generator=g)}
+    store = tc.Store(tmp_path / "s")
+    store.save("a", a)
+    store.save("b", b)
+    rows_a = {r.name: r.digest for r in _rows(store, "a")}
+    assert rows_a["x"] == rows_a["y"]
+    return store, a, b, rows_a
+
+
+def test_a_base_two_blobs_name_is_decoded_once_per_load(tmp_path, monkeypatch):
+    # x and y of tag "b" are deltas of one base: one load decodes it once (before: once per delta),
+    # shares it between the two decodes, and frees it; the next load decodes it once again.
+    store, _, b, rows_a = _shared_base_store(tmp_path, 30000)
+    decoded: list[bytes] = []
+    real = store_module.Store._decode
+
+    def decode(self, raw, *args, **kwargs):
+        decoded.append(raw)
+        return real(self, raw, *args, **kwargs)
+
+    monkeypatch.setattr(store_module.Store, "_decode", decode)
+    for _ in range(2):
+        decoded.clear()
+        got = tc.Store(tmp_path / "s").load("b")
+        assert all(torch.equal(got[k], b[k]) for k in b)
+        assert decoded.count(rows_a["x"]) == 1 and decoded.count(rows_a["q"]) == 1
+    monkeypatch.setattr(store_module, "SHARED_BASES", 30000 * 4 - 1)  # no room: decoded by each delta
+    decoded.clear()
+    assert tc.fingerprint(tc.Store(tmp_path / "s").load("b")) == tc.fingerprint(b)
+    assert decoded.count(rows_a["x"]) == 2
+
+
+def test_a_shared_base_that_lies_is_refused(tmp_path):
+    # The shared base's loose blob replaced by another sound blob of the same dtype and shape (q's):
+    # its header and frames are fine, its bytes are not those its name says. Every load of "b"
+    # refuses it, naming it, though x and y share one decoding of it; verify refuses it too.
+    n = 400_000  # (random floats: loose blobs of about 1.4 MB)
+    store, _, b, rows_a = _shared_base_store(tmp_path, n)
+    base = tmp_path / "s" / layout.blob_path(rows_a["x"])
+    other = tmp_path / "s" / layout.blob_path(rows_a["q"])
+    assert base.is_file() and other.is_file()
+    good = base.read_bytes()
+    base.write_bytes(other.read_bytes())
+    for _ in range(3):
+        with pytest.raises(tc.IntegrityError, match=f"not the xxh3-128:{rows_a['x'].hex()}"):
+            tc.Store(tmp_path / "s").load("b")
+    with pytest.raises(tc.IntegrityError, match=rows_a["x"].hex()):
+        tc.Store(tmp_path / "s").verify("b")
+    base.write_bytes(good)
+    assert tc.fingerprint(tc.Store(tmp_path / "s").load("b")) == tc.fingerprint(b)
+
+
+def test_a_shared_base_asked_for_more_often_than_counted(tmp_path, monkeypatch):
+    # Room for one shared base: A (under z's delta C, and under B) is shared; B, named by x and y of
+    # tag "c", finds no room and is decoded twice, so A is asked for three times where two users
+    # were counted. Every load is still exact (A's bytes are never handed to another decode while
+    # a user may still read them), and a damaged A is still refused.
+    n = 30000
+    g = torch.Generator().manual_seed(12)
+    w = torch.randn(n, generator=g)
+    n1, n2 = 1e-4 * torch.randn(n, generator=g), 1e-4 * torch.randn(n, generator=g)
+    a = {"z": w.clone(), "x": w.clone(), "y": w.clone()}
+    b = {"z": w + n2, "x": w + n1, "y": w + n1}
+    c = {"z": w + n2 + 1e-4, "x": w + n1 + 1e-4 * torch.randn(n, generator=g),
+         "y": w + n1 + 1e-4 * torch.randn(n, generator=g)}
+    store = tc.Store(tmp_path / "s")
+    for tag, obj in (("a", a), ("b", b), ("c", c)):
+        store.save(tag, obj)
+    rows_a = {r.name: r.digest for r in _rows(store, "a")}
+    monkeypatch.setattr(store_module, "SHARED_BASES", n * 4)
+    for _ in range(5):
+        got = tc.Store(tmp_path / "s").load("c")
+        assert all(torch.equal(got[k], c[k]) for k in c)
+    path, offset, length = packed(tmp_path / "s")[rows_a["x"]]
+    _flip(path, offset + length - 3)
+    with pytest.raises((tc.IntegrityError, tc.FormatError), match=rows_a["x"].hex()):
+        tc.Store(tmp_path / "s").load("c")

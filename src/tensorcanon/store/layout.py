@@ -154,9 +154,12 @@ class BlobHeader:
         return CODECS[self.codec]
 
 
+_PREFIX = re.compile(rb"([a-z0-9_]{1,40})\[((?:0|[1-9][0-9]{0,19})(?:,(?:0|[1-9][0-9]{0,19}))*)?\]")
+
+
 def parse_prefix(text: bytes, where: str) -> tuple[dtypes.DType, tuple[int, ...]]:
     """The dtype and shape of a prefix text ``dtype[d0,d1,…]``, written exactly as the tensor digest's."""
-    m = re.fullmatch(rb"([a-z0-9_]{1,40})\[((?:0|[1-9][0-9]{0,19})(?:,(?:0|[1-9][0-9]{0,19}))*)?\]", text)
+    m = _PREFIX.fullmatch(text)
     row = dtypes.BY_NAME.get(m.group(1).decode("ascii")) if m else None
     if m is None or row is None:
         raise FormatError(f"{where}: its header names no tensor ({text[:80]!r} is not a dtype and a shape, "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import functools
 import io
 import os
 import secrets
@@ -77,6 +78,10 @@ AHEAD_BYTES = 256 << 20
 AHEAD_SPLIT = 32 << 20
 #: At most this many bytes of a load's dead decode buffers are kept for its next blobs (_Buffers).
 BUFFERS = 64 << 20
+#: A delta base that two or more blobs of one load name (tensors of equal bytes at an earlier
+#: step, and their chains) is decoded once and kept until its last user is decoded, at most this
+#: many bytes of such bases at once; beyond it, a base is decoded again for each user (_Bases).
+SHARED_BASES = 256 << 20
 #: A new blob whose encoded size is under this goes into the save's pack (docs/STORE.md, "Packs");
 #: a larger one is a loose object of its own, whose per-object cost is small beside its bytes.
 PACK_BLOB_LIMIT = 1 << 20
@@ -360,12 +365,16 @@ class Store:
         return found
 
     def _open_blob(self, raw: bytes, handles: dict[str, backend.Blob] | None = None, *, share: bool = False,
-                   loc: str | tuple[str, int, int] | None = None) -> tuple[backend.Blob, layout.BlobHeader]:
+                   loc: str | tuple[str, int, int] | None = None,
+                   heads: dict[tuple[str, int, int], layout.BlobHeader] | None = None,
+                   ) -> tuple[backend.Blob, layout.BlobHeader]:
         """Blob ``raw`` opened, its header checked (nothing allocated for its claims). It is read from
         the pack that holds it, else as a loose object; where neither has it (a pack gone since the
         packs were listed: a collection rewrote it), the packs are listed again, once. ``handles``:
         packs already open (``share``: packs opened here are added to it); ``loc``: this copy only
-        (``"loose"``, or a pack's ``(name, offset, length)``)."""
+        (``"loose"``, or a pack's ``(name, offset, length)``); ``heads``: the headers of blobs in
+        the packs of ``handles`` parsed already, by place (one load's: the same bytes of the same
+        open pack), used and filled (a loose blob's header is read each time)."""
         for attempt in (0, 1):
             at = self._where.get(raw) if loc is None else (None if loc == "loose" else loc)
             try:
@@ -378,6 +387,11 @@ class Store:
                     raise
                 continue
             break
+        place = cast(tuple[str, int, int], at) if at is not None and heads is not None and handles is not None \
+            and at[0] in handles else None
+        known = heads.get(place) if heads is not None and place is not None else None
+        if known is not None:
+            return blob, known
         try:
             head = blob.read(0, min(blob.size, layout.HEAD))
             h = layout.parse_header(head, blob.size, f"blob {blob.where!r}")
@@ -385,6 +399,8 @@ class Store:
             blob.close()
             raise
         self._depth[raw] = h.depth
+        if heads is not None and place is not None:
+            heads[place] = h
         return blob, h
 
     def _open_packed(self, raw: bytes, at: tuple[str, int, int], handles: dict[str, backend.Blob] | None,
@@ -415,52 +431,65 @@ class Store:
     def _decode(self, raw: bytes, prefix: bytes | None = None, depth: int | None = None,
                 handles: dict[str, backend.Blob] | None = None,
                 loc: str | tuple[str, int, int] | None = None, pool: bool = True,
-                bufs: _Buffers | None = None) -> np.ndarray:
+                bufs: _Buffers | None = None, *, out: Any = None, bases: _Bases | None = None) -> np.ndarray:
         """Blob ``raw`` decoded (its delta base first, recursively) and checked against ``raw``;
         ``pool``: a large blob's planes are decoded on the codec's threads; ``bufs``: the buffers
-        it is decoded into are taken from there, and its delta base's given back once used."""
-        blob, h = self._open_blob(raw, handles, loc=loc)
+        it is decoded into are taken from there, and its delta base's given back once used;
+        ``out``: decoded into this writable buffer of its size instead (a tensor being returned);
+        ``bases``: the delta bases this load shares between blobs (:class:`_Bases`)."""
+        blob, h = self._open_blob(raw, handles, loc=loc, heads=bases.heads if bases is not None else None)
         try:
             where = f"blob {blob.where!r}"
-            if prefix is not None and h.prefix != prefix:
-                raise IntegrityError(f"{where} holds a {h.prefix.decode()} tensor where a {prefix.decode()} one "
-                                     "is expected (a delta's base must have its dtype and shape); the store is "
-                                     "damaged: run `tensorcanon store verify`", expected=prefix.decode(),
-                                     actual=h.prefix.decode())
-            if depth is not None and h.depth != depth:
-                raise IntegrityError(f"{where} has delta depth {h.depth}, but the blob it is the base of needs "
-                                     f"depth {depth}: a delta chain that lies (or loops) is refused",
-                                     expected=str(depth), actual=str(h.depth))
-            return self._decode_checked(raw, h, blob.whole(), where, handles, pool=pool, bufs=bufs)
+            _check_link(h, where, prefix, depth)
+            return self._decode_checked(raw, h, blob.whole(), where, handles, pool=pool, bufs=bufs, out=out,
+                                        bases=bases)
         finally:
             blob.close()
 
     def _decode_checked(self, raw: bytes, h: layout.BlobHeader, data: Any, where: str,
                         handles: dict[str, backend.Blob] | None = None, *, pool: bool = True,
-                        bufs: _Buffers | None = None) -> np.ndarray:
+                        bufs: _Buffers | None = None, out: Any = None, bases: _Bases | None = None) -> np.ndarray:
         """The bytes ``data`` of blob ``raw`` (header ``h``, checked) decoded, its delta base read
-        from the store, and checked against ``raw``; ``pool`` and ``bufs`` as for :meth:`_decode`."""
-        out = bufs.take(h.size) if bufs is not None else np.empty(h.size, dtype=np.uint8)
+        from the store, and checked against ``raw``; ``pool``, ``bufs``, ``out`` and ``bases`` as
+        for :meth:`_decode`."""
+        if out is not None:
+            target = compress.as_u8(out)
+        else:
+            target = bufs.take(h.size) if bufs is not None else np.empty(h.size, dtype=np.uint8)
         base = None
         used: list[np.ndarray] = []
+        shared: list[bytes] = []
         if h.codec in layout.DELTAS:  # (delta, delta-sub or delta-twos)
             assert h.base is not None
             base_raw = h.base
 
+            def decode_base() -> np.ndarray:
+                return self._decode(base_raw, h.prefix, h.depth - 1, handles, pool=pool, bufs=bufs, bases=bases)
+
             def base() -> np.ndarray:
                 try:
-                    used.append(self._decode(base_raw, h.prefix, h.depth - 1, handles, pool=pool, bufs=bufs))
+                    if bases is not None:
+                        got = bases.get(base_raw, h.prefix, h.depth - 1, h.size, decode_base)
+                        if got is not None:
+                            shared.append(base_raw)
+                            return got
+                    used.append(decode_base())
                     return used[-1]
                 except MissingFileError:
                     raise IntegrityError(f"{where} is a delta against {layout.show(base_raw)}, which the "
                                          f"store does not hold; the store is damaged{self._damage_note()}"
                                          ) from None
-        compress.decode_into(h, data, out.data, base, where, pool=pool)
+        try:
+            compress.decode_into(h, data, target.data, base, where, pool=pool)
+        finally:
+            for d in shared:  # (a shared base is freed by its last user)
+                assert bases is not None
+                bases.done(d)
         if bufs is not None:  # (the base is not needed any more, nor seen by anyone else)
             for a in used:
                 bufs.give(a)
-        self._check_decoded(raw, h, out, where)
-        return out
+        self._check_decoded(raw, h, target, where)
+        return target
 
     def _check_decoded(self, raw: bytes, h: layout.BlobHeader | bytes, data: Any, where: str) -> None:
         """Raise unless ``data`` (with the prefix of header ``h``, or prefix ``h``) hashes to ``raw``."""
@@ -759,15 +788,10 @@ class Store:
         if mmap is not False and mmap is not True:
             raise UsageError(f"mmap must be True or False, not {mmap!r}")
         with self._tag_file(tag) as cf:
-            if not mmap:
-                return cf.load(map_location=map_location)
             placement.check_all(cf.rows, map_location, cf.tensor_path)
             vf = cf.src.f
             assert isinstance(vf, _TagFile)
-            values = [vf.mapped(r, map_location, cf) for r in cf.rows]
-            values = [v if v is not None else cf.read(r.index, map_location=map_location)
-                      for r, v in zip(cf.rows, values, strict=True)]
-            return cf._decode(values)[0]
+            return cf._decode(vf.values(cf, map_location, mmap))[0]
 
     def verify(self, tag: str | None = None) -> Any:
         """Check ``tag`` (its record, every blob it uses and its delta bases, decoded and hashed, and
@@ -1250,6 +1274,92 @@ def _ahead_pool() -> ThreadPoolExecutor:
     return _AHEAD[0]
 
 
+def _check_link(h: layout.BlobHeader, where: str, prefix: bytes | None, depth: int | None) -> None:
+    """Raise unless blob header ``h`` has the prefix and depth its delta needs of its base (when given)."""
+    if prefix is not None and h.prefix != prefix:
+        raise IntegrityError(f"{where} holds a {h.prefix.decode()} tensor where a {prefix.decode()} one "
+                             "is expected (a delta's base must have its dtype and shape); the store is "
+                             "damaged: run `tensorcanon store verify`", expected=prefix.decode(),
+                             actual=h.prefix.decode())
+    if depth is not None and h.depth != depth:
+        raise IntegrityError(f"{where} has delta depth {h.depth}, but the blob it is the base of needs "
+                             f"depth {depth}: a delta chain that lies (or loops) is refused",
+                             expected=str(depth), actual=str(h.depth))
+
+
+class _Shared:
+    """One delta base shared by several blobs of a load: its decoded bytes (a future, since two
+    threads may want it at once), what it was checked to be, and how many users are left."""
+
+    def __init__(self, prefix: bytes, depth: int, size: int, users: int) -> None:
+        self.prefix, self.depth, self.size, self.left = prefix, depth, size, users
+        self.bytes: Future[np.ndarray] = Future()
+
+
+class _Bases:
+    """The delta bases one load decodes once for several blobs. ``users`` counts, for each base,
+    the distinct blobs of the load that name it (found by reading the chain's headers before any
+    byte is decoded); a base with two or more is decoded (and checked against its digest, as
+    always) by its first user and kept, at most ``limit`` bytes of such bases at once, until its
+    last user is decoded. A base beyond the limit, or one whose decoding failed, is decoded by
+    each user on its own (so each raises its own error)."""
+
+    def __init__(self, users: dict[bytes, int], limit: int,
+                 heads: dict[tuple[str, int, int], layout.BlobHeader] | None = None) -> None:
+        self.heads = heads if heads is not None else {}  # (the headers the chain walk parsed: _open_blob)
+        self._users = users
+        self._limit = limit
+        self._held = 0
+        self._got: dict[bytes, _Shared] = {}
+        self._lock = threading.Lock()
+
+    def get(self, raw: bytes, prefix: bytes, depth: int, size: int,
+            make: Callable[[], np.ndarray]) -> np.ndarray | None:
+        """Base ``raw`` decoded as ``make()`` decodes it (its prefix and depth checked there), shared;
+        None where it is not shared (the caller decodes it, and gives its buffer back)."""
+        with self._lock:
+            e = self._got.get(raw)
+            mine = e is None
+            if e is None:
+                users = self._users.get(raw, 0)
+                if users < 2 or self._held + size > self._limit:
+                    return None
+                e = self._got[raw] = _Shared(prefix, depth, size, users)
+                self._held += size
+            elif e.prefix != prefix or e.depth != depth:  # (not the base this delta needs: its own error)
+                return None
+        if mine:
+            try:
+                e.bytes.set_result(make())
+            except BaseException as err:
+                self._drop(raw, e)
+                e.bytes.set_exception(err)
+                raise
+        try:
+            return e.bytes.result()
+        except Exception:  # noqa: BLE001 (its first user failed: this one decodes it, and fails, on its own)
+            return None
+
+    def done(self, raw: bytes) -> None:
+        """One user of shared base ``raw`` is decoded: the last lets it go. (Its buffer is not
+        reused: a blob decoded twice in one load, as a base over the limit is, asks for its base
+        more often than counted, and may still be reading it.)"""
+        with self._lock:
+            e = self._got.get(raw)
+            if e is None:
+                return
+            e.left -= 1
+            if e.left > 0:
+                return
+        self._drop(raw, e)
+
+    def _drop(self, raw: bytes, e: _Shared) -> None:
+        with self._lock:
+            if self._got.get(raw) is e:
+                del self._got[raw]
+                self._held -= e.size
+
+
 class _Buffers:
     """Decode buffers of one load, kept for reuse once their bytes are dead (a delta's base once
     the delta is decoded, a tensor's decoded bytes once copied out): a fresh buffer costs a page
@@ -1378,7 +1488,8 @@ def _prefixed(e: TensorCanonError, prefix: str) -> TensorCanonError:
 class _TagFile(io.RawIOBase):
     """A tag as the file ``tensorcanon.save`` writes: the header from its record, the data section
     from its blobs, read at any offset. A raw blob of a local store is read straight into the
-    caller's buffer; any other is decoded (and checked against its digest) once, when first read."""
+    caller's buffer; any other is decoded (and checked against its digest) once, when first read.
+    :meth:`values` (``Store.load``) decodes compressed blobs straight into the tensors it returns."""
 
     def __init__(self, store: Store, tag: str, header: bytes, size: int) -> None:
         super().__init__()
@@ -1397,7 +1508,10 @@ class _TagFile(io.RawIOBase):
         self._ahead: dict[bytes, Future[np.ndarray]] = {}  # blobs after the one read, decoding on other threads
         self._dropped: list[Future[np.ndarray]] = []  # decoded ahead, then passed by: close waits for them
         self._bufs = _Buffers(BUFFERS)
+        self._bases = _Bases({}, SHARED_BASES)
         self._started: set[bytes] = set()  # blobs decoded (or decoding) already: not decoded ahead again
+        self._jobs: list[Future[Any]] = []  # tensors decoding into their memory (values): close waits for them
+        self.peak = (0, 0)  # the most blobs, and bytes, values() had decoding ahead at once
 
     def attach(self, rows: list[Any]) -> None:
         """The tag's table rows (proven by CheckedFile): every blob is opened and its header
@@ -1424,6 +1538,33 @@ class _TagFile(io.RawIOBase):
             if self._opened[r.digest][1].codec != layout.RAW and r.digest not in self._at:
                 self._at[r.digest] = len(self._coded)
                 self._coded.append(r.digest)
+        heads: dict[tuple[str, int, int], layout.BlobHeader] = {}
+        self._bases = _Bases(self._base_users(heads), SHARED_BASES, heads)
+
+    def _base_users(self, heads: dict[tuple[str, int, int], layout.BlobHeader]) -> dict[bytes, int]:
+        """For each delta base below the tag's blobs, how many distinct blobs of the load name it:
+        each chain's headers read (no byte decoded), each link once. A header that cannot be read,
+        or that does not fit its delta, ends the walk of its chain: the decoding raises its error.
+        The headers of packed blobs parsed here go to ``heads``, for their decoding."""
+        users: collections.Counter[bytes] = collections.Counter()
+        walked: set[bytes] = set()
+        for raw in self._coded:
+            h = self._opened[raw][1]
+            while h.codec in layout.DELTAS and h.base is not None:
+                b = h.base
+                users[b] += 1
+                if b in walked:
+                    break
+                walked.add(b)
+                try:
+                    blob, bh = self._s._open_blob(b, self._handles, share=True, heads=heads)
+                    blob.close()
+                except TensorCanonError:
+                    break
+                if bh.prefix != h.prefix or bh.depth != h.depth - 1:
+                    break
+                h = bh
+        return {b: n for b, n in users.items() if n > 1}
 
     def readable(self) -> bool:
         return True
@@ -1485,7 +1626,7 @@ class _TagFile(io.RawIOBase):
             self._started.add(raw)
             self._top_up(i)
             data = ahead.result() if ahead is not None else \
-                self._s._decode(raw, handles=self._handles, bufs=self._bufs)
+                self._s._decode(raw, handles=self._handles, bufs=self._bufs, bases=self._bases)
             self._decoded = (raw, data)
         return self._decoded[1]
 
@@ -1499,9 +1640,96 @@ class _TagFile(io.RawIOBase):
             if len(self._ahead) >= AHEAD or (self._ahead and held + size > AHEAD_BYTES):
                 break
             self._ahead[d] = _ahead_pool().submit(self._s._decode, d, None, None, self._handles,
-                                                  pool=size >= AHEAD_SPLIT, bufs=self._bufs)
+                                                  pool=size >= AHEAD_SPLIT, bufs=self._bufs, bases=self._bases)
             self._started.add(d)
             held += size
+
+    def _decode_into(self, raw: bytes, out: Any, pool: bool) -> None:
+        """Blob ``raw`` (opened by :meth:`attach`) decoded into ``out`` and checked against its digest."""
+        blob, h = self._opened[raw]
+        self._s._decode_checked(raw, h, blob.whole(), f"blob {blob.where!r}", self._handles, pool=pool,
+                                bufs=self._bufs, out=out, bases=self._bases)
+
+    def values(self, cf: reader.CheckedFile, map_location: Any, mmap: bool) -> list[Any]:
+        """Every tensor of the tag, by table index, checked against its digest. A compressed blob of
+        a CPU tensor is decoded straight into the memory of the tensor returned (no copy, and its
+        check against its digest is the tensor's), on the read-ahead threads, at most AHEAD blobs
+        and AHEAD_BYTES of them ahead of the tensor waited for; the others are read as
+        ``tensorcanon.load`` reads a file (``mmap``: a raw local blob is mapped, see :meth:`mapped`).
+        Tensors are taken in data order, so the error raised is that of the first bad one."""
+        from ..format import tensorbytes
+
+        values: list[Any] = [None] * len(cf.rows)
+        order = self._rows
+        jobs: dict[int, tuple[Future[Any], Any]] = {}  # position in order -> (decoding, its tensor)
+        first: dict[bytes, int] = {}  # blob -> the position whose tensor it is decoded into
+        views: dict[bytes, Any] = {}  # blob -> the bytes of that tensor, once decoded and checked
+        held = 0
+        nxt = 0
+
+        def decodable(r: Any) -> bool:
+            return (self._opened[r.digest][1].codec != layout.RAW and r.dtype.torch is not None
+                    and r.kind in ("tensor", "parameter")
+                    and (placement.stays_on_cpu(r.kind, r.device, map_location)
+                         or getattr(placement.target(r.device, map_location), "type", None) == "cpu"))
+
+        def fresh(r: Any) -> tuple[Any, Any]:
+            """A new tensor for row ``r`` and a writable byte view of it; where torch cannot make it
+            of its dtype through numpy (bfloat16, bool...), its bytes, retyped by ``typed``."""
+            made = tensorbytes.empty_tensor(r.dtype, r.shape, r.kind)
+            return made if made is not None else tensorbytes.empty_buffer(r.nbytes, r.kind)
+
+        def typed(r: Any, buf: Any) -> Any:
+            if buf.dtype == r.dtype.torch and tuple(buf.shape) == r.shape:
+                return buf
+            return tensorbytes.finish(buf, r.dtype, r.shape, r.kind, r.name)  # (bool bytes checked there)
+
+        def submit(j: int) -> bool:
+            nonlocal held
+            r = order[j]
+            if r.digest in first or not decodable(r):
+                return True
+            if jobs and (len(jobs) >= AHEAD or held + r.nbytes > AHEAD_BYTES):
+                return False
+            ready = fresh(r)
+            first[r.digest] = j
+            self._started.add(r.digest)
+            f = _ahead_pool().submit(self._decode_into, r.digest, ready[1], r.nbytes >= AHEAD_SPLIT)
+            self._jobs.append(f)
+            jobs[j] = (f, ready)
+            held += r.nbytes
+            return True
+
+        for i, r in enumerate(order):
+            nxt = max(nxt, i)
+            while nxt < len(order) and submit(nxt):
+                nxt += 1
+            self.peak = max(self.peak[0], len(jobs)), max(self.peak[1], held)
+            job = jobs.pop(i, None)
+            if job is not None:
+                f, (value, view) = job
+                held -= r.nbytes
+                try:
+                    f.result()
+                    value = typed(r, value)
+                except TensorCanonError as e:
+                    raise _prefixed(e, f"tag {self.tag!r}, tensor {cf.tensor_path(r.index)}: ") from None
+                views[r.digest] = view  # (a later row of this blob copies it)
+            elif r.digest in views and decodable(r):
+                ready = fresh(r)
+                ready[1][:] = views[r.digest]  # (a tensor whose bytes another row holds, checked: copied)
+                value = typed(r, ready[0])
+            else:
+                value = self.mapped(r, map_location, cf) if mmap else None
+                if value is None:
+                    value = cf.read(r.index, map_location=map_location)
+                values[r.index] = value
+                continue
+            values[r.index] = placement.as_recorded(value, r, map_location, functools.partial(cf.tensor_path, r.index))
+        for r in cf.rows:  # (tensors with no bytes)
+            if values[r.index] is None and not r.nbytes:
+                values[r.index] = cf.read(r.index, map_location=map_location)
+        return values
 
     def mapped(self, r: Any, map_location: Any, cf: reader.CheckedFile) -> Any:
         """Tensor ``r`` as a view of a private map of its raw local blob (hashed in place first), or None."""
@@ -1570,7 +1798,8 @@ class _TagFile(io.RawIOBase):
             blob.close()
         self._opened.clear()
         self._decoded = None
-        ahead, self._ahead, self._dropped = list(self._ahead.values()) + self._dropped, {}, []
+        ahead = list(self._ahead.values()) + self._dropped + self._jobs
+        self._ahead, self._dropped, self._jobs = {}, [], []
         for f in ahead:
             f.cancel()
         for f in ahead:
