@@ -5,6 +5,15 @@ import os
 
 import pytest
 
+# pytest imports readline when it starts (_pytest/capture.py), and GNU readline exports COLUMNS=80 and
+# LINES=24 into the process's C environment where stdin is no terminal. os.environ does not show
+# them, but pytest-xdist's workers (whose os.environ then holds them) and every process a test starts
+# inherit them: the command line would wrap its output at 80 columns in a worker and not in a single
+# process. Every test process gets the environment pytest was started with: take them out again.
+for _name in ("COLUMNS", "LINES"):
+    if _name not in os.environ:
+        os.unsetenv(_name)
+
 # With TENSORCANON_ONLY_CUDA_SKIPS=1 (.ci/run sets it), a test skipped for any reason but the lack
 # of a CUDA device fails the run: a skipped test proves nothing, and the integration and
 # distributed tests must run wherever CI runs.
@@ -21,7 +30,9 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if os.environ.get("TENSORCANON_ONLY_CUDA_SKIPS") != "1":
+    # Under pytest-xdist the controller sees every worker's reports (pytest_runtest_logreport) and
+    # decides the exit status; a worker's own verdict would be lost, so only the controller judges.
+    if os.environ.get("TENSORCANON_ONLY_CUDA_SKIPS") != "1" or hasattr(session.config, "workerinput"):
         return
     bad = [(node, why) for node, why in _skipped if not any(a in why for a in _ALLOWED_SKIP)]
     if bad:
