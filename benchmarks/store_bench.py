@@ -285,11 +285,12 @@ def throughput(mib: int) -> dict:
             t_new, _ = timed(raw.save, "c", c, name="raw_new")  # a new store: its creation included
             # a store that exists, a save of changed tensors, against tc.save of the same tensors:
             # rounds of new content, the two alternating (each writes 256 MiB that the disk flushes
-            # while the next runs), the median of each
+            # while the next runs), the median of each; each tc.save to a new name, as the store
+            # writes new files (replacing a file of 256 MiB frees its blocks inside the save)
             plain_s, raw_s, plain_cpu, raw_cpu = [], [], [], []
             for r in range(5):
                 d = {k: v + (r + 1) * 1e-4 for k, v in c.items()}
-                plain_s.append(timed(tc.save, d, os.path.join(root, f"plain-{r % 2}.safetensors"), name="p")[0])
+                plain_s.append(timed(tc.save, d, os.path.join(root, f"plain-{r}.safetensors"), name="p")[0])
                 raw_s.append(timed(raw.save, f"d{r}", d, name="r")[0])
                 plain_cpu.append(CPU["p"])
                 raw_cpu.append(CPU["r"])
