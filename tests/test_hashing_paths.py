@@ -161,15 +161,16 @@ def test_an_eager_load_of_a_large_file_reads_and_hashes_on_two_threads(tmp_path,
     tensorcanon.save(obj, p)
     readers: set[str] = set()
     real_preadv = os.preadv
-    helped = threading.Event()
+    helped, mained = threading.Event(), threading.Event()
 
     def preadv(fd, buffers, offset):
+        # Each thread's reads wait until the other has read once (each says so before it waits):
+        # on a busy machine either thread could otherwise take every tensor before the other runs.
         name = threading.current_thread().name
         readers.add(name)
-        if name == "MainThread":  # (else a busy machine may let this thread take every tensor first)
-            helped.wait(HANG_S)
-        else:
-            helped.set()
+        mine, other = (mained, helped) if name == "MainThread" else (helped, mained)
+        mine.set()
+        other.wait(HANG_S)
         return real_preadv(fd, buffers, offset)
 
     monkeypatch.setattr(reader.os, "preadv", preadv)
@@ -180,6 +181,7 @@ def test_an_eager_load_of_a_large_file_reads_and_hashes_on_two_threads(tmp_path,
     assert _threads("tensorcanon-read") == []
     readers.clear()
     helped.clear()
+    mained.clear()
     monkeypatch.setattr(reader.os, "preadv", preadv)
     with open(p, "rb") as f:  # a file object of a regular file too
         out = tensorcanon.load(f)
