@@ -641,7 +641,7 @@ class Store:
             if blobs:
                 if not self._listed:  # (then a blob found nowhere lists the packs again: _open_blob)
                     self._refresh_packs()
-                vf.attach(cf.rows)
+                vf.attach(cf.rows, cf.tensor_path)
             yield cf
         finally:
             vf.close()
@@ -1513,9 +1513,11 @@ class _TagFile(io.RawIOBase):
         self._jobs: list[Future[Any]] = []  # tensors decoding into their memory (values): close waits for them
         self.peak = (0, 0)  # the most blobs, and bytes, values() had decoding ahead at once
 
-    def attach(self, rows: list[Any]) -> None:
+    def attach(self, rows: list[Any], path: Callable[[int], str] | None = None) -> None:
         """The tag's table rows (proven by CheckedFile): every blob is opened and its header
-        checked against its row before any byte of data is read or allocated."""
+        checked against its row before any byte of data is read or allocated. ``path(index)``: a
+        row's tensor path, named (with the tag) by the error of a blob whose header is refused
+        (tensorcanon.dcp passes none: it names the chunk itself)."""
         order = sorted((r for r in rows if r.end > r.begin), key=lambda r: r.begin)
         self._rows = order
         self._begins = [r.begin for r in order]
@@ -1528,6 +1530,10 @@ class _TagFile(io.RawIOBase):
                 raise IntegrityError(f"tag {self.tag!r}: the blob of tensor {r.name!r} ({layout.show(r.digest)}) "
                                      "is missing from the store; the tag cannot be loaded (delete it, or save it "
                                      f"again){self._s._damage_note()}", expected=layout.show(r.digest)) from None
+            except TensorCanonError as e:
+                if path is None:
+                    raise
+                raise _prefixed(e, f"tag {self.tag!r}, tensor {path(r.index)}: ") from None
             self._opened[r.digest] = (blob, h)
             expected = digest.tensor_prefix(r.dtype.name, r.shape)
             if h.prefix != expected:
