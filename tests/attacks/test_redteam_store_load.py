@@ -3,8 +3,10 @@ straight into the returned tensors on two threads, shared delta bases decoded on
 every delta chain's headers before decoding (docs/STORE.md "Threads", "Shared bases", "What a reader
 checks", "Layout"). Every damaged store is built from real saves, edited as the layout describes."""
 
+import base64
 import contextlib
 import io
+import json
 import signal
 import struct
 import threading
@@ -558,3 +560,108 @@ def test_concurrent_loads_of_a_damaged_store_both_refuse(tmp_path):
         for t in threads:
             t.join()
     assert len(errors) == 10 and all(isinstance(e, tc.TensorCanonError) for e in errors), errors
+
+
+# ---------------------------------------------------------------- no wrong answer
+
+def test_returned_tensors_never_share_memory(tmp_path):
+    """Blobs decode straight into the returned tensors, delta bases into reused buffers: no two
+    tensors of a load (nor of two loads) may alias, or writing one would change another."""
+    root = tmp_path / "alias"
+    st = tc.Store(root)
+    x = base_tensor(4)
+    st.save("old", {"a": x, "b": x.clone(), "c": x.clone()})
+    st.save("new", {"a": bumped(x, 1), "b": bumped(x, 1), "c": bumped(x, 2), "d": bumped(x, 1)})
+    st = tc.Store(root)
+    one, two = st.load("new"), st.load("new")
+    got = list(one.values()) + list(two.values())
+    ptrs = [t.untyped_storage().data_ptr() for t in got]
+    assert len(set(ptrs)) == len(ptrs)
+    for t in got:
+        t.add_(1)
+    again = st.load("new")
+    assert torch.equal(again["a"], bumped(x, 1)) and torch.equal(again["c"], bumped(x, 2))
+
+
+def test_a_lying_packed_copy_beside_a_sound_loose_one_is_never_loaded(tmp_path):
+    root, x, new, da, db = shared_store(tmp_path)
+    liar = bumped(x, 9)
+    tc.Store(root).save("liar", {"l": liar})
+    unpack_all(root)
+    liar_blob = loose_path(root, digest_of(liar)).read_bytes()
+    write_pack(root, [(digest_of(x), liar_blob, None)])  # the base held twice: loose (sound), packed (lying)
+    with deadline():
+        try:
+            got = tc.Store(root).load("new")
+        except tc.TensorCanonError as e:
+            assert "new" in str(e)
+        else:
+            assert torch.equal(got["a"], new["a"]) and torch.equal(got["b"], new["b"])
+        assert verify_code(root) == 1
+
+
+def test_concurrent_load_verify_and_export_of_one_store_object(tmp_path):
+    root, ws, ds = chain_store(tmp_path, 4)
+    st = tc.Store(root)
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(4):
+                if k == 0:
+                    assert torch.equal(st.load(f"t{i}")["w"], ws[i])
+                elif k == 1:
+                    assert st.verify(f"t{i}") == tc.fingerprint({"w": ws[i]})
+                else:
+                    st.export(f"t{i}", tmp_path / f"e{i}.safetensors")
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    with deadline():
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    for i in range(4):
+        assert tc.verify(tmp_path / f"e{i}.safetensors") == tc.fingerprint({"w": ws[i]})
+
+
+def test_a_bool_blob_holding_a_2_is_refused_by_the_direct_decode(tmp_path):
+    """A compressed bool blob whose bytes hash to the digest its (edited) record names, one byte 2:
+    the digest holds, the bool check must not be skipped by decoding into the tensor."""
+    zstd = pytest.importorskip("zstandard")
+    root = tmp_path / "bool"
+    st = tc.Store(root)
+    m = torch.zeros(5000, dtype=torch.bool)
+    st.save("b", {"m": m, "z": torch.zeros(10)})
+    rec_path = root / "tags" / "b.safetensors"
+    rec = tc.load(rec_path)
+    bad = bytearray(5000)
+    bad[17] = 2
+    old_hex = digest_of(m)
+    new_hex = xxhash.xxh3_128(b"bool[5000]" + bytes(bad)).hexdigest()
+    # the manifest (base64 of msgpack, FORMAT.md §5) holds the raw tensor digest; the file digest
+    # (§7.2) is that of the manifest bytes: both rewritten, as a liar would
+    head = rec["header"]
+    text = json.loads(head[8:])["__metadata__"]
+    manifest = base64.b64decode(text["tensorcanon.manifest"])
+    assert manifest.count(bytes.fromhex(old_hex)) == 1
+    forged = manifest.replace(bytes.fromhex(old_hex), bytes.fromhex(new_hex))
+    new_text = base64.b64encode(forged).decode()
+    assert len(new_text) == len(text["tensorcanon.manifest"])
+    head = head.replace(text["tensorcanon.manifest"].encode(), new_text.encode())
+    head = head.replace(text["tensorcanon.digest"].encode(), f"xxh3-128:{xxhash.xxh3_128(forged).hexdigest()}".encode())
+    rec["header"] = head
+    rec_path.unlink()
+    tc.save(rec, rec_path)
+    prefix = b"bool[5000]"
+    blob = MAGIC + struct.pack("<BBHQ", 1, 0, len(prefix), 5000) + prefix
+    blob += bytes(-len(blob) % 64) + zstd.ZstdCompressor(level=1).compress(bytes(bad))
+    p = loose_path(root, new_hex)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(blob)
+    for how in ({}, {"map_location": "cpu"}, {"mmap": True}):
+        with deadline(), pytest.raises(tc.TensorCanonError) as e:
+            tc.Store(root).load("b", **how)
+        assert "other than 0 or 1" in str(e.value) and "$[\"m\"]" in str(e.value), str(e.value)
