@@ -665,3 +665,78 @@ def test_a_bool_blob_holding_a_2_is_refused_by_the_direct_decode(tmp_path):
         with deadline(), pytest.raises(tc.TensorCanonError) as e:
             tc.Store(root).load("b", **how)
         assert "other than 0 or 1" in str(e.value) and "$[\"m\"]" in str(e.value), str(e.value)
+
+
+def test_a_forged_bool_blob_is_refused_by_verify_and_export(tmp_path):
+    """A store that `load` refuses must not verify (FORMAT.md §9.3 item 2: bool bytes are 0 or 1),
+    and `export` must not write a file that `tensorcanon.load` refuses."""
+    test_a_bool_blob_holding_a_2_is_refused_by_the_direct_decode(tmp_path)
+    root = tmp_path / "bool"
+    with pytest.raises(tc.FormatError, match=r"tag 'b'.*other than 0 or 1"):
+        tc.Store(root).verify("b")
+    with pytest.raises(tc.FormatError, match=r"tag 'b', tensor \$\[\"m\"\].*other than 0 or 1"):
+        tc.Store(root).export("b", tmp_path / "out.safetensors")
+    assert not (tmp_path / "out.safetensors").exists()
+    assert verify_code(root) == 1
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_a_file_whose_bool_tensor_holds_a_2_does_not_verify(tmp_path, big):
+    """The tag's file (its record's header, then its tensors' bytes): `tensorcanon.verify` must
+    refuse it as `tensorcanon.load` does, read from a path, mapped, or streamed; small and large
+    (a large file is hashed on two threads)."""
+    n = (64 << 20) if big else 5000
+    m = torch.zeros(n, dtype=torch.bool)
+    tc.save({"m": m}, tmp_path / "good.safetensors")
+    raw = bytearray((tmp_path / "good.safetensors").read_bytes())
+    head = bytes(raw[: 8 + struct.unpack_from("<Q", raw)[0]])
+    bad = bytearray(n)
+    bad[n // 3] = 2
+    meta = json.loads(head[8:])["__metadata__"]
+    manifest = base64.b64decode(meta["tensorcanon.manifest"])
+    forged = manifest.replace(bytes.fromhex(digest_of(m)),
+                              xxhash.xxh3_128(f"bool[{n}]".encode() + bytes(bad)).digest())
+    head = head.replace(meta["tensorcanon.manifest"].encode(), base64.b64encode(forged))
+    head = head.replace(meta["tensorcanon.digest"].encode(),
+                        f"xxh3-128:{xxhash.xxh3_128(forged).hexdigest()}".encode())
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(head + bytes(bad))
+    del raw, bad
+    with pytest.raises(tc.FormatError, match="other than 0 or 1"):
+        tc.load(path)
+    with pytest.raises(tc.FormatError, match="other than 0 or 1"):
+        tc.verify(path)
+    with pytest.raises(tc.FormatError, match="other than 0 or 1"):
+        tc.verify(path.read_bytes())
+    with open(path, "rb") as f, pytest.raises(tc.FormatError, match="other than 0 or 1"):
+        tc.verify(io.BufferedReader(io.BytesIO(f.read())))
+
+
+def test_a_missing_shared_base_is_refused(tmp_path):
+    root, x, new, da, db = shared_store(tmp_path)
+    loose_path(root, digest_of(x)).unlink()
+    refused(root, "new", '["a"]')
+
+
+def test_a_shared_base_whose_second_user_claims_another_depth_is_refused(tmp_path):
+    root, x, new, da, db = shared_store(tmp_path)
+    rewrite(root, db, lambda b: set_depth(b, 2))
+    refused(root, "new", '["b"]')
+    rewrite(root, db, lambda b: set_depth(b, 1))
+    rewrite(root, da, lambda b: set_depth(b, 2))
+    refused(root, "new", '["a"]')
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_shared_bases_over_their_budget_are_decoded_by_each_user(tmp_path, monkeypatch, damaged):
+    """docs/STORE.md: beyond the bound on shared bases each user decodes its base on its own
+    (the bound lowered here so that a small store reaches it)."""
+    from tensorcanon.store import store as store_module
+    monkeypatch.setattr(store_module, "SHARED_BASES", 1)
+    root, x, new, da, db = shared_store(tmp_path)
+    if damaged:
+        rewrite(root, digest_of(x), lambda b: flip(b, len(b) - 7))
+        refused(root, "new", '["a"]')
+    else:
+        got = tc.Store(root).load("new")
+        assert torch.equal(got["a"], new["a"]) and torch.equal(got["b"], new["b"])

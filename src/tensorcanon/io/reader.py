@@ -773,6 +773,9 @@ class CheckedFile(RowReader):
         rows = self._file_order()
         checks = self._value_checks()
         keep = tensorkinds.kept_rows(checks)
+        bools = [r for r in rows if r.dtype.name == "bool" and r.end > r.begin]  # (§9.3 item 2, as load)
+        for r in bools:
+            keep.setdefault(r.index, bytearray())
         fd = None
         if self.src.data is None and sum(r.end - r.begin for r in rows) >= _THREADS_FROM:
             fd = self._os_file()
@@ -784,6 +787,10 @@ class CheckedFile(RowReader):
             if self.src.random_access and self.src.pos != self.data_start:
                 self.src.seek(self.data_start)
             self._verify_stream(rows, keep)
+        for r in bools:
+            held = keep[r.index] if self.src.data is None else \
+                bytearray(self.src.data[self.data_start + r.begin : self.data_start + r.end])
+            tensorbytes.check_bool(held, r.dtype, r.name)
         self.check_tree()  # the tree must also be well-formed and the table canonical
         if checks:
             data, start = self.src.data, self.data_start

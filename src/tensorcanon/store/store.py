@@ -1771,7 +1771,15 @@ class _TagFile(io.RawIOBase):
 
     def write_to(self, f: Any, cf: reader.CheckedFile) -> None:
         """Write the whole file to ``f``: the header, then every tensor in data order, each checked
-        against its digest before it is written."""
+        against its digest (and a bool tensor's bytes against 0 and 1) before it is written."""
+        from ..format import tensorbytes
+
+        def check_bool(data: Any, r: Any) -> None:  # (as a load and tensorcanon.verify of the file would)
+            try:
+                tensorbytes.check_bool(data, r.dtype, r.name)
+            except FormatError as e:
+                raise _prefixed(e, f"tag {self.tag!r}, tensor {cf.tensor_path(r.index)}: ") from None
+
         writer._write_all(f, self._header)
         hashers = digest.Hashers(layout.ALGORITHM)
         for r in self._rows:
@@ -1785,6 +1793,7 @@ class _TagFile(io.RawIOBase):
                     k = min(len(view), r.nbytes - at)
                     blob.readinto(bh.payload + at, view[:k])
                     h.update(view[:k])
+                    check_bool(buf if k == len(buf) else bytearray(view[:k]), r)
                     writer._write_all(f, view[:k])
                     at += k
                 got = h.digest()
@@ -1795,6 +1804,7 @@ class _TagFile(io.RawIOBase):
                                          actual=layout.show(got))
             else:
                 data = self._data(r.digest)  # (checked against its digest when decoded)
+                check_bool(data, r)
                 writer._write_all(f, data.data)
         if not self._rows and len(self._header) != self.size:
             raise FormatError(f"tag {self.tag!r}: its header describes no data but the file would be {self.size} bytes")
