@@ -197,10 +197,16 @@ def refused(root, tag, path=None, exc=tc.TensorCanonError):
         assert tag in msg, msg
         if path is not None:
             assert path in msg, msg
-        with pytest.raises(exc):
+        for how in ({"map_location": "meta"}, {"mmap": True}):  # (meta: read through the file's reader)
+            with pytest.raises(exc) as e:
+                st.load(tag, **how)
+            assert tag in str(e.value) and (path is None or path in str(e.value)), (how, str(e.value))
+        with pytest.raises(exc) as e:
             st.verify(tag)
-        with pytest.raises(exc):
+        assert tag in str(e.value), str(e.value)
+        with pytest.raises(exc) as e:
             st.export(tag, Path(root).parent / "out.safetensors")
+        assert tag in str(e.value) and (path is None or path in str(e.value)), str(e.value)
         assert not (Path(root).parent / "out.safetensors").exists()
         assert verify_code(root, tag) == 1
         assert verify_code(root) == 1
@@ -740,3 +746,58 @@ def test_shared_bases_over_their_budget_are_decoded_by_each_user(tmp_path, monke
     else:
         got = tc.Store(root).load("new")
         assert torch.equal(got["a"], new["a"]) and torch.equal(got["b"], new["b"])
+
+
+# ---------------------------------------------------------------- zstd frames that lie about their size
+
+def forged_frame(payload, claim):
+    """A zstd frame of `payload` whose header states `claim` as its content size (2-byte field)."""
+    zstd = pytest.importorskip("zstandard")
+    frame = bytearray(zstd.ZstdCompressor(level=1, write_checksum=False).compress(payload))
+    fhd = frame[4]
+    assert fhd >> 6 == 1 and fhd & 0x20 and not fhd & 0x03, hex(fhd)  # 2-byte size, single segment
+    struct.pack_into("<H", frame, 5, claim - 256)
+    return bytes(frame)
+
+
+@pytest.mark.parametrize("actual", [20000, 10000])
+def test_a_zstd_blob_whose_frame_decodes_to_another_size_is_refused(tmp_path, actual):
+    """The frame states the size the blob's header claims, but decodes to more (or fewer) bytes:
+    decoded straight into the tensor's memory, it must neither overrun it nor leave it half-filled."""
+    root, ws, ds = chain_store(tmp_path, 1)
+    prefix = b"float32[4096]"
+    payload = bytes(range(256)) * (actual // 256) + bytes(actual % 256)
+    blob = MAGIC + struct.pack("<BBHQ", 1, 0, len(prefix), 16384) + prefix
+    blob += bytes(-len(blob) % 64) + forged_frame(payload, 16384)
+    loose_path(root, ds[0]).write_bytes(blob)
+    refused(root, "t0", '["w"]')
+
+
+@pytest.mark.parametrize("actual", [5000, 3000])
+def test_a_zstd_plane_that_decodes_to_another_size_is_refused(tmp_path, actual):
+    root, ws, ds = chain_store(tmp_path, 1)
+    prefix = b"float32[4096]"
+    planes = [forged_frame(bytes([i]) * 7 + bytes(actual - 7), 4096) for i in range(4)]
+    blob = MAGIC + struct.pack("<BBHQ", 2, 0, len(prefix), 16384) + prefix
+    blob += bytes(-len(blob) % 64)
+    for p in planes:
+        blob += struct.pack("<B7xQ", 1, len(p))
+    blob += b"".join(planes)
+    loose_path(root, ds[0]).write_bytes(blob)
+    refused(root, "t0", '["w"]')
+
+
+def test_many_compressed_tensors_with_one_bad_at_either_end(tmp_path):
+    """More tensors than the load decodes ahead: a bad last one is reached after the window moved
+    on; a bad first one fails while the others are in flight; both name the tensor."""
+    root = tmp_path / "many"
+    st = tc.Store(root)
+    ts = {f"p{i:02d}": base_tensor(100 + i) for i in range(24)}
+    st.save("tag", ts)
+    unpack_all(root)
+    for name in ("p23", "p00"):
+        rewrite(root, digest_of(ts[name]), lambda b: flip(b, len(b) - 5))
+        refused(root, "tag", f'["{name}"]')
+        rewrite(root, digest_of(ts[name]), lambda b: flip(b, len(b) - 5))
+    got = tc.Store(root).load("tag")
+    assert all(torch.equal(got[k], v) for k, v in ts.items())

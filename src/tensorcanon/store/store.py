@@ -1726,9 +1726,14 @@ class _TagFile(io.RawIOBase):
                 ready[1][:] = views[r.digest]  # (a tensor whose bytes another row holds, checked: copied)
                 value = typed(r, ready[0])
             else:
-                value = self.mapped(r, map_location, cf) if mmap else None
-                if value is None:
-                    value = cf.read(r.index, map_location=map_location)
+                try:
+                    value = self.mapped(r, map_location, cf) if mmap else None
+                    if value is None:
+                        value = cf.read(r.index, map_location=map_location)
+                except (FormatError, IntegrityError) as e:  # (a blob's own errors name only the blob)
+                    if not e.args or not str(e.args[0]).startswith(f"tag {self.tag!r}"):
+                        _prefixed(e, f"tag {self.tag!r}, tensor {cf.tensor_path(r.index)}: ")
+                    raise
                 values[r.index] = value
                 continue
             values[r.index] = placement.as_recorded(value, r, map_location, functools.partial(cf.tensor_path, r.index))
@@ -1803,7 +1808,10 @@ class _TagFile(io.RawIOBase):
                                          "damaged", path=cf.tensor_path(r.index), expected=layout.show(r.digest),
                                          actual=layout.show(got))
             else:
-                data = self._data(r.digest)  # (checked against its digest when decoded)
+                try:
+                    data = self._data(r.digest)  # (checked against its digest when decoded)
+                except (FormatError, IntegrityError) as e:  # (a blob's own errors name only the blob)
+                    raise _prefixed(e, f"tag {self.tag!r}, tensor {cf.tensor_path(r.index)}: ") from None
                 check_bool(data, r)
                 writer._write_all(f, data.data)
         if not self._rows and len(self._header) != self.size:
