@@ -801,3 +801,30 @@ def test_many_compressed_tensors_with_one_bad_at_either_end(tmp_path):
         rewrite(root, digest_of(ts[name]), lambda b: flip(b, len(b) - 5))
     got = tc.Store(root).load("tag")
     assert all(torch.equal(got[k], v) for k, v in ts.items())
+
+
+def test_a_damaged_raw_blob_inside_a_pack_is_refused_under_mmap(tmp_path):
+    """A raw blob of a local pack is viewed in place under `mmap=True`: hashed first."""
+    root = tmp_path / "rawpack"
+    st = tc.Store(root)
+    r = torch.randint(0, 256, (20000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(8))
+    st.save("r", {"r": r, "s": torch.arange(300)})
+    (pack,) = (root / "packs").glob("*.pack")
+    data = pack.read_bytes()
+    index_at, count = struct.unpack_from("<QQ", data, len(data) - 32)
+    entries = {struct.unpack_from("<16s", data, index_at + 32 * i)[0].hex():
+               struct.unpack_from("<QQ", data, index_at + 32 * i + 16) for i in range(count)}
+    off, length = entries[digest_of(r)]
+    assert header(data[off:off + length])["codec"] == 0  # raw: random bytes
+    pack.write_bytes(flip(data, off + length - 100))
+    got = tc.Store(root)
+    with deadline(), pytest.raises(tc.IntegrityError, match=r"tag 'r'"):
+        got.load("r", mmap=True)
+    assert verify_code(root) == 1
+
+
+def test_verify_exit_2_on_what_is_not_a_store(tmp_path):
+    assert verify_code(tmp_path / "nothing") == 2
+    (tmp_path / "notastore").mkdir()
+    (tmp_path / "notastore" / "tensorcanon-store").write_bytes(b"tensorcanon-store layout 9\n")
+    assert verify_code(tmp_path / "notastore") == 2
