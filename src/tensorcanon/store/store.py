@@ -1798,7 +1798,8 @@ class _TagFile(io.RawIOBase):
                     k = min(len(view), r.nbytes - at)
                     blob.readinto(bh.payload + at, view[:k])
                     h.update(view[:k])
-                    check_bool(buf if k == len(buf) else bytearray(view[:k]), r)
+                    if r.dtype.name == "bool":
+                        check_bool(buf if k == len(buf) else bytearray(view[:k]), r)
                     writer._write_all(f, view[:k])
                     at += k
                 got = h.digest()
