@@ -633,9 +633,9 @@ def test_concurrent_load_verify_and_export_of_one_store_object(tmp_path):
         assert tc.verify(tmp_path / f"e{i}.safetensors") == tc.fingerprint({"w": ws[i]})
 
 
-def test_a_bool_blob_holding_a_2_is_refused_by_the_direct_decode(tmp_path):
-    """A compressed bool blob whose bytes hash to the digest its (edited) record names, one byte 2:
-    the digest holds, the bool check must not be skipped by decoding into the tensor."""
+def forged_bool_store(tmp_path, codec):
+    """Tag `b` of a store whose bool tensor `m` has a blob (of `codec`: 1 zstd, 0 raw) holding a
+    byte 2, named by the digest of those bytes, which its record (edited) names."""
     zstd = pytest.importorskip("zstandard")
     root = tmp_path / "bool"
     st = tc.Store(root)
@@ -662,22 +662,30 @@ def test_a_bool_blob_holding_a_2_is_refused_by_the_direct_decode(tmp_path):
     rec_path.unlink()
     tc.save(rec, rec_path)
     prefix = b"bool[5000]"
-    blob = MAGIC + struct.pack("<BBHQ", 1, 0, len(prefix), 5000) + prefix
-    blob += bytes(-len(blob) % 64) + zstd.ZstdCompressor(level=1).compress(bytes(bad))
+    blob = MAGIC + struct.pack("<BBHQ", codec, 0, len(prefix), 5000) + prefix
+    blob += bytes(-len(blob) % 64) + (zstd.ZstdCompressor(level=1).compress(bytes(bad)) if codec else bytes(bad))
     p = loose_path(root, new_hex)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(blob)
+    return root
+
+
+@pytest.mark.parametrize("codec", [1, 0])
+def test_a_bool_blob_holding_a_2_is_refused_by_load(tmp_path, codec):
+    """The digest holds; the bool check must not be skipped by decoding into the tensor (zstd) or
+    by viewing the blob in place (raw, mmap)."""
+    root = forged_bool_store(tmp_path, codec)
     for how in ({}, {"map_location": "cpu"}, {"mmap": True}):
         with deadline(), pytest.raises(tc.TensorCanonError) as e:
             tc.Store(root).load("b", **how)
         assert "other than 0 or 1" in str(e.value) and "$[\"m\"]" in str(e.value), str(e.value)
 
 
-def test_a_forged_bool_blob_is_refused_by_verify_and_export(tmp_path):
+@pytest.mark.parametrize("codec", [1, 0])
+def test_a_forged_bool_blob_is_refused_by_verify_and_export(tmp_path, codec):
     """A store that `load` refuses must not verify (FORMAT.md §9.3 item 2: bool bytes are 0 or 1),
-    and `export` must not write a file that `tensorcanon.load` refuses."""
-    test_a_bool_blob_holding_a_2_is_refused_by_the_direct_decode(tmp_path)
-    root = tmp_path / "bool"
+    and `export` must not write a file that `tensorcanon.load` refuses (zstd and raw blobs)."""
+    root = forged_bool_store(tmp_path, codec)
     with pytest.raises(tc.FormatError, match=r"tag 'b'.*other than 0 or 1"):
         tc.Store(root).verify("b")
     with pytest.raises(tc.FormatError, match=r"tag 'b', tensor \$\[\"m\"\].*other than 0 or 1"):
