@@ -162,15 +162,7 @@ class Writer:
     def record(self, r: Record) -> None:
         if len(r.scope) > MAX_TEXT or len(r.name) > MAX_TEXT or len(r.role) > MAX_TEXT:
             r = r._replace(scope=fit(r.scope), name=fit(r.name), role=fit(r.role))
-        # (pack_record and frame, in line: a step writes hundreds of records)
-        sumsq = r.sumsq
-        payload = self._pack([TAG_RECORD, r.step, r.phase, r.kind, r.scope, r.name, r.call, r.role, r.dtype,
-                              list(r.shape), r.digest, sumsq if sumsq == sumsq else math.nan, r.note])
-        if len(payload) > MAX_PAYLOAD:
-            raise UsageError(f"a trace record of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
-        check = xxhash.xxh3_64_intdigest(payload, seed=self.previous)
-        self.fh.write(_HEAD.pack(len(payload)) + payload + _CHECK.pack(check))
-        self.previous = check
+        self.frame(pack_record(r, self._pack))  # (the record's layout lives in pack_record alone)
         self.count += 1
 
     def end(self) -> None:
