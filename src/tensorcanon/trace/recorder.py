@@ -640,13 +640,15 @@ class Recorder:
                 if job is not None:
                     worker.put_job((self.step_index, phase, kind, scope, name, call, role), job)
                     return
-            # (the records after an optimizer step reuse what its ops hashed only at level ops: _reuses)
-            reuse = role.startswith("in") or (mode is not None and kind in ("param", "optim"))
-            content = self._summary(value, reuse, written)
-        else:
-            text = value if isinstance(value, str) else args_text(value)
-            content = summarize_text(text[:layout.MAX_TEXT], self.algorithm)
-        self.write(Record(self.step_index, phase, kind, scope, name, call, role, *content))
+        self.write(Record(self.step_index, phase, kind, scope, name, call, role,
+                          *self._content(kind, role, value, written)))
+
+    def _content(self, kind: str, role: str, value: Any, written: bool = False) -> Any:
+        """The record content of ``value`` (a tensor, hashed: :meth:`_summary`; else its text)."""
+        if _is_tensor(value):
+            return self._summary(value, self._reuses(kind, role), written)
+        text = value if isinstance(value, str) else args_text(value)
+        return summarize_text(text[:layout.MAX_TEXT], self.algorithm)
 
     def _reuses(self, kind: str, role: str) -> bool:
         """Whether a record may reuse the content of its tensor met before in this step, unchanged
@@ -686,14 +688,8 @@ class Recorder:
             if self.capture is not None and (self.step_index, kind, "", name, call) == self.capture:
                 self._capture(role, value)
             ready.append((phase, kind, name, call, role, value))
-        algorithm = self.algorithm
-
         def content(item: tuple[str, str, str, int, str, Any]) -> Any:
-            value = item[5]
-            if _is_tensor(value):
-                return self._summary(value, self._reuses(item[1], item[4]))
-            text = value if isinstance(value, str) else args_text(value)
-            return summarize_text(text[:layout.MAX_TEXT], algorithm)
+            return self._content(item[1], item[4], item[5])
 
         step = self.step_index
         for (phase, kind, name, call, role, _), got in zip(ready, contents(content, ready, sizes), strict=True):
@@ -802,9 +798,7 @@ class Recorder:
         if self._worker is not None:
             self._worker.put_record(r)
             return
-        with self._lock:  # (_write_now, in line)
-            if self._writer is not None:
-                self._writer.record(r)
+        self._write_now(r)
 
     def _write_now(self, r: Record) -> None:
         with self._lock:
