@@ -140,145 +140,150 @@ PARALLEL_FROM = 16 * CHUNK
 float32, where handing work to the helper thread costs little beside the work."""
 
 
-class _Split:
-    """One tensor's digest and sum of squares on two cores: this thread hashes every chunk in order
-    and sums the squares of the chunks from the first on, a helper thread sums those from the last
-    on, until they meet; each chunk's sum is kept and the sums are added in chunk order, so the
-    total is bitwise the one of a single thread (numpy and xxhash release the GIL while they work).
-    Where no core is free the helper starts late or not at all and this thread does the rest: the
-    work is never done twice, and the tensor is read only while this thread waits for it (nothing
-    runs beside it that could change it)."""
+class _TwoEnded:
+    """Work items ``0..count-1`` shared by two threads: the asking thread claims them from the first
+    on (:meth:`front`), the helper thread from the last back (:meth:`back`), until they meet, so
+    no item is done twice. Where no core is free the helper starts late or not at all and the
+    asking thread does the rest; :meth:`finish` returns only once the helper is done with the
+    items (on an error too), so the tensors are read only while the asking thread waits (nothing
+    runs beside it that could change them). A subclass does the work in :meth:`_help`."""
 
-    __slots__ = ("a", "n", "sums", "lock", "lo", "hi", "started", "cancelled", "done", "error", "wide")
+    __slots__ = ("lock", "lo", "hi", "started", "cancelled", "done", "error")
 
-    def __init__(self, a: Any, n: int) -> None:
-        self.a, self.n = a, n
-        chunks = -(-n // CHUNK)
-        self.sums = [0.0] * chunks
+    def __init__(self, count: int) -> None:
         self.lock = threading.Lock()
-        self.lo, self.hi = 0, chunks  # chunks [lo, hi) are not claimed yet
+        self.lo, self.hi = 0, count  # items [lo, hi) are not claimed yet
         self.started = self.cancelled = False
         self.done = threading.Event()
         self.error: BaseException | None = None
+
+    def front(self, k: int) -> bool:
+        """Claim item ``k`` (the next from the front) for the asking thread, unless the helper has."""
+        with self.lock:
+            if k >= self.hi:
+                return False
+            self.lo = k + 1
+            return True
+
+    def back(self) -> int | None:
+        """The next item from the back for the helper, or None where the two have met."""
+        with self.lock:
+            if self.hi - 1 < self.lo:
+                return None
+            self.hi -= 1
+            return self.hi
+
+    def finish(self) -> None:
+        """On the asking thread: no more claims; wait for the helper if it started."""
+        with self.lock:
+            wait = self.started
+            self.cancelled = True
+            self.hi = self.lo
+        if wait:
+            self.done.wait()
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def help(self) -> None:
+        """On the helper thread (unless the asking thread finished first)."""
+        with self.lock:
+            if self.cancelled:
+                return
+            self.started = True
+        try:
+            self._help()
+        except BaseException as e:  # noqa: BLE001 (raised on the thread that asked)
+            self.error = e
+        finally:
+            self.done.set()
+
+    def _help(self) -> None:
+        raise NotImplementedError
+
+
+class _Split(_TwoEnded):
+    """One tensor's digest and sum of squares on two cores: this thread hashes every chunk in order
+    and sums the squares of the chunks from the first on, a helper thread sums those from the last
+    on (:class:`_TwoEnded`); each chunk's sum is kept and the sums are added in chunk order, so the
+    total is bitwise the one of a single thread (numpy and xxhash release the GIL while they work)."""
+
+    __slots__ = ("a", "n", "sums", "wide")
+
+    def __init__(self, a: Any, n: int) -> None:
+        chunks = -(-n // CHUNK)
+        super().__init__(chunks)
+        self.a, self.n = a, n
+        self.sums = [0.0] * chunks
         self.wide = a.dtype.itemsize == 8 and a.dtype.kind == "f"
 
     def run(self, h: Any, data: memoryview, step: int) -> float:
         helper = _helper()
         assert helper is not None
         helper.put(self)
-        a, n, sums, lock = self.a, self.n, self.sums, self.lock
-        for k in range(len(sums)):
-            i = k * CHUNK
-            if h is not None:
-                h.update(data[i * step:min(i + CHUNK, n) * step])
-            with lock:
-                mine = k < self.hi
-                if mine:
-                    self.lo = k + 1
-            if mine:
-                sums[k] = _chunk_sum(a, i, n)
-        with lock:
-            wait = self.started
-            self.cancelled = True
-        if wait:
-            self.done.wait()
-        if self.error is not None:
-            raise self.error
+        a, n, sums = self.a, self.n, self.sums
+        try:
+            for k in range(len(sums)):
+                i = k * CHUNK
+                if h is not None:
+                    h.update(data[i * step:min(i + CHUNK, n) * step])
+                if self.front(k):
+                    sums[k] = _chunk_sum(a, i, n)
+        finally:
+            self.finish()
+        self.raise_error()
         total = 0.0
         for x in sums:
             total += x
         return total
 
-    def help(self) -> None:
-        """On the helper thread: claim chunks from the last one down while this thread has not."""
-        with self.lock:
-            if self.cancelled:
-                return
-            self.started = True
-        try:
-            with np.errstate(over="ignore") if self.wide else contextlib.nullcontext():
-                while True:
-                    with self.lock:
-                        if self.hi - 1 < self.lo:
-                            break
-                        self.hi -= 1
-                        k = self.hi
-                    self.sums[k] = _chunk_sum(self.a, k * CHUNK, self.n)
-        except BaseException as e:  # noqa: BLE001 (raised on the thread that asked)
-            self.error = e
-        finally:
-            self.done.set()
+    def _help(self) -> None:
+        with np.errstate(over="ignore") if self.wide else contextlib.nullcontext():
+            while (k := self.back()) is not None:
+                self.sums[k] = _chunk_sum(self.a, k * CHUNK, self.n)
 
 
-class _Many:
+class _Many(_TwoEnded):
     """Several tensors' record contents on two cores: this thread and a helper thread share the
     large tensors (``shared``: this thread from the first on, the helper from the last back,
-    until they meet), whose digest and squares run without the GIL, so both threads run at once;
-    then this thread computes the small ones (``alone``: mostly Python, which holds the GIL, so a
-    second thread would only wait for it). The results come back in the items' order, each what
-    ``fn`` gives on one thread (a content depends on its tensor's bytes alone). Where no core is
-    free the helper starts late or not at all and this thread does the rest; it returns only once
-    every item is done, so the tensors are read only while the training thread waits (nothing
-    runs beside it that could change them)."""
+    :class:`_TwoEnded`), whose digest and squares run without the GIL, so both threads run at
+    once; then this thread computes the small ones (``alone``: mostly Python, which holds the GIL,
+    so a second thread would only wait for it). The results come back in the items' order, each
+    what ``fn`` gives on one thread (a content depends on its tensor's bytes alone)."""
 
-    __slots__ = ("fn", "items", "shared", "alone", "out", "lock", "lo", "hi", "started", "cancelled", "done",
-                 "error")
+    __slots__ = ("fn", "items", "shared", "alone", "out")
 
     def __init__(self, fn: Any, items: list[Any], shared: list[int], alone: list[int]) -> None:
+        super().__init__(len(shared))
         self.fn, self.items, self.shared, self.alone = fn, items, shared, alone
         self.out: list[Any] = [None] * len(items)
-        self.lock = threading.Lock()
-        self.lo, self.hi = 0, len(shared)  # positions [lo, hi) of shared are not claimed yet
-        self.started = self.cancelled = False
-        self.done = threading.Event()
-        self.error: BaseException | None = None
 
     def run(self) -> list[Any]:
         helper = _helper()
         assert helper is not None
         helper.put(self)
-        fn, items, shared, out, lock = self.fn, self.items, self.shared, self.out, self.lock
+        fn, items, shared, out = self.fn, self.items, self.shared, self.out
         try:
             for j in range(len(shared)):
-                with lock:
-                    if j >= self.hi:
-                        break
-                    self.lo = j + 1
-                k = shared[j]
-                out[k] = fn(items[k])
+                if not self.front(j):
+                    break
+                out[shared[j]] = fn(items[shared[j]])
             for k in self.alone:  # (meanwhile the helper ends the large tensor it holds)
                 out[k] = fn(items[k])
         finally:  # (on an error too: the helper is done with the tensors before this returns)
-            with lock:
-                wait = self.started
-                self.cancelled = True
-                self.hi = self.lo
-            if wait:
-                self.done.wait()
-        if self.error is not None:
-            raise self.error
+            self.finish()
+        self.raise_error()
         return out
 
-    def help(self) -> None:
-        """On the helper thread: claim large tensors from the last one back while this thread has not."""
-        with self.lock:
-            if self.cancelled:
-                return
-            self.started = True
+    def _help(self) -> None:
         _LOCAL.helping = True  # (a large tensor's squares are not handed to the helper: this thread is it)
         try:
-            while True:
-                with self.lock:
-                    if self.hi - 1 < self.lo:
-                        break
-                    self.hi -= 1
-                    k = self.shared[self.hi]
+            while (j := self.back()) is not None:
+                k = self.shared[j]
                 self.out[k] = self.fn(self.items[k])
-        except BaseException as e:  # noqa: BLE001 (raised on the thread that asked)
-            self.error = e
         finally:
             _LOCAL.helping = False
-            self.done.set()
 
 
 SHARED_FROM = CHUNK * 4
