@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .. import api
-from ..format import container, digest, optional, paths
+from ..format import container, digest, optional, paths, tensorbytes
 from ..format.errors import (
     FormatError,
     IntegrityError,
@@ -1513,6 +1513,13 @@ class _TagFile(io.RawIOBase):
         self._jobs: list[Future[Any]] = []  # tensors decoding into their memory (values): close waits for them
         self.peak = (0, 0)  # the most blobs, and bytes, values() had decoding ahead at once
 
+    def _named(self, e: TensorCanonError, path: str) -> TensorCanonError:
+        """``e``, a blob's own error (which names only the blob), prefixed with the tag and the
+        tensor's ``path``, once."""
+        if not (e.args and str(e.args[0]).startswith(f"tag {self.tag!r}")):
+            _prefixed(e, f"tag {self.tag!r}, tensor {path}: ")
+        return e
+
     def attach(self, rows: list[Any], path: Callable[[int], str] | None = None) -> None:
         """The tag's table rows (proven by CheckedFile): every blob is opened and its header
         checked against its row before any byte of data is read or allocated. ``path(index)``: a
@@ -1533,7 +1540,7 @@ class _TagFile(io.RawIOBase):
             except TensorCanonError as e:
                 if path is None:
                     raise
-                raise _prefixed(e, f"tag {self.tag!r}, tensor {path(r.index)}: ") from None
+                raise self._named(e, path(r.index)) from None
             self._opened[r.digest] = (blob, h)
             expected = digest.tensor_prefix(r.dtype.name, r.shape)
             if h.prefix != expected:
@@ -1663,8 +1670,6 @@ class _TagFile(io.RawIOBase):
         and AHEAD_BYTES of them ahead of the tensor waited for; the others are read as
         ``tensorcanon.load`` reads a file (``mmap``: a raw local blob is mapped, see :meth:`mapped`).
         Tensors are taken in data order, so the error raised is that of the first bad one."""
-        from ..format import tensorbytes
-
         values: list[Any] = [None] * len(cf.rows)
         order = self._rows
         jobs: dict[int, tuple[Future[Any], Any]] = {}  # position in order -> (decoding, its tensor)
@@ -1719,7 +1724,7 @@ class _TagFile(io.RawIOBase):
                     f.result()
                     value = typed(r, value)
                 except TensorCanonError as e:
-                    raise _prefixed(e, f"tag {self.tag!r}, tensor {cf.tensor_path(r.index)}: ") from None
+                    raise self._named(e, cf.tensor_path(r.index)) from None
                 views[r.digest] = view  # (a later row of this blob copies it)
             elif r.digest in views and decodable(r):
                 ready = fresh(r)
@@ -1731,9 +1736,7 @@ class _TagFile(io.RawIOBase):
                     if value is None:
                         value = cf.read(r.index, map_location=map_location)
                 except (FormatError, IntegrityError) as e:  # (a blob's own errors name only the blob)
-                    if not e.args or not str(e.args[0]).startswith(f"tag {self.tag!r}"):
-                        _prefixed(e, f"tag {self.tag!r}, tensor {cf.tensor_path(r.index)}: ")
-                    raise
+                    raise self._named(e, cf.tensor_path(r.index)) from None
                 values[r.index] = value
                 continue
             values[r.index] = placement.as_recorded(value, r, map_location, functools.partial(cf.tensor_path, r.index))
@@ -1753,7 +1756,6 @@ class _TagFile(io.RawIOBase):
             device = placement.target(r.device, map_location)
             if device is not None and device.type != "cpu":
                 return None
-        from ..format import tensorbytes
         from ..io.source import map_file
 
         blob, h = opened
@@ -1777,13 +1779,11 @@ class _TagFile(io.RawIOBase):
     def write_to(self, f: Any, cf: reader.CheckedFile) -> None:
         """Write the whole file to ``f``: the header, then every tensor in data order, each checked
         against its digest (and a bool tensor's bytes against 0 and 1) before it is written."""
-        from ..format import tensorbytes
-
         def check_bool(data: Any, r: Any) -> None:  # (as a load and tensorcanon.verify of the file would)
             try:
                 tensorbytes.check_bool(data, r.dtype, r.name)
             except FormatError as e:
-                raise _prefixed(e, f"tag {self.tag!r}, tensor {cf.tensor_path(r.index)}: ") from None
+                raise self._named(e, cf.tensor_path(r.index)) from None
 
         writer._write_all(f, self._header)
         hashers = digest.Hashers(layout.ALGORITHM)
@@ -1812,7 +1812,7 @@ class _TagFile(io.RawIOBase):
                 try:
                     data = self._data(r.digest)  # (checked against its digest when decoded)
                 except (FormatError, IntegrityError) as e:  # (a blob's own errors name only the blob)
-                    raise _prefixed(e, f"tag {self.tag!r}, tensor {cf.tensor_path(r.index)}: ") from None
+                    raise self._named(e, cf.tensor_path(r.index)) from None
                 check_bool(data, r)
                 writer._write_all(f, data.data)
         if not self._rows and len(self._header) != self.size:
