@@ -7,7 +7,6 @@ import base64
 import contextlib
 import io
 import json
-import signal
 import struct
 import threading
 import time
@@ -20,24 +19,22 @@ import xxhash
 import tensorcanon as tc
 from tensorcanon.tools import cli
 
+from hostile_lib import deadline  # (a hang fails the test: tests/fuzz/hostile_lib.py)
+
 MAGIC = b"tcstore\x01"
 PACK_MAGIC = b"tcspack\x02"
 
 
 # ---------------------------------------------------------------- helpers (layout only)
 
-@contextlib.contextmanager
-def deadline(seconds=30):
-    """A hang is a failure, not a stuck test run (pytest runs tests on the main thread)."""
-    def boom(*_):
-        raise AssertionError(f"no answer within {seconds} s: a hang")
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+def run_threads(work, args):
+    """``work(*a)`` for each ``a`` of ``args``, each on a thread of its own, all at once; a hang fails."""
+    threads = [threading.Thread(target=work, args=a) for a in args]
+    with deadline():
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
 
 def prefix_of(t):
@@ -532,12 +529,7 @@ def test_concurrent_loads_of_one_store_object(tmp_path):
                 results.append(st.load("new"))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
-    threads = [threading.Thread(target=work) for _ in range(2)]
-    with deadline():
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    run_threads(work, [(), ()])
     assert not errors, errors
     assert len(results) == 20
     for r in results:
@@ -559,12 +551,7 @@ def test_concurrent_loads_of_a_damaged_store_both_refuse(tmp_path):
                 errors.append(e)
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors.append(("foreign", e))
-    threads = [threading.Thread(target=work) for _ in range(2)]
-    with deadline():
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    run_threads(work, [(), ()])
     assert len(errors) == 10 and all(isinstance(e, tc.TensorCanonError) for e in errors), errors
 
 
@@ -622,12 +609,7 @@ def test_concurrent_load_verify_and_export_of_one_store_object(tmp_path):
                     st.export(f"t{i}", tmp_path / f"e{i}.safetensors")
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
-    with deadline():
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    run_threads(work, [(k,) for k in range(3)])
     assert not errors, errors
     for i in range(4):
         assert tc.verify(tmp_path / f"e{i}.safetensors") == tc.fingerprint({"w": ws[i]})
