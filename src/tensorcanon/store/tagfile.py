@@ -9,8 +9,9 @@ a small pool of threads), and the state one load shares between its blobs: :clas
 bases several blobs name, decoded once) and :class:`_Buffers` (decode buffers reused), with the
 bounds on both (AHEAD..., BUFFERS, SHARED_BASES). Finding, opening and decoding one blob stays on
 ``Store`` (``_open_blob``, ``_decode``, ``_decode_checked``), which this module calls through the
-store it is given; store.py imports this module, never the other way round (``Store`` is named
-here for type checking only).
+store it is given; store.py imports this module, never the other way round, not even for type
+checking (an annotation is an import too: tests/test_layers.py): :class:`_Blobs` declares what is
+used of ``Store``, and mypy checks ``Store`` against it where store.py makes a :class:`_TagFile`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,9 +33,6 @@ from ..format import digest, tensorbytes
 from ..format.errors import FormatError, IntegrityError, MissingFileError, TensorCanonError
 from ..io import placement, reader, writer
 from . import backend, layout
-
-if TYPE_CHECKING:
-    from .store import Store
 
 #: A load decodes the compressed blobs after the one being read on this many threads, ...
 AHEAD_THREADS = 2
@@ -171,13 +169,37 @@ def _prefixed(e: TensorCanonError, prefix: str) -> TensorCanonError:
     return e
 
 
+class _Blobs(Protocol):
+    """What this module uses of a ``Store`` (store.py): the backend, and each blob found, opened,
+    decoded and checked against its digest (the methods of that name on ``Store``)."""
+
+    @property
+    def _b(self) -> backend.Local | backend.Remote: ...
+
+    def _damage_note(self) -> str: ...
+
+    def _open_blob(self, raw: bytes, handles: dict[str, backend.Blob] | None = None, *, share: bool = False,
+                   heads: dict[tuple[str, int, int], layout.BlobHeader] | None = None,
+                   ) -> tuple[backend.Blob, layout.BlobHeader]: ...
+
+    def _decode(self, raw: bytes, prefix: bytes | None = None, depth: int | None = None,
+                handles: dict[str, backend.Blob] | None = None, *, pool: bool = True,
+                bufs: _Buffers | None = None, bases: _Bases | None = None) -> np.ndarray: ...
+
+    def _decode_checked(self, raw: bytes, h: layout.BlobHeader, data: Any, where: str,
+                        handles: dict[str, backend.Blob] | None = None, *, pool: bool = True,
+                        bufs: _Buffers | None = None, out: Any = None, bases: _Bases | None = None) -> np.ndarray: ...
+
+    def _check_decoded(self, raw: bytes, h: layout.BlobHeader | bytes, data: Any, where: str) -> None: ...
+
+
 class _TagFile(io.RawIOBase):
     """A tag as the file ``tensorcanon.save`` writes: the header from its record, the data section
     from its blobs, read at any offset. A raw blob of a local store is read straight into the
     caller's buffer; any other is decoded (and checked against its digest) once, when first read.
     :meth:`values` (``Store.load``) decodes compressed blobs straight into the tensors it returns."""
 
-    def __init__(self, store: Store, tag: str, header: bytes, size: int) -> None:
+    def __init__(self, store: _Blobs, tag: str, header: bytes, size: int) -> None:
         super().__init__()
         self._s = store
         self.tag = tag
