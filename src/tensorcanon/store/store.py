@@ -5,9 +5,9 @@ docs/FORMAT.md §7.1, and *tag records*, one per saved object, each the header o
 ``tensorcanon.save`` writes for it (manifest, table with every tensor digest, devices).
 Saving writes only the tensors the store does not hold, compressed losslessly where that
 pays (compress.py), then the record (atomically). Loading, verifying and exporting read a tag
-as that file: its header from the record, its data section from the blobs, through the one
-reader every file goes through (io/reader.CheckedFile), so a tag is checked exactly as the
-file would be. docs/STORE.md is the user's guide and the layout's specification.
+as that file: its header from the record, its data section from the blobs (tagfile.py presents
+it), through the one reader every file goes through (io/reader.CheckedFile), so a tag is checked
+exactly as the file would be. docs/STORE.md is the user's guide and the layout's specification.
 """
 
 from __future__ import annotations
