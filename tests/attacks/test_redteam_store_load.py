@@ -727,8 +727,8 @@ def test_a_shared_base_whose_second_user_claims_another_depth_is_refused(tmp_pat
 def test_shared_bases_over_their_budget_are_decoded_by_each_user(tmp_path, monkeypatch, damaged):
     """docs/STORE.md: beyond the bound on shared bases each user decodes its base on its own
     (the bound lowered here so that a small store reaches it)."""
-    from tensorcanon.store import store as store_module
-    monkeypatch.setattr(store_module, "SHARED_BASES", 1)
+    from tensorcanon.store import tagfile
+    monkeypatch.setattr(tagfile, "SHARED_BASES", 1)
     root, x, new, da, db = shared_store(tmp_path)
     if damaged:
         rewrite(root, digest_of(x), lambda b: flip(b, len(b) - 7))

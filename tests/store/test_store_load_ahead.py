@@ -1,4 +1,4 @@
-"""A load decodes several compressed blobs ahead on a small pool (store.py, _TagFile): errors still
+"""A load decodes several compressed blobs ahead on a small pool (store/tagfile.py, _TagFile): errors still
 come in tensor order, a damaged base shared by two tensors names the first, memory stays bounded,
 and reused decode buffers never show through."""
 
@@ -11,7 +11,7 @@ import torch
 from test_store import packed
 
 import tensorcanon as tc
-from tensorcanon.store import layout, store as store_module
+from tensorcanon.store import layout, store as store_module, tagfile
 
 
 def _drifting(n, count, seed=0):
@@ -35,8 +35,8 @@ def test_several_blobs_decode_at_once(tmp_path, monkeypatch):
     store = tc.Store(tmp_path / "s")
     store.save("a", a)
     store.save("b", b)
-    meet = threading.Barrier(store_module.AHEAD_THREADS, timeout=20)
-    real = store_module._TagFile._decode_into
+    meet = threading.Barrier(tagfile.AHEAD_THREADS, timeout=20)
+    real = tagfile._TagFile._decode_into
     calls = []
 
     def decode_into(self, raw, out, pool):
@@ -46,7 +46,7 @@ def test_several_blobs_decode_at_once(tmp_path, monkeypatch):
             meet.met = True
         return real(self, raw, out, pool)
 
-    monkeypatch.setattr(store_module._TagFile, "_decode_into", decode_into)
+    monkeypatch.setattr(tagfile._TagFile, "_decode_into", decode_into)
     assert tc.fingerprint(tc.Store(tmp_path / "s").load("b")) == tc.fingerprint(b)
     assert len(calls) == 6 and not meet.broken
 
@@ -58,7 +58,7 @@ def test_decoding_ahead_is_bounded(tmp_path, monkeypatch):
     store.save("a", a)
     store.save("b", b)
     seen: list[tuple[int, int]] = []
-    real = store_module._TagFile.values
+    real = tagfile._TagFile.values
 
     def values(self, *args):
         try:
@@ -66,11 +66,11 @@ def test_decoding_ahead_is_bounded(tmp_path, monkeypatch):
         finally:
             seen.append(self.peak)
 
-    monkeypatch.setattr(store_module._TagFile, "values", values)
+    monkeypatch.setattr(tagfile._TagFile, "values", values)
     assert tc.fingerprint(tc.Store(tmp_path / "s").load("b")) == tc.fingerprint(b)
-    assert seen == [(store_module.AHEAD, store_module.AHEAD * 20000 * 4)]
+    assert seen == [(tagfile.AHEAD, tagfile.AHEAD * 20000 * 4)]
     seen.clear()
-    monkeypatch.setattr(store_module, "AHEAD_BYTES", 20000 * 4)  # one tensor's bytes
+    monkeypatch.setattr(tagfile, "AHEAD_BYTES", 20000 * 4)  # one tensor's bytes
     assert tc.fingerprint(tc.Store(tmp_path / "s").load("b")) == tc.fingerprint(b)
     assert seen == [(1, 20000 * 4)]
 
@@ -190,7 +190,7 @@ def test_a_base_two_blobs_name_is_decoded_once_per_load(tmp_path, monkeypatch):
         got = tc.Store(tmp_path / "s").load("b")
         assert all(torch.equal(got[k], b[k]) for k in b)
         assert decoded.count(rows_a["x"]) == 1 and decoded.count(rows_a["q"]) == 1
-    monkeypatch.setattr(store_module, "SHARED_BASES", 30000 * 4 - 1)  # no room: decoded by each delta
+    monkeypatch.setattr(tagfile, "SHARED_BASES", 30000 * 4 - 1)  # no room: decoded by each delta
     decoded.clear()
     assert tc.fingerprint(tc.Store(tmp_path / "s").load("b")) == tc.fingerprint(b)
     assert decoded.count(rows_a["x"]) == 2
@@ -233,7 +233,7 @@ def test_a_shared_base_asked_for_more_often_than_counted(tmp_path, monkeypatch):
     for tag, obj in (("a", a), ("b", b), ("c", c)):
         store.save(tag, obj)
     rows_a = {r.name: r.digest for r in _rows(store, "a")}
-    monkeypatch.setattr(store_module, "SHARED_BASES", n * 4)
+    monkeypatch.setattr(tagfile, "SHARED_BASES", n * 4)
     for _ in range(5):
         got = tc.Store(tmp_path / "s").load("c")
         assert all(torch.equal(got[k], c[k]) for k in c)

@@ -4,7 +4,7 @@ Every rule a reader of a store checks lives here, used by the writer and every r
 which names are tags, blobs, markers; how a blob's header is written and what a reader
 requires of it before it allocates anything; what a tag record holds. Nothing here does
 I/O: backend.py moves bytes, compress.py turns payloads into tensor bytes, store.py puts
-them together.
+them together (tagfile.py, its load side, reads a tag's blobs back as a file).
 """
 
 from __future__ import annotations
