@@ -93,3 +93,23 @@ def test_the_capture_line_quotes_a_name_for_the_shell(tmp_path, capsys):
     proc = subprocess.run(["bash", "-c", f'{assignment}; printf %s "$TENSORCANON_TRACE_CAPTURE"'], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
     assert proc.stdout == f"0|module||{evil}|0" and not (tmp_path / "pwned").exists()
+
+
+def test_json_reports_write_terminal_controls_as_json_escapes(tmp_path, capsys):
+    """``diverge --json`` (and every command's --json, through one writer): the C1 controls, DEL and
+    the bidi overrides and isolates a trace's names hold are written as JSON escapes (``\\u202e``), as
+    ``inspect --json`` writes them, so the JSON shown on a terminal cannot reorder or recolour it;
+    parsed, it holds the same strings."""
+    import json
+
+    a = [rec(_HOSTILE, _HOSTILE, role="in.0"), rec(_HOSTILE, _HOSTILE)]
+    x, y = tmp_path / "a\u202e.trace", tmp_path / "b.trace"
+    write(x, a)
+    write(y, [a[0], a[1]._replace(digest=D1)])
+    assert cli(["diverge", "--json", str(x), str(y)]) == 1
+    out = capsys.readouterr().out
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", out), repr(out)
+    assert "\\u202etxt.exe\\u2028x" in out and "\\u009b31m" in out
+    got = json.loads(out)
+    assert got["first"]["name"] == _HOSTILE and got["a"] == str(x)  # (the same strings, parsed)
+    assert not re.search(r"[\u2028\u2029]", out)  # (line separators too, as every report escapes them)

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import json
 import os
 import shutil
 import subprocess
@@ -109,8 +108,7 @@ class _Out:
 
     def json(self, obj: Any) -> None:
         if self.as_json:  # file names that are not UTF-8 are escaped: the JSON is always valid UTF-8
-            text = json.dumps(textout.utf8(obj), indent=2, ensure_ascii=False, allow_nan=False)
-            print(textout.for_stream(text, self.stdout), file=self.stdout)
+            print(textout.for_stream(textout.json_text(obj), self.stdout), file=self.stdout)
 
     def error(self, text: str) -> None:
         self.close_bars()

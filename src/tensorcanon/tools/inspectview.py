@@ -397,20 +397,10 @@ def _count(n: int, unit: str) -> str:
     return f"{n:,} {unit}{'s' if n != 1 else ''}"
 
 
-def _json_escape(m: re.Match[str]) -> str:
-    return f"\\u{ord(m.group()):04x}"
-
-
 def _safe(text: str) -> str:
     """``text`` that is already escaped (a path, a repr) with the characters of
     :data:`textout.CONTROLS` left in it as JSON escapes (a path's keys are JSON strings)."""
-    return textout.CONTROLS.sub(_json_escape, text)
-
-
-def _safe_json(text: str) -> str:
-    """JSON text (``json.dumps`` escapes C0 controls in strings; a newline is between values)
-    with the other characters of :data:`textout.CONTROLS` as JSON escapes: the same JSON value."""
-    return textout.CONTROLS.sub(lambda m: "\n" if m.group() == "\n" else _json_escape(m), text)
+    return textout.CONTROLS.sub(textout.json_escape, text)
 
 
 def _all_leaves(values: Sequence[Any]) -> bool:
@@ -691,7 +681,7 @@ def _write_json(out: Any, head: _Head, root: Any, table: Sequence[Any], select: 
     for the whole, without holding it (or a row per entry)."""
 
     def put(text: str) -> None:
-        out.stdout.write(textout.for_stream(_safe_json(text), out.stdout))
+        out.stdout.write(textout.for_stream(textout.json_safe(text), out.stdout))
 
     def dumped(v: Any, indent: str) -> str:
         text = json.dumps(textout.utf8(v), indent=2, ensure_ascii=False, allow_nan=False)

@@ -4,6 +4,7 @@ from files made safe for a terminal (:func:`printable`), and tables that fit a t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -11,12 +12,34 @@ from typing import Any, TextIO
 
 from ..format.text import printable  # the one rule for text from files (format/text.py)
 
-__all__ = ["escaped", "printable", "terminal_safe", "for_stream", "message", "CONTROLS", "around", "plural",
-           "utf8", "table", "terminal_width"]
+__all__ = ["escaped", "printable", "terminal_safe", "for_stream", "message", "CONTROLS", "json_escape", "json_safe",
+           "json_text", "around", "plural", "utf8", "table", "terminal_width"]
 
 CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 """The characters ``inspect`` writes as JSON escapes inside a path (whose keys are JSON strings): C0
 and C1 controls, DEL and the bidi overrides and isolates; other text goes through :func:`printable`."""
+
+_JSON_CONTROLS = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def json_escape(m: re.Match[str]) -> str:
+    """The JSON escape of the one character ``m`` matched (``\\u202e``)."""
+    return f"\\u{ord(m.group()):04x}"
+
+
+def json_safe(text: str) -> str:
+    """JSON text (``json.dumps(ensure_ascii=False)`` escapes only C0 controls in strings) with the
+    characters of :data:`CONTROLS` but the newline between values, and the line separators U+2028
+    and U+2029, written as JSON escapes: the same JSON value, which a terminal it is shown on cannot
+    reorder, recolour or break into lines (every ``--json`` of the command line: :func:`json_text`,
+    and ``inspect --json``, written as it walks)."""
+    return _JSON_CONTROLS.sub(json_escape, text)
+
+
+def json_text(obj: Any) -> str:
+    """``obj`` as the JSON a ``--json`` prints: indented, file names that are not UTF-8 escaped
+    (:func:`utf8`), no NaN, and :func:`json_safe`."""
+    return json_safe(json.dumps(utf8(obj), indent=2, ensure_ascii=False, allow_nan=False))
 
 
 def escaped(text: str) -> str:
