@@ -185,6 +185,23 @@ def test_gc_deletes_a_dead_pack_and_rewrites_a_mostly_dead_one(tmp_path):
     assert store.gc()["written_packs"] == 0  # nothing left to rewrite
 
 
+def test_gc_leaves_a_small_pack_whose_blobs_all_live_as_it_is(tmp_path):
+    """A pack of a few small blobs weighs mostly its header and index: its live bytes are under
+    REPACK_LIVE of its size with nothing dead in it. gc rewrote it into the same bytes at every run
+    (a keep-last-n loop runs gc after every save); it now rewrites a pack only to drop dead blobs,
+    or to merge many small packs."""
+    root = tmp_path / "s"
+    store = tc.Store(root)
+    store.save("tiny", {"w": torch.zeros(10), "b": torch.ones(3)})
+    (pack,) = packs(root)
+    before = (pack.read_bytes(), pack.stat().st_mtime_ns)
+    for s in (store, tc.Store(root)):
+        assert s.gc() == {"deleted_blobs": 0, "freed_bytes": 0, "kept_blobs": 2, "deleted_packs": 0,
+                          "written_packs": 0}
+    assert packs(root) == [pack] and (pack.read_bytes(), pack.stat().st_mtime_ns) == before
+    assert tc.Store(root).verify() == {"tiny": tc.fingerprint({"w": torch.zeros(10), "b": torch.ones(3)})}
+
+
 def test_gc_merges_many_small_packs(tmp_path):
     root = tmp_path / "s"
     store = tc.Store(root)

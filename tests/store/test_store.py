@@ -393,3 +393,28 @@ def test_a_damaged_blob_is_named_though_the_next_is_decoded_ahead(tmp_path):
 def _deltas(stats):
     """Blobs stored as a delta of a base, by any delta codec (XOR, or the integer difference)."""
     return sum(stats["codecs"].get(c, 0) for c in ("delta", "delta-sub", "delta-twos"))
+
+
+def test_the_command_line_exits_1_on_damage_every_action_finds(tmp_path, capsys):
+    """Exit status as ``verify`` for every ``store`` action (docs/STORE.md): damage a command meets
+    in the store's records, packs or blobs exits 1, naming it; an error (no such tag, a bad name) 2.
+    (A pack whose index is damaged made ``stats`` exit 2, as if the command had been misused.)"""
+    root = tmp_path / "s"
+    store = tc.Store(root)
+    store.save("step-1", model_state(1))
+    pack = next((root / "packs").iterdir())
+    data = pack.read_bytes()
+    pack.write_bytes(data[:-8] + bytes(8))  # (its trailer: where the index is, how many entries)
+    for action in (["stats", str(root)], ["gc", str(root)], ["verify", str(root)],
+                   ["export", str(root), "step-1", str(tmp_path / "o.safetensors")]):
+        assert cli.main(["store", *action]) == 1, action
+        got = capsys.readouterr()
+        assert pack.name in got.out + got.err, (action, got)
+    pack.write_bytes(data)
+    record = root / "tags" / "step-1.safetensors"
+    record.write_bytes(record.read_bytes()[:-1] + b"x")
+    for action in (["ls", str(root)], ["export", str(root), "step-1", str(tmp_path / "o.safetensors")]):
+        assert cli.main(["store", *action]) == 1, action
+        assert "'step-1'" in capsys.readouterr().err
+    assert cli.main(["store", "export", str(root), "no-such-tag", str(tmp_path / "x")]) == 2  # (errors: 2)
+    assert cli.main(["store", "export", str(root), "../x", str(tmp_path / "x")]) == 2

@@ -74,7 +74,7 @@ PARALLEL = 64 << 20
 PACK_BLOB_LIMIT = 1 << 20
 #: A pack being written is closed, and another started, once it holds this many bytes.
 PACK_SIZE = 256 << 20
-#: gc rewrites a pack whose live blobs take less than this fraction of its bytes.
+#: gc rewrites a pack holding dead blobs whose live blobs take less than this fraction of its bytes.
 REPACK_LIVE = 0.5
 #: gc merges the packs smaller than MERGE_SMALL into one when there are at least MERGE_AT of them
 #: (each save writes a pack: without merging, a reader would read ever more indexes).
@@ -1006,7 +1006,9 @@ class Store:
                             deleted += len(ix.entries)
                             freed += ix.size
                         continue
-                    if sum(n for _, n, _ in alive) < REPACK_LIVE * ix.size or (merge and ix.size < MERGE_SMALL):
+                    # (rewritten to drop dead blobs, or to merge: one with none dead would come out the same)
+                    mostly_dead = len(alive) < len(ix.entries) and sum(n for _, n, _ in alive) < REPACK_LIVE * ix.size
+                    if mostly_dead or (merge and ix.size < MERGE_SMALL):
                         rewrite.append((rel, ix, alive))
                     else:
                         kept += len(alive)

@@ -1,6 +1,7 @@
 """``tensorcanon store ls|verify|export|gc|stats ROOT …``: a checkpoint store from the command line
-(docs/STORE.md, docs/CLI.md). Exit status as ``verify``: 0 every check passed, 1 something is damaged,
-2 an error (a usage mistake, a store that cannot be read)."""
+(docs/STORE.md, docs/CLI.md). Exit status as ``verify``, for every action: 0 every check passed, 1
+something the action read is damaged (a record, a pack, a blob: named), 2 an error (a usage mistake,
+no such tag, a store that cannot be reached or is not one)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,20 @@ def run(args: argparse.Namespace, out: Any) -> int:
 
     store = Store(args.root)
     root = storage.redact(args.root)
-    store._check_root()  # (every action reads a store that exists)
+    store._check_root()  # (every action reads a store that exists: else an error, exit 2)
+    if args.action == "verify":
+        return _verify(store, root, args.tags, out)
+    try:
+        return _act(store, root, args, out)
+    except (FormatError, IntegrityError) as e:  # (a record, pack or blob the action met is damaged)
+        out.error(f"{e} ('tensorcanon store verify {root}' lists every damaged tag, pack and blob)")
+        return EXIT_DAMAGED
+
+
+def _act(store: Any, root: str, args: argparse.Namespace, out: Any) -> int:
+    """``ls``, ``export``, ``gc`` or ``stats``; the store's damage raised."""
+    from ..io import storage
+
     if args.action == "ls":
         rows = []
         for tag in store.tags():
@@ -53,8 +67,6 @@ def run(args: argparse.Namespace, out: Any) -> int:
             out.line(f"{r['tag']:<{width}}  {r['digest']}  {r['logical_bytes']:>14,} bytes")
         out.json({"root": root, "tags": rows})
         return EXIT_OK
-    if args.action == "verify":
-        return _verify(store, root, args.tags, out)
     if args.action == "export":
         digest = store.export(args.tag, args.output)
         out.line(f"{args.tag} -> {storage.redact(args.output)}  {digest}")
@@ -62,10 +74,14 @@ def run(args: argparse.Namespace, out: Any) -> int:
         return EXIT_OK
     if args.action == "gc":
         found = store.gc()
+        # (a pack whose index cannot be read is kept, unread: what it holds is unknown; that is damage)
+        bad = [(store._b.display(rel), str(e)) for rel, e in sorted(store._bad_packs.items())]
         out.line(f"deleted {found['deleted_blobs']} blobs ({found['freed_bytes']:,} bytes freed), kept "
                  f"{found['kept_blobs']}; packs deleted {found['deleted_packs']}, written {found['written_packs']}")
-        out.json({"root": root, **found})
-        return EXIT_OK
+        for where, error in bad:
+            out.warn(f"kept pack {where!r}, which cannot be read (what it holds is unknown): {error}")
+        out.json({"root": root, **found, "damaged_packs": [{"pack": w, "error": e} for w, e in bad]})
+        return EXIT_DAMAGED if bad else EXIT_OK
     stats = store.stats()
     ratio = stats["stored_bytes"] / stats["logical_bytes"] if stats["logical_bytes"] else 0.0
     out.line(f"tags           {stats['tags']}")
