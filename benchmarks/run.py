@@ -403,19 +403,19 @@ class Bench:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def save_ops_in_processes(self, large_mib: int, processes: int, runs: int) -> Timings:
+    def save_ops_in_processes(self, large_mib: int, processes: int, runs: int, quick: bool = False) -> Timings:
         """:meth:`save_ops` in ``processes`` fresh processes, ``runs`` rounds each, pooled.
 
         They differ by a few percent, and so does one process from the next: something that
         lasts a process's life (where its memory and its files' pages happen to land, we think;
         not measured) moves its ratios by up to ±5% (one process measured tensorcanon at 1.03×
         a raw write, the next at 1.11×). Rounds cannot cancel that; pooling the rounds of
-        several processes does.
+        several processes does. ``quick``: the children are a smoke test too (``--quick``).
         """
         parts = []
         for _ in range(processes):
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--save-child", str(runs),
-                                   "--large-mib", str(large_mib), "--dir", self.tmp],
+                                   "--large-mib", str(large_mib), "--dir", self.tmp, *(["--quick"] if quick else [])],
                                   capture_output=True, text=True)
             if proc.returncode:
                 raise RuntimeError(f"the large-save child failed:\n{proc.stderr[-3000:]}")
@@ -719,12 +719,12 @@ def main(argv=None) -> int:
     ap.add_argument("--save-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--large-mib", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.save_child is not None:  # one process of Bench.save_ops_in_processes: its rounds, as JSON
-        print(Bench(args.dir, args.save_child).save_ops(large_tensors(args.large_mib), args.save_child).to_json())
-        return 0
     quick = args.quick
     if quick:  # a smoke test: the collection before each timing skips the imports' objects (~80 ms a time)
         gc.freeze()
+    if args.save_child is not None:  # one process of Bench.save_ops_in_processes: its rounds, as JSON
+        print(Bench(args.dir, args.save_child).save_ops(large_tensors(args.large_mib), args.save_child).to_json())
+        return 0
     runs = args.runs or (3 if quick else 5)
     out_path = args.out or os.path.join(HERE, "RESULTS-quick.md" if quick else "RESULTS.md")
     large_mib = 16 if quick else 512
@@ -748,7 +748,7 @@ def main(argv=None) -> int:
         r = bench.io_ops(obj, with_mmap=False)
         rep.table(f"Large: {large_mib} MiB in 128 float32 tensors", r, size=size, spread=SPREAD, cpu=CPU)
         sv_procs, sv_runs = (1, runs) if quick else (5, max(runs, 9))
-        sv = bench.save_ops_in_processes(large_mib, sv_procs, sv_runs)
+        sv = bench.save_ops_in_processes(large_mib, sv_procs, sv_runs, quick)
         rep.table(f"Large saves: {large_mib} MiB in 128 tensors ({sv_procs} processes of "
                   f"their own, {sv_runs} rounds each)", sv, size=size, spread=SPREAD, cpu=CPU)
         tc_raw = sv.ratio("tensorcanon save (file object)", "raw write")
