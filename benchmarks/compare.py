@@ -80,6 +80,7 @@ WORKLOADS = [
     ("config", "save a small config to a file object"),
 ]
 SHORT = ("lazy8", "dumps", "loads", "lazy1k", "config")  # milliseconds: at least 5 runs in each child
+SHORT_RUNS = 5  # (--short-runs: fewer for a smoke test of this script)
 NEEDS = {"mmap": "load(mmap=True)", "lazy8": "open", "lazyall": "open", "lazy1k": "open", "verify": "verify"}
 LAZY_READS = 8
 # glibc raises its mmap threshold (up to 32 MiB) when a process frees a block it had mmapped, after
@@ -151,7 +152,7 @@ def child_main(spec: dict) -> int:
             if key in missing:
                 return
             runs = []
-            for _ in range(max(spec["inner"], 5) if key in SHORT else spec["inner"]):
+            for _ in range(max(spec["inner"], spec["short_runs"]) if key in SHORT else spec["inner"]):
                 out[key] = None  # the previous run's result (a map, buffers) is gone before the next
                 if before is not None:
                     before()
@@ -470,7 +471,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small-count", type=int, default=None, help="1 KiB tensors (default 20000, quick 2000)")
     ap.add_argument("--inner", type=int, default=None,
                     help="runs of each workload inside each child, their median kept (default 3; "
-                         "the millisecond ones at least 5)")
+                         "the millisecond ones at least --short-runs)")
+    ap.add_argument("--short-runs", type=int, default=SHORT_RUNS,
+                    help=f"the least runs of each millisecond workload ({', '.join(SHORT)}) inside each child "
+                         f"(default {SHORT_RUNS}; fewer only for a smoke test of this script)")
     ap.add_argument("--malloc-as-is", action="store_true",
                     help="leave glibc's adjustable mmap threshold (default: pinned at 128 KiB in the children, "
                          "so that loads get fresh pages whatever earlier workloads freed; see MALLOC_MMAP_THRESHOLD)")
@@ -485,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = {
         "large_mib": args.large_mib or (16 if args.quick else 256), "large_count": 128,
         "small_count": args.small_count or (2000 if args.quick else 20000), "py_values": 5000,
-        "inner": args.inner or 3,
+        "inner": args.inner or 3, "short_runs": args.short_runs,
     }
     repo = git(os.path.dirname(os.path.abspath(__file__)), "rev-parse", "--show-toplevel")
     base_desc, head_desc = describe(repo, args.base), describe(repo, args.head)
@@ -565,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Large: {spec['large_mib']} MiB in {n_large} float32 tensors; small: {n_small:,} tensors of 1 KiB; "
         f"Python values: a dict of {spec['py_values'] // 10:,} dicts of 10 values ({spec['py_values']:,} values). "
         f"Each child times each workload {spec['inner']} times"
-        + (f" ({', '.join(SHORT)}: 5)" if spec["inner"] < 5 else "")
+        + (f" ({', '.join(SHORT)}: {spec['short_runs']})" if spec["inner"] < spec["short_runs"] else "")
         + " and reports the median; the table gives seconds, medians over rounds of those, and head/base, "
         "the median of the per-round ratios (below 1: head is faster). "
         + (f"glibc's mmap threshold: {malloc_note}. " if malloc_note else "")

@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python benchmarks/run.py            # full run, writes benchmarks/RESULTS.md
-    python benchmarks/run.py --quick    # small sizes, a smoke test (writes RESULTS-quick.md)
+    python benchmarks/run.py --quick    # small sizes, few rounds, a smoke test (writes RESULTS-quick.md)
 
 Every figure is a median of N runs taken in the same run as the figures it is
 compared against, with the runs of all operations taken in rounds so that noise
@@ -403,19 +403,19 @@ class Bench:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def save_ops_in_processes(self, large_mib: int, processes: int, runs: int) -> Timings:
+    def save_ops_in_processes(self, large_mib: int, processes: int, runs: int, quick: bool = False) -> Timings:
         """:meth:`save_ops` in ``processes`` fresh processes, ``runs`` rounds each, pooled.
 
         They differ by a few percent, and so does one process from the next: something that
         lasts a process's life (where its memory and its files' pages happen to land, we think;
         not measured) moves its ratios by up to ±5% (one process measured tensorcanon at 1.03×
         a raw write, the next at 1.11×). Rounds cannot cancel that; pooling the rounds of
-        several processes does.
+        several processes does. ``quick``: the children are a smoke test too (``--quick``).
         """
         parts = []
         for _ in range(processes):
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--save-child", str(runs),
-                                   "--large-mib", str(large_mib), "--dir", self.tmp],
+                                   "--large-mib", str(large_mib), "--dir", self.tmp, *(["--quick"] if quick else [])],
                                   capture_output=True, text=True)
             if proc.returncode:
                 raise RuntimeError(f"the large-save child failed:\n{proc.stderr[-3000:]}")
@@ -480,7 +480,7 @@ def peak_extra_rss(total: int, folder: str) -> int:
 
 # ----------------------------------------------------------------- lazy open
 
-def lazy_open_bench(bench: Bench, count: int) -> dict:
+def lazy_open_bench(bench: Bench, count: int, rounds: int) -> dict:
     obj = {f"layer{i:04d}": torch.full((1024,), float(i)) for i in range(count)}  # 4 KiB each
     p = bench.path("lazy.st")
     tensorcanon.save(obj, p)
@@ -505,13 +505,14 @@ def lazy_open_bench(bench: Bench, count: int) -> dict:
         with safe_open(bench.path("lazy_st.st"), "pt") as f:
             return f.get_tensor(name)
 
-    # Each run takes about a millisecond: many rounds, so a median means something.
+    # Each run takes about a millisecond: many rounds (``rounds``: at least 41 in a full run), so a
+    # median means something.
     r = interleaved_medians({
         "tensorcanon.open + read 1 by path (verified)": one_by_path,
         "tensorcanon.open + read 1 by name (verified)": one_by_name,
         "safetensors safe_open + get_tensor 1": st_one,
         "tensorcanon.open + read 1 + keys() (checks the whole file)": one_and_keys,
-    }, max(bench.runs, 41))
+    }, rounds)
     r["tensorcanon.load (all, verified)"] = median_time(lambda: tensorcanon.load(p), bench.runs)
     bench.rm("lazy.st")
     bench.rm("lazy_st.st")
@@ -701,7 +702,10 @@ SEPARATE = "## Measured by other scripts"
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, 3 runs: a smoke test")
+    ap.add_argument("--quick", action="store_true",
+                    help="small sizes, 3 runs, the large saves in 1 process of their own, the distributed "
+                    "checkpoints on 1 rank, the imports' objects left out of the collections before each "
+                    "timing (gc.freeze): a smoke test, not a measurement")
     ap.add_argument("--runs", type=int, default=None, help="runs per figure (default 5, quick 3)")
     ap.add_argument("--gpt2-layers", type=int, default=12,
                     help="scale the GPT-2 workload down (default 12 = full 124M params)")
@@ -715,17 +719,20 @@ def main(argv=None) -> int:
     ap.add_argument("--save-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--large-mib", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    quick = args.quick
+    if quick:  # a smoke test: the collection before each timing skips the imports' objects (~80 ms a time)
+        gc.freeze()
     if args.save_child is not None:  # one process of Bench.save_ops_in_processes: its rounds, as JSON
         print(Bench(args.dir, args.save_child).save_ops(large_tensors(args.large_mib), args.save_child).to_json())
         return 0
-    quick = args.quick
     runs = args.runs or (3 if quick else 5)
     out_path = args.out or os.path.join(HERE, "RESULTS-quick.md" if quick else "RESULTS.md")
-    large_mib = 64 if quick else 512
-    small_n = 2000 if quick else 20000
+    large_mib = 16 if quick else 512
+    small_n = 500 if quick else 20000
     gpt_layers = 1 if quick else args.gpt2_layers
-    mem_mib = args.mem_mib or (256 if quick else 2048)
+    mem_mib = args.mem_mib or (32 if quick else 2048)
     lazy_n = 1000
+    lazy_rounds = runs if quick else max(runs, 41)
 
     tmp = tempfile.mkdtemp(prefix="tc-bench-", dir=args.dir or HERE)
     started = time.time()
@@ -740,8 +747,8 @@ def main(argv=None) -> int:
         size = nbytes(obj)
         r = bench.io_ops(obj, with_mmap=False)
         rep.table(f"Large: {large_mib} MiB in 128 float32 tensors", r, size=size, spread=SPREAD, cpu=CPU)
-        sv_procs, sv_runs = (2, runs) if quick else (5, max(runs, 9))
-        sv = bench.save_ops_in_processes(large_mib, sv_procs, sv_runs)
+        sv_procs, sv_runs = (1, runs) if quick else (5, max(runs, 9))
+        sv = bench.save_ops_in_processes(large_mib, sv_procs, sv_runs, quick)
         rep.table(f"Large saves: {large_mib} MiB in 128 tensors ({sv_procs} processes of "
                   f"their own, {sv_runs} rounds each)", sv, size=size, spread=SPREAD, cpu=CPU)
         tc_raw = sv.ratio("tensorcanon save (file object)", "raw write")
@@ -847,14 +854,14 @@ def main(argv=None) -> int:
         gc.collect()
 
         # 3. GPT-2 small + AdamW
-        obj = gpt2_state(gpt_layers, vocab=5000, ctx=256) if quick else gpt2_state(gpt_layers)
+        obj = gpt2_state(gpt_layers, d=256, vocab=5000, ctx=256) if quick else gpt2_state(gpt_layers)
         size = nbytes(obj)
         bench.runs = min(runs, 5)  # the largest workload: 5 runs keep the whole run short
         r = bench.io_ops(obj)
         bench.runs = runs
         params = sum(t.numel() for t in obj["model"].values())
         scale = "" if gpt_layers == 12 and not quick else \
-            f" (scaled down: {gpt_layers} of 12 blocks{', vocab 5000, context 256' if quick else ''})"
+            f" (scaled down: {gpt_layers} of 12 blocks{', width 256, vocab 5000, context 256' if quick else ''})"
         rep.table(f"GPT-2-small-shaped state_dict{scale}: {params / 1e6:.1f}M params + AdamW state, "
                   f"{size / MiB:.0f} MiB", r, size=size, spread=SPREAD, cpu=CPU)
         rep.md += [f"(GPT-2 figures: medians of {min(runs, 5)} runs)", ""]
@@ -873,8 +880,8 @@ def main(argv=None) -> int:
         rep.table("Fingerprint only (GPT-2 object)", {"tensorcanon.fingerprint": fp}, size=size)
 
         # 5. lazy open
-        r = lazy_open_bench(bench, lazy_n)
-        rep.table(f"Lazy open: read 1 tensor of {lazy_n} (medians of {max(runs, 41)} rounds)", r)
+        r = lazy_open_bench(bench, lazy_n, lazy_rounds)
+        rep.table(f"Lazy open: read 1 tensor of {lazy_n} (medians of {lazy_rounds} rounds)", r)
         for how in ("path", "name"):
             q = r.ratio(f"tensorcanon.open + read 1 by {how} (verified)", "safetensors safe_open + get_tensor 1")
             rep.check(f"lazy open + read 1 of {lazy_n} by {how} (verified), vs safe_open + get_tensor",
@@ -913,12 +920,14 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    # 8. distributed checkpoints: tensorcanon.dcp against DCP's default, in processes of their own
-    dcp_world, dcp_mib = 2, 16 if quick else 256
+    # 8. distributed checkpoints: tensorcanon.dcp against DCP's default, in processes of their own (quick:
+    # one rank, a smoke test of this section; tests/dcp/test_bench_smoke.py runs dcp_bench.py on two)
+    dcp_world, dcp_mib = (1, 8) if quick else (2, 256)
     dcp_runs = runs if quick else max(runs, 7)
     result = dcp_bench.run(dcp_world, dcp_mib, dcp_runs, args.dir)
     times = result["times"]
-    rep.table(f"Distributed checkpoints: {dcp_world} ranks (gloo) x {dcp_mib} MiB of DTensor shards, "
+    ranks = f"{dcp_world} rank{'s' if dcp_world > 1 else ''}"
+    rep.table(f"Distributed checkpoints: {ranks} (gloo) x {dcp_mib} MiB of DTensor shards, "
               f"{dcp_runs} rounds in fresh processes (benchmarks/dcp_bench.py)",
               {k: statistics.median(v) for k, v in times.items()},
               spread={k: (min(v), max(v)) for k, v in times.items()})
