@@ -64,7 +64,7 @@ WORKERS = 2
 #: A tensor of fewer bytes than this is encoded on the saving thread: its encoding is mostly Python
 #: calls, so on a worker it would wait for the interpreter lock the saving thread holds (and hand
 #: over a future) for longer than it runs. LoRA adapters and their AdamW state (8-40 KiB each):
-#: a save's CPU time 15-20% less, its wall time 25% less (benchmarks/RESULTS.md).
+#: a save's wall time 29-34% less, its CPU time 26-29% less (benchmarks/RESULTS.md).
 INLINE = 64 << 10
 #: A tensor of at least this many bytes is encoded on the saving thread, its byte planes on
 #: compress.py's threads (one large tensor then uses both cores too).
