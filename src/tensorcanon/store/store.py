@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import secrets
 import threading
@@ -776,11 +777,79 @@ class Store:
         """
         if mmap is not False and mmap is not True:
             raise UsageError(f"mmap must be True or False, not {mmap!r}")
-        with self._tag_file(tag) as cf:
-            placement.check_all(cf.rows, map_location, cf.tensor_path)
-            vf = cf.src.f
-            assert isinstance(vf, _TagFile)
-            return cf._decode(vf.values(cf, map_location, mmap))[0]
+
+        def load() -> Any:
+            with self._tag_file(tag) as cf:
+                placement.check_all(cf.rows, map_location, cf.tensor_path)
+                vf = cf.src.f
+                assert isinstance(vf, _TagFile)
+                return cf._decode(vf.values(cf, map_location, mmap))[0]
+
+        return self._sound_copies(tag, load)
+
+    def _sound_copies(self, tag: str, read: Callable[[], Any]) -> Any:
+        """``read()`` of ``tag``; where it finds damage and a blob it needs (or a delta base below
+        one) is held more than once (two saves wrote it at once, each into its own pack; a pack and
+        a loose copy), every such blob whose copy read first does not decode to its digest is read
+        from one that does from then on, and ``read()`` runs again (docs/STORE.md, "Copies"). The
+        damaged copy stays, for the whole store's verify to report and gc to drop."""
+        try:
+            return read()
+        except (FormatError, IntegrityError):
+            if not self._use_sound_copies(tag):
+                raise
+        return read()
+
+    def _use_sound_copies(self, tag: str) -> bool:
+        """:meth:`_sound_copies`'s choice of copies; whether any changed."""
+        try:
+            with self._tag_file(tag, blobs=False) as cf:
+                stack = [r.digest for r in cf.rows if r.nbytes]
+            loose = self._b.listing(layout.BLOBS)
+        except TensorCanonError:
+            return False
+        copies: dict[bytes, list[str | tuple[str, int, int]]] = {}
+        for rel, ix in sorted(self._packs.items()):
+            for raw, (offset, length) in ix.entries.items():
+                copies.setdefault(raw, []).append((rel, offset, length))
+        for rel in loose:
+            named = layout.blob_digest(rel)
+            if named is not None:
+                copies.setdefault(named, []).append("loose")
+        needed: set[bytes] = set()  # the tag's blobs and, through every copy's header, their bases
+        while stack:
+            raw = stack.pop()
+            if raw in needed:
+                continue
+            needed.add(raw)
+            for loc in copies.get(raw, []):
+                try:
+                    blob, h = self._open_blob(raw, loc=loc)
+                except TensorCanonError:
+                    continue
+                blob.close()
+                if h.base is not None:
+                    stack.append(h.base)
+        twice = sorted(raw for raw in needed if len(copies.get(raw, [])) > 1)
+        changed = False
+        for _ in range(layout.MAX_DEPTH + 1):  # (a base's copy chosen in one pass makes its users' sound in the next)
+            moved = False
+            for raw in twice:
+                now = self._where.get(raw, "loose")
+                if self._sound(raw, now):
+                    continue
+                for loc in copies[raw]:
+                    if loc != now and self._sound(raw, loc):
+                        with self._pack_lock:
+                            if loc == "loose":
+                                self._where.pop(raw, None)
+                            else:
+                                self._where[raw] = cast(tuple[str, int, int], loc)
+                        moved = changed = True
+                        break
+            if not moved:
+                break
+        return changed
 
     def verify(self, tag: str | None = None) -> Any:
         """Check ``tag`` (its record, every blob it uses and its delta bases, decoded and hashed, and
@@ -788,8 +857,7 @@ class Store:
         every blob, used or not) and return ``{tag: digest}``. Raises :class:`IntegrityError` (or
         :class:`FormatError`) naming the tag and blob that failed."""
         if tag is not None:
-            with self._tag_file(tag) as cf:
-                return self._verify_file(tag, cf)
+            return self._sound_copies(tag, lambda: self._verify_tag(tag))
         out: dict[str, str] = {}
         for kind, name, result in self.checks():
             if isinstance(result, BaseException):
@@ -811,8 +879,7 @@ class Store:
             try:
                 with self._tag_file(t, blobs=False) as cf:
                     seen.update(r.digest for r in cf.rows)
-                with self._tag_file(t) as cf:
-                    result: Any = self._verify_file(t, cf)
+                result: Any = self._sound_copies(t, functools.partial(self._verify_tag, t))
             except (FormatError, IntegrityError) as e:
                 result = e
             yield "tag", t, result
@@ -870,6 +937,10 @@ class Store:
             for b in handles.values():
                 b.close()
 
+    def _verify_tag(self, tag: str) -> str:
+        with self._tag_file(tag) as cf:
+            return self._verify_file(tag, cf)
+
     def _verify_file(self, tag: str, cf: reader.CheckedFile) -> str:
         try:
             return cf.verify()
@@ -880,22 +951,25 @@ class Store:
     def export(self, tag: str, path: str | os.PathLike[str], *, storage_options: Any = None) -> str:
         """Write ``tag`` as one file at ``path`` (a path or URL): the bytes ``tensorcanon.save``
         writes for the object, every tensor checked on the way; returns its digest."""
-        with self._tag_file(tag) as cf:
-            cf.check_tree()
-            vf = cf.src.f
-            assert isinstance(vf, _TagFile)
-            target = api.storage.resolve(path, storage_options)
+        def export() -> str:
+            with self._tag_file(tag) as cf:
+                cf.check_tree()
+                vf = cf.src.f
+                assert isinstance(vf, _TagFile)
+                target = api.storage.resolve(path, storage_options)
 
-            def fill(f: Any) -> str:
-                vf.write_to(f, cf)
-                return cf.digest or ""
+                def fill(f: Any) -> str:
+                    vf.write_to(f, cf)
+                    return cf.digest or ""
 
-            if isinstance(target, api.storage.Location):
-                from ..io import remote
+                if isinstance(target, api.storage.Location):
+                    from ..io import remote
 
-                store, obj = api.storage.open_store(target.url, target.options)
-                return remote.write_object(store, obj, fill, hold=0, total=vf.size)
-            return writer.replace_atomically(target, lambda f, tmp: fill(f))
+                    store, obj = api.storage.open_store(target.url, target.options)
+                    return remote.write_object(store, obj, fill, hold=0, total=vf.size)
+                return writer.replace_atomically(target, lambda f, tmp: fill(f))
+
+        return cast(str, self._sound_copies(tag, export))
 
     def tags(self) -> list[str]:
         """Every tag of the store, sorted."""
