@@ -103,8 +103,8 @@ class _Out:
         self._bars: list[Progress] = []
 
     def line(self, text: str = "") -> None:
-        if not self.as_json:
-            print(textout.for_stream(text, self.stdout), file=self.stdout)
+        if not self.as_json:  # (every line escaped: a report that forgot a name from a file still prints it safely)
+            print(textout.message(text, self.stdout), file=self.stdout)
 
     def json(self, obj: Any) -> None:
         if self.as_json:  # file names that are not UTF-8 are escaped: the JSON is always valid UTF-8
