@@ -184,22 +184,27 @@ def test_lock_of_a_name_holding_a_line_break(tmp_path, capsys, brk):
     assert [f["status"] for f in got["files"]] == ["OK"] or len(got["files"]) == 1, got
 
 
-def test_a_lockfile_whose_lines_hold_hostile_names(tmp_path, capsys):
-    """A hand-written lockfile (input like any other): its names hold controls; check reports them
-    MISSING/refused, escaped, in JSON and text."""
-    code, out, err = run(capsys, "lock", "--json", hostile_file(tmp_path, LOCKABLE)[0], "-o", tmp_path / "ok.lock")
+@pytest.mark.parametrize("suffix", ["x\x1b[2J\u202e", "x\u2028y", "x\x85y", "x\x1cy", "x\x00y"])
+def test_a_lockfile_whose_lines_hold_hostile_names(tmp_path, capsys, suffix):
+    """A hand-written lockfile (input like any other): a line's name holds controls, a line separator
+    that ``str.splitlines`` splits on, NUL. check reports it (MISSING or a malformed line), escaped, in
+    JSON and text; the honest line is still checked."""
+    code, out, err = run(capsys, "lock", hostile_file(tmp_path, LOCKABLE)[0], "-o", tmp_path / "ok.lock")
     assert code == 0, err
     lines = (tmp_path / "ok.lock").read_text(encoding="utf-8")
     evil = tmp_path / "evil.lock"
-    evil.write_text(lines + lines.splitlines()[-1].replace("safetensors", "x\x1b[2J\u202e\u2028"), encoding="utf-8")
+    evil.write_text(lines + lines.splitlines()[-1] + suffix + "\n", encoding="utf-8")
     for argv in (["check", "--json", evil], ["check", evil]):
         code, out, err = run(capsys, *argv)
         assert code in (1, 2), (code, out, err)
         if "--json" in argv:
-            json_out(out)
+            if out.strip():
+                got = json_out(out)
+                assert [f["path"] for f in got["files"]] == [LOCKABLE, LOCKABLE + suffix], got
         else:
             clean(out, "check text")
         clean(err, "stderr")
+        assert "Traceback" not in err and (out + err).strip()
 
 
 def test_convert_and_consolidate_json_with_hostile_names(tmp_path, capsys):
@@ -245,7 +250,7 @@ def test_a_safetensors_header_with_escaped_lone_surrogates_and_controls(tmp_path
     surrogate and ESC. Every command refuses it or shows them as escapes; nothing raw, and no lone
     surrogate (it cannot be written to a UTF-8 stdout at all)."""
     header = ('{"w\\ud800\\u001b[2J\\u202e": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},'
-              ' "__metadata__": {"m\\udfff\\u2028": "v\\u009b\\u2066"}}').encode()
+              ' "__metadata__": {"m\\udfff\\u2028": "v\\u009b\\u2066\\udcff"}}').encode()
     header += b" " * (-len(header) % 8)
     path = tmp_path / "plain.safetensors"
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\x00\x00\x80\x3f")
@@ -440,6 +445,14 @@ def damage_record(kind):
         elif kind == "directory":
             p.unlink()
             p.mkdir()
+        elif kind == "fifo":
+            p.unlink()
+            os.mkfifo(p)
+        elif kind == "symlink":  # (to an honest copy outside the root: a store never follows a link)
+            outside = root.parent / "outside.safetensors"
+            outside.write_bytes(data)
+            p.unlink()
+            p.symlink_to(outside)
         return "alpha"
     return do
 
@@ -485,7 +498,7 @@ def damage_pack(kind):
     return do
 
 
-RECORD_DAMAGE = ["truncated", "flipped", "flipped_tail", "zeroed", "empty", "directory"]
+RECORD_DAMAGE = ["truncated", "flipped", "flipped_tail", "zeroed", "empty", "directory", "fifo", "symlink"]
 PACK_DAMAGE = ["trailer_magic", "trailer_count", "trailer_index_offset", "index_digest", "index_offset",
                "index_length", "truncated", "truncated_half", "empty", "blob_bytes", "blob_header", "zeroed",
                "directory", "deleted"]
@@ -507,8 +520,8 @@ def store_actions(root, tmp_path):
             "gc": ["gc", root]}
 
 
-def assert_damage_reported(code, out, err, name, json_mode, act):
-    assert code == 1, (code, out, err)
+def assert_damage_reported(code, out, err, name, json_mode, act, link=False):
+    assert code == (2 if link else 1), (code, out, err)  # (a link is an access error, as for a linked folder)
     assert "Traceback" not in err and "report" not in err.lower().replace("reports", ""), err
     # verify's report (stdout) names what is damaged; every other action names it on stderr
     assert name in (err + out if act.startswith("verify") else err), (name, out, err)
@@ -524,7 +537,7 @@ def test_store_actions_on_a_damaged_record(two_tags, tmp_path, capsys, kind, jso
     js = ["--json"] if json_mode else []
     for act, argv in store_actions(root, tmp_path).items():
         code, out, err = run(capsys, "store", argv[0], *js, *argv[1:])
-        assert_damage_reported(code, out, err, name, json_mode, act)
+        assert_damage_reported(code, out, err, name, json_mode, act, link=kind == "symlink")
         assert not (tmp_path / "out.safetensors").exists()
         check_after(root, beta, capsys)
     # the damaged tag's blobs were kept: restoring... they are still in their pack
@@ -709,3 +722,100 @@ def test_gc_merges_small_packs_once_then_leaves_them(tmp_path, capsys):
     assert run(capsys, "store", "verify", root)[0] == 0
     for tag in ("t8", "t9"):
         equal(tc.Store(root).load(tag), saved[tag])
+
+
+# ------------------------------------------------------------------ a pack deleted mid-run; gc meeting a damaged copy
+
+
+@pytest.mark.parametrize("act", ["verify", "verify_tag", "export", "stats", "gc", "ls"])
+def test_a_pack_deleted_after_it_was_listed(two_tags, tmp_path, capsys, monkeypatch, act):
+    """Another process (a collection) deletes alpha's pack between the listing and the read: no
+    traceback; exit 1 (a tag's blob is gone: damage) or 2 naming the pack or the tag; gc deletes
+    nothing that beta needs."""
+    from tensorcanon.store import backend
+
+    root, alpha, beta, pack_a, _ = two_tags
+    listing = backend.Local.listing
+
+    def racing(self, prefix):
+        found = listing(self, prefix)
+        if prefix.rstrip("/").endswith("packs") and pack_a.exists():
+            pack_a.unlink()
+        return found
+
+    monkeypatch.setattr(backend.Local, "listing", racing)
+    argv = store_actions(root, tmp_path)[act]
+    code, out, err = run(capsys, "store", argv[0], *argv[1:])
+    monkeypatch.undo()
+    assert "Traceback" not in err and "report" not in err.lower().replace("reports", ""), err
+    if act in ("verify", "verify_tag", "export"):
+        assert code in (1, 2), (code, out, err)
+        assert pack_a.stem in out + err or "alpha" in out + err, (out, err)
+    else:
+        assert code in (0, 1, 2), (code, err)
+    assert not (tmp_path / "out.safetensors").exists()
+    check_after(root, beta, capsys)
+
+
+def test_gc_keeps_a_pack_whose_kept_copy_does_not_check(tmp_path, capsys):
+    """A pack with dead blobs, to be rewritten, whose one live blob is damaged: gc copies no damaged
+    blob, deletes no pack holding a live blob it could not copy, exits 1 naming it; beta is intact."""
+    root = tmp_path / "st"
+    g = torch.Generator().manual_seed(11)
+    live, dead = torch.randn(8, 8, generator=g), torch.randn(200, 200, generator=g)
+    beta = {"wb": torch.randn(16, 16, generator=g)}
+    s = tc.Store(root)
+    s.save("alpha", {"live": live, "dead": dead})
+    pack_a = next((root / "packs").iterdir())
+    s.save("keep", {"live": live})  # (its blob is in alpha's pack)
+    s.save("beta", beta)
+    s.delete("alpha")
+    data, i, n, entries = pack_index(pack_a)
+    from tensorcanon.format import digest as _digest  # noqa: F401  (the tensor digest: which entry is live)
+    import xxhash
+
+    raw_live = live.contiguous().view(torch.uint8).numpy().tobytes()
+    d_live = xxhash.xxh3_128(b"float32[8,8]" + raw_live).digest()
+    (off, length), = [(o, ln) for d, o, ln in entries if d == d_live]
+    b = bytearray(data)
+    b[off + length - 1] ^= 1
+    pack_a.write_bytes(bytes(b))
+    for _ in range(2):
+        code, out, err = run(capsys, "store", "gc", root)
+        assert "Traceback" not in err
+        assert code == 1, (code, out, err)
+        assert pack_a.stem in err or d_live.hex() in err or "keep" in err, err
+        assert pack_a.exists()
+        check_after(root, beta, capsys)
+    code, out, err = run(capsys, "store", "verify", root)
+    assert code == 1 and "keep" in out
+
+
+def test_outputs_under_a_strict_ascii_stdout(tmp_path, monkeypatch):
+    """A strict ASCII stdout and stderr (LANG=C): every command writes its JSON and text, escaped, and
+    never raises UnicodeEncodeError (SECURITY.md: "under a strict or ASCII stdout")."""
+    import io
+
+    path, _ = hostile_file(tmp_path, LOCKABLE + "\u00e9.safetensors")
+    odd = os.fsdecode(os.fsencode(tmp_path) + b"/o\xff.safetensors")
+    tc.save({"x\u00e9": torch.ones(2)}, odd)
+    root = tmp_path / ("st\u00e9" + LOCKABLE)
+    tc.Store(root).save("alpha", {"w": torch.ones(3)})
+    runs = [["inspect", "--json", path], ["inspect", path], ["hash", "--json", path, odd], ["verify", path, odd],
+            ["diff", path, odd], ["diff", "--json", path, odd], ["store", "ls", root], ["store", "verify", root],
+            ["store", "stats", "--json", root], ["store", "verify", root, "x\u00e9"], ["inspect", odd]]
+    for argv in runs:
+        out_b, err_b = io.BytesIO(), io.BytesIO()
+        out = io.TextIOWrapper(out_b, encoding="ascii", errors="strict")
+        err = io.TextIOWrapper(err_b, encoding="ascii", errors="strict")
+        monkeypatch.setattr(sys, "stdout", out)
+        monkeypatch.setattr(sys, "stderr", err)
+        code = cli.main([str(a) for a in argv])
+        out.flush()
+        err.flush()
+        monkeypatch.undo()
+        assert code in (0, 1, 2), argv
+        text = out_b.getvalue().decode("ascii") + err_b.getvalue().decode("ascii")
+        assert "Traceback" not in text and "UnicodeEncodeError" not in text, (argv, text)
+        if "--json" in argv:
+            json.loads(out_b.getvalue())

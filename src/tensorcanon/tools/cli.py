@@ -108,7 +108,7 @@ class _Out:
 
     def json(self, obj: Any) -> None:
         if self.as_json:  # file names that are not UTF-8 are escaped: the JSON is always valid UTF-8
-            print(textout.for_stream(textout.json_text(obj), self.stdout), file=self.stdout)
+            print(textout.json_for_stream(textout.json_text(obj), self.stdout), file=self.stdout)
 
     def error(self, text: str) -> None:
         self.close_bars()

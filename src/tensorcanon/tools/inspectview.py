@@ -682,7 +682,7 @@ def _write_json(out: Any, head: _Head, root: Any, table: Sequence[Any], select: 
     for the whole, without holding it (or a row per entry)."""
 
     def put(text: str) -> None:
-        out.stdout.write(textout.for_stream(textout.json_safe(text), out.stdout))
+        out.stdout.write(textout.json_for_stream(textout.json_safe(text), out.stdout))
 
     def dumped(v: Any, indent: str) -> str:
         text = json.dumps(textout.utf8(v), indent=2, ensure_ascii=False, allow_nan=False)

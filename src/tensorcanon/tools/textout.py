@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from ..format.text import printable  # the one rule for text from files (format/text.py)
 
 __all__ = ["escaped", "printable", "terminal_safe", "for_stream", "message", "CONTROLS", "json_escape", "json_safe",
-           "json_escaped", "json_text", "around", "plural", "utf8", "table", "terminal_width"]
+           "json_escaped", "json_for_stream", "json_text", "around", "plural", "utf8", "table", "terminal_width"]
 
 CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 """C0 and C1 controls, DEL, the bidi overrides and isolates and the line separators: the characters
@@ -90,6 +90,29 @@ def for_stream(text: str, stream: Any) -> str:
     except LookupError:
         pass
     return text
+
+
+def json_for_stream(text: str, stream: Any) -> str:
+    """JSON text as ``stream`` can write it and stay JSON: a character its encoding lacks (an ASCII
+    stdout's ``é``) or a lone surrogate is written as a JSON escape (``\\u00e9``), where
+    :func:`for_stream`'s ``\\xe9`` would make the JSON invalid."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+        return text
+    except LookupError:
+        encoding = "utf-8"
+    except UnicodeEncodeError:
+        pass
+
+    def fits(ch: str) -> bool:
+        try:
+            ch.encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            return False
+        return True
+
+    return "".join(ch if fits(ch) else _json_escapes(ch) for ch in text)
 
 
 def around(ra: str, rb: str, limit: int) -> tuple[str, str]:
