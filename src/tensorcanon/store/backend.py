@@ -302,9 +302,10 @@ class Local:
         return out
 
     def irregular(self, prefix: str) -> list[str]:
-        """The names directly in folder ``prefix`` that are not regular files (a folder, FIFO, link
-        where a record belongs): :meth:`listing` leaves them out, yet a reader must not take them for
-        absent (``Store.tags`` lists them, so that reading them reports the damage)."""
+        """The names directly in folder ``prefix`` that are neither regular files nor links (a folder
+        or FIFO where a record belongs): :meth:`listing` leaves them out, yet a reader must not take
+        them for absent (``Store.tags`` lists them, so that reading them reports the damage). A link
+        is not part of the store: never listed, never followed."""
         import stat
 
         top = self.path(prefix)
@@ -316,10 +317,10 @@ class Local:
         out = []
         for entry in entries:
             try:
-                regular = stat.S_ISREG(entry.stat(follow_symlinks=False).st_mode)
+                mode = entry.stat(follow_symlinks=False).st_mode
             except OSError:
                 continue
-            if not regular:
+            if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):
                 out.append(os.path.relpath(entry.path, self.root).replace(os.sep, "/"))
         return out
 

@@ -904,8 +904,8 @@ class Store:
             return []
         self._check_root()  # (layout: a reader MUST refuse a root without the marker, or with other bytes)
         out = []
-        # (a folder, FIFO or link in place of a record is listed too: read, it is damage, where left
-        # out the whole-store verify passed and gc deleted the blobs of a tag it could not read)
+        # (a folder or FIFO in place of a record is listed too: read, it is damage, where left out
+        # the whole-store verify passed and gc deleted the blobs of a tag it could not read)
         for rel in [*self._b.listing(layout.TAGS), *self._b.irregular(layout.TAGS)]:
             tag = layout.tag_of(rel.rsplit("/", 1)[-1])
             if tag is not None and rel == layout.tag_path(tag):
