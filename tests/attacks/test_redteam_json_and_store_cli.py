@@ -820,3 +820,15 @@ def test_outputs_under_a_strict_ascii_stdout(tmp_path, monkeypatch):
         assert "Traceback" not in text and "UnicodeEncodeError" not in text, (argv, text)
         if "--json" in argv:
             json.loads(out_b.getvalue())
+
+
+def test_verify_note_naming_dropped_values_with_hostile_keys(tmp_path, capsys):
+    """verify's ``tensorcanon: note: torch.load(...) would ... drop N values ($[...])`` quotes the paths
+    of the values torch.load drops: keys from the file, escaped like every stderr line."""
+    path = tmp_path / "n.safetensors"
+    tc.save({"w": torch.ones(2), HOSTILE: 1, "x\u2028\u202e": "v"}, path)
+    code, out, err = run(capsys, "verify", path)
+    assert code == 0, err
+    assert "note:" in err and "drop 2 values" in err, err
+    clean(out, "verify stdout")
+    clean(err, "verify stderr")

@@ -333,7 +333,7 @@ def _fitted(out: _Out, line: str, columns: int | None) -> None:
 
 def _note(out: _Out, text: str) -> None:
     """Advice about the output, on stderr: ``tensorcanon: note: ...``."""
-    print(textout.for_stream(f"{PROG}: note: {text}", out.stderr), file=out.stderr)
+    print(textout.message(f"{PROG}: note: {text}", out.stderr), file=out.stderr)
 
 
 # --------------------------------------------------------------------------- inspect
