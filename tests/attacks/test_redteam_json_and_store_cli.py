@@ -832,3 +832,22 @@ def test_verify_note_naming_dropped_values_with_hostile_keys(tmp_path, capsys):
     assert "note:" in err and "drop 2 values" in err, err
     clean(out, "verify stdout")
     clean(err, "verify stderr")
+
+
+@pytest.mark.parametrize("argv", [
+    ["hash", "--\x1b[2J\u202e\u2028x", "a"],             # a file named like an option, from a glob
+    ["hash", "a", "--x\x9b31m"],
+    ["store", "ls", "r", "extra\x1b[2J"],
+    ["st\x1b[2Jore\u202e", "ls", "r"],
+    ["diverge", "--tolerance", "x\x1b[2J\u202e", "a", "b"],
+])
+def test_usage_errors_quoting_hostile_arguments(capsys, argv):
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    assert code == 2
+    clean(out, "stdout")
+    clean(err, "usage error")
+    assert "\\x1b" in err or "\\x9b" in err

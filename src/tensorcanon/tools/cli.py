@@ -775,7 +775,8 @@ class _Parser(argparse.ArgumentParser):
             if isinstance(action, argparse._SubParsersAction) and "invalid choice" in message:
                 given = message.split("invalid choice: ", 1)[1].split(" ", 1)[0].strip("'\"")
                 message += _did_you_mean(given, list(action.choices))
-        super().error(message)
+        # (an argument may be a file name a glob expanded, ``--\x1b[2J``: escaped like every error line)
+        super().error(textout.message(message, sys.stderr))
 
 
 def _did_you_mean(given: str, names: Iterable[str]) -> str:
