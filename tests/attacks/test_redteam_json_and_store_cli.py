@@ -851,3 +851,63 @@ def test_usage_errors_quoting_hostile_arguments(capsys, argv):
     clean(out, "stdout")
     clean(err, "usage error")
     assert "\\x1b" in err or "\\x9b" in err
+
+
+def test_store_with_a_root_that_is_not_utf8_and_hostile_outs(tmp_path, capsys):
+    root = os.fsdecode(os.fsencode(tmp_path) + b"/st\xff\x1b[2J")
+    tc.Store(root).save("alpha", {"w": torch.ones(3)})
+    for act in (["ls"], ["verify"], ["stats"], ["gc"]):
+        code, out, err = run(capsys, "store", act[0], "--json", root)
+        assert code == 0, err
+        got = json_out(out)
+        assert "\\xff" in got["root"], got
+        code, out, err = run(capsys, "store", act[0], root)
+        clean(out, f"store {act}")
+        clean(err, f"store {act}")
+    # export to a folder that does not exist, named with controls: an error (2), escaped
+    for js in ([], ["--json"]):
+        code, out, err = run(capsys, "store", "export", *js, root, "alpha", tmp_path / ("no\x1b[2J\u202e") / "o")
+        assert code == 2, (code, err)
+        clean(out.replace("\n", ""), "stdout")
+        clean(err, "stderr")
+        assert "\\x1b[2J" in err
+
+
+def test_a_record_whose_fields_hold_controls(two_tags, tmp_path, capsys):
+    """A record is a tensorcanon file like any other: its ``tag`` field holds ESC, U+202E, U+2028.
+    Every store action names the damage with them escaped, in text and JSON."""
+    root, alpha, beta, _, _ = two_tags
+    header = (root / "tags" / "alpha.safetensors").read_bytes()
+    good = tc.load(root / "tags" / "alpha.safetensors")
+    tc.save({**good, "tag": "x\x1b[2J\u202e\u2028\x9b"}, root / "tags" / "alpha.safetensors")
+    assert header != (root / "tags" / "alpha.safetensors").read_bytes()
+    for act, argv in store_actions(root, tmp_path).items():
+        for js in ([], ["--json"]):
+            code, out, err = run(capsys, "store", argv[0], *js, *argv[1:])
+            assert code == 1, (act, code, err)
+            clean(err, f"stderr of {act}")
+            if js and out.strip():
+                got = json_out(out)
+                assert any("x\x1b[2J\u202e\u2028\x9b" in s for s in strings(got)) or "x\\x1b" in err, got
+            else:
+                clean(out, f"stdout of {act}")
+            assert "x\\x1b[2J\\u202e\\u2028\\x9b" in out + err or "x\\u001b[2J\\u202e\\u2028\\u009b" in out, (out, err)
+
+
+def test_check_of_several_lockfiles_one_unreadable_and_hostile(tmp_path, capsys):
+    path, _ = hostile_file(tmp_path, LOCKABLE + ".safetensors")
+    good = tmp_path / "good.lock"
+    assert run(capsys, "lock", path, "-o", good)[0] == 0
+    bad = tmp_path / ("bad\x1b[2J\u202e.lock")
+    bad.write_bytes(b"tensorcanon-lock 3\nnot a line \x1b[2J\xe2\x80\xae\n")
+    missing = tmp_path / ("gone\u2028.lock")
+    code, out, err = run(capsys, "check", "--json", good, bad, missing)
+    assert code == 2, (code, out, err)
+    got = json_out(out)
+    clean(err, "stderr")
+    assert [lf["lockfile"] for lf in got["lockfiles"]] == [str(good), str(bad), str(missing)]
+    assert "files" in got["lockfiles"][0] and "error" in got["lockfiles"][1] and "error" in got["lockfiles"][2]
+    code, out, err = run(capsys, "check", good, bad, missing)
+    assert code == 2
+    clean(out, "check text")
+    clean(err, "stderr")
