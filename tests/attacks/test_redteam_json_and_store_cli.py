@@ -28,6 +28,7 @@ import sys
 import msgpack
 import pytest
 import torch
+import xxhash
 
 import tensorcanon as tc
 from tensorcanon.format import paths
@@ -249,8 +250,8 @@ def test_a_safetensors_header_with_escaped_lone_surrogates_and_controls(tmp_path
     """A plain safetensors header is JSON: ``"\\ud800"`` and ``"\\u001b"`` escapes decode to a lone
     surrogate and ESC. Every command refuses it or shows them as escapes; nothing raw, and no lone
     surrogate (it cannot be written to a UTF-8 stdout at all)."""
-    header = ('{"w\\ud800\\u001b[2J\\u202e": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},'
-              ' "__metadata__": {"m\\udfff\\u2028": "v\\u009b\\u2066\\udcff"}}').encode()
+    header = (b'{"w\\ud800\\u001b[2J\\u202e": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},'
+              b' "__metadata__": {"m\\udfff\\u2028": "v\\u009b\\u2066\\udcff"}}')
     header += b" " * (-len(header) % 8)
     path = tmp_path / "plain.safetensors"
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\x00\x00\x80\x3f")
@@ -772,9 +773,6 @@ def test_gc_keeps_a_pack_whose_kept_copy_does_not_check(tmp_path, capsys):
     s.save("beta", beta)
     s.delete("alpha")
     data, i, n, entries = pack_index(pack_a)
-    from tensorcanon.format import digest as _digest  # noqa: F401  (the tensor digest: which entry is live)
-    import xxhash
-
     raw_live = live.contiguous().view(torch.uint8).numpy().tobytes()
     d_live = xxhash.xxh3_128(b"float32[8,8]" + raw_live).digest()
     (off, length), = [(o, ln) for d, o, ln in entries if d == d_live]
