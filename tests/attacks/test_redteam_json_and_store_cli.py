@@ -910,3 +910,29 @@ def test_check_of_several_lockfiles_one_unreadable_and_hostile(tmp_path, capsys)
     assert code == 2
     clean(out, "check text")
     clean(err, "stderr")
+
+
+def test_gc_after_deleting_the_bases_of_delta_chains(tmp_path, capsys):
+    """Checkpoints of one drifting tensor (deltas on deltas): deleting the early tags and collecting,
+    again and again, keeps every base a live tag needs; each later gc writes nothing."""
+    root = tmp_path / "chain"
+    s = tc.Store(root)
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(128, 64, generator=g)
+    saved = {}
+    for step in range(6):
+        w = w + 1e-4 * torch.randn(128, 64, generator=g)
+        saved[f"s{step}"] = {"w": w.clone(), "b": torch.full((16,), float(step))}
+        s.save(f"s{step}", saved[f"s{step}"])
+    assert tc.Store(root).stats()["max_depth"] >= 2
+    for k in range(4):
+        tc.Store(root).delete(f"s{k}")
+        code, out, err = run(capsys, "store", "gc", "--json", root)
+        assert code == 0, err
+        json_out(out)
+        first = snapshot(root)
+        code, out, err = run(capsys, "store", "gc", "--json", root)
+        assert code == 0 and json.loads(out)["written_packs"] == 0 and snapshot(root) == first
+        assert run(capsys, "store", "verify", root)[0] == 0
+        for tag in list(saved)[k + 1:]:
+            equal(tc.Store(root).load(tag), saved[tag])
