@@ -936,3 +936,51 @@ def test_gc_after_deleting_the_bases_of_delta_chains(tmp_path, capsys):
         assert run(capsys, "store", "verify", root)[0] == 0
         for tag in list(saved)[k + 1:]:
             equal(tc.Store(root).load(tag), saved[tag])
+
+
+def test_a_corrupt_tensor_with_a_hostile_key(tmp_path, capsys, monkeypatch):
+    """verify, hash --verify and check name the corrupt tensor by its path: a key with controls, in
+    JSON (parsed: the path) and text (escaped)."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / (LOCKABLE + ".safetensors")
+    tc.save({HOSTILE: torch.arange(64, dtype=torch.float32)}, path)
+    lock = tmp_path / "c.lock"
+    assert run(capsys, "lock", path, "-o", lock)[0] == 0
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF  # (a data byte of the one tensor)
+    path.write_bytes(bytes(data))
+    for argv in (["verify", "--json", path], ["hash", "--verify", "--json", path], ["check", "--json", lock],
+                 ["verify", path], ["hash", "--verify", path], ["check", lock]):
+        code, out, err = run(capsys, *argv)
+        assert code == 1, (argv, code, out, err)
+        clean(err, f"stderr of {argv[:2]}")
+        if "--json" in argv:
+            got = json_out(out)
+            assert any("k\\u001b[2J" in s or "k\\x1b[2J" in s for s in strings(got)), got
+        else:
+            clean(out, f"stdout of {argv[:2]}")
+            assert "k\\u001b[2J" in out + err or "k\\x1b[2J" in out + err, (out, err)
+
+
+def test_diverge_html_into_a_missing_hostile_folder(tmp_path, capsys):
+    a = [rec("m", "aten.mm.default", role="in.0"), rec("m", "aten.mm.default")]
+    x, y = tmp_path / "a.trace", tmp_path / "b.trace"
+    write_trace(x, a)
+    write_trace(y, a)
+    page = tmp_path / ("no\x1b[2J\u202e\u2028") / "p.html"
+    for js in ([], ["--json"]):
+        code, out, err = run(capsys, "diverge", *js, "--html", page, x, y)
+        assert code == 2, (code, out, err)
+        clean(err, "stderr")
+        clean(out.replace("\n", ""), "stdout")
+        assert "\\x1b[2J" in err
+
+
+def test_repro_whose_command_writes_no_hostile_out(tmp_path, capsys):
+    out_name = tmp_path / (NAME + ".never")
+    code, out, err = run(capsys, "repro", "--json", "--runs", "2", "--out", out_name, "--", sys.executable, "-c", "pass")
+    assert code == 2, (code, out, err)
+    clean(err, "repro stderr")
+    if out.strip():
+        json_out(out)
+    assert "\\x1b[2J" in err
