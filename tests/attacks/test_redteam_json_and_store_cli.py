@@ -978,9 +978,36 @@ def test_diverge_html_into_a_missing_hostile_folder(tmp_path, capsys):
 
 def test_repro_whose_command_writes_no_hostile_out(tmp_path, capsys):
     out_name = tmp_path / (NAME + ".never")
-    code, out, err = run(capsys, "repro", "--json", "--runs", "2", "--out", out_name, "--", sys.executable, "-c", "pass")
+    code, out, err = run(capsys, "repro", "--json", "--runs", "2", "--out", out_name, "--",
+                         sys.executable, "-c", "pass")
     assert code == 2, (code, out, err)
     clean(err, "repro stderr")
     if out.strip():
         json_out(out)
     assert "\\x1b[2J" in err
+
+
+def test_a_progress_bar_naming_a_hostile_file(tmp_path):
+    """The bar drawn on a terminal while a large file is read names the file: escaped, as every
+    stderr line (a name holding ESC or U+202E would act on the terminal it is drawn on)."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    path = tmp_path / (NAME + "\udcff.safetensors")
+    path.write_bytes(b"x")
+    err = Terminal()
+    out = cli._Out(io.StringIO(), err, False, True)
+    wrap = out.wrap("verifying")
+    assert wrap is not None
+    with open(path, "rb") as fh:
+        wrap(fh, 1 << 40)
+        bar = out._bars[0]
+        bar.done = 1 << 39
+        bar._draw()
+    out.close_bars()
+    drawn = err.getvalue()
+    assert "verifying f\\x1b[2J" in drawn
+    clean(drawn.replace("\r", ""), "progress bar")

@@ -124,7 +124,8 @@ class _Out:
 
         def wrap(fh: BinaryReader, size: int) -> ProgressFile:
             name = getattr(fh, "name", None)
-            label = f"{verb} {os.path.basename(name)}" if isinstance(name, str) else verb
+            # (the file's name, escaped as every line: the bar is drawn on a terminal)
+            label = textout.message(f"{verb} {os.path.basename(name)}", self.stderr) if isinstance(name, str) else verb
             bar = Progress(size, label, stream=self.stderr)
             self._bars.append(bar)
             return ProgressFile(fh, bar)
