@@ -665,10 +665,13 @@ def test_store_actions_on_a_damaged_marker(two_tags, tmp_path, capsys, kind):
 
 def test_store_errors_exit_2(two_tags, tmp_path, capsys):
     root = two_tags[0]
+    a_file = tmp_path / "plain.bin"
+    a_file.write_bytes(b"tensorcanon-store layout 2\n")
     for argv in (["verify", root, "nosuchtag"], ["export", root, "nosuchtag", tmp_path / "o"],
                  ["verify", root, ".bad"], ["export", root, "bad/../x", tmp_path / "o"],
                  ["ls", tmp_path / "nothere"], ["stats", tmp_path / "nothere"], ["gc", tmp_path / "nothere"],
-                 ["verify", tmp_path / "nothere"]):
+                 ["verify", tmp_path / "nothere"], ["gc", a_file], ["ls", a_file], ["verify", a_file],
+                 ["stats", root / "tags"], ["gc", root / "packs"], ["export", a_file, "alpha", tmp_path / "o"]):
         for js in ([], ["--json"]):
             code, out, err = run(capsys, "store", argv[0], *js, *argv[1:])
             assert code == 2, (argv, code, err)
