@@ -301,6 +301,29 @@ class Local:
                     out[rel] = (st.st_size, st.st_mtime)
         return out
 
+    def irregular(self, prefix: str) -> list[str]:
+        """The names directly in folder ``prefix`` that are neither regular files nor links (a folder
+        or FIFO where a record belongs): :meth:`listing` leaves them out, yet a reader must not take
+        them for absent (``Store.tags`` lists them, so that reading them reports the damage). A link
+        is not part of the store: never listed, never followed."""
+        import stat
+
+        top = self.path(prefix)
+        self.folders_real(prefix.rstrip("/"), whole=True)
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            return []
+        out = []
+        for entry in entries:
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):
+                out.append(os.path.relpath(entry.path, self.root).replace(os.sep, "/"))
+        return out
+
     def delete(self, rel: str) -> bool:
         self.folders_real(rel)
         try:
@@ -387,6 +410,10 @@ class Remote:
                 f.write(memoryview(piece).cast("B"))
 
         remote.write_object(self.store, path, fill, hold=0, total=total)
+
+    def irregular(self, prefix: str) -> list[str]:
+        """Object storage holds only objects (:meth:`Local.irregular`)."""
+        return []
 
     def listing(self, prefix: str) -> dict[str, tuple[int, float]]:
         top = self.path(prefix)

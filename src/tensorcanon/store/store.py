@@ -124,6 +124,7 @@ class Store:
         # read (and why), and where each blob they hold is: digest -> (pack, offset, length).
         self._packs: dict[str, layout.PackIndex] = {}
         self._bad_packs: dict[str, TensorCanonError] = {}
+        self._gc_damaged: dict[str, TensorCanonError] = {}  # packs the last gc() found damaged and kept
         self._where: dict[bytes, tuple[str, int, int]] = {}
         self._pack_lock = threading.Lock()
         self._listed = False                     # packs/ listed at least once
@@ -977,7 +978,9 @@ class Store:
             return []
         self._check_root()  # (layout: a reader MUST refuse a root without the marker, or with other bytes)
         out = []
-        for rel in self._b.listing(layout.TAGS):
+        # (a folder or FIFO in place of a record is listed too: read, it is damage, where left out
+        # the whole-store verify passed and gc deleted the blobs of a tag it could not read)
+        for rel in [*self._b.listing(layout.TAGS), *self._b.irregular(layout.TAGS)]:
             tag = layout.tag_of(rel.rsplit("/", 1)[-1])
             if tag is not None and rel == layout.tag_path(tag):
                 out.append(tag)
@@ -1008,6 +1011,7 @@ class Store:
             me = self._marker(layout.GC)
             self._b.put(me, [b""], 0, durable=False)
             refresh = _Refresher(self._b, me)
+            self._gc_damaged = {}
             try:
                 waited_for = set(self._live(layout.PENDING))
                 while waited_for:
@@ -1146,6 +1150,9 @@ class Store:
                     h = digest.constructor(layout.ALGORITHM)(b"")
                     h.update(data)
                     if h.digest() != layout.pack_digest(rel) or len(data) != ix.size:
+                        self._gc_damaged[rel] = IntegrityError(
+                            f"pack {self._b.display(rel)!r} does not hash to its name: it is damaged, and was kept "
+                            "as it is, none of its blobs copied")
                         continue
                     sound = True
                     for offset, length, raw in alive:
@@ -1163,7 +1170,8 @@ class Store:
                                 where = f"blob {self._b.display(rel)!r} (blob {raw.hex()} at byte {offset})"
                                 bh = layout.parse_header(piece[: layout.HEAD], length, where)
                                 self._decode_checked(raw, bh, piece, where)
-                            except TensorCanonError:
+                            except TensorCanonError as e:
+                                self._gc_damaged.setdefault(rel, e)
                                 sound = False
                                 continue
                         if builder is not None and builder.full(length):

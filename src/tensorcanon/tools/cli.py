@@ -103,12 +103,12 @@ class _Out:
         self._bars: list[Progress] = []
 
     def line(self, text: str = "") -> None:
-        if not self.as_json:
-            print(textout.for_stream(text, self.stdout), file=self.stdout)
+        if not self.as_json:  # (every line escaped: a report that forgot a name from a file still prints it safely)
+            print(textout.message(text, self.stdout), file=self.stdout)
 
     def json(self, obj: Any) -> None:
         if self.as_json:  # file names that are not UTF-8 are escaped: the JSON is always valid UTF-8
-            print(textout.for_stream(textout.json_text(obj), self.stdout), file=self.stdout)
+            print(textout.json_for_stream(textout.json_text(obj), self.stdout), file=self.stdout)
 
     def error(self, text: str) -> None:
         self.close_bars()
@@ -124,7 +124,8 @@ class _Out:
 
         def wrap(fh: BinaryReader, size: int) -> ProgressFile:
             name = getattr(fh, "name", None)
-            label = f"{verb} {os.path.basename(name)}" if isinstance(name, str) else verb
+            # (the file's name, escaped as every line: the bar is drawn on a terminal)
+            label = textout.message(f"{verb} {os.path.basename(name)}", self.stderr) if isinstance(name, str) else verb
             bar = Progress(size, label, stream=self.stderr)
             self._bars.append(bar)
             return ProgressFile(fh, bar)
@@ -333,7 +334,7 @@ def _fitted(out: _Out, line: str, columns: int | None) -> None:
 
 def _note(out: _Out, text: str) -> None:
     """Advice about the output, on stderr: ``tensorcanon: note: ...``."""
-    print(textout.for_stream(f"{PROG}: note: {text}", out.stderr), file=out.stderr)
+    print(textout.message(f"{PROG}: note: {text}", out.stderr), file=out.stderr)
 
 
 # --------------------------------------------------------------------------- inspect
@@ -775,7 +776,8 @@ class _Parser(argparse.ArgumentParser):
             if isinstance(action, argparse._SubParsersAction) and "invalid choice" in message:
                 given = message.split("invalid choice: ", 1)[1].split(" ", 1)[0].strip("'\"")
                 message += _did_you_mean(given, list(action.choices))
-        super().error(message)
+        # (an argument may be a file name a glob expanded, ``--\x1b[2J``: escaped like every error line)
+        super().error(textout.message(message, sys.stderr))
 
 
 def _did_you_mean(given: str, names: Iterable[str]) -> str:

@@ -12,8 +12,8 @@ by one (the states the format specifies, such as DeterminismSettings; an Ordered
 ``_metadata``; a dict of a few plain values); ``--json`` lists their parts too.
 
 Every string from the file is printed escaped (``textout.printable``; keys inside paths and reprs
-of values are already escaped, and the characters of ``textout.CONTROLS`` left in them are escaped
-as JSON escapes ``\\u001b``), so that a file cannot write terminal control sequences.
+of values are already escaped, and the unprintable characters left in them are escaped as JSON
+escapes ``\\u001b``: ``textout.json_escaped``), so that a file cannot write terminal control sequences.
 """
 
 from __future__ import annotations
@@ -398,9 +398,10 @@ def _count(n: int, unit: str) -> str:
 
 
 def _safe(text: str) -> str:
-    """``text`` that is already escaped (a path, a repr) with the characters of
-    :data:`textout.CONTROLS` left in it as JSON escapes (a path's keys are JSON strings)."""
-    return textout.CONTROLS.sub(textout.json_escape, text)
+    """``text`` that is already escaped (a path, a repr) with every unprintable character left in it
+    (C1 controls, bidi characters, the line separators U+2028 and U+2029) as a JSON escape (a path's
+    keys are JSON strings): :func:`textout.json_escaped`."""
+    return textout.json_escaped(text)
 
 
 def _all_leaves(values: Sequence[Any]) -> bool:
@@ -681,7 +682,7 @@ def _write_json(out: Any, head: _Head, root: Any, table: Sequence[Any], select: 
     for the whole, without holding it (or a row per entry)."""
 
     def put(text: str) -> None:
-        out.stdout.write(textout.for_stream(textout.json_safe(text), out.stdout))
+        out.stdout.write(textout.json_for_stream(textout.json_safe(text), out.stdout))
 
     def dumped(v: Any, indent: str) -> str:
         text = json.dumps(textout.utf8(v), indent=2, ensure_ascii=False, allow_nan=False)

@@ -74,13 +74,18 @@ def _act(store: Any, root: str, args: argparse.Namespace, out: Any) -> int:
         return EXIT_OK
     if args.action == "gc":
         found = store.gc()
-        # (a pack whose index cannot be read is kept, unread: what it holds is unknown; that is damage)
-        bad = [(store._b.display(rel), str(e)) for rel, e in sorted(store._bad_packs.items())]
+        # (a pack whose index cannot be read is kept, unread: what it holds is unknown; that is damage;
+        # so is a pack gc was to rewrite that does not hash to its name or holds a copy that does not check)
+        unread = [(store._b.display(rel), f"kept pack {store._b.display(rel)!r}, which cannot be read (what it "
+                   f"holds is unknown): {e}", str(e)) for rel, e in sorted(store._bad_packs.items())]
+        damaged = [(store._b.display(rel), f"kept pack {store._b.display(rel)!r}, which is damaged: {e}", str(e))
+                   for rel, e in sorted(store._gc_damaged.items()) if rel not in store._bad_packs]
+        bad = unread + damaged
         out.line(f"deleted {found['deleted_blobs']} blobs ({found['freed_bytes']:,} bytes freed), kept "
                  f"{found['kept_blobs']}; packs deleted {found['deleted_packs']}, written {found['written_packs']}")
-        for where, error in bad:
-            out.warn(f"kept pack {where!r}, which cannot be read (what it holds is unknown): {error}")
-        out.json({"root": root, **found, "damaged_packs": [{"pack": w, "error": e} for w, e in bad]})
+        for _, warning, _ in bad:
+            out.warn(f"{warning} ('tensorcanon store verify {root}' lists every damaged tag, pack and blob)")
+        out.json({"root": root, **found, "damaged_packs": [{"pack": w, "error": e} for w, _, e in bad]})
         return EXIT_DAMAGED if bad else EXIT_OK
     stats = store.stats()
     ratio = stats["stored_bytes"] / stats["logical_bytes"] if stats["logical_bytes"] else 0.0

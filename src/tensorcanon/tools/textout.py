@@ -13,11 +13,12 @@ from typing import Any, TextIO
 from ..format.text import printable  # the one rule for text from files (format/text.py)
 
 __all__ = ["escaped", "printable", "terminal_safe", "for_stream", "message", "CONTROLS", "json_escape", "json_safe",
-           "json_text", "around", "plural", "utf8", "table", "terminal_width"]
+           "json_escaped", "json_for_stream", "json_text", "around", "plural", "utf8", "table", "terminal_width"]
 
-CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-"""The characters ``inspect`` writes as JSON escapes inside a path (whose keys are JSON strings): C0
-and C1 controls, DEL and the bidi overrides and isolates; other text goes through :func:`printable`."""
+CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+"""C0 and C1 controls, DEL, the bidi overrides and isolates and the line separators: the characters
+no output of the command line holds as they are (:func:`json_escaped` escapes these and every other
+character :func:`printable` escapes)."""
 
 _JSON_CONTROLS = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 
@@ -25,6 +26,24 @@ _JSON_CONTROLS = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u
 def json_escape(m: re.Match[str]) -> str:
     """The JSON escape of the one character ``m`` matched (``\\u202e``)."""
     return f"\\u{ord(m.group()):04x}"
+
+
+def _json_escapes(ch: str) -> str:
+    n = ord(ch)
+    if n > 0xFFFF:  # JSON escapes a character beyond the BMP as its UTF-16 surrogate pair
+        n -= 0x10000
+        return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
+    return f"\\u{n:04x}"
+
+
+def json_escaped(text: str) -> str:
+    """Text already in JSON's syntax (a path's keys, ``$["a\\u001b"]``) with every character
+    :func:`printable` escapes (what ``str.isprintable`` calls unprintable: controls, bidi and other
+    format characters, the line separators U+2028 and U+2029, a lone surrogate) written as a JSON
+    escape, ``\\u2028``: the same JSON, safe on a terminal (``inspect``'s paths)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _json_escapes(ch) for ch in text)
 
 
 def json_safe(text: str) -> str:
@@ -73,6 +92,29 @@ def for_stream(text: str, stream: Any) -> str:
     return text
 
 
+def json_for_stream(text: str, stream: Any) -> str:
+    """JSON text as ``stream`` can write it and stay JSON: a character its encoding lacks (an ASCII
+    stdout's ``é``) or a lone surrogate is written as a JSON escape (``\\u00e9``), where
+    :func:`for_stream`'s ``\\xe9`` would make the JSON invalid."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+        return text
+    except LookupError:
+        encoding = "utf-8"
+    except UnicodeEncodeError:
+        pass
+
+    def fits(ch: str) -> bool:
+        try:
+            ch.encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            return False
+        return True
+
+    return "".join(ch if fits(ch) else _json_escapes(ch) for ch in text)
+
+
 def around(ra: str, rb: str, limit: int) -> tuple[str, str]:
     """Two texts that differ, each cut to about ``limit`` characters (and ``...`` where cut) around the
     first character where they differ, so that the difference stays visible on both sides (``diff``)."""
@@ -100,7 +142,7 @@ def plural(n: int, noun: str, many: str | None = None) -> str:
 
 
 def message(text: str, stream: Any) -> str:
-    """An error or warning line for ``stream``: within each of its lines every character
+    """An error or warning line, or a line of a text report, for ``stream``: within each of its lines every character
     :func:`printable` escapes (ESC, CR, a CSI, U+202E...) escaped, then as :func:`for_stream` writes
     it: a message quotes paths and names from files, which must not move the cursor, erase a line or
     print a line of their own. The message's own line breaks are kept."""
