@@ -278,6 +278,28 @@ def test_bad_arguments_raise_the_library_usage_error():
         assert isinstance(info.value, tc.TensorCanonError)
 
 
+def test_save_to_something_it_cannot_write_to_is_a_usage_error(tmp_path):
+    """A bytes path, a number, None, a file opened for reading: tensorcanon's UsageError naming
+    what it was given, before anything is planned or written (bytes took the file-object path and
+    raised AttributeError: 'bytes' object has no attribute 'write')."""
+    obj = {"t": torch.ones(2)}
+    readonly = tmp_path / "r.bin"
+    readonly.write_bytes(b"")
+    with open(readonly, "rb") as r:
+        for target, words in ((b"/tmp/x.safetensors", "bytes"), (12345, "int"), (None, "NoneType"),
+                              (r, "BufferedReader")):
+            with pytest.raises(tc.UsageError, match=words) as info:
+                tc.save(obj, target)
+            assert "a path" in str(info.value) and isinstance(info.value, tc.TensorCanonError)
+    assert "tensorcanon.dumps" in str(pytest.raises(tc.UsageError, tc.save, obj, b"x").value)
+    assert readonly.read_bytes() == b""
+    store = tc.Store(tmp_path / "s")
+    store.save("a", obj)
+    for target in (str(tmp_path / "x").encode(), 12345, None):  # (Store.export: a path or a URL)
+        with pytest.raises(tc.UsageError, match=f"not {type(target).__name__}"):
+            store.export("a", target)
+
+
 # ---------------------------------------------------------------- files, devices, load arguments
 
 

@@ -47,6 +47,8 @@ def save(obj: Any, f: PathOrFile, *, metadata: dict | None = None, limits: Limit
         digest = tensorcanon.save(state, "s3://bucket/run1/step100.safetensors")
     """
     f = storage.resolve(f, storage_options)
+    if not isinstance(f, storage.Location):
+        writer.check_target(f, "tensorcanon.save")
     p = writer.plan(obj, metadata, limits, algorithm)
     writer.refuse_skip_data(p, "tensorcanon.save")
     if isinstance(f, storage.Location):

@@ -492,6 +492,24 @@ def _appends(f: BinaryIO) -> bool:
         return False
 
 
+def check_target(f: Any, what: str) -> None:
+    """Raise :class:`UsageError` unless ``f`` (what ``what`` was given, resolved: a URL is a
+    Location by now) is a path or a binary file object open for writing."""
+    if isinstance(f, (str, os.PathLike)):
+        return
+    writable = getattr(f, "writable", None)
+    try:
+        ok = callable(getattr(f, "write", None)) and (writable is None or bool(writable()))
+    except (OSError, ValueError, NotImplementedError):  # (a closed file: its writable() raises ValueError)
+        ok = False
+    if not ok:
+        hint = (": bytes are no place to write to (tensorcanon.dumps(obj) returns the file's bytes; a path "
+                "in bytes: os.fsdecode(path))" if isinstance(f, (bytes, bytearray, memoryview)) else
+                " (a file object must be open for writing, in binary mode)")
+        raise UsageError(f"{what} writes to a path, a URL or a binary file object open for writing, not "
+                         f"{type(f).__name__}{hint}")
+
+
 def write(p: Plan, f: BinaryIO) -> str:
     """Write the planned file to ``f`` and return its digest."""
     seekable = False

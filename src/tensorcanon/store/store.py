@@ -952,6 +952,10 @@ class Store:
     def export(self, tag: str, path: str | os.PathLike[str], *, storage_options: Any = None) -> str:
         """Write ``tag`` as one file at ``path`` (a path or URL): the bytes ``tensorcanon.save``
         writes for the object, every tensor checked on the way; returns its digest."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise UsageError(f"Store.export writes to a path or a URL, not {type(path).__name__}"
+                             + (" (a path in bytes: os.fsdecode(path))" if isinstance(path, bytes) else ""))
+
         def export() -> str:
             with self._tag_file(tag) as cf:
                 cf.check_tree()
