@@ -25,16 +25,14 @@ import shutil
 import struct
 import sys
 
-import msgpack
 import pytest
 import torch
 import xxhash
+from test_trace_text_attacks import D1, rec, write as write_trace  # (a trace's records, written by hand)
 
 import tensorcanon as tc
 from tensorcanon.format import paths
 from tensorcanon.tools import cli
-from tensorcanon.trace import layout
-from tensorcanon.trace.layout import Record
 
 # Every character the docs promise never to print raw: C0 but \n (text lines), DEL, C1, the bidi
 # overrides and isolates, the line separators, and lone surrogates (not UTF-8 at all).
@@ -286,24 +284,6 @@ def test_file_names_that_are_not_utf8(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ traces: diverge, verify, inspect
-
-D0, D1 = bytes(16), bytes(range(16))
-
-
-def rec(scope: str, name: str, role: str = "out", digest: bytes = D0) -> Record:
-    return Record(0, "forward", "op", scope, name, 0, role, "float32", (2, 3), digest, 1.0, "")
-
-
-def write_trace(path, records, end: bool = True) -> None:
-    with open(path, "wb") as fh:
-        fh.write(layout.MAGIC)
-        w = layout.Writer(fh)
-        w.frame(msgpack.packb(layout.Header("ops", "xxh3-128", 0, 1).payload()))
-        for r in records:
-            w.record(r)
-        if end:
-            w.end()
-
 
 def test_trace_commands_with_hostile_names(tmp_path, capsys):
     a = [rec(HOSTILE, HOSTILE, role="in.0"), rec(HOSTILE, HOSTILE)]
