@@ -20,8 +20,6 @@ CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u202
 no output of the command line holds as they are (:func:`json_escaped` escapes these and every other
 character :func:`printable` escapes)."""
 
-_JSON_CONTROLS = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
-
 
 def json_escape(m: re.Match[str]) -> str:
     """The JSON escape of the one character ``m`` matched (``\\u202e``)."""
@@ -48,11 +46,10 @@ def json_escaped(text: str) -> str:
 
 def json_safe(text: str) -> str:
     """JSON text (``json.dumps(ensure_ascii=False)`` escapes only C0 controls in strings) with the
-    characters of :data:`CONTROLS` but the newline between values, and the line separators U+2028
-    and U+2029, written as JSON escapes: the same JSON value, which a terminal it is shown on cannot
-    reorder, recolour or break into lines (every ``--json`` of the command line: :func:`json_text`,
-    and ``inspect --json``, written as it walks)."""
-    return _JSON_CONTROLS.sub(json_escape, text)
+    characters of :data:`CONTROLS` but the newlines between values written as JSON escapes: the same
+    JSON value, which a terminal it is shown on cannot reorder, recolour or break into lines (every
+    ``--json`` of the command line: :func:`json_text`, and ``inspect --json``, written as it walks)."""
+    return CONTROLS.sub(lambda m: "\n" if m.group() == "\n" else json_escape(m), text)
 
 
 def json_text(obj: Any) -> str:
