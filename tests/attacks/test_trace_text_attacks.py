@@ -113,3 +113,10 @@ def test_json_reports_write_terminal_controls_as_json_escapes(tmp_path, capsys):
     got = json.loads(out)
     assert got["first"]["name"] == _HOSTILE and got["a"] == str(x)  # (the same strings, parsed)
     assert not re.search(r"[\u2028\u2029]", out)  # (line separators too, as every report escapes them)
+    marks = [rec("\u200f\u061c\xa0x", "y\u200e", role="in.0"), rec("\u200f\u061c\xa0x", "y\u200e")]
+    write(x, marks)
+    write(y, [marks[0], marks[1]._replace(digest=D1)])
+    assert cli(["diverge", "--json", str(x), str(y)]) == 1
+    out = capsys.readouterr().out
+    assert all(line.isprintable() for line in out.split("\n")), repr(out)  # (bidi marks, no-break spaces)
+    assert json.loads(out)["first"]["scope"] == "\u200f\u061c\xa0x"

@@ -45,11 +45,13 @@ def json_escaped(text: str) -> str:
 
 
 def json_safe(text: str) -> str:
-    """JSON text (``json.dumps(ensure_ascii=False)`` escapes only C0 controls in strings) with the
-    characters of :data:`CONTROLS` but the newlines between values written as JSON escapes: the same
-    JSON value, which a terminal it is shown on cannot reorder, recolour or break into lines (every
-    ``--json`` of the command line: :func:`json_text`, and ``inspect --json``, written as it walks)."""
-    return CONTROLS.sub(lambda m: "\n" if m.group() == "\n" else json_escape(m), text)
+    """JSON text (``json.dumps(ensure_ascii=False)`` escapes only C0 controls in strings) with every
+    character :func:`printable` escapes but the newlines between values (C1 controls, DEL, bidi
+    overrides, isolates and marks, the line separators U+2028 and U+2029, other format characters)
+    written as a JSON escape (:func:`json_escaped`, line by line): the same JSON value, which a
+    terminal it is shown on cannot reorder, recolour or break into lines (every ``--json`` of the
+    command line: :func:`json_text`, and ``inspect --json``, written as it walks)."""
+    return "\n".join(line if line.isprintable() else json_escaped(line) for line in text.split("\n"))
 
 
 def json_text(obj: Any) -> str:
