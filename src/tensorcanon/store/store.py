@@ -817,6 +817,8 @@ class Store:
             named = layout.blob_digest(rel)
             if named is not None:
                 copies.setdefault(named, []).append("loose")
+        if all(len(locs) < 2 for locs in copies.values()):
+            return False  # (no blob is held twice: the usual store, whose error is raised at once)
         needed: set[bytes] = set()  # the tag's blobs and, through every copy's header, their bases
         while stack:
             raw = stack.pop()
