@@ -819,39 +819,37 @@ class Store:
                 copies.setdefault(named, []).append("loose")
         if all(len(locs) < 2 for locs in copies.values()):
             return False  # (no blob is held twice: the usual store, whose error is raised at once)
-        needed: set[bytes] = set()  # the tag's blobs and, through every copy's header, their bases
+        depth: dict[bytes, int] = {}  # the tag's blobs and, through every copy's header, their bases
         while stack:
             raw = stack.pop()
-            if raw in needed:
+            if raw in depth:
                 continue
-            needed.add(raw)
+            depth[raw] = layout.MAX_DEPTH
             for loc in copies.get(raw, []):
                 try:
                     blob, h = self._open_blob(raw, loc=loc)
                 except TensorCanonError:
                     continue
                 blob.close()
+                depth[raw] = min(depth[raw], h.depth)
                 if h.base is not None:
                     stack.append(h.base)
-        twice = sorted(raw for raw in needed if len(copies.get(raw, [])) > 1)
+        # Bases before the blobs that name them (by depth): a base's copy is chosen before its users
+        # are checked, so one pass does it, each blob held twice decoded once or twice.
         changed = False
-        for _ in range(layout.MAX_DEPTH + 1):  # (a base's copy chosen in one pass makes its users' sound in the next)
-            moved = False
-            for raw in twice:
-                now = self._where.get(raw, "loose")
-                if self._sound(raw, now):
-                    continue
-                for loc in copies[raw]:
-                    if loc != now and self._sound(raw, loc):
-                        with self._pack_lock:
-                            if loc == "loose":
-                                self._where.pop(raw, None)
-                            else:
-                                self._where[raw] = cast(tuple[str, int, int], loc)
-                        moved = changed = True
-                        break
-            if not moved:
-                break
+        for raw in sorted((r for r in depth if len(copies.get(r, [])) > 1), key=lambda r: (depth[r], r)):
+            now = self._where.get(raw, "loose")
+            if self._sound(raw, now):
+                continue
+            for loc in copies[raw]:
+                if loc != now and self._sound(raw, loc):
+                    with self._pack_lock:
+                        if loc == "loose":
+                            self._where.pop(raw, None)
+                        else:
+                            self._where[raw] = cast(tuple[str, int, int], loc)
+                    changed = True
+                    break
         return changed
 
     def verify(self, tag: str | None = None) -> Any:
