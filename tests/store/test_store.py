@@ -405,6 +405,9 @@ def test_the_command_line_exits_1_on_damage_every_action_finds(tmp_path, capsys)
     pack = next((root / "packs").iterdir())
     data = pack.read_bytes()
     pack.write_bytes(data[:-8] + bytes(8))  # (its trailer: where the index is, how many entries)
+    assert cli.main(["store", "verify", str(root)]) == 1
+    damaged = [line for line in capsys.readouterr().out.splitlines() if line.startswith("DAMAGED  ")]
+    assert damaged and all(line.count(pack.name) == 1 for line in damaged), damaged  # (named once a line)
     for action in (["stats", str(root)], ["gc", str(root)], ["verify", str(root)],
                    ["export", str(root), "step-1", str(tmp_path / "o.safetensors")]):
         assert cli.main(["store", *action]) == 1, action

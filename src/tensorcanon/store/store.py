@@ -297,7 +297,8 @@ class Store:
             return ""
         rel, e = sorted(self._bad_packs.items())[0]
         more = f" (and {len(self._bad_packs) - 1} more)" if len(self._bad_packs) > 1 else ""
-        return f"; pack {self._b.display(rel)!r}{more} could not be read, and may hold it: {e}"
+        where = self._b.display(rel)  # (its error names the pack first: named once here)
+        return f"; pack {where!r}{more} could not be read, and may hold it: {str(e).removeprefix(f'pack {where!r}: ')}"
 
     # ------------------------------------------------------------------ hashing, with the cache
     def _key(self, s: Any) -> tuple | None:

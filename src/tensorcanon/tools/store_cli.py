@@ -115,7 +115,8 @@ def _verify(store: Any, root: str, tags: list[str], out: Any) -> int:
         if isinstance(result, BaseException):
             code = EXIT_DAMAGED
             results.append({kind: name, "status": "damaged", "error": str(result)})
-            out.line(f"DAMAGED  {kind} {name}: {result}")
+            text = str(result)  # (the error names its tag or pack first: the line names it once)
+            out.line(f"DAMAGED  {kind} {name}: {text.removeprefix(f'{kind} {name!r}: ')}")
         elif kind == "tag":
             results.append({"tag": name, "status": "ok", "digest": result})
             out.line(f"OK       tag {name}  {result}")
