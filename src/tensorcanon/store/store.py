@@ -127,6 +127,7 @@ class Store:
         self._gc_damaged: dict[str, TensorCanonError] = {}  # packs the last gc() found damaged and kept
         self._where: dict[bytes, tuple[str, int, int]] = {}
         self._pack_lock = threading.Lock()
+        self._copies_chosen = 0                  # how many times _use_sound_copies moved a blob to another copy
         self._listed = False                     # packs/ listed at least once
         self._root_synced = False                # the root folder fsynced by a save of this object
         self._loose: set[bytes] | None = None    # object storage: the loose blobs listed during this save
@@ -794,11 +795,14 @@ class Store:
         one) is held more than once (two saves wrote it at once, each into its own pack; a pack and
         a loose copy), every such blob whose copy read first does not decode to its digest is read
         from one that does from then on, and ``read()`` runs again (docs/STORE.md, "Copies"). The
-        damaged copy stays, for the whole store's verify to report and gc to drop."""
+        damaged copy stays, for the whole store's verify to report and gc to drop. Another thread of
+        this object may have moved the blobs to sound copies while ``read()`` ran: then the pass
+        here finds nothing to change, and ``read()`` runs again all the same."""
+        chosen = self._copies_chosen
         try:
             return read()
         except (FormatError, IntegrityError):
-            if not self._use_sound_copies(tag):
+            if not self._use_sound_copies(tag) and self._copies_chosen == chosen:
                 raise
         return read()
 
@@ -849,6 +853,7 @@ class Store:
                             self._where.pop(raw, None)
                         else:
                             self._where[raw] = cast(tuple[str, int, int], loc)
+                        self._copies_chosen += 1
                     changed = True
                     break
         return changed
