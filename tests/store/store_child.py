@@ -1,6 +1,6 @@
 """Processes for tests/store/test_store_processes.py: ``writer ROOT NAME N`` saves tags, ``collector ROOT
-STOPFILE`` runs gc until STOPFILE exists, ``killer ROOT TRIALS`` forks savers and SIGKILLs each at a random
-moment. Run as scripts (python store_child.py ...)."""
+STOPFILE`` runs gc until STOPFILE exists, ``killer ROOT TRIALS`` forks savers (save, and save_async) and SIGKILLs
+each at a random moment, then exits with a save_async under way. Run as scripts (python store_child.py ...)."""
 
 import os
 import random
@@ -69,12 +69,18 @@ def killer(root, trials):
         pid = os.fork()
         if pid == 0:
             try:
-                tc.Store(root).save(f"k{trial:02d}", big(trial))
+                store = tc.Store(root)
+                if trial % 2:  # (killed before, during or after its background part)
+                    store.save_async(f"k{trial:02d}", big(trial)).result()
+                else:
+                    store.save(f"k{trial:02d}", big(trial))
             finally:
                 os._exit(0)
         time.sleep(rng.uniform(0, 0.6))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+    # a background save under way when the process exits is finished first (its result never asked for)
+    tc.Store(root).save_async("at-exit", big(trials))
 
 
 if __name__ == "__main__":

@@ -59,10 +59,10 @@ def test_sigkill_at_any_point_leaves_earlier_tags_whole_in_fresh_processes(tmp_p
     assert proc.returncode == 0, proc.stderr
     store = tc.Store(root)
     tags = store.tags()
-    assert "baseline" in tags
-    assert set(tags) <= {"baseline"} | {f"k{t:02d}" for t in range(trials)}
+    assert "baseline" in tags and "at-exit" in tags
+    assert set(tags) <= {"baseline", "at-exit"} | {f"k{t:02d}" for t in range(trials)}
     for tag in tags:  # every listed tag is whole: loads, and is exactly what was saved
-        trial = -1 if tag == "baseline" else int(tag[1:])
+        trial = {"baseline": -1, "at-exit": trials}.get(tag) or int(tag[1:])
         assert tc.fingerprint(store.load(tag)) == tc.fingerprint(store_child.big(trial))
     assert set(store.verify()) == set(tags)
     leftovers = list((root / "tmp").iterdir()) + list((root / "pending").iterdir())

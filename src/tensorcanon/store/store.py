@@ -131,6 +131,7 @@ class Store:
         self._listed = False                     # packs/ listed at least once
         self._root_synced = False                # the root folder fsynced by a save of this object
         self._loose: set[bytes] | None = None    # object storage: the loose blobs listed during this save
+        self._pending: tuple[int, _Pending] | None = None  # save_async's under way: (its process, its future)
 
     def __repr__(self) -> str:
         return f"tensorcanon.Store({self._b.display()!r})"
@@ -648,14 +649,94 @@ class Store:
         :func:`tensorcanon.save`.
         """
         tag = layout.check_tag(tag)
+        self._drain(raise_failure=True)
         p = writer.plan(obj, metadata)
         writer.refuse_skip_data(p, "Store.save")
         return self._put(p, tag)[0]
 
-    def _put(self, p: writer.Plan, tag: str | None) -> tuple[str, bytes]:
+    def save_async(self, tag: str, obj: Any, *, metadata: dict | None = None) -> Future[str]:
+        """:meth:`save`, the slow part in the background: returns once the object is taken, a future
+        whose result is the digest :meth:`save` returns, set once the tag is listed.
+
+        Before it returns, every tensor the store does not hold is copied, and the copy hashed (and
+        every other tensor hashed, unless unchanged since this object last hashed it), so ``obj``
+        may change as soon as it returns; compressing, checking and writing the copies, then the
+        record, run on a background thread. One background save runs at a time: a save (either
+        kind) waits for this object's previous one first, and raises its failure there if
+        ``result()`` was never asked for it; the other methods of the object wait for it too. A
+        background save under way at exit is finished first (Python joins the thread). The copies
+        cost memory: the bytes of the new tensors, until written (docs/STORE.md, "In the background").
+        """
+        tag = layout.check_tag(tag)
+        self._drain(raise_failure=True)
+        p = writer.plan(obj, metadata)
+        writer.refuse_skip_data(p, "Store.save_async")
+        with self._lock:
+            snap = self._snapshot(p)
+        pending = _Pending(tag)
+        self._pending = (os.getpid(), pending)
+        _background().submit(self._put_pending, p, tag, snap, pending)
+        return pending
+
+    def _put_pending(self, p: writer.Plan, tag: str, snap: _Snapshot, pending: _Pending) -> None:
+        """The background part of :meth:`save_async`: its result, or its failure, into ``pending``."""
+        _IN_BACKGROUND.on = True  # (the object's own methods called from here wait for nothing)
+        try:
+            pending.set_result(self._put(p, tag, snap)[0])
+        except BaseException as e:  # noqa: BLE001 (the thread's failure belongs to the future)
+            if isinstance(e, TensorCanonError):
+                _prefixed(e, f"the background save of tag {tag!r}: ")
+            pending.set_exception(e)
+
+    def _drain(self, *, raise_failure: bool = False) -> None:
+        """Wait for this object's background save under way, if any (one started by this process:
+        a forked child's copy of the object waits for nothing). ``raise_failure``: raise its failure
+        if it failed and ``result()``/``exception()`` of its future was never asked for."""
+        mine = self._pending
+        if mine is None or mine[0] != os.getpid() or getattr(_IN_BACKGROUND, "on", False):
+            return
+        pending = mine[1]
+        wait([pending])
+        if raise_failure and not pending.seen:
+            e = Future.exception(pending)
+            if e is not None:
+                pending.seen = True
+                raise e
+
+    def _snapshot(self, p: writer.Plan) -> _Snapshot:
+        """The part of :meth:`save_async` done before it returns: every tensor of ``p`` given its digest
+        (the cache's, else hashed), and each one the store does not hold copied first and its copy
+        hashed (the bytes a background save writes, whatever the tensor becomes)."""
+        self._since_gc()
+        self._refresh_packs()
+        self._loose = None
+        snap = _Snapshot()
+        for s in p.ordered:
+            key = self._key(s)
+            raw = self._cached(s, key)
+            if raw is not None and s.nbytes and raw not in snap.data and not self._blob_exists(raw):
+                raw = None  # (a collection deleted the blob since: taken as a new tensor)
+            copy = None
+            if raw is None:
+                h = p.hasher(s)
+                if s.nbytes:
+                    copy = _own_copy(s)  # (copied, then hashed: what is hashed is kept)
+                    h.update(copy.data)
+                raw = h.digest()
+            self._remember(s, raw, snap.hashed, key)
+            s.digest = raw
+            if copy is None or raw in snap.data or self._blob_exists(raw):
+                continue
+            snap.data[raw] = copy
+        return snap
+
+    def _put(self, p: writer.Plan, tag: str | None, snap: _Snapshot | None = None) -> tuple[str, bytes]:
         """:meth:`save` of plan ``p``: its new blobs, then the record of ``tag``; returns the file's digest
         and header. ``tag=None`` writes the blobs only, durable (tensorcanon.dcp: one rank's file of a
-        sharded checkpoint, whose record the coordinator writes last, with :meth:`_put_record`)."""
+        sharded checkpoint, whose record the coordinator writes last, with :meth:`_put_record`).
+        ``snap``: the digests of ``p``'s tensors, and the copies of those the store did not hold,
+        taken by :meth:`save_async` (a tensor the store has lost since is read as it is now, and
+        refused unless it still hashes to its digest)."""
         with self._lock:
             later: list[Any] = []  # the fsyncs under way: loose blobs, a new marker; folders to fsync
             self._create(later)
@@ -693,17 +774,24 @@ class Store:
 
                 try:
                     for s in p.ordered:
-                        key = self._key(s)  # (once: a parameter's methods are slow to call)
-                        raw = self._cached(s, key)
-                        data = None
-                        fresh = raw is None
-                        if raw is None:
-                            data = _bytes_of(s)
-                            h = p.hasher(s)
-                            h.update(data)
-                            raw = h.digest()
-                        self._remember(s, raw, hashed, key)
-                        s.digest = raw
+                        data: Any = None
+                        if snap is not None:
+                            raw = s.digest
+                            data = snap.data.get(raw)
+                            fresh = data is not None  # (the copy hashed to it)
+                        else:
+                            key = self._key(s)  # (once: a parameter's methods are slow to call)
+                            cached = self._cached(s, key)
+                            fresh = cached is None
+                            if cached is None:
+                                data = _bytes_of(s)
+                                h = p.hasher(s)
+                                h.update(data)
+                                raw = h.digest()
+                            else:
+                                raw = cached
+                            self._remember(s, raw, hashed, key)
+                            s.digest = raw
                         if not s.nbytes or raw in queued or self._blob_exists(raw):
                             if raw in self._copies:
                                 copies[raw] = self._copies[raw]
@@ -764,7 +852,7 @@ class Store:
                     if copy is not None:
                         copies[raw] = copy
                 self._add_packs(packed)
-                self._hashed = hashed
+                self._hashed = hashed if snap is None else snap.hashed
                 self._copies = copies
                 self._last = {(s.name, digest.tensor_prefix(s.dtype.name, s.shape)): s.digest for s in p.tensors}
                 self._codec_of = {n: codecs.get(n, self._codec_of.get(n)) for n in self._last
@@ -778,6 +866,7 @@ class Store:
         raw in a local store view a private, copy-on-write map of it (hashed in place first);
         the others are decoded into memory.
         """
+        self._drain()  # (this object's background save first)
         if mmap is not False and mmap is not True:
             raise UsageError(f"mmap must be True or False, not {mmap!r}")
 
@@ -863,6 +952,7 @@ class Store:
         its object tree) and return its digest; with no tag, check the whole store (every tag and
         every blob, used or not) and return ``{tag: digest}``. Raises :class:`IntegrityError` (or
         :class:`FormatError`) naming the tag and blob that failed."""
+        self._drain()  # (this object's background save first)
         if tag is not None:
             return self._sound_copies(tag, lambda: self._verify_tag(tag))
         out: dict[str, str] = {}
@@ -879,6 +969,7 @@ class Store:
         tag's check decodes its own blobs), then ``("pack", name, None or the error)`` for each
         pack: its bytes against its name, its header and index, and every blob it holds that no
         tag's check read from it. For reports that go on past the first damage."""
+        self._drain()  # (this object's background save first)
         self._check_root()
         self._refresh_packs()
         seen: set[bytes] = set()
@@ -958,6 +1049,7 @@ class Store:
     def export(self, tag: str, path: str | os.PathLike[str], *, storage_options: Any = None) -> str:
         """Write ``tag`` as one file at ``path`` (a path or URL): the bytes ``tensorcanon.save``
         writes for the object, every tensor checked on the way; returns its digest."""
+        self._drain()  # (this object's background save first)
         if not isinstance(path, (str, os.PathLike)):
             raise UsageError(f"Store.export writes to a path or a URL, not {type(path).__name__}"
                              + (" (a path in bytes: os.fsdecode(path))" if isinstance(path, bytes) else ""))
@@ -984,6 +1076,7 @@ class Store:
 
     def tags(self) -> list[str]:
         """Every tag of the store, sorted."""
+        self._drain()  # (this object's background save first)
         if not self._b.root_exists():
             return []
         self._check_root()  # (layout: a reader MUST refuse a root without the marker, or with other bytes)
@@ -998,6 +1091,7 @@ class Store:
 
     def delete(self, tag: str) -> None:
         """Remove ``tag`` (its record); its blobs stay until :meth:`gc` finds no tag uses them."""
+        self._drain()  # (this object's background save first)
         rel = layout.tag_path(tag)
         self._check_root()
         with self._lock:
@@ -1015,6 +1109,7 @@ class Store:
         while other processes save (docs/STORE.md, "gc"): it announces itself, waits for the saves
         under way, and saves that start meanwhile wait for it. Returns counts: ``deleted_blobs``,
         ``freed_bytes``, ``kept_blobs``, ``deleted_packs``, ``written_packs``."""
+        self._drain()  # (this object's background save first)
         self._check_root()
         with self._lock:
             self._b.ensure()
@@ -1233,6 +1328,7 @@ class Store:
         (distinct blobs, loose or in packs), ``loose_blobs``, ``packs``, ``pack_bytes``,
         ``blob_bytes`` (loose blobs and packs), ``record_bytes``, ``tensor_bytes`` (the decoded
         size of every blob), ``codecs`` (blobs per codec) and ``max_depth`` (the longest delta chain)."""
+        self._drain()  # (this object's background save first)
         if not self._b.root_exists():
             return {"tags": 0, "blobs": 0, "logical_bytes": 0, "stored_bytes": 0, "blob_bytes": 0,
                     "record_bytes": 0, "tensor_bytes": 0, "codecs": {}, "max_depth": 0, "loose_blobs": 0,
@@ -1336,8 +1432,56 @@ class Store:
 
 
 _WORKERS: list[ThreadPoolExecutor] = []
+_BACKGROUND: list[ThreadPoolExecutor] = []
+_IN_BACKGROUND = threading.local()  # .on: this thread runs save_async's background parts
 if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads: it makes its own
     os.register_at_fork(after_in_child=_WORKERS.clear)
+    os.register_at_fork(after_in_child=_BACKGROUND.clear)
+
+
+def _background() -> ThreadPoolExecutor:
+    """The thread save_async's background parts run on, one after another (every Store's)."""
+    if not _BACKGROUND:
+        _BACKGROUND.append(ThreadPoolExecutor(1, thread_name_prefix="tensorcanon-store-background"))
+        # At exit, the background saves under way finish before the thread pools stop taking work (a
+        # save uses several): threading's exit hooks run last registered first, and concurrent.futures
+        # registered its own (which makes every pool refuse new work) when it was imported, before this.
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            register(_finish_background)
+    return _BACKGROUND[0]
+
+
+def _finish_background() -> None:
+    while _BACKGROUND:
+        _BACKGROUND.pop().shutdown(wait=True)
+
+
+class _Snapshot:
+    """What :meth:`Store.save_async` took before returning: the digest cache's entries for the
+    tensors it hashed (:meth:`Store._remember`), and a copy of each tensor the store did not hold,
+    by digest."""
+
+    def __init__(self) -> None:
+        self.hashed: dict[tuple, tuple[Any, int, int, bytes]] = {}
+        self.data: dict[bytes, np.ndarray] = {}
+
+
+class _Pending(Future):
+    """save_async's future: it remembers whether its outcome was asked for (:meth:`Store._drain`)."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__()
+        self.tag = tag
+        self.seen = False
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.seen = True
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self.seen = True
+        return super().exception(timeout)
 
 
 def _workers() -> ThreadPoolExecutor:
@@ -1441,6 +1585,17 @@ class _Refresher:
 def _bytes_of(s: Any) -> memoryview:
     """A tensor's canonical bytes (a copy to the host for a tensor on another device)."""
     return host_bytes(s.value, s.kind)
+
+
+def _own_copy(s: Any) -> np.ndarray:
+    """A copy of a tensor's canonical bytes that nothing else holds: a tensor on another device is
+    copied to the host once, a tensor or array in host memory copied from its bytes."""
+    v = s.value
+    data = compress.as_u8(host_bytes(v, s.kind))
+    device = getattr(v, "device", None) if s.kind != "ndarray" else None
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        return data  # (host_bytes made the host copy; nothing else holds it)
+    return np.array(data)
 
 
 def _few(tags: list[str]) -> str:
