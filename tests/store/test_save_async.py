@@ -174,3 +174,36 @@ def test_cuda_tensors_are_copied_to_the_host_before_it_returns(tmp_path):
     assert pending.result() == tc.fingerprint(before)
     assert tc.fingerprint(store.load("a", map_location="cpu")) == tc.fingerprint(
         {k: v.cpu() for k, v in before.items()})
+
+
+def test_what_runs_under_the_objects_lock_does_not_wait_for_a_background_save(tmp_path):
+    """A background save waits for the object's lock: a path that holds it (a save looking for its
+    delta bases in a tag's record, gc) must not wait for a background save in turn. Here a save is
+    queued behind a blocked background thread while a record is looked up under the lock."""
+    import threading
+
+    from tensorcanon.store import store as store_module
+
+    store = tc.Store(tmp_path / "s")
+    store.save("a", _state(10))
+    gate = threading.Event()
+    store_module._background().submit(gate.wait, 60)  # (the background thread is busy until set)
+    pending = store.save_async("b", _state(11))
+    outcome = []
+
+    def look_up():
+        with store._lock:
+            try:
+                store._record("missing")
+            except tc.MissingFileError as e:
+                outcome.append(str(e))
+
+    t = threading.Thread(target=look_up)
+    t.start()
+    t.join(20)
+    alive = t.is_alive()
+    gate.set()
+    t.join(60)
+    assert not alive, "a record lookup under the lock waited for the background save"
+    assert "no tag 'missing'" in outcome[0] and "'a'" in outcome[0]
+    assert pending.result() == tc.fingerprint(_state(11))

@@ -589,7 +589,7 @@ class Store:
         except MissingFileError:
             self._check_root()
             raise MissingFileError(f"the store {self._b.display()!r} has no tag {tag!r} (its tags: "
-                                   f"{_few(self.tags())})", filename=where) from None
+                                   f"{_few(self._tags())})", filename=where) from None
         try:
             obj = api.loads(data)
         except TensorCanonError as e:
@@ -973,7 +973,7 @@ class Store:
         self._check_root()
         self._refresh_packs()
         seen: set[bytes] = set()
-        for t in self.tags():
+        for t in self._tags():
             try:
                 with self._tag_file(t, blobs=False) as cf:
                     seen.update(r.digest for r in cf.rows)
@@ -1077,6 +1077,11 @@ class Store:
     def tags(self) -> list[str]:
         """Every tag of the store, sorted."""
         self._drain()  # (this object's background save first)
+        return self._tags()
+
+    def _tags(self) -> list[str]:
+        """:meth:`tags`, not waiting for a background save (called where this object's lock may be
+        held: a background save waits for that lock)."""
         if not self._b.root_exists():
             return []
         self._check_root()  # (layout: a reader MUST refuse a root without the marker, or with other bytes)
@@ -1131,7 +1136,7 @@ class Store:
                         self._b.delete(rel)
                 self._refresh_packs()
                 live: set[bytes] = set()
-                for tag in self.tags():
+                for tag in self._tags():
                     with self._tag_file(tag, blobs=False) as cf:
                         live.update(r.digest for r in cf.rows if r.nbytes)
                 # The delta bases the live blobs need, and theirs: those of EVERY copy of a blob (each
@@ -1337,7 +1342,7 @@ class Store:
         self._refresh_packs()
         if self._bad_packs:
             raise sorted(self._bad_packs.items())[0][1]
-        tags = self.tags()
+        tags = self._tags()
         logical = record_bytes = 0
         records = self._b.listing(layout.TAGS)
         for t in tags:
