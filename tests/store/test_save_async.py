@@ -207,3 +207,34 @@ def test_what_runs_under_the_objects_lock_does_not_wait_for_a_background_save(tm
     assert not alive, "a record lookup under the lock waited for the background save"
     assert "no tag 'missing'" in outcome[0] and "'a'" in outcome[0]
     assert pending.result() == tc.fingerprint(_state(11))
+
+
+def test_a_blob_a_collection_deleted_after_the_call_returned_is_read_again_or_refused(tmp_path):
+    """docs/STORE.md: a tensor not copied (the store held its blob) is read again if a collection
+    deleted that (dead) blob before the background part ran; changed since, the save fails."""
+    import threading
+
+    from tensorcanon.store import store as store_module
+
+    root = tmp_path / "s"
+    store = tc.Store(root)
+    kept, changed = torch.randn(200, 100), torch.randn(200, 100)
+    outcomes = []
+    for name in ("kept", "changed"):
+        store.save("a", {"w": locals()[name]})
+        store.delete("a")  # (its blob dead, still there)
+        gate = threading.Event()
+        store_module._background().submit(gate.wait, 60)
+        before = _clone({"w": locals()[name]})
+        pending = store.save_async(f"b-{name}", {"w": locals()[name]})
+        if name == "changed":
+            changed.add_(1)  # (after the call returned: the tag must hold the old bytes, or nothing)
+        tc.Store(root).gc()  # another object: deletes the dead blob the pending save counted on
+        gate.set()
+        try:
+            outcomes.append(pending.result() == tc.fingerprint(before))
+        except tc.IntegrityError as e:
+            outcomes.append(str(e))
+    assert outcomes[0] is True
+    assert "background save of tag 'b-changed'" in outcomes[1] and "$" in outcomes[1]
+    assert store.tags() == ["b-kept"]
