@@ -674,6 +674,7 @@ class Store:
         with self._lock:
             snap = self._snapshot(p)
         pending = _Pending(tag)
+        pending.set_running_or_notify_cancel()  # (taken: cancel() cannot undo it, the save goes on)
         self._pending = (os.getpid(), pending)
         _background().submit(self._put_pending, p, tag, snap, pending)
         return pending
