@@ -1339,10 +1339,16 @@ class Store:
         if self._bad_packs:
             raise sorted(self._bad_packs.items())[0][1]
         tags = self.tags()
-        logical = record_bytes = 0
+        logical = record_bytes = gone = 0
         records = self._b.listing(layout.TAGS)
         for t in tags:
-            header = self._record(t)
+            try:
+                header = self._record(t)
+            except MissingFileError:
+                if layout.tag_path(t) not in self._b.listing(layout.TAGS):
+                    gone += 1
+                    continue  # (deleted by another writer since it was listed)
+                raise
             parsed = container.parse_raw(header[:8], header[8:], None, DEFAULT)
             logical += len(header) + max((e.end for e in parsed.entries), default=0)
             record_bytes += records.get(layout.tag_path(t), (0, 0))[0]
@@ -1364,7 +1370,7 @@ class Store:
                 b.close()
         pack_bytes = sum(ix.size for ix in self._packs.values())
         blob_bytes = sum(loose.values()) + pack_bytes
-        return {"tags": len(tags), "blobs": len(names), "logical_bytes": logical,
+        return {"tags": len(tags) - gone, "blobs": len(names), "logical_bytes": logical,
                 "stored_bytes": blob_bytes + record_bytes, "blob_bytes": blob_bytes, "record_bytes": record_bytes,
                 "tensor_bytes": tensor_bytes, "codecs": dict(sorted(kinds.items())), "max_depth": max_depth,
                 "loose_blobs": len(loose), "packs": len(self._packs), "pack_bytes": pack_bytes}
