@@ -649,6 +649,7 @@ class Store:
         :func:`tensorcanon.save`.
         """
         tag = layout.check_tag(tag)
+        _refuse_at_exit("Store.save", tag)
         self._drain(raise_failure=True)
         p = writer.plan(obj, metadata)
         writer.refuse_skip_data(p, "Store.save")
@@ -668,6 +669,7 @@ class Store:
         cost memory: the bytes of the new tensors, until written (docs/STORE.md, "In the background").
         """
         tag = layout.check_tag(tag)
+        _refuse_at_exit("Store.save_async", tag)
         self._drain(raise_failure=True)
         p = writer.plan(obj, metadata)
         writer.refuse_skip_data(p, "Store.save_async")
@@ -1440,6 +1442,18 @@ class Store:
 
 _WORKERS: list[ThreadPoolExecutor] = []
 _BACKGROUND: list[ThreadPoolExecutor] = []
+# Set when Python stops its threads at exit (before atexit handlers run): from then on no thread pool
+# takes work, so a save (which writes on threads) cannot start; it says so (_refuse_at_exit).
+_EXITING: list[bool] = []
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(lambda: _EXITING.append(True))
+
+
+def _refuse_at_exit(what: str, tag: str) -> None:
+    if _EXITING:
+        raise UsageError(f"{what} of tag {tag!r} cannot start: the program is exiting (an atexit handler or a "
+                         "finalizer runs after Python stopped its threads, and a save writes on threads); "
+                         "save before the program ends, e.g. at the end of the main function")
 _IN_BACKGROUND = threading.local()  # .on: this thread runs save_async's background parts
 if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads: it makes its own
     os.register_at_fork(after_in_child=_WORKERS.clear)
