@@ -21,10 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support import within
 
 import tensorcanon as tc
 from tensorcanon.format.errors import TensorCanonError
+
+from support import within
 
 PREFIX = "the background save of tag"
 
