@@ -799,6 +799,26 @@ def test_a_child_forked_while_a_background_save_is_pending(tmp_path):
     assert within(60, pending.result) == _fp({"w": pending and store.load("b")["w"]}) or True
     assert codes == [0], "the child hung or failed"
     assert {"a", "b", "c", "d"} <= set(tc.Store(root).tags())
+    # while the background thread is busy (a big save being written: the object's lock held) rather than queued
+    pending = store.save_async("e", {"w": torch.randn(8 << 20)})
+    deadline = time.monotonic() + 10
+    while not store._lock.locked() and time.monotonic() < deadline:  # (the background part under way)
+        time.sleep(0.001)
+    for n in range(3):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover
+            code = 0
+            try:
+                signal.alarm(60)
+                store.save(f"f{n}", {"w": torch.full((3,), float(n))})
+            except BaseException:  # noqa: BLE001
+                code = 4
+            os._exit(code)
+        codes.append(_wait_child(pid, 90))
+        time.sleep(0.05)
+    assert codes == [0, 0, 0, 0], "a child forked during a background save hung (SIGALRM) or failed"
+    within(60, pending.result)
+    assert {"e", "f0", "f1", "f2"} <= set(tc.Store(root).tags())
 
 
 # ---------------------------------------------------------------- exit and SIGKILL (few spawns)

@@ -696,7 +696,13 @@ class Store:
         a forked child's copy of the object waits for nothing). ``raise_failure``: raise its failure
         if it failed and ``result()``/``exception()`` of its future was never asked for."""
         mine = self._pending
-        if mine is None or mine[0] != os.getpid() or getattr(_IN_BACKGROUND, "on", False):
+        if mine is not None and mine[0] != os.getpid():
+            # A child forked while its parent's background save ran: that thread is not here, and the
+            # object's locks it held stay held in this copy. Fresh locks; no save of this process is under way.
+            self._pending = None
+            self._lock, self._pack_lock = threading.Lock(), threading.Lock()
+            return
+        if mine is None or getattr(_IN_BACKGROUND, "on", False):
             return
         pending = mine[1]
         wait([pending])
