@@ -1460,6 +1460,8 @@ def _refuse_at_exit(what: str, tag: str) -> None:
         raise UsageError(f"{what} of tag {tag!r} cannot start: the program is exiting (an atexit handler or a "
                          "finalizer runs after Python stopped its threads, and a save writes on threads); "
                          "save before the program ends, e.g. at the end of the main function")
+
+
 _IN_BACKGROUND = threading.local()  # .on: this thread runs save_async's background parts
 if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads: it makes its own
     os.register_at_fork(after_in_child=_WORKERS.clear)
