@@ -649,6 +649,7 @@ class Store:
         :func:`tensorcanon.save`.
         """
         tag = layout.check_tag(tag)
+        _refuse_at_exit("Store.save", tag)
         self._drain(raise_failure=True)
         p = writer.plan(obj, metadata)
         writer.refuse_skip_data(p, "Store.save")
@@ -668,12 +669,14 @@ class Store:
         cost memory: the bytes of the new tensors, until written (docs/STORE.md, "In the background").
         """
         tag = layout.check_tag(tag)
+        _refuse_at_exit("Store.save_async", tag)
         self._drain(raise_failure=True)
         p = writer.plan(obj, metadata)
         writer.refuse_skip_data(p, "Store.save_async")
         with self._lock:
             snap = self._snapshot(p)
         pending = _Pending(tag)
+        pending.set_running_or_notify_cancel()  # (taken: cancel() cannot undo it, the save goes on)
         self._pending = (os.getpid(), pending)
         _background().submit(self._put_pending, p, tag, snap, pending)
         return pending
@@ -693,7 +696,13 @@ class Store:
         a forked child's copy of the object waits for nothing). ``raise_failure``: raise its failure
         if it failed and ``result()``/``exception()`` of its future was never asked for."""
         mine = self._pending
-        if mine is None or mine[0] != os.getpid() or getattr(_IN_BACKGROUND, "on", False):
+        if mine is not None and mine[0] != os.getpid():
+            # A child forked while its parent's background save ran: that thread is not here, and the
+            # object's locks it held stay held in this copy. Fresh locks; no save of this process is under way.
+            self._pending = None
+            self._lock, self._pack_lock = threading.Lock(), threading.Lock()
+            return
+        if mine is None or getattr(_IN_BACKGROUND, "on", False):
             return
         pending = mine[1]
         wait([pending])
@@ -1343,10 +1352,16 @@ class Store:
         if self._bad_packs:
             raise sorted(self._bad_packs.items())[0][1]
         tags = self._tags()
-        logical = record_bytes = 0
+        logical = record_bytes = gone = 0
         records = self._b.listing(layout.TAGS)
         for t in tags:
-            header = self._record(t)
+            try:
+                header = self._record(t)
+            except MissingFileError:
+                if layout.tag_path(t) not in self._b.listing(layout.TAGS):
+                    gone += 1
+                    continue  # (deleted by another writer since it was listed)
+                raise
             parsed = container.parse_raw(header[:8], header[8:], None, DEFAULT)
             logical += len(header) + max((e.end for e in parsed.entries), default=0)
             record_bytes += records.get(layout.tag_path(t), (0, 0))[0]
@@ -1368,7 +1383,7 @@ class Store:
                 b.close()
         pack_bytes = sum(ix.size for ix in self._packs.values())
         blob_bytes = sum(loose.values()) + pack_bytes
-        return {"tags": len(tags), "blobs": len(names), "logical_bytes": logical,
+        return {"tags": len(tags) - gone, "blobs": len(names), "logical_bytes": logical,
                 "stored_bytes": blob_bytes + record_bytes, "blob_bytes": blob_bytes, "record_bytes": record_bytes,
                 "tensor_bytes": tensor_bytes, "codecs": dict(sorted(kinds.items())), "max_depth": max_depth,
                 "loose_blobs": len(loose), "packs": len(self._packs), "pack_bytes": pack_bytes}
@@ -1438,6 +1453,20 @@ class Store:
 
 _WORKERS: list[ThreadPoolExecutor] = []
 _BACKGROUND: list[ThreadPoolExecutor] = []
+# Set when Python stops its threads at exit (before atexit handlers run): from then on no thread pool
+# takes work, so a save (which writes on threads) cannot start; it says so (_refuse_at_exit).
+_EXITING: list[bool] = []
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(lambda: _EXITING.append(True))
+
+
+def _refuse_at_exit(what: str, tag: str) -> None:
+    if _EXITING:
+        raise UsageError(f"{what} of tag {tag!r} cannot start: the program is exiting (an atexit handler or a "
+                         "finalizer runs after Python stopped its threads, and a save writes on threads); "
+                         "save before the program ends, e.g. at the end of the main function")
+
+
 _IN_BACKGROUND = threading.local()  # .on: this thread runs save_async's background parts
 if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads: it makes its own
     os.register_at_fork(after_in_child=_WORKERS.clear)
