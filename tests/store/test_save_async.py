@@ -182,12 +182,12 @@ def test_what_runs_under_the_objects_lock_does_not_wait_for_a_background_save(tm
     queued behind a blocked background thread while a record is looked up under the lock."""
     import threading
 
-    from tensorcanon.store import store as store_module
+    from tensorcanon.store import background
 
     store = tc.Store(tmp_path / "s")
     store.save("a", _state(10))
     gate = threading.Event()
-    store_module._background().submit(gate.wait, 60)  # (the background thread is busy until set)
+    background.pool().submit(gate.wait, 60)  # (the background thread is busy until set)
     pending = store.save_async("b", _state(11))
     outcome = []
 
@@ -214,7 +214,7 @@ def test_a_blob_a_collection_deleted_after_the_call_returned_is_read_again_or_re
     deleted that (dead) blob before the background part ran; changed since, the save fails."""
     import threading
 
-    from tensorcanon.store import store as store_module
+    from tensorcanon.store import background
 
     root = tmp_path / "s"
     store = tc.Store(root)
@@ -224,7 +224,7 @@ def test_a_blob_a_collection_deleted_after_the_call_returned_is_read_again_or_re
         store.save("a", {"w": locals()[name]})
         store.delete("a")  # (its blob dead, still there)
         gate = threading.Event()
-        store_module._background().submit(gate.wait, 60)
+        background.pool().submit(gate.wait, 60)
         before = _clone({"w": locals()[name]})
         pending = store.save_async(f"b-{name}", {"w": locals()[name]})
         if name == "changed":

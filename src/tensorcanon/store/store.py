@@ -39,7 +39,7 @@ from ..format.limits import DEFAULT, Limits
 from ..format.tensorbytes import host_bytes
 from ..io import placement, reader, writer
 from ..io.source import Source
-from . import backend, compress, layout
+from . import backend, background, compress, layout
 from .tagfile import _Bases, _Buffers, _prefixed, _TagFile
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class Store:
         self._listed = False                     # packs/ listed at least once
         self._root_synced = False                # the root folder fsynced by a save of this object
         self._loose: set[bytes] | None = None    # object storage: the loose blobs listed during this save
-        self._pending: tuple[int, _Pending] | None = None  # save_async's under way: (its process, its future)
+        self._pending: tuple[int, background.Pending] | None = None  # save_async's under way: (its process, its future)
 
     def __repr__(self) -> str:
         return f"tensorcanon.Store({self._b.display()!r})"
@@ -649,7 +649,7 @@ class Store:
         :func:`tensorcanon.save`.
         """
         tag = layout.check_tag(tag)
-        _refuse_at_exit("Store.save", tag)
+        background.refuse_at_exit("Store.save", tag)
         self._drain(raise_failure=True)
         p = writer.plan(obj, metadata)
         writer.refuse_skip_data(p, "Store.save")
@@ -669,21 +669,21 @@ class Store:
         cost memory: the bytes of the new tensors, until written (docs/STORE.md, "In the background").
         """
         tag = layout.check_tag(tag)
-        _refuse_at_exit("Store.save_async", tag)
+        background.refuse_at_exit("Store.save_async", tag)
         self._drain(raise_failure=True)
         p = writer.plan(obj, metadata)
         writer.refuse_skip_data(p, "Store.save_async")
         with self._lock:
             snap = self._snapshot(p)
-        pending = _Pending(tag)
+        pending = background.Pending(tag)
         pending.set_running_or_notify_cancel()  # (taken: cancel() cannot undo it, the save goes on)
         self._pending = (os.getpid(), pending)
-        _background().submit(self._put_pending, p, tag, snap, pending)
+        background.pool().submit(self._put_pending, p, tag, snap, pending)
         return pending
 
-    def _put_pending(self, p: writer.Plan, tag: str, snap: _Snapshot, pending: _Pending) -> None:
+    def _put_pending(self, p: writer.Plan, tag: str, snap: background.Snapshot, pending: background.Pending) -> None:
         """The background part of :meth:`save_async`: its result, or its failure, into ``pending``."""
-        _IN_BACKGROUND.on = True  # (the object's own methods called from here wait for nothing)
+        background.HERE.on = True  # (the object's own methods called from here wait for nothing)
         try:
             pending.set_result(self._put(p, tag, snap)[0])
         except BaseException as e:  # noqa: BLE001 (the thread's failure belongs to the future)
@@ -702,7 +702,7 @@ class Store:
             self._pending = None
             self._lock, self._pack_lock = threading.Lock(), threading.Lock()
             return
-        if mine is None or getattr(_IN_BACKGROUND, "on", False):
+        if mine is None or getattr(background.HERE, "on", False):
             return
         pending = mine[1]
         wait([pending])
@@ -712,14 +712,14 @@ class Store:
                 pending.seen = True
                 raise e
 
-    def _snapshot(self, p: writer.Plan) -> _Snapshot:
+    def _snapshot(self, p: writer.Plan) -> background.Snapshot:
         """The part of :meth:`save_async` done before it returns: every tensor of ``p`` given its digest
         (the cache's, else hashed), and each one the store does not hold copied first and its copy
         hashed (the bytes a background save writes, whatever the tensor becomes)."""
         self._since_gc()
         self._refresh_packs()
         self._loose = None
-        snap = _Snapshot()
+        snap = background.Snapshot()
         for s in p.ordered:
             key = self._key(s)
             raw = self._cached(s, key)
@@ -739,7 +739,7 @@ class Store:
             snap.data[raw] = copy
         return snap
 
-    def _put(self, p: writer.Plan, tag: str | None, snap: _Snapshot | None = None) -> tuple[str, bytes]:
+    def _put(self, p: writer.Plan, tag: str | None, snap: background.Snapshot | None = None) -> tuple[str, bytes]:
         """:meth:`save` of plan ``p``: its new blobs, then the record of ``tag``; returns the file's digest
         and header. ``tag=None`` writes the blobs only, durable (tensorcanon.dcp: one rank's file of a
         sharded checkpoint, whose record the coordinator writes last, with :meth:`_put_record`).
@@ -1452,70 +1452,8 @@ class Store:
 
 
 _WORKERS: list[ThreadPoolExecutor] = []
-_BACKGROUND: list[ThreadPoolExecutor] = []
-# Set when Python stops its threads at exit (before atexit handlers run): from then on no thread pool
-# takes work, so a save (which writes on threads) cannot start; it says so (_refuse_at_exit).
-_EXITING: list[bool] = []
-if hasattr(threading, "_register_atexit"):
-    threading._register_atexit(lambda: _EXITING.append(True))
-
-
-def _refuse_at_exit(what: str, tag: str) -> None:
-    if _EXITING:
-        raise UsageError(f"{what} of tag {tag!r} cannot start: the program is exiting (an atexit handler or a "
-                         "finalizer runs after Python stopped its threads, and a save writes on threads); "
-                         "save before the program ends, e.g. at the end of the main function")
-
-
-_IN_BACKGROUND = threading.local()  # .on: this thread runs save_async's background parts
 if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads: it makes its own
     os.register_at_fork(after_in_child=_WORKERS.clear)
-    os.register_at_fork(after_in_child=_BACKGROUND.clear)
-
-
-def _background() -> ThreadPoolExecutor:
-    """The thread save_async's background parts run on, one after another (every Store's)."""
-    if not _BACKGROUND:
-        _BACKGROUND.append(ThreadPoolExecutor(1, thread_name_prefix="tensorcanon-store-background"))
-        # At exit, the background saves under way finish before the thread pools stop taking work (a
-        # save uses several): threading's exit hooks run last registered first, and concurrent.futures
-        # registered its own (which makes every pool refuse new work) when it was imported, before this.
-        register = getattr(threading, "_register_atexit", None)
-        if register is not None:
-            register(_finish_background)
-    return _BACKGROUND[0]
-
-
-def _finish_background() -> None:
-    while _BACKGROUND:
-        _BACKGROUND.pop().shutdown(wait=True)
-
-
-class _Snapshot:
-    """What :meth:`Store.save_async` took before returning: the digest cache's entries for the
-    tensors it hashed (:meth:`Store._remember`), and a copy of each tensor the store did not hold,
-    by digest."""
-
-    def __init__(self) -> None:
-        self.hashed: dict[tuple, tuple[Any, int, int, bytes]] = {}
-        self.data: dict[bytes, np.ndarray] = {}
-
-
-class _Pending(Future):
-    """save_async's future: it remembers whether its outcome was asked for (:meth:`Store._drain`)."""
-
-    def __init__(self, tag: str) -> None:
-        super().__init__()
-        self.tag = tag
-        self.seen = False
-
-    def result(self, timeout: float | None = None) -> Any:
-        self.seen = True
-        return super().result(timeout)
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        self.seen = True
-        return super().exception(timeout)
 
 
 def _workers() -> ThreadPoolExecutor:
