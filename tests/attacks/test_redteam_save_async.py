@@ -326,15 +326,18 @@ def _expect(threads, rounds):
     return {f"w{i}-{k}": _fp(_val(i, k)) for i in range(threads) for k in range(rounds) if k % 5 != 4}
 
 
-@pytest.mark.parametrize("objects", ["one", "per_thread", "fresh_each_call"])
-def test_many_threads_on_one_root(tmp_path, objects):
+@pytest.mark.parametrize("objects,collect", [("one", False), ("per_thread", False), ("fresh_each_call", False),
+                                             ("one", True), ("per_thread", True)])
+def test_many_threads_on_one_root(tmp_path, objects, collect):
     root = tmp_path / "s"
     shared = tc.Store(root)
     per = [tc.Store(root) for _ in range(4)]
     store_of = {"one": lambda i: shared, "per_thread": lambda i: per[i],
                 "fresh_each_call": lambda i: tc.Store(root)}[objects]
     errors: list = []
-    threads = [threading.Thread(target=_worker, args=(store_of, i, 12, errors), daemon=True) for i in range(4)]
+    # (collect: each thread runs gc too; stats then reads blobs that another thread's gc deletes)
+    threads = [threading.Thread(target=_worker, args=(store_of, i, 12, errors, collect), daemon=True)
+               for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:

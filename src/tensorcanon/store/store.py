@@ -982,12 +982,18 @@ class Store:
         self._check_root()
         self._refresh_packs()
         seen: set[bytes] = set()
+        # (an object another writer removed since it was listed, a tag deleted or a blob or pack
+        # collected, is left out: its failure is no damage of what the store holds)
         for t in self._tags():
             try:
                 with self._tag_file(t, blobs=False) as cf:
                     seen.update(r.digest for r in cf.rows)
                 result: Any = self._sound_copies(t, functools.partial(self._verify_tag, t))
-            except (FormatError, IntegrityError) as e:
+            except (FormatError, IntegrityError, MissingFileError) as e:
+                if self._vanished(layout.tag_path(t), layout.TAGS):
+                    continue
+                if isinstance(e, MissingFileError):
+                    raise
                 result = e
             yield "tag", t, result
         for rel in sorted(self._b.listing(layout.BLOBS)):
@@ -997,16 +1003,28 @@ class Store:
             try:
                 self._decode(raw, loc="loose")
                 result = None
-            except (FormatError, IntegrityError) as e:
+            except (FormatError, IntegrityError, MissingFileError) as e:
+                if self._vanished(rel, layout.BLOBS):
+                    continue
+                if isinstance(e, MissingFileError):
+                    raise
                 result = e
             yield "blob", self._b.display(rel), result
         for rel in sorted(set(self._packs) | set(self._bad_packs)):
             try:
                 self._check_pack(rel, seen)
                 result = None
-            except (FormatError, IntegrityError) as e:
+            except (FormatError, IntegrityError, MissingFileError) as e:
+                if self._vanished(rel, layout.PACKS):
+                    continue
+                if isinstance(e, MissingFileError):
+                    raise
                 result = e
             yield "pack", self._b.display(rel), result
+
+    def _vanished(self, rel: str, folder: str) -> bool:
+        """Whether object ``rel`` of ``folder`` is gone now (another writer removed it since it was listed)."""
+        return rel not in self._b.listing(folder) and rel not in self._b.irregular(folder)
 
     def _check_pack(self, rel: str, seen: set[bytes]) -> None:
         """Pack ``rel`` checked whole: its bytes hash to its name, it starts with a pack's header, its
@@ -1370,10 +1388,19 @@ class Store:
         names = {cast(bytes, layout.blob_digest(rel)) for rel in loose} | set(self._where)
         kinds: dict[str, int] = {}
         tensor_bytes = max_depth = 0
+        gone_blobs: set[bytes] = set()
         handles: dict[str, backend.Blob] = {}
         try:
             for raw in sorted(names):
-                blob, h = self._open_blob(raw, handles, share=True)
+                try:
+                    blob, h = self._open_blob(raw, handles, share=True)
+                except MissingFileError:
+                    rel = layout.blob_path(raw)
+                    if raw in self._where or not self._vanished(rel, layout.BLOBS):
+                        raise
+                    gone_blobs.add(raw)  # (collected by another writer since it was listed)
+                    loose.pop(rel, None)
+                    continue
                 blob.close()
                 kinds[h.codec_name] = kinds.get(h.codec_name, 0) + 1
                 tensor_bytes += h.size
@@ -1383,7 +1410,7 @@ class Store:
                 b.close()
         pack_bytes = sum(ix.size for ix in self._packs.values())
         blob_bytes = sum(loose.values()) + pack_bytes
-        return {"tags": len(tags) - gone, "blobs": len(names), "logical_bytes": logical,
+        return {"tags": len(tags) - gone, "blobs": len(names - gone_blobs), "logical_bytes": logical,
                 "stored_bytes": blob_bytes + record_bytes, "blob_bytes": blob_bytes, "record_bytes": record_bytes,
                 "tensor_bytes": tensor_bytes, "codecs": dict(sorted(kinds.items())), "max_depth": max_depth,
                 "loose_blobs": len(loose), "packs": len(self._packs), "pack_bytes": pack_bytes}
