@@ -120,7 +120,7 @@ def test_a_save_waits_for_a_running_gc(tmp_path, monkeypatch):
     tc.Store(root).delete("old")
     from tensorcanon.store import store as store_module
 
-    entered, go = _paused(monkeypatch, store_module.Store, "tags")  # gc: its marker is written, it lists tags
+    entered, go = _paused(monkeypatch, store_module.Store, "_tags")  # gc: its marker is written, it lists tags
     collector = threading.Thread(target=lambda: tc.Store(root).gc())
     collector.start()
     assert entered.wait(30)
