@@ -238,3 +238,21 @@ def test_a_blob_a_collection_deleted_after_the_call_returned_is_read_again_or_re
     assert outcomes[0] is True
     assert "background save of tag 'b-changed'" in outcomes[1] and "$" in outcomes[1]
     assert store.tags() == ["b-kept"]
+
+
+def test_a_save_the_background_thread_refuses_leaves_nothing_to_wait_for(tmp_path, monkeypatch):
+    """The thread pool refusing the work (the interpreter exiting between the call's check and its
+    hand-over): the call raises, and the object's next calls do not wait for a save never started."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tensorcanon.store import background
+
+    closed = ThreadPoolExecutor(1)
+    closed.shutdown()
+    monkeypatch.setattr(background, "pool", lambda: closed)
+    store = tc.Store(tmp_path / "s")
+    with pytest.raises(RuntimeError):
+        store.save_async("a", _state(12))
+    monkeypatch.undo()
+    assert store.tags() == []
+    assert store.save("b", _state(13)) == tc.fingerprint(_state(13))

@@ -678,7 +678,13 @@ class Store:
         pending = background.Pending(tag)
         pending.set_running_or_notify_cancel()  # (taken: cancel() cannot undo it, the save goes on)
         self._pending = (os.getpid(), pending)
-        background.pool().submit(self._put_pending, p, tag, snap, pending)
+        try:
+            background.pool().submit(self._put_pending, p, tag, snap, pending)
+        except RuntimeError as e:  # (the interpreter began to exit since refuse_at_exit looked)
+            pending.seen = True
+            pending.set_exception(e)
+            background.refuse_at_exit("Store.save_async", tag)
+            raise
         return pending
 
     def _put_pending(self, p: writer.Plan, tag: str, snap: background.Snapshot, pending: background.Pending) -> None:
