@@ -322,6 +322,19 @@ def _worker(store_of, i, rounds, errors, collect=False):
         errors.append((i, repr(e)))
 
 
+def _run_workers(store_of, n, rounds, collect=False):
+    """``n`` threads running :func:`_worker` at once; none may hang or fail."""
+    errors: list = []
+    threads = [threading.Thread(target=_worker, args=(store_of, i, rounds, errors, collect), daemon=True)
+               for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+        assert not t.is_alive(), "a deadlock"
+    assert errors == []
+
+
 def _expect(threads, rounds):
     return {f"w{i}-{k}": _fp(_val(i, k)) for i in range(threads) for k in range(rounds) if k % 5 != 4}
 
@@ -334,16 +347,8 @@ def test_many_threads_on_one_root(tmp_path, objects, collect):
     per = [tc.Store(root) for _ in range(4)]
     store_of = {"one": lambda i: shared, "per_thread": lambda i: per[i],
                 "fresh_each_call": lambda i: tc.Store(root)}[objects]
-    errors: list = []
     # (collect: each thread runs gc too; stats then reads blobs that another thread's gc deletes)
-    threads = [threading.Thread(target=_worker, args=(store_of, i, 12, errors, collect), daemon=True)
-               for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
-        assert not t.is_alive(), "a deadlock"
-    assert errors == []
+    _run_workers(store_of, 4, 12, collect)
     for s in [shared, *per]:
         within(60, s.tags)  # (waits for each object's last save)
     fresh = tc.Store(root)
@@ -376,16 +381,8 @@ def test_a_second_process_saving_and_deleting_meanwhile_in_a_subprocess(tmp_path
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         time.sleep(2.5)  # (the child imports torch)
-        errors: list = []
         stores = [tc.Store(root), tc.Store(root)]
-        threads = [threading.Thread(target=_worker, args=(lambda i: stores[i % 2], i, 10, errors), daemon=True)
-                   for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(240)
-            assert not t.is_alive(), "a deadlock"
-        assert errors == []
+        _run_workers(lambda i: stores[i % 2], 2, 10)
         out, _ = child.communicate(timeout=240)
     finally:
         if child.poll() is None:
