@@ -1382,7 +1382,7 @@ class Store:
             try:
                 header = self._record(t)
             except MissingFileError:
-                if layout.tag_path(t) not in self._b.listing(layout.TAGS):
+                if self._vanished(layout.tag_path(t), layout.TAGS):
                     gone += 1
                     continue  # (deleted by another writer since it was listed)
                 raise
