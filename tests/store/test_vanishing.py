@@ -84,3 +84,12 @@ def _blobs_of(root, tag):
     with store._tag_file(tag, blobs=False) as cf:
         digests = {r.digest for r in cf.rows}
     return {root / layout.blob_path(d) for d in digests if (root / layout.blob_path(d)).is_file()}
+
+
+def test_gc_leaves_out_a_tag_deleted_after_it_was_listed(tmp_path):
+    root = _store(tmp_path)
+    store = tc.Store(root)
+    _remove_after_listing(store, layout.TAGS, lambda: tc.Store(root).delete("b"))
+    store.gc()  # (it raised MissingFileError for "b")
+    assert tc.Store(root).verify() == {"a": tc.Store(root).verify("a")}
+    assert tc.Store(root).tags() == ["a"]

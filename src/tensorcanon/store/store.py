@@ -1170,8 +1170,13 @@ class Store:
                 self._refresh_packs()
                 live: set[bytes] = set()
                 for tag in self._tags():
-                    with self._tag_file(tag, blobs=False) as cf:
-                        live.update(r.digest for r in cf.rows if r.nbytes)
+                    try:
+                        with self._tag_file(tag, blobs=False) as cf:
+                            live.update(r.digest for r in cf.rows if r.nbytes)
+                    except MissingFileError:
+                        if self._vanished(layout.tag_path(tag), layout.TAGS):
+                            continue  # (deleted by another writer since it was listed: its blobs are dead)
+                        raise
                 # The delta bases the live blobs need, and theirs: those of EVERY copy of a blob (each
                 # pack entry, the loose one). Following one copy's header only, a copy that lies (or
                 # is damaged) would leave the base of an honest copy to be deleted.
