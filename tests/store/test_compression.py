@@ -257,3 +257,27 @@ def test_a_small_tensor_tries_few_codecs_and_a_large_one_every_one(tmp_path):
     for tag, want in (("a", state), ("b", {**state, **moved}), ("c", {**state, **moved, "w": unrelated})):
         assert tc.fingerprint(fresh.load(tag)) == tc.fingerprint(want)
     assert len(fresh.verify()) == 3
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8, 16])
+def test_byte_planes_are_the_spec_s_across_block_and_chunk_edges(k):
+    """Plane i holds byte i of every element (STORE.md, "Blobs"), whichever way the writer cuts
+    them (words for 2 and 4 bytes, a transposed copy otherwise) and wherever a block ends; the
+    reader's interleaving, a chunk at a time, gives every element back, a delta's too."""
+    rng = np.random.default_rng(k)
+    for n in (1, compress._BLOCK - 1, compress._BLOCK + 3, compress._CHUNK + 5):
+        a = rng.integers(0, 256, n * k, dtype=np.uint8)
+        grid = a.reshape(-1, k)
+        planes = compress.split(a, k)
+        assert [bytes(p) for p in planes] == [bytes(grid[:, i]) for i in range(k)]
+        if k in compress.WORDS and k > 1:
+            base = rng.integers(0, 256, n * k, dtype=np.uint8)
+            for codec in (layout.DELTA_SUB, layout.DELTA_TWOS, layout.DELTA):
+                want = compress._transform(codec, a, base, k).reshape(-1, k)
+                got = compress._split_transformed(codec, a, base, k)
+                assert [bytes(p) for p in got] == [bytes(want[:, i]) for i in range(k)]
+        out = np.empty(n * k, np.uint8)
+        for s in range(0, n, compress._CHUNK):
+            e = min(n, s + compress._CHUNK)
+            compress._interleave(out[s * k : e * k], planes, s, k, compress._words(k, e - s))
+        assert bytes(out) == bytes(a)
