@@ -360,16 +360,20 @@ def cli(*args):
 
 
 def test_store_cli_on_damaged_dcp_tags_in_fresh_processes(small, tmp_path):
-    """One CLI process per command: exit 0 on the good tag, 1 on a missing blob, and `store export`
-    of the tag writes the record's file."""
+    """One CLI process per command: exit 0 on the good tag, 1 on a missing blob; `ls` and `verify`
+    print the digest the save returned, and `store export` of the tag writes the checkpoint's
+    directory (the record's index last)."""
     store, record = small
     root = store.root
-    assert cli("store", "verify", root).returncode == 0
+    logical = tc.fingerprint({"step": 1, "w": FULL})
+    r = cli("store", "verify", root)
+    assert r.returncode == 0 and logical in r.stdout, r.stdout
     r = cli("store", "ls", root)
-    assert r.returncode == 0 and "good" in r.stdout
-    r = cli("store", "export", root, "good", str(tmp_path / "rec.safetensors"))
-    assert r.returncode == 0, r.stderr
-    assert tc.load(str(tmp_path / "rec.safetensors"))["index"] == record["index"]
+    assert r.returncode == 0 and "good" in r.stdout and logical in r.stdout and "2 ranks" in r.stdout, r.stdout
+    r = cli("store", "export", root, "good", str(tmp_path / "dir"))
+    assert r.returncode == 0 and logical in r.stdout, r.stderr
+    assert (tmp_path / "dir" / "index.safetensors").read_bytes() == record["index"]
+    assert tcd.verify(str(tmp_path / "dir")) == logical
     # gc keeps every blob of the DCP tag, frees a deleted plain tag's blob
     store.save("plain", {"junk": torch.full((50,), 5.0)})
     store.delete("plain")

@@ -575,11 +575,6 @@ class Store:
         except TensorCanonError:
             return {}
 
-    def _summary(self, tag: str) -> tuple[str, int]:
-        """A tag's digest and the size of its file, from its record alone."""
-        with self._tag_file(tag, blobs=False) as cf:
-            return cf.digest or "", cf.src.size or 0
-
     def _record(self, tag: str) -> bytes:
         """The header a tag's record holds, the record checked (a tensorcanon file, its digest)."""
         rel = layout.tag_path(tag)
@@ -1366,7 +1361,8 @@ class Store:
         return self._b.now() - mtime > STALE
 
     def stats(self) -> dict[str, Any]:
-        """Sizes and counts: ``logical_bytes`` (what saving every tag as its own file would take),
+        """Sizes and counts: ``logical_bytes`` (what saving every tag as its own file would take; a
+        sharded checkpoint's tag, as the directory ``tensorcanon.dcp.save`` writes),
         ``stored_bytes`` (what the store takes: blobs, packs and records), ``tags``, ``blobs``
         (distinct blobs, loose or in packs), ``loose_blobs``, ``packs``, ``pack_bytes``,
         ``blob_bytes`` (loose blobs and packs), ``record_bytes``, ``tensor_bytes`` (the decoded
@@ -1380,6 +1376,8 @@ class Store:
         self._refresh_packs()
         if self._bad_packs:
             raise sorted(self._bad_packs.items())[0][1]
+        from . import sharded  # (it reads a record through this module)
+
         tags = self._tags()
         logical = record_bytes = gone = 0
         records = self._b.listing(layout.TAGS)
@@ -1391,8 +1389,11 @@ class Store:
                     gone += 1
                     continue  # (deleted by another writer since it was listed)
                 raise
-            parsed = container.parse_raw(header[:8], header[8:], None, DEFAULT)
-            logical += len(header) + max((e.end for e in parsed.entries), default=0)
+            if sharded.claims_header(self, header, t):  # (a sharded checkpoint: its directory's bytes)
+                logical += sharded.summary(self, t).size
+            else:
+                parsed = container.parse_raw(header[:8], header[8:], None, DEFAULT)
+                logical += len(header) + max((e.end for e in parsed.entries), default=0)
             record_bytes += records.get(layout.tag_path(t), (0, 0))[0]
         loose = {rel: size for rel, (size, _) in self._b.listing(layout.BLOBS).items()
                  if layout.blob_digest(rel) is not None}

@@ -25,10 +25,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> argparse.ArgumentPa
     a = actions.add_parser("verify", parents=[common], help="check tags (default: the whole store, every blob)")
     a.add_argument("root", metavar="ROOT")
     a.add_argument("tags", nargs="*", metavar="TAG", help="only these tags (default: every tag and every blob)")
-    a = actions.add_parser("export", parents=[common], help="write a tag as the file tensorcanon.save writes")
+    a = actions.add_parser("export", parents=[common], help="write a tag as the file tensorcanon.save writes (a "
+                           "sharded checkpoint's tag: the directory tensorcanon.dcp.save writes)")
     a.add_argument("root", metavar="ROOT")
     a.add_argument("tag", metavar="TAG")
-    a.add_argument("output", metavar="OUT", help="the file (or URL) to write, atomically")
+    a.add_argument("output", metavar="OUT", help="the file (or URL) to write, atomically; a sharded checkpoint's "
+                   "directory (local, new or empty)")
     a = actions.add_parser("gc", parents=[common], help="delete the blobs no tag needs")
     a.add_argument("root", metavar="ROOT")
     a = actions.add_parser("stats", parents=[common], help="logical and stored bytes, blobs per codec")
@@ -56,19 +58,26 @@ def run(args: argparse.Namespace, out: Any) -> int:
 def _act(store: Any, root: str, args: argparse.Namespace, out: Any) -> int:
     """``ls``, ``export``, ``gc`` or ``stats``; the store's damage raised."""
     from ..io import storage
+    from ..store import sharded
 
     if args.action == "ls":
         rows = []
-        for tag in store.tags():
-            digest, size = store._summary(tag)
-            rows.append({"tag": tag, "digest": digest, "logical_bytes": size})
-        width = max((len(tag) for tag in store.tags()), default=3)
+        tags = store.tags()
+        for tag in tags:  # (a sharded checkpoint's tag: the logical digest its save returned, its directory's bytes)
+            s = sharded.summary(store, tag)
+            rows.append({"tag": tag, "digest": s.digest, "logical_bytes": s.size,
+                         "kind": "file" if s.ranks is None else "sharded", "ranks": s.ranks})
+        width = max((len(tag) for tag in tags), default=3)
         for r in rows:
-            out.line(f"{r['tag']:<{width}}  {r['digest']}  {r['logical_bytes']:>14,} bytes")
+            kind = "" if r["ranks"] is None else f"  sharded checkpoint, {r['ranks']} rank{'s' * (r['ranks'] != 1)}"
+            out.line(f"{r['tag']:<{width}}  {r['digest']}  {r['logical_bytes']:>14,} bytes{kind}")
         out.json({"root": root, "tags": rows})
         return EXIT_OK
     if args.action == "export":
-        digest = store.export(args.tag, args.output)
+        if _sharded(store, args.tag):  # (the directory tensorcanon.dcp.save writes, byte for byte)
+            digest = sharded.export(sharded.StoreTag(store, args.tag), args.output)
+        else:
+            digest = store.export(args.tag, args.output)
         out.line(f"{args.tag} -> {storage.redact(args.output)}  {digest}")
         out.json({"tag": args.tag, "output": storage.redact(args.output), "digest": digest})
         return EXIT_OK
@@ -102,6 +111,8 @@ def _act(store: Any, root: str, args: argparse.Namespace, out: Any) -> int:
 
 def _verify(store: Any, root: str, tags: list[str], out: Any) -> int:
     code, results = EXIT_OK, []
+    from ..store import sharded
+
     if tags:
         checks = []
         for tag in tags:
@@ -111,6 +122,12 @@ def _verify(store: Any, root: str, tags: list[str], out: Any) -> int:
                 checks.append(("tag", tag, e))
     else:
         checks = list(store.checks())
+    for i, (kind, name, result) in enumerate(checks):
+        if kind == "tag" and not isinstance(result, BaseException) and _sharded(store, name):
+            try:  # (its record and blobs are sound: now the checkpoint, and the digest its save returned)
+                checks[i] = (kind, name, sharded.verify(store, name))
+            except (FormatError, IntegrityError) as e:
+                checks[i] = (kind, name, e)
     for kind, name, result in checks:
         if isinstance(result, BaseException):
             code = EXIT_DAMAGED
@@ -128,3 +145,15 @@ def _verify(store: Any, root: str, tags: list[str], out: Any) -> int:
                  f"{blobs} loose blob{'s' * (blobs != 1)} that no tag uses, and {packs} pack{'s' * (packs != 1)}")
     out.json({"root": root, "results": results})
     return code
+
+
+def _sharded(store: Any, tag: str) -> bool:
+    """Whether ``tag``'s record is a sharded checkpoint's (False for a tag another writer deleted
+    since it was checked: the action then meets its absence as any tag's)."""
+    from ..format.errors import MissingFileError
+    from ..store import sharded
+
+    try:
+        return sharded.claims(store, tag)
+    except MissingFileError:
+        return False
