@@ -455,8 +455,8 @@ def _frame(z: Any, frame: Any, size: int, where: str) -> bytes:
 
 #: Elements interleaved and combined with a delta's base at a time: the chunk stays in the cache
 #: between the interleaving, the transform and the base's addition. Each chunk costs about ten
-#: numpy calls, each taking the GIL back: two threads decoding at once ran 13% (fp32 delta-sub)
-#: to 26% (bf16) faster with chunks of 2^18 elements than of 2^16 (benchmarks/RESULTS.md).
+#: numpy calls, each taking the GIL back: two threads decoding at once ran 11-13% (fp32 delta-sub)
+#: and 12-27% (bf16) faster with chunks of 2^18 elements than of 2^16 (benchmarks/RESULTS.md).
 _CHUNK = 1 << 18
 
 
