@@ -200,16 +200,22 @@ def _export_rank(target: StoreTag, record: Record, rank: int, folder: str, expec
     store = target.store
     with store._header_file(record.headers[rank], f"{target.tag} (rank {rank} of {world})", limits) as cf:
         cf.check_tree()   # (its blobs are among the record's: check_blob_list)
-        file_digest = cf.digest or ""
-        if file_digest != expected:
-            raise IntegrityError(f"{what} has digest {file_digest}, but the index records {expected}: the record "
-                                 "is damaged", expected=expected, actual=file_digest)
+        file_digest = _rank_digest(cf, what, expected)
         vf = cast(Any, cf.src.f)  # (the store's file object: the header, then the blobs)
         name = layout.rank_file_name(rank, world, file_digest)
         try:
             writer.replace_atomically(os.path.join(folder, name), lambda f, tmp: vf.write_to(f, cf))
         except (IntegrityError, FormatError) as e:
             raise _name_damage(target, cf, e, what) from None
+
+
+def _rank_digest(cf: Any, what: str, expected: str) -> str:
+    """The digest of a rank file (``cf``, from its header), which must be the index's ``expected``."""
+    file_digest = cf.digest or ""
+    if file_digest != expected:
+        raise IntegrityError(f"{what} has digest {file_digest}, but the index records {expected}: the record "
+                             "is damaged", expected=expected, actual=file_digest)
+    return file_digest
 
 
 def _name_damage(target: StoreTag, cf: Any, e: TensorCanonError, what: str) -> TensorCanonError:
@@ -389,10 +395,7 @@ def summary(store: Store, tag: str, limits: Limits = DEFAULT) -> Summary:
     world = len(record.headers)
     for rank, header in enumerate(record.headers):
         with store._header_file(header, f"{tag} (rank {rank} of {world})", limits, blobs=False) as cf:
-            if (cf.digest or "") != index.files[rank]:
-                raise IntegrityError(f"{target}: rank {rank}'s file has digest {cf.digest}, but the index records "
-                                     f"{index.files[rank]}: the record is damaged",
-                                     expected=index.files[rank], actual=cf.digest or "")
+            _rank_digest(cf, f"{target}: rank {rank}'s file", index.files[rank])
             size += cf.src.size or 0
     return Summary(index.logical_digest, size, world)
 
