@@ -26,18 +26,61 @@ from ..format.tensorbytes import Stored
 from ..format.tree import items
 from ..io import writer
 from ..sharded import read
+from ..store import Store, layout as store_layout
 from ..store.sharded import (  # noqa: F401 - the reading side, used from here by the reader and tests
     ALGORITHM,
     FORMAT,
     LAYOUT,
     Record,
-    StoreTag,
     check_blob_list,
     checked_index,
     export,
     read_record,
     store_index,
 )
+
+
+class StoreTag:
+    """A sharded checkpoint kept in a :class:`tensorcanon.Store` under ``tag``.
+
+    Pass it wherever tensorcanon.dcp takes a checkpoint directory: ``save``, ``async_save``,
+    ``load``, ``load_unsharded``, ``consolidate``, ``verify``, ``logical_digest``, ``Writer``,
+    ``Reader``. ``store`` is a ``Store`` or its root (a folder or URL; ``storage_options`` for fsspec).
+
+    Example::
+
+        store = tensorcanon.Store("ckpts")
+        digest = tcd.save(state, tcd.StoreTag(store, "step100"))   # every rank; tensors stored once
+        tcd.load(state, tcd.StoreTag(store, "step100"))            # any world size
+    """
+
+    def __init__(self, store: Store | str | os.PathLike[str], tag: str, *, storage_options: Any = None) -> None:
+        if isinstance(store, Store):
+            if storage_options is not None:
+                raise UsageError("StoreTag: storage_options go to the Store (tensorcanon.Store(root, "
+                                 "storage_options)), not with a Store object")
+            self.store = store
+        elif isinstance(store, (str, os.PathLike)):
+            self.store = Store(store, storage_options)
+        else:
+            raise UsageError(f"StoreTag: expected a tensorcanon.Store or a store's root (a folder or URL), "
+                             f"not {type(store).__name__}")
+        if type(tag) is not str:
+            raise UsageError(f"StoreTag: the tag must be a str, not {type(tag).__name__}")
+        self.tag = store_layout.check_tag(tag)
+
+    def __repr__(self) -> str:
+        return f"tensorcanon.dcp.StoreTag({self.store.root!r}, {self.tag!r})"
+
+    def __str__(self) -> str:
+        return f"tag {self.tag!r} of the store {self.store.root!r}"
+
+    def __reduce__(self) -> Any:
+        raise UsageError("a StoreTag cannot be sent to another process (its Store holds open state): "
+                         "use async_save's thread executor with a store")
+
+    def exists(self) -> bool:
+        return self.tag in self.store.tags()
 
 
 def refuse_options(target: StoreTag, storage_options: Any, call: str) -> None:

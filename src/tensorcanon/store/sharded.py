@@ -25,7 +25,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from ..format.errors import FileAccessError, FormatError, IntegrityError, MissingFileError, TensorCanonError, UsageError
 from ..format.limits import DEFAULT, Limits
@@ -37,7 +37,6 @@ from ..sharded import layout, read
 from ..sharded.errors import CheckpointNotFoundError
 from ..sharded.files import RankFile, SubtreeDecoder, with_context
 from . import layout as store_layout
-from .store import Store
 
 FORMAT = "tensorcanon-dcp-checkpoint"
 LAYOUT = 1
@@ -46,47 +45,23 @@ _KEYS = ["blobs", "format", "index", "layout", "ranks"]
 ALGORITHM = "xxh3-128"
 
 
-class StoreTag:
-    """A sharded checkpoint kept in a :class:`tensorcanon.Store` under ``tag``.
+class Target(Protocol):
+    """Where a sharded checkpoint is kept: a store and a tag (``tensorcanon.dcp.StoreTag`` is one;
+    ``str()`` of it names both in errors)."""
 
-    Pass it wherever tensorcanon.dcp takes a checkpoint directory: ``save``, ``async_save``,
-    ``load``, ``load_unsharded``, ``consolidate``, ``verify``, ``logical_digest``, ``Writer``,
-    ``Reader``. ``store`` is a ``Store`` or its root (a folder or URL; ``storage_options`` for fsspec).
+    store: Any
+    tag: str
 
-    Example::
 
-        store = tensorcanon.Store("ckpts")
-        digest = tcd.save(state, tcd.StoreTag(store, "step100"))   # every rank; tensors stored once
-        tcd.load(state, tcd.StoreTag(store, "step100"))            # any world size
-    """
+@dataclass
+class Tag:
+    """A :class:`Target` for the store's own tools (named as ``tensorcanon.dcp.StoreTag`` names one)."""
 
-    def __init__(self, store: Store | str | os.PathLike[str], tag: str, *, storage_options: Any = None) -> None:
-        if isinstance(store, Store):
-            if storage_options is not None:
-                raise UsageError("StoreTag: storage_options go to the Store (tensorcanon.Store(root, "
-                                 "storage_options)), not with a Store object")
-            self.store = store
-        elif isinstance(store, (str, os.PathLike)):
-            self.store = Store(store, storage_options)
-        else:
-            raise UsageError(f"StoreTag: expected a tensorcanon.Store or a store's root (a folder or URL), "
-                             f"not {type(store).__name__}")
-        if type(tag) is not str:
-            raise UsageError(f"StoreTag: the tag must be a str, not {type(tag).__name__}")
-        self.tag = store_layout.check_tag(tag)
-
-    def __repr__(self) -> str:
-        return f"tensorcanon.dcp.StoreTag({self.store.root!r}, {self.tag!r})"
+    store: Any
+    tag: str
 
     def __str__(self) -> str:
         return f"tag {self.tag!r} of the store {self.store.root!r}"
-
-    def __reduce__(self) -> Any:
-        raise UsageError("a StoreTag cannot be sent to another process (its Store holds open state): "
-                         "use async_save's thread executor with a store")
-
-    def exists(self) -> bool:
-        return self.tag in self.store.tags()
 
 
 @dataclass
@@ -96,7 +71,7 @@ class Record:
     blobs: set[bytes]       # the blobs the record names (what gc keeps)
 
 
-def read_record(target: StoreTag, limits: Limits = DEFAULT) -> Record:
+def read_record(target: Target, limits: Limits = DEFAULT) -> Record:
     """The checkpoint's record, checked as a store tag and field by field."""
     where = str(target)
     try:
@@ -143,7 +118,7 @@ def read_record(target: StoreTag, limits: Limits = DEFAULT) -> Record:
     return Record(index, headers, blobs)
 
 
-def check_blob_list(target: StoreTag, record: Record, limits: Limits = DEFAULT) -> None:
+def check_blob_list(target: Target, record: Record, limits: Limits = DEFAULT) -> None:
     """The record's ``blobs`` are exactly the blobs its rank files' tables name (FORMAT.md §14.10): none
     missing (gc would free it) and none that no rank file uses (gc would keep it forever, and verify
     would vouch for a record that is not what a writer writes). Reads every rank header, no blob."""
@@ -170,7 +145,7 @@ def _tensor_indices(node: Any, where: str) -> list[int]:
     return out
 
 
-def export(target: StoreTag, folder: str | os.PathLike[str], *, limits: Limits = DEFAULT) -> str:
+def export(target: Target, folder: str | os.PathLike[str], *, limits: Limits = DEFAULT) -> str:
     """Write the checkpoint as the directory ``tcd.save(state, folder)`` writes, byte for byte: each
     rank file from its header and its blobs (every blob checked against its digest on the way), the
     index last. Returns the logical digest. The folder must not hold a checkpoint already."""
@@ -194,7 +169,7 @@ def export(target: StoreTag, folder: str | os.PathLike[str], *, limits: Limits =
     return index.logical_digest
 
 
-def _export_rank(target: StoreTag, record: Record, rank: int, folder: str, expected: str, limits: Limits) -> None:
+def _export_rank(target: Target, record: Record, rank: int, folder: str, expected: str, limits: Limits) -> None:
     world = len(record.headers)
     what = f"{target}: rank {rank}'s file"
     store = target.store
@@ -218,7 +193,7 @@ def _rank_digest(cf: Any, what: str, expected: str) -> str:
     return file_digest
 
 
-def _name_damage(target: StoreTag, cf: Any, e: TensorCanonError, what: str) -> TensorCanonError:
+def _name_damage(target: Target, cf: Any, e: TensorCanonError, what: str) -> TensorCanonError:
     """``e`` (a blob that fails its digest, or cannot be decoded), naming the chunk that uses it."""
     store = target.store
     for r in cf.rows:
@@ -282,7 +257,7 @@ class _StoreRankFile(RankFile):
         return row
 
 
-def checked_index(target: StoreTag, record: Record, limits: Limits = DEFAULT) -> layout.Index:
+def checked_index(target: Target, record: Record, limits: Limits = DEFAULT) -> layout.Index:
     """The record's index, validated as any index (layout.read), naming as many rank files as the
     record holds headers."""
     with tempfile.TemporaryDirectory(prefix="tensorcanon-dcp-") as folder:
@@ -308,7 +283,7 @@ def _replaced(e: TensorCanonError, old: str, new: str) -> TensorCanonError:
     return rebuild(cls, (str(e).replace(f"index {old}: ", "").replace(old, new),), state)
 
 
-def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
+def store_index(target: Target, limits: Limits = DEFAULT) -> layout.Index:
     """The checkpoint's index (validated as any index) whose rank files are read from the store:
     each opened when a reader first uses it, as its header (from the record) and the blobs its
     table names, every chunk hashed against its digest when it is read (Index.opener)."""
@@ -341,7 +316,7 @@ def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
 # ------------------------------------------------------------- a sharded tag as the store's tools show it
 
 
-def claims(store: Store, tag: str, limits: Limits = DEFAULT) -> bool:
+def claims(store: Any, tag: str, limits: Limits = DEFAULT) -> bool:
     """Whether ``tag``'s record says it is a sharded checkpoint's: its object a dict of exactly the
     record's keys whose ``format`` is :data:`FORMAT` (no blob read). Such a record is then read as
     one, and a record that claims to be one and is not sound is damaged."""
@@ -349,7 +324,7 @@ def claims(store: Store, tag: str, limits: Limits = DEFAULT) -> bool:
         return _claims(cf)
 
 
-def claims_header(store: Store, header: bytes, tag: str, limits: Limits = DEFAULT) -> bool:
+def claims_header(store: Any, header: bytes, tag: str, limits: Limits = DEFAULT) -> bool:
     """:func:`claims`, from the header the record of ``tag`` holds (already read)."""
     with store._header_file(header, tag, limits, blobs=False) as cf:
         return _claims(cf)
@@ -378,7 +353,7 @@ class Summary:
     ranks: int | None  # a sharded checkpoint's world size; None for a file
 
 
-def summary(store: Store, tag: str, limits: Limits = DEFAULT) -> Summary:
+def summary(store: Any, tag: str, limits: Limits = DEFAULT) -> Summary:
     """``tag`` as the store's tools show it: a file's digest and size, from its record alone; a
     sharded checkpoint's logical digest (what ``tensorcanon.dcp.save`` returned) and the bytes of
     the directory it exports as, from its record and rank headers (checked: the index as any index,
@@ -387,7 +362,7 @@ def summary(store: Store, tag: str, limits: Limits = DEFAULT) -> Summary:
     with store._tag_file(tag, limits, blobs=False) as cf:
         if not _claims(cf):
             return Summary(cf.digest or "", cf.src.size or 0, None)
-    target = StoreTag(store, tag)
+    target = Tag(store, tag)
     record = read_record(target, limits)
     index = checked_index(target, record, limits)
     check_blob_list(target, record, limits)
@@ -400,8 +375,8 @@ def summary(store: Store, tag: str, limits: Limits = DEFAULT) -> Summary:
     return Summary(index.logical_digest, size, world)
 
 
-def verify(store: Store, tag: str, limits: Limits = DEFAULT) -> str:
+def verify(store: Any, tag: str, limits: Limits = DEFAULT) -> str:
     """Check every byte of the sharded checkpoint ``tag`` (its record, every blob it names, each rank
     file against the index, the logical tensors against their digests) and return its logical
     digest (what ``tensorcanon.dcp.verify`` of it returns)."""
-    return read.verify(store_index(StoreTag(store, tag), limits), limits=limits)
+    return read.verify(store_index(Tag(store, tag), limits), limits=limits)

@@ -1376,7 +1376,7 @@ class Store:
         self._refresh_packs()
         if self._bad_packs:
             raise sorted(self._bad_packs.items())[0][1]
-        from . import sharded  # (it reads a record through this module)
+        from . import sharded  # (imported when used: the sharded layer is not needed to save or load)
 
         tags = self._tags()
         logical = record_bytes = gone = 0

@@ -75,7 +75,7 @@ def _act(store: Any, root: str, args: argparse.Namespace, out: Any) -> int:
         return EXIT_OK
     if args.action == "export":
         if _sharded(store, args.tag):  # (the directory tensorcanon.dcp.save writes, byte for byte)
-            digest = sharded.export(sharded.StoreTag(store, args.tag), args.output)
+            digest = sharded.export(sharded.Tag(store, args.tag), args.output)
         else:
             digest = store.export(args.tag, args.output)
         out.line(f"{args.tag} -> {storage.redact(args.output)}  {digest}")
