@@ -173,28 +173,58 @@ def _tensor_indices(node: Any, where: str) -> list[int]:
 def export(target: StoreTag, folder: str | os.PathLike[str], *, limits: Limits = DEFAULT) -> str:
     """Write the checkpoint as the directory ``tcd.save(state, folder)`` writes, byte for byte: each
     rank file from its header and its blobs (every blob checked against its digest on the way), the
-    index last. Returns the logical digest. The folder must not hold a checkpoint already."""
+    index last. Returns the logical digest. The folder must be new or empty (FileAccessError otherwise: a
+    directory holding anything else, even a checkpoint's leftovers, is not the one ``save`` writes)."""
     folder = os.fspath(folder)
     if layout.is_remote(folder):
         raise UsageError(f"export writes a local directory, not {folder!r}: export, then copy it")
     if os.path.exists(layout.index_path(folder)):
         raise FileAccessError(f"{folder!r} already holds a checkpoint (its {layout.INDEX_NAME}): export into a new "
                               "or empty directory", filename=folder, errno=errno.EEXIST)
+    _check_new_or_empty(folder, target)
     record = read_record(target, limits)
     index = checked_index(target, record, limits)   # (before anything is written)
     check_blob_list(target, record, limits)
+    made = not os.path.isdir(folder)
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:  # (a file where the folder belongs, or below one; no permission)
         raise FileAccessError(f"cannot create the folder {folder!r} to export {target} into: {e.strerror or e}; "
                               "export into a new or empty directory", filename=folder, errno=e.errno) from None
-    for rank in range(index.world_size):
-        _export_rank(target, record, rank, folder, index.files[rank], limits)
-    writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
+    written: list[str] = []
+    try:
+        for rank in range(index.world_size):
+            written.append(_export_rank(target, record, rank, folder, index.files[rank], limits))
+        writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
+    except BaseException:  # (a blob found damaged on the way: leave the folder as it was, new or empty)
+        for path in written:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
     return index.logical_digest
 
 
-def _export_rank(target: StoreTag, record: Record, rank: int, folder: str, expected: str, limits: Limits) -> None:
+def _check_new_or_empty(folder: str, target: StoreTag) -> None:
+    """``folder`` does not exist, or is an empty directory (docs/CLI.md: "into a new or empty local
+    folder"): export never writes beside other files."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return  # (new: made once the record checked)
+    except OSError as e:  # (a file, or a path below one; no permission)
+        raise FileAccessError(f"cannot export {target} into {folder!r}: {e.strerror or e}; export into a new or "
+                              "empty directory", filename=folder, errno=e.errno) from None
+    if names:
+        raise FileAccessError(f"cannot export {target} into {folder!r}: it is not empty (it holds {len(names)} "
+                              f"entries, such as {sorted(names)[0]!r}); export into a new or empty directory",
+                              filename=folder, errno=errno.ENOTEMPTY)
+
+
+def _export_rank(target: StoreTag, record: Record, rank: int, folder: str, expected: str, limits: Limits) -> str:
+    """Write rank ``rank``'s file into ``folder``; returns its path."""
     world = len(record.headers)
     what = f"{target}: rank {rank}'s file"
     store = target.store
@@ -206,10 +236,12 @@ def _export_rank(target: StoreTag, record: Record, rank: int, folder: str, expec
                                  "is damaged", expected=expected, actual=file_digest)
         vf = cast(Any, cf.src.f)  # (the store's file object: the header, then the blobs)
         name = layout.rank_file_name(rank, world, file_digest)
+        path = os.path.join(folder, name)
         try:
-            writer.replace_atomically(os.path.join(folder, name), lambda f, tmp: vf.write_to(f, cf))
+            writer.replace_atomically(path, lambda f, tmp: vf.write_to(f, cf))
         except (IntegrityError, FormatError) as e:
             raise _name_damage(target, cf, e, what) from None
+    return path
 
 
 def _name_damage(target: StoreTag, cf: Any, e: TensorCanonError, what: str) -> TensorCanonError:
