@@ -523,3 +523,21 @@ def test_a_flipped_blob_byte_of_the_last_rank(tmp_path, capsys):
     hits[0].write_bytes(bytes(data))
     store = tc.Store(root)
     assert_damaged(capsys, store, "r", tmp_path, ls=False)
+
+
+@pytest.mark.parametrize("layout", [True, 1.0, "1", None], ids=repr)
+def test_a_layout_that_is_not_an_int_is_damage_not_a_newer_layout(two, capsys, layout):
+    """`True == 1` and `1.0 == 1` in Python: refused, and as damage (no "upgrade tensorcanon": no
+    later writer writes such a record)."""
+    store, rec, _ = two
+    forge(store, "x", rec["a"], layout=layout)
+    code, out, err = call(capsys, "store", "verify", store.root, "x")
+    assert code == 1 and "'layout' must be an int" in out and "upgrade" not in out, out
+
+
+def test_an_index_that_is_no_file_is_named_once(two, capsys):
+    store, rec, _ = two
+    forge(store, "x", rec["a"], index=b"\xff" * 100)
+    code, out, err = call(capsys, "store", "verify", store.root, "x")
+    assert code == 1 and "its index: not a safetensors or tensorcanon file" in out, out
+    assert "its index: its index" not in out and "tensorcanon-dcp-" not in out, out

@@ -122,7 +122,10 @@ def read_record(target: StoreTag, limits: Limits = DEFAULT) -> Record:
         raise CheckpointNotFoundError(f"{where} does not exist: {e}", filename=str(target)) from None
     if values["format"] != FORMAT:
         raise FormatError(f"{where} is not a sharded checkpoint: its record says format {values['format']!r}")
-    if values["layout"] != LAYOUT or type(values["layout"]) is not int:
+    if type(values["layout"]) is not int:   # (not a layout a later writer could write: damage)
+        raise FormatError(f"{where}: its record's 'layout' must be an int, not {values['layout']!r} "
+                          f"({type(values['layout']).__name__}); the record is damaged")
+    if values["layout"] != LAYOUT:
         raise FormatError(f"{where}: layout {values['layout']!r} is not supported (this tensorcanon reads layout "
                           f"{LAYOUT}); upgrade tensorcanon to read it")
     index, headers = values["index"], values["ranks"]
@@ -331,7 +334,8 @@ def checked_index(target: StoreTag, record: Record, limits: Limits = DEFAULT) ->
 def _replaced(e: TensorCanonError, old: str, new: str) -> TensorCanonError:
     """``e`` with ``old`` (a temporary path) replaced by ``new`` in its message."""
     rebuild, (cls, _, state) = e.__reduce__()
-    return rebuild(cls, (str(e).replace(f"index {old}: ", "").replace(old, new),), state)
+    text = str(e).replace(f"index {old}: ", "").removeprefix(f"{old}: ")   # (the caller names it once)
+    return rebuild(cls, (text.replace(old, new),), state)
 
 
 def store_index(target: StoreTag, limits: Limits = DEFAULT) -> layout.Index:
