@@ -541,3 +541,68 @@ def test_an_index_that_is_no_file_is_named_once(two, capsys):
     code, out, err = call(capsys, "store", "verify", store.root, "x")
     assert code == 1 and "its index: not a safetensors or tensorcanon file" in out, out
     assert "its index: its index" not in out and "tensorcanon-dcp-" not in out, out
+
+
+def test_damaged_records_in_a_memory_store(capsys, tmp_path):
+    root = f"memory://rtsharded-{uuid.uuid4().hex}"
+    save(root, "a")
+    store = tc.Store(root)
+    rec = store.load("a")
+    forge(store, "x", rec, ranks=rec["ranks"][::-1])
+    assert_damaged(capsys, store, "x", tmp_path)
+    store.delete("x")
+    forge(store, "y", rec, ranks="no")
+    assert_damaged(capsys, store, "y", tmp_path, stats=True)
+
+
+def test_plain_files_headers_under_a_consistent_index(two, capsys, tmp_path):
+    """Every field agrees with every other (the index's `files` are the rank headers' digests, the
+    blob list is what they name, the blobs are in the store) but the rank "files" are plain saves of
+    other objects: not the checkpoint's rank files."""
+    store, rec, _ = two
+    objs = [{"w": torch.arange(6.0)}, {"w": torch.arange(6.0) + 1}]
+    heads, blobs = [], {}
+    for i, obj in enumerate(objs):
+        store.save(f"plain{i}", obj)                  # (their blobs, in the store)
+        data = tc.dumps(obj)
+        n = int.from_bytes(data[:8], "little")
+        heads.append(data[:8 + n])
+        for row in tc.open(data).manifest.tensors:
+            blobs[row.digest] = obj["w"]
+    index = tc.loads(rec["a"]["index"])
+    index["files"] = [tc.fingerprint(o) for o in objs]
+    forge(store, "x", rec["a"], index=tc.dumps(index), ranks=heads, blobs=[blobs[k] for k in sorted(blobs)])
+    assert_damaged(capsys, store, "x", tmp_path, ls=False)
+
+
+def test_a_record_file_flipped_on_disk(two, capsys, tmp_path):
+    store, rec, _ = two
+    forge(store, "x", rec["a"])
+    path = tmp_path / "store" / "tags" / "x.safetensors"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert_damaged(capsys, store, "x", tmp_path)
+
+
+def test_the_cli_on_damaged_sharded_tags_in_a_subprocess(two, tmp_path):
+    """One real process per command (no in-process state): exit codes, the tag named, no traceback."""
+    import subprocess
+    import sys
+
+    store, rec, _ = two
+    forge(store, "x", rec["a"], ranks=rec["a"]["ranks"][::-1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.path.dirname(tc.__path__[0]),
+                                                                   os.environ.get("PYTHONPATH")) if p))
+    script = ("import sys; from tensorcanon.tools import cli; "
+              "sys.exit(cli.main(sys.argv[1:]))")
+    for argv, want in ((["store", "verify", store.root, "x"], 1), (["store", "ls", store.root], 1),
+                       (["store", "export", store.root, "x", str(tmp_path / "o")], 1),
+                       (["store", "export", store.root, "a", str(tmp_path / "store")], 2),
+                       (["store", "verify", store.root, "a"], 0)):
+        p = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, env=env,
+                           timeout=120)
+        assert p.returncode == want, (argv, p.returncode, p.stdout, p.stderr)
+        assert "Traceback" not in p.stderr, (argv, p.stderr)
+        if want:
+            assert "'x'" in p.stdout + p.stderr or "tag x" in p.stdout or "store" in p.stderr, (argv, p.stderr)

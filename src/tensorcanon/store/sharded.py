@@ -20,6 +20,7 @@ torch.distributed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import tempfile
@@ -198,6 +199,7 @@ def export(target: StoreTag, folder: str | os.PathLike[str], *, limits: Limits =
     try:
         for rank in range(index.world_size):
             written.append(_export_rank(target, record, rank, folder, index.files[rank], limits))
+        _check_written(target, index, folder, limits)
         writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
     except BaseException:  # (a blob found damaged on the way: leave the folder as it was, new or empty)
         for path in written:
@@ -208,6 +210,20 @@ def export(target: StoreTag, folder: str | os.PathLike[str], *, limits: Limits =
                 os.rmdir(folder)
         raise
     return index.logical_digest
+
+
+def _check_written(target: StoreTag, index: layout.Index, folder: str, limits: Limits) -> None:
+    """The rank files just written checked against the index before the index is written (as
+    ``verify`` of the directory would: what each holds, every chunk, the logical digests). Each blob
+    was checked against its name on the way, but no digest covers the index: a record whose index
+    is sound as a file but not this checkpoint's (its rank files plain files, its logical manifest
+    another checkpoint's) exports as a directory that is not a checkpoint; export refuses it then,
+    rather than return a logical digest the directory does not have."""
+    local = dataclasses.replace(index, folder=folder, opener=None, options=None)
+    try:
+        read.verify(local, limits=limits)
+    except (FormatError, IntegrityError) as e:
+        raise with_context(e, f"{target}: its checkpoint does not check (the record is damaged): ") from None
 
 
 def _check_new_or_empty(folder: str, target: StoreTag) -> None:
