@@ -448,6 +448,7 @@ def test_gc_keeps_a_damaged_sharded_tag_s_blobs(two, capsys, tmp_path):
     ("stats", "_tags"),
     ("verify", "claims"),              # deleted after the store's check of its record, before the checkpoint's
     ("stats", "claims_header"),        # deleted after its record was read, before its directory was sized
+    ("verify", "store_index"),         # deleted and its blobs collected after its record was read
 ])
 def test_a_tag_deleted_while_the_tools_read_the_store(two, capsys, monkeypatch, action, where):
     """Another writer deletes the sharded tag "c" while a whole-store action runs: the tools skip it
@@ -462,6 +463,11 @@ def test_a_tag_deleted_while_the_tools_read_the_store(two, capsys, monkeypatch, 
 
     def delete_c(*a, **k):
         out = real(*a, **k)
+        if where == "store_index" and a[0].tag == "c":
+            deleted.append(True)
+            tc.Store(store.root).delete("c")
+            tc.Store(store.root).gc()
+            return out
         if not deleted and ("c" in out if where == "_tags" else "c" in a):
             deleted.append(True)
             tc.Store(store.root).delete("c")

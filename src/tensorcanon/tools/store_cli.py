@@ -134,12 +134,13 @@ def _verify(store: Any, root: str, tags: list[str], out: Any) -> int:
             try:  # (its record and blobs are sound: now the checkpoint, and the digest its save returned)
                 if sharded.claims(store, name):
                     checks[i] = (kind, name, sharded.verify(store, name))
-            except (FormatError, IntegrityError) as e:
-                checks[i] = (kind, name, e)
-            except MissingFileError:
-                if tags or not store._vanished(layout.tag_path(name), layout.TAGS):
+            except (FormatError, IntegrityError, MissingFileError) as e:
+                if not tags and store._vanished(layout.tag_path(name), layout.TAGS):
+                    gone.add(i)  # (the whole store's check: deleted by another writer since it was listed, as checks())
+                    continue
+                if isinstance(e, MissingFileError):
                     raise
-                gone.add(i)  # (the whole store's check: deleted by another writer since it was listed, as checks())
+                checks[i] = (kind, name, e)
     checks = [c for i, c in enumerate(checks) if i not in gone]
     for kind, name, result in checks:
         if isinstance(result, BaseException):
