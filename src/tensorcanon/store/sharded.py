@@ -238,7 +238,8 @@ def _check_new_or_empty(folder: str, target: StoreTag) -> None:
                               "empty directory", filename=folder, errno=e.errno) from None
     if names:
         raise FileAccessError(f"cannot export {target} into {folder!r}: it is not empty (it holds {len(names)} "
-                              f"entries, such as {sorted(names)[0]!r}); export into a new or empty directory",
+                              f"entr{'y' if len(names) == 1 else 'ies'}, such as {sorted(names)[0]!r}); export "
+                              "into a new or empty directory",
                               filename=folder, errno=errno.ENOTEMPTY)
 
 
