@@ -92,7 +92,7 @@ def test_an_index_for_another_world(saved, tmp_path):
 @pytest.mark.parametrize("field, value, words", [
     ("format", "something-else", "not a sharded checkpoint"),
     ("layout", 2, "upgrade"),
-    ("layout", True, "not supported"),
+    ("layout", True, "must be an int"),      # (damage: no later layout is a bool)
     ("index", b"not an index", "tag 'bad'"),
     ("index", "text", "must be bytes"),
     ("ranks", [], "non-empty list"),

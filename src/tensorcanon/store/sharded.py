@@ -20,6 +20,7 @@ torch.distributed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import tempfile
@@ -97,7 +98,10 @@ def read_record(target: Target, limits: Limits = DEFAULT) -> Record:
         raise CheckpointNotFoundError(f"{where} does not exist: {e}", filename=str(target)) from None
     if values["format"] != FORMAT:
         raise FormatError(f"{where} is not a sharded checkpoint: its record says format {values['format']!r}")
-    if values["layout"] != LAYOUT or type(values["layout"]) is not int:
+    if type(values["layout"]) is not int:   # (not a layout a later writer could write: damage)
+        raise FormatError(f"{where}: its record's 'layout' must be an int, not {values['layout']!r} "
+                          f"({type(values['layout']).__name__}); the record is damaged")
+    if values["layout"] != LAYOUT:
         raise FormatError(f"{where}: layout {values['layout']!r} is not supported (this tensorcanon reads layout "
                           f"{LAYOUT}); upgrade tensorcanon to read it")
     index, headers = values["index"], values["ranks"]
@@ -148,28 +152,74 @@ def _tensor_indices(node: Any, where: str) -> list[int]:
 def export(target: Target, folder: str | os.PathLike[str], *, limits: Limits = DEFAULT) -> str:
     """Write the checkpoint as the directory ``tcd.save(state, folder)`` writes, byte for byte: each
     rank file from its header and its blobs (every blob checked against its digest on the way), the
-    index last. Returns the logical digest. The folder must not hold a checkpoint already."""
+    index last. Returns the logical digest. The folder must be new or empty (FileAccessError otherwise: a
+    directory holding anything else, even a checkpoint's leftovers, is not the one ``save`` writes)."""
     folder = os.fspath(folder)
     if layout.is_remote(folder):
         raise UsageError(f"export writes a local directory, not {folder!r}: export, then copy it")
     if os.path.exists(layout.index_path(folder)):
         raise FileAccessError(f"{folder!r} already holds a checkpoint (its {layout.INDEX_NAME}): export into a new "
                               "or empty directory", filename=folder, errno=errno.EEXIST)
+    _check_new_or_empty(folder, target)
     record = read_record(target, limits)
     index = checked_index(target, record, limits)   # (before anything is written)
     check_blob_list(target, record, limits)
+    made = not os.path.isdir(folder)
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:  # (a file where the folder belongs, or below one; no permission)
         raise FileAccessError(f"cannot create the folder {folder!r} to export {target} into: {e.strerror or e}; "
                               "export into a new or empty directory", filename=folder, errno=e.errno) from None
-    for rank in range(index.world_size):
-        _export_rank(target, record, rank, folder, index.files[rank], limits)
-    writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
+    written: list[str] = []
+    try:
+        for rank in range(index.world_size):
+            written.append(_export_rank(target, record, rank, folder, index.files[rank], limits))
+        _check_written(target, index, folder, limits)
+        writer.replace_atomically(layout.index_path(folder), lambda f, tmp: writer._write_all(f, record.index))
+    except BaseException:  # (a blob found damaged on the way: leave the folder as it was, new or empty)
+        for path in written:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
     return index.logical_digest
 
 
-def _export_rank(target: Target, record: Record, rank: int, folder: str, expected: str, limits: Limits) -> None:
+def _check_written(target: Target, index: layout.Index, folder: str, limits: Limits) -> None:
+    """The rank files just written checked against the index before the index is written (as
+    ``verify`` of the directory would: what each holds, every chunk, the logical digests). Each blob
+    was checked against its name on the way, but no digest covers the index: a record whose index
+    is sound as a file but not this checkpoint's (its rank files plain files, its logical manifest
+    another checkpoint's) exports as a directory that is not a checkpoint; export refuses it then,
+    rather than return a logical digest the directory does not have."""
+    local = dataclasses.replace(index, folder=folder, opener=None, options=None)
+    try:
+        read.verify(local, limits=limits)
+    except (FormatError, IntegrityError) as e:
+        raise with_context(e, f"{target}: its checkpoint does not check (the record is damaged): ") from None
+
+
+def _check_new_or_empty(folder: str, target: Target) -> None:
+    """``folder`` does not exist, or is an empty directory (docs/CLI.md: "into a new or empty local
+    folder"): export never writes beside other files."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return  # (new: made once the record checked)
+    except OSError as e:  # (a file, or a path below one; no permission)
+        raise FileAccessError(f"cannot export {target} into {folder!r}: {e.strerror or e}; export into a new or "
+                              "empty directory", filename=folder, errno=e.errno) from None
+    if names:
+        raise FileAccessError(f"cannot export {target} into {folder!r}: it is not empty (it holds {len(names)} "
+                              f"entr{'y' if len(names) == 1 else 'ies'}, such as {sorted(names)[0]!r}); export "
+                              "into a new or empty directory",
+                              filename=folder, errno=errno.ENOTEMPTY)
+
+
+def _export_rank(target: Target, record: Record, rank: int, folder: str, expected: str, limits: Limits) -> str:
+    """Write rank ``rank``'s file into ``folder``; returns its path."""
     world = len(record.headers)
     what = f"{target}: rank {rank}'s file"
     store = target.store
@@ -178,10 +228,12 @@ def _export_rank(target: Target, record: Record, rank: int, folder: str, expecte
         file_digest = _rank_digest(cf, what, expected)
         vf = cast(Any, cf.src.f)  # (the store's file object: the header, then the blobs)
         name = layout.rank_file_name(rank, world, file_digest)
+        path = os.path.join(folder, name)
         try:
-            writer.replace_atomically(os.path.join(folder, name), lambda f, tmp: vf.write_to(f, cf))
+            writer.replace_atomically(path, lambda f, tmp: vf.write_to(f, cf))
         except (IntegrityError, FormatError) as e:
             raise _name_damage(target, cf, e, what) from None
+    return path
 
 
 def _rank_digest(cf: Any, what: str, expected: str) -> str:
@@ -280,7 +332,8 @@ def checked_index(target: Target, record: Record, limits: Limits = DEFAULT) -> l
 def _replaced(e: TensorCanonError, old: str, new: str) -> TensorCanonError:
     """``e`` with ``old`` (a temporary path) replaced by ``new`` in its message."""
     rebuild, (cls, _, state) = e.__reduce__()
-    return rebuild(cls, (str(e).replace(f"index {old}: ", "").replace(old, new),), state)
+    text = str(e).replace(f"index {old}: ", "").removeprefix(f"{old}: ")   # (the caller names it once)
+    return rebuild(cls, (text.replace(old, new),), state)
 
 
 def store_index(target: Target, limits: Limits = DEFAULT) -> layout.Index:

@@ -1390,7 +1390,13 @@ class Store:
                     continue  # (deleted by another writer since it was listed)
                 raise
             if sharded.claims_header(self, header, t):  # (a sharded checkpoint: its directory's bytes)
-                logical += sharded.summary(self, t).size
+                try:
+                    logical += sharded.summary(self, t).size   # (it reads the record again)
+                except MissingFileError:
+                    if self._vanished(layout.tag_path(t), layout.TAGS):
+                        gone += 1
+                        continue
+                    raise
             else:
                 parsed = container.parse_raw(header[:8], header[8:], None, DEFAULT)
                 logical += len(header) + max((e.end for e in parsed.entries), default=0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..format.errors import FormatError, IntegrityError
+from ..format.errors import FormatError, IntegrityError, MissingFileError
 
 EXIT_OK, EXIT_DAMAGED, EXIT_ERROR = 0, 1, 2
 
@@ -58,13 +58,19 @@ def run(args: argparse.Namespace, out: Any) -> int:
 def _act(store: Any, root: str, args: argparse.Namespace, out: Any) -> int:
     """``ls``, ``export``, ``gc`` or ``stats``; the store's damage raised."""
     from ..io import storage
-    from ..store import sharded
+    from ..store import layout, sharded
 
     if args.action == "ls":
         rows = []
         tags = store.tags()
-        for tag in tags:  # (a sharded checkpoint's tag: the logical digest its save returned, its directory's bytes)
-            s = sharded.summary(store, tag)
+        for tag in list(tags):  # (a sharded checkpoint: the logical digest its save returned, its directory's bytes)
+            try:
+                s = sharded.summary(store, tag)
+            except MissingFileError:
+                if not store._vanished(layout.tag_path(tag), layout.TAGS):
+                    raise
+                tags.remove(tag)  # (deleted by another writer since it was listed: not a tag any more)
+                continue
             rows.append({"tag": tag, "digest": s.digest, "logical_bytes": s.size,
                          "kind": "file" if s.ranks is None else "sharded", "ranks": s.ranks})
         width = max((len(tag) for tag in tags), default=3)
@@ -111,7 +117,7 @@ def _act(store: Any, root: str, args: argparse.Namespace, out: Any) -> int:
 
 def _verify(store: Any, root: str, tags: list[str], out: Any) -> int:
     code, results = EXIT_OK, []
-    from ..store import sharded
+    from ..store import layout, sharded
 
     if tags:
         checks = []
@@ -122,12 +128,20 @@ def _verify(store: Any, root: str, tags: list[str], out: Any) -> int:
                 checks.append(("tag", tag, e))
     else:
         checks = list(store.checks())
+    gone = set()
     for i, (kind, name, result) in enumerate(checks):
-        if kind == "tag" and not isinstance(result, BaseException) and _sharded(store, name):
+        if kind == "tag" and not isinstance(result, BaseException):
             try:  # (its record and blobs are sound: now the checkpoint, and the digest its save returned)
-                checks[i] = (kind, name, sharded.verify(store, name))
-            except (FormatError, IntegrityError) as e:
+                if sharded.claims(store, name):
+                    checks[i] = (kind, name, sharded.verify(store, name))
+            except (FormatError, IntegrityError, MissingFileError) as e:
+                if not tags and store._vanished(layout.tag_path(name), layout.TAGS):
+                    gone.add(i)  # (the whole store's check: deleted by another writer since it was listed, as checks())
+                    continue
+                if isinstance(e, MissingFileError):
+                    raise
                 checks[i] = (kind, name, e)
+    checks = [c for i, c in enumerate(checks) if i not in gone]
     for kind, name, result in checks:
         if isinstance(result, BaseException):
             code = EXIT_DAMAGED
