@@ -110,3 +110,22 @@ def test_an_object_that_only_looks_like_a_record_is_a_file(tmp_path, capsys):
     assert code == 0 and out["tags"][0]["kind"] == "file" and out["tags"][0]["digest"] == tc.fingerprint(obj)
     code, out = run(capsys, "store", "export", root, "t", str(tmp_path / "t.safetensors"))
     assert code == 0 and (tmp_path / "t.safetensors").read_bytes() == tc.dumps(obj)
+
+
+def test_no_export_into_the_store_s_own_folder(tmp_path, capsys):
+    """An export into the store's folder (an empty folder of it, or through a symlink) is refused
+    before anything is written: gc deletes what is not the store's, so the export would vanish."""
+    root = tmp_path / "store"
+    run_ranks(1, lambda r: tcd.save(sharded_state(1, r, 0), tcd.StoreTag(tc.Store(str(root)), "ckpt")))
+    tc.Store(str(root)).save("plain", {"w": torch.ones(3)})
+    os.symlink(root, tmp_path / "link")
+    for out in (root / "tmp", root / "new-folder", tmp_path / "link" / "gc"):
+        capsys.readouterr()
+        assert cli.main(["store", "export", str(root), "ckpt", str(out)]) == 2
+        assert "inside the store's folder" in capsys.readouterr().err
+    for out in (root / "tmp" / "plain.safetensors", tmp_path / "link" / "plain.safetensors"):
+        with pytest.raises(tc.UsageError, match="inside the store's folder"):
+            tc.Store(str(root)).export("plain", str(out))
+    assert not (root / "new-folder").exists() and not (root / "plain.safetensors").exists()
+    assert os.listdir(root / "tmp") == []
+    assert cli.main(["store", "verify", str(root)]) == 0

@@ -117,6 +117,12 @@ class Local:
     def root_exists(self) -> bool:
         return os.path.isdir(self.root)
 
+    def holds(self, path: str) -> bool:
+        """Whether local ``path`` lies inside the store's folder (symlinks resolved): a file written
+        there is among the store's objects, where gc deletes what it does not know."""
+        root, there = os.path.realpath(self.root), os.path.realpath(path)
+        return there == root or there.startswith(root.rstrip(os.sep) + os.sep)
+
     def exists(self, rel: str) -> bool:
         return os.path.lexists(self.path(rel))
 
@@ -361,6 +367,9 @@ class Remote:
 
     def root_exists(self) -> bool:
         return self.store.exists(self.path(layout.MARKER))
+
+    def holds(self, path: str) -> bool:
+        return False  # (a local path is never one of a store's objects in object storage)
 
     def exists(self, rel: str) -> bool:
         return self.store.exists(self.path(rel))

@@ -204,6 +204,9 @@ def _check_written(target: Target, index: layout.Index, folder: str, limits: Lim
 def _check_new_or_empty(folder: str, target: Target) -> None:
     """``folder`` does not exist, or is an empty directory (docs/CLI.md: "into a new or empty local
     folder"): export never writes beside other files."""
+    if target.store._b.holds(folder):
+        raise UsageError(f"cannot export {target} into {folder!r}: it is inside the store's folder, where "
+                         "gc deletes what is not the store's; export into a new or empty directory outside it")
     try:
         names = os.listdir(folder)
     except FileNotFoundError:

@@ -1082,12 +1082,16 @@ class Store:
             raise UsageError(f"Store.export writes to a path or a URL, not {type(path).__name__}"
                              + (" (a path in bytes: os.fsdecode(path))" if isinstance(path, bytes) else ""))
 
+        target = api.storage.resolve(path, storage_options)
+        if not isinstance(target, api.storage.Location) and self._b.holds(os.fspath(target)):
+            raise UsageError(f"Store.export: {os.fspath(path)!r} is inside the store's folder, where gc deletes "
+                             "what is not the store's; export to a path outside it")
+
         def export() -> str:
             with self._tag_file(tag) as cf:
                 cf.check_tree()
                 vf = cf.src.f
                 assert isinstance(vf, _TagFile)
-                target = api.storage.resolve(path, storage_options)
 
                 def fill(f: Any) -> str:
                     vf.write_to(f, cf)

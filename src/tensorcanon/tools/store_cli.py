@@ -164,7 +164,6 @@ def _verify(store: Any, root: str, tags: list[str], out: Any) -> int:
 def _sharded(store: Any, tag: str) -> bool:
     """Whether ``tag``'s record is a sharded checkpoint's (False for a tag another writer deleted
     since it was checked: the action then meets its absence as any tag's)."""
-    from ..format.errors import MissingFileError
     from ..store import sharded
 
     try:
