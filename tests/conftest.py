@@ -153,3 +153,12 @@ def builtin_codecs_left_off():
         reg = registry.by_name(name)
         if reg is not None and name not in before:
             registry.unregister(reg.cls)
+
+
+def pytest_configure(config):
+    import logging
+
+    # DCP logs every step (and every expected failure, with tracebacks) on its own loggers, in
+    # tests/dcp and in the store's and the attacks' tests of sharded checkpoints alike
+    logging.getLogger("dcp_logger").setLevel(logging.CRITICAL)
+    logging.getLogger("c10d-NullHandler-dcp_logger").setLevel(logging.CRITICAL)

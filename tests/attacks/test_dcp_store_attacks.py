@@ -15,14 +15,6 @@ from states import sharded_state
 from threaded import run_ranks
 
 
-@pytest.fixture(autouse=True, scope="module")
-def quiet_dcp():
-    import logging
-
-    for name in ("dcp_logger", "c10d-NullHandler-dcp_logger"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
 @pytest.fixture
 def saved(tmp_path):
     root = str(tmp_path / "store")

@@ -22,15 +22,6 @@ from helpers import Shard, distribute_tensor, zeros_like_state
 from states import sharded_state
 from threaded import run_ranks
 
-
-@pytest.fixture(autouse=True, scope="module")
-def quiet_dcp():
-    import logging
-
-    for name in ("dcp_logger", "c10d-NullHandler-dcp_logger"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
 FULL = torch.arange(6, dtype=torch.float32).reshape(3, 2)
 
 

@@ -43,11 +43,3 @@ def copy(saved, tmp_path):
     folder = str(tmp_path / "ckpt")
     shutil.copytree(saved, folder)
     return folder
-
-
-def pytest_configure(config):
-    import logging
-
-    # DCP logs every step (and every expected failure, with tracebacks) on its own logger
-    logging.getLogger("dcp_logger").setLevel(logging.CRITICAL)
-    logging.getLogger("c10d-NullHandler-dcp_logger").setLevel(logging.CRITICAL)

@@ -34,13 +34,6 @@ def raised(world, fn):
     return run_ranks(world, run)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def quiet_dcp():
-    import logging
-
-    for name in ("dcp_logger", "c10d-NullHandler-dcp_logger"):   # DCP logs every step (tests/dcp/conftest.py)
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-
 
 def save_both(world, root, folder, tag="step-100", state=sharded_state):
     """Save the same state to a directory and into a store (each rank its own Store object, as

@@ -22,14 +22,6 @@ from states import logical_digest, sharded_state
 from threaded import run_ranks
 
 
-@pytest.fixture(autouse=True, scope="module")
-def quiet_dcp():
-    import logging
-
-    for name in ("dcp_logger", "c10d-NullHandler-dcp_logger"):   # DCP logs every step (tests/dcp/conftest.py)
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
 def run(capsys, *argv):
     """``tensorcanon ARGV --json`` in this process: its exit status and its JSON."""
     capsys.readouterr()
