@@ -1437,10 +1437,11 @@ class Store:
                 "tensor_bytes": tensor_bytes, "codecs": dict(sorted(kinds.items())), "max_depth": max_depth,
                 "loose_blobs": len(loose), "packs": len(self._packs), "pack_bytes": pack_bytes}
 
-    # ------------------------------------------------------------------ for tensorcanon.dcp (dcp/store.py)
-    # A sharded checkpoint in a store: each rank writes its rank file's blobs (_put with no tag), the
-    # coordinator then writes one record naming every blob, last (_put_record); rank files are read back
-    # through _header_file and split tensors' chunks through _blob_bytes. docs/DISTRIBUTED.md.
+    # ------------------------------------------------------------------ for sharded checkpoints
+    # A sharded checkpoint in a store (dcp/store.py writes it, store/sharded.py reads it): each rank
+    # writes its rank file's blobs (_put with no tag), the coordinator then writes one record naming
+    # every blob, last (_put_record); rank files are read back through _header_file and split tensors'
+    # chunks through _blob_bytes. docs/DISTRIBUTED.md.
     def _epoch_now(self) -> bytes:
         """The collection epoch (layout.EPOCH) now: b"" before any collection (or any store)."""
         try:
