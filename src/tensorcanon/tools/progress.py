@@ -35,7 +35,8 @@ def _is_tty(stream: Any) -> bool:
         return False
 
 
-def _size(n: float) -> str:
+def short_size(n: float) -> str:
+    """``20.1 MiB``: a size in at most 9 columns (a progress bar's, a listing's)."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -86,7 +87,7 @@ class Progress:
         frac = min(self.done / self.total, 1.0) if self.total else 1.0
         filled = int(frac * _WIDTH)
         line = (f"{self.label} [{'#' * filled}{'.' * (_WIDTH - filled)}] {frac * 100:3.0f}% "
-                f"{_size(self.done)}/{_size(self.total)}")
+                f"{short_size(self.done)}/{short_size(self.total)}")
         pad = " " * max(self._drawn - len(line), 0)
         self.stream.write("\r" + line + pad)
         self.stream.flush()

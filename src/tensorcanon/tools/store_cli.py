@@ -59,6 +59,7 @@ def _act(store: Any, root: str, args: argparse.Namespace, out: Any) -> int:
     """``ls``, ``export``, ``gc`` or ``stats``; the store's damage raised."""
     from ..io import storage
     from ..store import layout, sharded
+    from .progress import short_size
 
     if args.action == "ls":
         rows = []
@@ -74,9 +75,9 @@ def _act(store: Any, root: str, args: argparse.Namespace, out: Any) -> int:
             rows.append({"tag": tag, "digest": s.digest, "logical_bytes": s.size,
                          "kind": "file" if s.ranks is None else "sharded", "ranks": s.ranks})
         width = max((len(tag) for tag in tags), default=3)
-        for r in rows:
-            kind = "" if r["ranks"] is None else f"  sharded checkpoint, {r['ranks']} rank{'s' * (r['ranks'] != 1)}"
-            out.line(f"{r['tag']:<{width}}  {r['digest']}  {r['logical_bytes']:>14,} bytes{kind}")
+        for r in rows:  # (80 columns for tags of up to 16 characters: the exact bytes are in --json)
+            kind = "" if r["ranks"] is None else f"  {r['ranks']} rank{'s' * (r['ranks'] != 1)}"
+            out.line(f"{r['tag']:<{width}}  {r['digest']}  {short_size(r['logical_bytes']):>9}{kind}")
         out.json({"root": root, "tags": rows})
         return EXIT_OK
     if args.action == "export":
