@@ -58,6 +58,16 @@ def local_path(url: str) -> str | None:
     return None
 
 
+def local_target(url: str) -> str | None:
+    """The local path an fsspec URL finally reads and writes: a ``file://`` or ``local://`` URL,
+    alone or last in a chain (``simplecache::file:///tmp/a`` writes ``/tmp/a``), else None."""
+    last = url.rsplit("::", 1)[-1]
+    for scheme in ("file://", "local://"):
+        if last.startswith(scheme):
+            return last[len(scheme):]
+    return None
+
+
 def redact(url: str) -> str:
     """``url`` (or any text) as it may be shown: a password in a URL becomes ``***``, and so do
     signature or token parameters of its query (a presigned URL's), even where the URL cannot be

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError
+from ..format.errors import FileAccessError, FormatError, MissingFileError, TensorCanonError, UsageError
 from ..io import storage
 from . import layout
 
@@ -64,6 +64,15 @@ def _fsync_close(fd: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _inside(root: str, path: str) -> bool:
+    """Whether local ``path`` is the folder ``root`` or lies under it, symlinks resolved."""
+    try:
+        root, there = os.path.realpath(root), os.path.realpath(path)
+    except ValueError as e:  # (a NUL byte: no such path can be written)
+        raise UsageError(f"cannot write to {path!r}: {e}; a path holds no NUL byte") from None
+    return there == root or there.startswith(root.rstrip(os.sep) + os.sep)
 
 
 class Local:
@@ -120,8 +129,7 @@ class Local:
     def holds(self, path: str) -> bool:
         """Whether local ``path`` lies inside the store's folder (symlinks resolved): a file written
         there is among the store's objects, where gc deletes what it does not know."""
-        root, there = os.path.realpath(self.root), os.path.realpath(path)
-        return there == root or there.startswith(root.rstrip(os.sep) + os.sep)
+        return _inside(self.root, path)
 
     def exists(self, rel: str) -> bool:
         return os.path.lexists(self.path(rel))
@@ -369,7 +377,10 @@ class Remote:
         return self.store.exists(self.path(layout.MARKER))
 
     def holds(self, path: str) -> bool:
-        return False  # (a local path is never one of a store's objects in object storage)
+        """As :meth:`Local.holds`: a local path is one of this store's objects only where its URL
+        names a local folder through fsspec (``local:///data/store``, ``simplecache::file://…``)."""
+        root = storage.local_target(self.url)
+        return root is not None and _inside(root, path)
 
     def exists(self, rel: str) -> bool:
         return self.store.exists(self.path(rel))

@@ -1083,7 +1083,8 @@ class Store:
                              + (" (a path in bytes: os.fsdecode(path))" if isinstance(path, bytes) else ""))
 
         target = api.storage.resolve(path, storage_options)
-        if not isinstance(target, api.storage.Location) and self._b.holds(os.fspath(target)):
+        local = api.storage.local_target(target.url) if isinstance(target, api.storage.Location) else target
+        if local is not None and self._b.holds(os.fspath(local)):
             raise UsageError(f"Store.export: {os.fspath(path)!r} is inside the store's folder, where gc deletes "
                              "what is not the store's; export to a path outside it")
 
