@@ -62,10 +62,7 @@ def local_target(url: str) -> str | None:
     """The local path an fsspec URL finally reads and writes: a ``file://`` or ``local://`` URL,
     alone or last in a chain (``simplecache::file:///tmp/a`` writes ``/tmp/a``), else None."""
     last = url.rsplit("::", 1)[-1]
-    for scheme in ("file://", "local://"):
-        if last.startswith(scheme):
-            return last[len(scheme):]
-    return None
+    return last[len("local://"):] if last.startswith("local://") else local_path(last)
 
 
 def redact(url: str) -> str:
