@@ -128,8 +128,10 @@ def saver(folder):
         g = torch.Generator().manual_seed(n)
         state = {"w": torch.randn(512, 256, generator=g), "frozen": torch.ones(256, 256), "n": n}
         digest = tcd.save(state, tcd.StoreTag(store, f"step-{n:04d}"))
-        with open(os.path.join(folder, f"step-{n:04d}.digest"), "w") as fh:
-            fh.write(digest)
+        said = os.path.join(folder, f"step-{n:04d}.digest")
+        with open(said + ".tmp", "w") as fh:   # (renamed once written: a kill between the file's creation
+            fh.write(digest)                   # and its write would leave an empty digest to compare)
+        os.replace(said + ".tmp", said)
         n += 1
 
 
